@@ -1,0 +1,118 @@
+"""Hypothesis strategies for the examples the conformance tests draw, and deterministic input
+tensors built from them in the driver. An example prints as everything needed to reproduce it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from hypothesis import strategies as st
+
+from reference.collectives import DTYPES, op_applies
+
+FLOAT_DTYPES = tuple(d for d in DTYPES if d.is_floating_point)
+LARGE_NUMEL = (1000, 5000)  # "several thousand elements"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which ranks take part: a world of ``world_size`` ranks and the members of the group used
+    (global ranks, sorted), or the whole world when ``members`` is None."""
+
+    world_size: int
+    members: tuple[int, ...] | None = None
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return self.members if self.members is not None else tuple(range(self.world_size))
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def group(self) -> list[int] | None:
+        return list(self.members) if self.members is not None else None
+
+    def __str__(self) -> str:
+        group = "whole world" if self.members is None else f"group {list(self.members)}"
+        return f"world_size={self.world_size} ({group})"
+
+
+@dataclass(frozen=True)
+class Values:
+    """A recipe for one tensor per group member: dtype, shape, and how to draw values."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    seed: int
+    scale: float = 1.0  # magnitude of floating values; integers use the dtype's whole range
+    op: str | None = None  # the reduction the values feed, which bounds them where needed
+
+    def tensor(self, index: int, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        shape = self.shape if shape is None else shape
+        g = torch.Generator().manual_seed(self.seed * 1009 + index)
+        if self.dtype.is_floating_point:
+            if self.op == "PRODUCT":  # magnitudes in [0.5, 2] keep an 8-way product finite in fp16
+                magnitude = torch.rand(shape, generator=g, dtype=torch.float64) * 1.5 + 0.5
+                sign = torch.randint(0, 2, shape, generator=g) * 2 - 1
+                return (magnitude * sign).to(self.dtype)
+            return (torch.randn(shape, generator=g, dtype=torch.float64) * self.scale).to(self.dtype)
+        info = torch.iinfo(self.dtype)
+        low, high = max(info.min, -(2**62)), min(info.max, 2**62)
+        return torch.randint(low, high + 1, shape, generator=g, dtype=torch.int64).to(self.dtype)
+
+    def __str__(self) -> str:
+        dtype = str(self.dtype).replace("torch.", "")
+        scale = f" scale={self.scale:g}" if self.dtype.is_floating_point and self.op != "PRODUCT" else ""
+        return f"dtype={dtype} shape={self.shape} seed={self.seed}{scale}"
+
+
+def sentinel(like: torch.Tensor, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+    """An output buffer pre-filled with a value no correct collective writes (NaN, or the dtype's
+    minimum for integers), so an element the implementation never wrote is caught."""
+    shape = tuple(like.shape) if shape is None else shape
+    fill = float("nan") if like.dtype.is_floating_point else torch.iinfo(like.dtype).min
+    return torch.full(shape, fill, dtype=like.dtype)
+
+
+def is_sentinel(value: float, dtype: torch.dtype) -> bool:
+    if dtype.is_floating_point:
+        return value != value
+    return value == torch.iinfo(dtype).min
+
+
+@st.composite
+def layouts(draw, max_world_size: int, min_size: int = 1) -> Layout:
+    """A world size, and half the time a subgroup of it (members need not be 0..k-1)."""
+    world_size = draw(st.integers(min_value=min_size, max_value=max_world_size))
+    if world_size > min_size and draw(st.booleans()):
+        members = draw(st.sets(st.integers(0, world_size - 1), min_size=min_size, max_size=world_size - 1))
+        return Layout(world_size, tuple(sorted(members)))
+    return Layout(world_size)
+
+
+def numels(multiple_of: int = 1) -> st.SearchStrategy[int]:
+    """Empty, small (often not divisible by the group size), and several thousand elements."""
+    small = st.integers(min_value=1, max_value=33)
+    large = st.integers(*LARGE_NUMEL)
+    return st.one_of(st.just(0), small, small, large).map(lambda k: k * multiple_of)
+
+
+@st.composite
+def shapes(draw, multiple_of: int = 1) -> tuple[int, ...]:
+    """1-3 dimensional shapes whose first dimension is a multiple of ``multiple_of``."""
+    first = draw(numels(multiple_of))
+    trailing = draw(st.lists(st.integers(1, 3), max_size=2)) if first < 100 else []
+    return (first, *trailing)
+
+
+def dtypes_for(op: str | None, refused: frozenset = frozenset()) -> list[torch.dtype]:
+    return [d for d in DTYPES if (op is None or op_applies(op, d)) and d not in refused]
+
+
+@st.composite
+def values(draw, dtypes: list[torch.dtype], op: str | None = None, shape=None) -> Values:
+    dtype = draw(st.sampled_from(dtypes))
+    shape = draw(shapes()) if shape is None else shape
+    scale = draw(st.sampled_from([1.0, 1e-3, 3e2])) if dtype.is_floating_point else 1.0
+    return Values(dtype, tuple(shape), draw(st.integers(0, 2**16)), scale, op)

@@ -1,0 +1,399 @@
+"""Conformance of the eleven collectives, against reference/collectives.py.
+
+Each test draws an example (world size, subgroup, dtype, shape, values, op, root), runs the
+implementation under test on the ranks through the harness, and judges every rank's output in the
+driver: exact where the arithmetic is exact, within reference.tolerance's bound otherwise;
+replicated results bitwise identical across ranks; outputs pre-filled with a sentinel; inputs of
+out-of-place collectives unchanged. The last tests check equivalences between the functions under
+test themselves (all_reduce == reduce_scatter then all_gather, and so on).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import reference.collectives as ref
+from conformance.examples import Layout, Values, dtypes_for, layouts, sentinel, shapes, values
+from conformance.verdict import Judge
+from reference.tolerance import reduction_atol
+
+CALL = "collectives:call"
+REDUCTIONS = ("reduce", "all_reduce", "reduce_scatter", "reduce_scatter_tensor")
+REFUSABLE = (*REDUCTIONS, "all_to_all_uneven")  # what backends are known to refuse in some cases
+
+
+@pytest.fixture
+def example(target, backend_refusals, request):
+    """``example(data)`` draws the parts of one example and builds a Judge that prints them."""
+
+    class Drawer:
+        def __init__(self, data):
+            self.data = data
+            self.parts: list[str] = []
+
+        def layout(self, min_size: int = 1) -> Layout:
+            layout = self.data.draw(layouts(target.max_world_size, min_size), label="layout")
+            self.parts.append(str(layout))
+            return layout
+
+        def values(self, collective: str, op: str | None = None, shape=None) -> Values:
+            allowed = dtypes_for(op, backend_refusals.dtypes(collective, op))
+            if not allowed:
+                pytest.skip(f"the {backend_refusals.backend} backend refuses {collective} op={op} for every dtype")
+            drawn = self.data.draw(values(allowed, op, shape), label="values")
+            self.parts.append(str(drawn) + (f" op={op}" if op else ""))
+            return drawn
+
+        def pick(self, name: str, strategy):
+            value = self.data.draw(strategy, label=name)
+            self.parts.append(f"{name}={value}")
+            return value
+
+        def judge(self) -> Judge:
+            return Judge(", ".join(self.parts), target.reproduce(request.node.nodeid))
+
+    return Drawer
+
+
+def run_collective(ranks, layout: Layout, function: str, per_member: list[dict]) -> dict:
+    return ranks.run(layout.world_size, layout.members, CALL,
+                     [{"function": function, "arguments": arguments} for arguments in per_member])
+
+
+def check_inputs_unchanged(judge: Judge, outputs: dict, layout: Layout, name: str, sent: list) -> None:
+    for i, rank in enumerate(layout.ranks):
+        if sent[i] is None:
+            continue
+        what = f"rank {rank} input '{name}' after the call (an out-of-place collective must not modify it)"
+        if isinstance(sent[i], list):
+            judge.tensors(outputs[rank][name], sent[i], what=what)
+        else:
+            judge.tensor(outputs[rank][name], sent[i], what=what)
+
+
+# --------------------------------------------------------------------------- one-to-all, all-to-one
+@pytest.mark.capability("broadcast")
+@given(data=st.data())
+def test_broadcast(data, example, ranks):
+    draw = example(data)
+    layout = draw.layout()
+    vals = draw.values("broadcast")
+    root = draw.pick("src", st.sampled_from(layout.ranks))
+    judge = draw.judge()
+    inputs = [vals.tensor(i) for i in range(layout.size)]
+    outputs = run_collective(ranks, layout, "broadcast", [{"tensor": x, "src": root} for x in inputs])
+    expected = ref.broadcast(inputs, layout.ranks.index(root))
+    for i, rank in enumerate(layout.ranks):
+        judge.tensor(outputs[rank]["tensor"], expected[i], what=f"rank {rank} tensor")
+
+
+@pytest.mark.capability("reduce")
+@pytest.mark.parametrize("op", ref.OPS)
+@given(data=st.data())
+def test_reduce(data, example, ranks, op):
+    draw = example(data)
+    layout = draw.layout()
+    vals = draw.values("reduce", op)
+    root = draw.pick("dst", st.sampled_from(layout.ranks))
+    judge = draw.judge()
+    inputs = [vals.tensor(i) for i in range(layout.size)]
+    outputs = run_collective(ranks, layout, "reduce", [{"tensor": x, "dst": root, "op": op} for x in inputs])
+    root_index = layout.ranks.index(root)
+    expected = ref.reduce(inputs, root_index, op)[root_index]
+    judge.tensor(outputs[root]["tensor"], expected, what=f"dst rank {root} tensor", atol=reduction_atol(inputs, op))
+
+
+@pytest.mark.capability("all_reduce")
+@pytest.mark.parametrize("op", ref.OPS)
+@given(data=st.data())
+def test_all_reduce(data, example, ranks, op):
+    draw = example(data)
+    layout = draw.layout()
+    vals = draw.values("all_reduce", op)
+    judge = draw.judge()
+    inputs = [vals.tensor(i) for i in range(layout.size)]
+    outputs = run_collective(ranks, layout, "all_reduce", [{"tensor": x, "op": op} for x in inputs])
+    expected = ref.all_reduce(inputs, op)
+    atol = reduction_atol(inputs, op)
+    for i, rank in enumerate(layout.ranks):
+        judge.tensor(outputs[rank]["tensor"], expected[i], what=f"rank {rank} tensor", atol=atol)
+    judge.bitwise_identical({r: outputs[r]["tensor"] for r in layout.ranks}, what="all_reduce result")
+
+
+@pytest.mark.capability("scatter")
+@given(data=st.data())
+def test_scatter(data, example, ranks):
+    draw = example(data)
+    layout = draw.layout()
+    vals = draw.values("scatter")
+    root = draw.pick("src", st.sampled_from(layout.ranks))
+    judge = draw.judge()
+    pieces = [vals.tensor(i) for i in range(layout.size)]
+    sent = [pieces if rank == root else None for rank in layout.ranks]
+    outputs = run_collective(ranks, layout, "scatter", [
+        {"tensor": sentinel(pieces[0]), "scatter_list": s, "src": root} for s in sent])
+    expected = ref.scatter(pieces, layout.ranks.index(root), layout.size)
+    for i, rank in enumerate(layout.ranks):
+        judge.tensor(outputs[rank]["tensor"], expected[i], what=f"rank {rank} output")
+    check_inputs_unchanged(judge, outputs, layout, "scatter_list", sent)
+
+
+@pytest.mark.capability("gather")
+@given(data=st.data())
+def test_gather(data, example, ranks):
+    draw = example(data)
+    layout = draw.layout()
+    vals = draw.values("gather")
+    root = draw.pick("dst", st.sampled_from(layout.ranks))
+    judge = draw.judge()
+    inputs = [vals.tensor(i) for i in range(layout.size)]
+    outputs = run_collective(ranks, layout, "gather", [
+        {"tensor": x, "gather_list": [sentinel(x) for _ in inputs] if rank == root else None, "dst": root}
+        for rank, x in zip(layout.ranks, inputs)])
+    expected = ref.gather(inputs, layout.ranks.index(root))[layout.ranks.index(root)]
+    judge.tensors(outputs[root]["gather_list"], expected, what=f"dst rank {root} gather_list")
+    check_inputs_unchanged(judge, outputs, layout, "tensor", inputs)
+
+
+# ---------------------------------------------------------------------------------- all-gather
+@pytest.mark.capability("all_gather")
+@given(data=st.data())
+def test_all_gather(data, example, ranks):
+    draw = example(data)
+    layout = draw.layout()
+    vals = draw.values("all_gather")
+    judge = draw.judge()
+    inputs = [vals.tensor(i) for i in range(layout.size)]
+    outputs = run_collective(ranks, layout, "all_gather", [
+        {"tensor_list": [sentinel(x) for _ in inputs], "tensor": x} for x in inputs])
+    expected = ref.all_gather(inputs)
+    for i, rank in enumerate(layout.ranks):
+        judge.tensors(outputs[rank]["tensor_list"], expected[i], what=f"rank {rank} tensor_list")
+    judge.bitwise_identical({r: torch.cat([t.reshape(-1) for t in outputs[r]["tensor_list"]]) for r in layout.ranks},
+                            what="all_gather result")
+    check_inputs_unchanged(judge, outputs, layout, "tensor", inputs)
+
+
+@pytest.mark.capability("all_gather_into_tensor")
+@given(data=st.data())
+def test_all_gather_into_tensor(data, example, ranks):
+    draw = example(data)
+    layout = draw.layout()
+    vals = draw.values("all_gather_into_tensor")
+    judge = draw.judge()
+    inputs = [vals.tensor(i) for i in range(layout.size)]
+    out_shape = (layout.size * vals.shape[0], *vals.shape[1:])
+    outputs = run_collective(ranks, layout, "all_gather_into_tensor", [
+        {"output_tensor": sentinel(x, out_shape), "input_tensor": x} for x in inputs])
+    expected = ref.all_gather_into_tensor(inputs)
+    for i, rank in enumerate(layout.ranks):
+        judge.tensor(outputs[rank]["output_tensor"], expected[i], what=f"rank {rank} output_tensor")
+    judge.bitwise_identical({r: outputs[r]["output_tensor"] for r in layout.ranks}, what="all_gather result")
+    check_inputs_unchanged(judge, outputs, layout, "input_tensor", inputs)
+
+
+# ------------------------------------------------------------------------------ reduce-scatter
+@pytest.mark.capability("reduce_scatter")
+@pytest.mark.parametrize("op", ref.OPS)
+@given(data=st.data())
+def test_reduce_scatter(data, example, ranks, op):
+    draw = example(data)
+    layout = draw.layout()
+    vals = draw.values("reduce_scatter", op)
+    judge = draw.judge()
+    n = layout.size
+    input_lists = [[vals.tensor(i * n + j) for j in range(n)] for i in range(n)]
+    outputs = run_collective(ranks, layout, "reduce_scatter", [
+        {"output": sentinel(lst[0]), "input_list": lst, "op": op} for lst in input_lists])
+    expected = ref.reduce_scatter(input_lists, op)
+    for i, rank in enumerate(layout.ranks):
+        atol = reduction_atol([lst[i] for lst in input_lists], op)
+        judge.tensor(outputs[rank]["output"], expected[i], what=f"rank {rank} output", atol=atol)
+    check_inputs_unchanged(judge, outputs, layout, "input_list", input_lists)
+
+
+@pytest.mark.capability("reduce_scatter_tensor")
+@pytest.mark.parametrize("op", ref.OPS)
+@given(data=st.data())
+def test_reduce_scatter_tensor(data, example, ranks, op):
+    draw = example(data)
+    layout = draw.layout()
+    n = layout.size
+    vals = draw.values("reduce_scatter_tensor", op, shape=draw.pick("shape", shapes(multiple_of=n)))
+    judge = draw.judge()
+    inputs = [vals.tensor(i) for i in range(n)]
+    out_shape = (vals.shape[0] // n, *vals.shape[1:])
+    outputs = run_collective(ranks, layout, "reduce_scatter_tensor", [
+        {"output": sentinel(x, out_shape), "input": x, "op": op} for x in inputs])
+    expected = ref.reduce_scatter_tensor(inputs, op)
+    atol = reduction_atol(inputs, op)
+    for i, rank in enumerate(layout.ranks):
+        chunk = atol.reshape(n, *out_shape)[i] if atol.numel() else atol
+        judge.tensor(outputs[rank]["output"], expected[i], what=f"rank {rank} output", atol=chunk)
+    check_inputs_unchanged(judge, outputs, layout, "input", inputs)
+
+
+# ---------------------------------------------------------------------------------- all-to-all
+@pytest.mark.capability("all_to_all")
+@given(data=st.data())
+def test_all_to_all(data, example, ranks, backend_refusals):
+    draw = example(data)
+    layout = draw.layout()
+    n = layout.size
+    vals = draw.values("all_to_all", shape=(0,))
+    if vals.dtype in backend_refusals.dtypes("all_to_all_uneven"):  # gloo: equal sizes only
+        sizes = [[draw.pick("size", st.integers(0, 40))] * n] * n
+    else:
+        sizes = draw.pick("sizes", split_sizes(n))
+    judge = draw.judge()
+    input_lists = [[vals.tensor(i * n + j, (sizes[i][j],)) for j in range(n)] for i in range(n)]
+    outputs = run_collective(ranks, layout, "all_to_all", [
+        {"output_tensor_list": [sentinel(input_lists[i][j]) for i in range(n)], "input_tensor_list": input_lists[j]}
+        for j in range(n)])
+    expected = ref.all_to_all(input_lists)
+    for j, rank in enumerate(layout.ranks):
+        judge.tensors(outputs[rank]["output_tensor_list"], expected[j], what=f"rank {rank} output_tensor_list")
+    check_inputs_unchanged(judge, outputs, layout, "input_tensor_list", input_lists)
+
+
+def split_sizes(n: int) -> st.SearchStrategy:
+    """n x n split sizes: row i is what rank i sends to each peer; zeros and unequal sizes included."""
+    return st.lists(st.lists(st.integers(0, 50), min_size=n, max_size=n), min_size=n, max_size=n)
+
+
+@pytest.mark.capability("all_to_all_single")
+@given(data=st.data())
+def test_all_to_all_single(data, example, ranks):
+    draw = example(data)
+    layout = draw.layout()
+    n = layout.size
+    splits = draw.pick("input_split_sizes", split_sizes(n))
+    trailing = draw.pick("trailing_shape", st.sampled_from([(), (3,)]))
+    vals = draw.values("all_to_all_single", shape=(0, *trailing))
+    judge = draw.judge()
+    received = ref.output_split_sizes(splits)
+    inputs = [vals.tensor(i, (sum(splits[i]), *trailing)) for i in range(n)]
+    outputs = run_collective(ranks, layout, "all_to_all_single", [
+        {"output": sentinel(inputs[i], (sum(received[i]), *trailing)), "input": inputs[i],
+         "output_split_sizes": received[i], "input_split_sizes": splits[i]} for i in range(n)])
+    expected = ref.all_to_all_single(inputs, splits)
+    for i, rank in enumerate(layout.ranks):
+        judge.tensor(outputs[rank]["output"], expected[i], what=f"rank {rank} output")
+    check_inputs_unchanged(judge, outputs, layout, "input", inputs)
+
+
+# -------------------------------------------------------------- what the backend itself refuses
+@pytest.mark.parametrize("collective", REFUSABLE)
+def test_cases_the_backend_refuses(collective, ranks, target, backend_refusals, request):
+    """Cases the backend's own collectives refuse (gloo: integer AVG) are not required: if the
+    implementation raises on them the case is skipped with the backend's message; if it returns,
+    its result must still be right."""
+    request.node.user_properties.append(("capability", collective.removesuffix("_uneven")))
+    cases = backend_refusals.cases(collective)
+    if not cases:
+        pytest.skip(f"the {backend_refusals.backend} backend accepts every dtype and op of {collective}")
+    layout = Layout(min(3, target.max_world_size))
+    n = layout.size
+    declined = []
+    for dtype_name, op, message in cases:
+        vals = Values(getattr(torch, dtype_name), (2 * n,), seed=7, op=op)
+        inputs = [vals.tensor(i) for i in range(n)]
+        judge = Judge(f"{layout}, {vals} op={op}", target.reproduce(request.node.nodeid))
+        if collective == "reduce_scatter":
+            arguments = [{"output": sentinel(x, (2,)), "input_list": list(x.split(2)), "op": op} for x in inputs]
+        elif collective == "reduce_scatter_tensor":
+            arguments = [{"output": sentinel(x, (2,)), "input": x, "op": op} for x in inputs]
+        elif collective == "all_to_all_uneven":  # rank i sends i + 1 elements to every rank
+            pieces = [[vals.tensor(i * n + j, (i + 1,)) for j in range(n)] for i in range(n)]
+            arguments = [{"output_tensor_list": [sentinel(pieces[i][j]) for i in range(n)],
+                          "input_tensor_list": pieces[j]} for j in range(n)]
+        elif collective == "reduce":
+            arguments = [{"tensor": x, "dst": 0, "op": op} for x in inputs]
+        else:
+            arguments = [{"tensor": x, "op": op} for x in inputs]
+        try:
+            outputs = run_collective(ranks, layout, collective.removesuffix("_uneven"), arguments)
+        except Exception as error:  # noqa: BLE001 - declining what the backend refuses is allowed
+            declined.append(f"{dtype_name} {op or ''} (backend: {message}; implementation: {str(error).splitlines()[-1][:120]})")
+            continue
+        if collective == "all_to_all_uneven":
+            for j, rank in enumerate(layout.ranks):
+                judge.tensors(outputs[rank]["output_tensor_list"], ref.all_to_all(pieces)[j], what=f"rank {rank} output")
+            continue
+        reduced = ref.reduce_values(inputs, op)
+        for rank in layout.ranks:
+            if collective == "reduce" and rank != 0:
+                continue
+            got = outputs[rank]["tensor" if "tensor" in outputs[rank] else "output"]
+            want = reduced if collective in ("all_reduce", "reduce") else reduced.split(2)[rank]
+            judge.tensor(got, want, what=f"rank {rank} result", atol=None)
+    if declined:
+        pytest.skip(f"declined what {backend_refusals.backend} refuses: " + "; ".join(declined))
+
+
+# ------------------------------------------------------------------ equivalences between functions
+@pytest.mark.capability("equivalences")
+@given(data=st.data())
+def test_all_reduce_equals_reduce_scatter_then_all_gather(data, example, ranks):
+    draw = example(data)
+    layout = draw.layout()
+    op = draw.pick("op", st.sampled_from(ref.OPS))
+    n = layout.size
+    vals = draw.values("all_reduce", op, shape=draw.pick("shape", st.integers(0, 600).map(lambda k: (k * n,))))
+    judge = draw.judge()
+    inputs = [vals.tensor(i) for i in range(n)]
+    outputs = ranks.run(layout.world_size, layout.members, "collectives:all_reduce_vs_reduce_scatter_all_gather",
+                        [{"tensor": x, "op": op} for x in inputs])
+    atol = 2 * reduction_atol(inputs, op)  # two reductions, each within the bound of the exact value
+    for rank in layout.ranks:
+        judge.tensor(outputs[rank]["composed"], outputs[rank]["all_reduce"], atol=atol,
+                     what=f"rank {rank}: all_gather(reduce_scatter(x)) against all_reduce(x)")
+
+
+@pytest.mark.capability("equivalences")
+@given(data=st.data())
+def test_reduce_at_dst_equals_all_reduce(data, example, ranks):
+    draw = example(data)
+    layout = draw.layout()
+    op = draw.pick("op", st.sampled_from(ref.OPS))
+    vals = draw.values("reduce", op)
+    root = draw.pick("dst", st.sampled_from(layout.ranks))
+    judge = draw.judge()
+    inputs = [vals.tensor(i) for i in range(layout.size)]
+    outputs = ranks.run(layout.world_size, layout.members, "collectives:reduce_vs_all_reduce",
+                        [{"tensor": x, "op": op, "dst": root} for x in inputs])
+    judge.tensor(outputs[root]["reduce"], outputs[root]["all_reduce"], atol=2 * reduction_atol(inputs, op),
+                 what=f"dst rank {root}: reduce(x) against all_reduce(x)")
+
+
+@pytest.mark.capability("equivalences")
+@given(data=st.data())
+def test_all_to_all_twice_with_transposed_splits_is_identity(data, example, ranks):
+    draw = example(data)
+    layout = draw.layout()
+    n = layout.size
+    splits = draw.pick("input_split_sizes", split_sizes(n))
+    vals = draw.values("all_to_all_single", shape=(0,))
+    judge = draw.judge()
+    received = ref.output_split_sizes(splits)
+    inputs = [vals.tensor(i, (sum(splits[i]),)) for i in range(n)]
+    outputs = ranks.run(layout.world_size, layout.members, "collectives:all_to_all_twice", [
+        {"tensor": inputs[i], "input_split_sizes": splits[i], "output_split_sizes": received[i]} for i in range(n)])
+    for i, rank in enumerate(layout.ranks):
+        judge.tensor(outputs[rank]["back"], inputs[i], what=f"rank {rank}: all_to_all twice")
+
+
+@pytest.mark.capability("equivalences")
+@given(data=st.data())
+def test_scatter_then_gather_returns_the_roots_list(data, example, ranks):
+    draw = example(data)
+    layout = draw.layout()
+    vals = draw.values("scatter")
+    root = draw.pick("root", st.sampled_from(layout.ranks))
+    judge = draw.judge()
+    pieces = [vals.tensor(i) for i in range(layout.size)]
+    outputs = ranks.run(layout.world_size, layout.members, "collectives:scatter_then_gather", [
+        {"scatter_list": pieces, "output": sentinel(pieces[0]), "root": root} for _ in layout.ranks])
+    judge.tensors(outputs[root]["gathered"], pieces, what=f"root {root}: gather(scatter(list))")

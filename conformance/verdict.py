@@ -1,0 +1,55 @@
+"""Judging in the driver: compare what ranks returned with the reference, and say exactly where
+and how they differ (example, rank, element, expected against actual, and a command to rerun)."""
+from __future__ import annotations
+
+import torch
+
+from conformance.examples import is_sentinel
+from reference.tolerance import first_mismatch
+
+
+class Judge:
+    def __init__(self, example: str, reproduce: str):
+        self.example = example
+        self.reproduce = reproduce
+
+    def fail(self, problem: str):
+        raise AssertionError(f"{problem}\n  example: {self.example}\n  reproduce: {self.reproduce}")
+
+    def tensor(self, actual, expected: torch.Tensor, *, what: str, atol: torch.Tensor | None = None) -> None:
+        if not isinstance(actual, torch.Tensor):
+            self.fail(f"{what}: expected a tensor, got {type(actual).__name__}")
+        if tuple(actual.shape) != tuple(expected.shape) or actual.dtype != expected.dtype:
+            self.fail(f"{what}: expected shape {tuple(expected.shape)} {expected.dtype}, "
+                      f"got shape {tuple(actual.shape)} {actual.dtype}")
+        mismatch = first_mismatch(actual, expected, atol)
+        if mismatch is None:
+            return
+        index, want, got = mismatch
+        note = " (the output sentinel: this element was never written)" if is_sentinel(got, actual.dtype) else ""
+        bound = ""
+        if atol is not None and atol.numel():
+            bound = f", allowed difference {float(atol.expand_as(expected)[index]):.3g}"
+        differing = int((actual != expected).sum()) if atol is None else None
+        count = f"; {differing} of {expected.numel()} elements differ" if differing else ""
+        self.fail(f"{what}: element {list(index)} expected {want!r}, got {got!r}{note}{bound}{count}")
+
+    def tensors(self, actual, expected: list, *, what: str, atol=None) -> None:
+        if not isinstance(actual, (list, tuple)) or len(actual) != len(expected):
+            length = len(actual) if isinstance(actual, (list, tuple)) else type(actual).__name__
+            self.fail(f"{what}: expected a list of {len(expected)} tensors, got {length}")
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            self.tensor(a, e, what=f"{what}[{i}]", atol=atol)
+
+    def bitwise_identical(self, per_rank: dict, *, what: str) -> None:
+        """Every rank holds the same bits (a replicated result must not differ by rounding)."""
+        items = list(per_rank.items())
+        first_rank, first = items[0]
+        for rank, tensor in items[1:]:
+            if tensor.shape != first.shape or not torch.equal(_bits(tensor), _bits(first)):
+                self.fail(f"{what}: rank {rank} and rank {first_rank} differ bitwise "
+                          f"(a replicated result must be identical on every rank)")
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.contiguous().reshape(-1).view(torch.uint8)

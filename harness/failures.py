@@ -1,0 +1,68 @@
+"""What the driver raises when ranks do not complete a task, each naming the rank and the cause."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MAX_LOG_CHARS = 4000
+
+
+@dataclass
+class RankReport:
+    """What happened on one rank during one task."""
+
+    rank: int
+    status: str  # "ok", "raised", "exited", "hung", "not started"
+    detail: str = ""  # traceback, exit cause, or Python stacks of a hung rank
+    output: str = ""  # the rank's captured stdout/stderr during the task
+
+    def render(self) -> str:
+        lines = [f"--- rank {self.rank}: {self.status}"]
+        if self.detail:
+            lines.append(self.detail.rstrip())
+        if self.output.strip():
+            text = self.output.rstrip()
+            if len(text) > MAX_LOG_CHARS:
+                text = "[... earlier output cut ...]\n" + text[-MAX_LOG_CHARS:]
+            lines.append(f"--- rank {self.rank} captured output:\n{text}")
+        return "\n".join(lines)
+
+
+@dataclass
+class RankFailure(Exception):
+    """A task did not complete on every rank: a rank raised, exited (crash, signal) or hung."""
+
+    summary: str
+    ranks: list[RankReport] = field(default_factory=list)
+
+    def __post_init__(self):
+        super().__init__(self.summary)
+
+    def failed(self) -> list[RankReport]:
+        return [r for r in self.ranks if r.status != "ok"]
+
+    def same_error_everywhere(self) -> str | None:
+        """The last line of the error if every rank raised the same one (e.g. a missing function)."""
+        details = {r.detail.strip().splitlines()[-1] for r in self.ranks if r.detail.strip()}
+        if len(details) == 1 and all(r.status == "raised" for r in self.ranks):
+            return details.pop()
+        return None
+
+    def __str__(self) -> str:
+        common = self.same_error_everywhere()
+        if common is not None:
+            first = self.ranks[0]
+            return f"{self.summary}\nevery rank raised the same error:\n{first.detail.rstrip()}"
+        return "\n".join([self.summary, *(r.render() for r in self.ranks if r.status != "ok" or r.output.strip())])
+
+
+class RanksHung(BaseException):
+    """A task passed its deadline. A BaseException so that Hypothesis does not shrink by re-running
+    an example that costs a whole deadline each time: the test fails at once with this report."""
+
+    def __init__(self, failure: RankFailure):
+        super().__init__(str(failure))
+        self.failure = failure
+
+
+class WorldStartError(RuntimeError):
+    """The ranks of a world could not be started or could not form a process group."""

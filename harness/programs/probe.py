@@ -1,0 +1,55 @@
+"""Probing what the backend itself accepts, once per session, with torch.distributed's own
+collectives on tiny tensors. The driver turns refusals into skips with the backend's message."""
+from __future__ import annotations
+
+import torch
+
+from harness.context import RankContext
+
+
+def _tensor(dtype, numel, device):
+    return torch.ones(numel, dtype=dtype, device=device)
+
+
+def native_refusals(ctx: RankContext, impl, cases: list[tuple[str, str, str | None]]) -> dict:
+    """For each (collective, dtype name, op name or None): the backend's error message, or None."""
+    import torch.distributed as dist
+
+    n = ctx.world_size
+    refusals = {}
+    for collective, dtype_name, op in cases:
+        dtype = getattr(torch, dtype_name)
+        kw = {} if op is None else {"op": getattr(dist.ReduceOp, op)}
+        x = _tensor(dtype, n, ctx.device)
+        try:
+            if collective in ("all_reduce",):
+                dist.all_reduce(x, **kw)
+            elif collective == "reduce":
+                dist.reduce(x, dst=0, **kw)
+            elif collective == "reduce_scatter":
+                dist.reduce_scatter(_tensor(dtype, 1, ctx.device), list(x.split(1)), **kw)
+            elif collective == "reduce_scatter_tensor":
+                dist.reduce_scatter_tensor(_tensor(dtype, 1, ctx.device), x, **kw)
+            elif collective == "broadcast":
+                dist.broadcast(x, src=0)
+            elif collective == "scatter":
+                dist.scatter(_tensor(dtype, 1, ctx.device), list(x.split(1)) if ctx.rank == 0 else None, src=0)
+            elif collective == "gather":
+                dist.gather(_tensor(dtype, 1, ctx.device), list(x.split(1)) if ctx.rank == 0 else None, dst=0)
+            elif collective == "all_gather":
+                dist.all_gather(list(x.split(1)), _tensor(dtype, 1, ctx.device))
+            elif collective == "all_gather_into_tensor":
+                dist.all_gather_into_tensor(x, _tensor(dtype, 1, ctx.device))
+            elif collective == "all_to_all":
+                dist.all_to_all(list(x.clone().split(1)), list(x.split(1)))
+            elif collective == "all_to_all_uneven":  # rank r sends r + 1 elements to everyone
+                ins = [_tensor(dtype, ctx.rank + 1, ctx.device) for _ in range(n)]
+                dist.all_to_all([_tensor(dtype, peer + 1, ctx.device) for peer in range(n)], ins)
+            elif collective == "all_to_all_single":
+                dist.all_to_all_single(x.clone(), x)
+            else:
+                raise ValueError(f"no probe for {collective}")
+            refusals[(collective, dtype_name, op)] = None
+        except Exception as error:  # noqa: BLE001 - a refusal is what we are looking for
+            refusals[(collective, dtype_name, op)] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+    return refusals

@@ -1,0 +1,150 @@
+"""The pytest side of the harness: options, Hypothesis profiles, the session's world pool, the
+backend probe, and the scorecard. Loaded by the top-level conftest.py."""
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from harness.pool import WorldPool
+from harness.scorecard import Scorecard
+
+DEFAULT_IMPL = "impls"
+
+_COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
+settings.register_profile("quick", max_examples=15, **_COMMON)
+settings.register_profile("ci", max_examples=25, derandomize=True, print_blob=True, **_COMMON)
+settings.register_profile("thorough", max_examples=150, print_blob=True, **_COMMON)
+settings.register_profile("grading", max_examples=50, derandomize=True, print_blob=True, **_COMMON)
+settings.load_profile(os.environ.get("CONFORMANCE_HYPOTHESIS_PROFILE", "quick"))
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("conformance")
+    group.addoption("--impl", default=DEFAULT_IMPL,
+                    help="implementation under test: a module name or a path to a .py file "
+                         f"(default: {DEFAULT_IMPL}, the bundled one; torch.distributed is valid too)")
+    group.addoption("--backend", default="auto", choices=("auto", "gloo", "nccl"),
+                    help="process-group backend of the ranks (auto: nccl when CUDA is available, else gloo)")
+    group.addoption("--max-world-size", type=int, default=None,
+                    help="largest world Hypothesis draws (default 4, 8 under --hypothesis-profile=thorough)")
+    group.addoption("--rank-timeout", type=float, default=60.0,
+                    help="seconds a task may take on the ranks before it is reported as a hang")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "capability(name): the capability a test grades (scorecard row)")
+    if config.getoption("--max-world-size") is not None and config.getoption("--max-world-size") < 1:
+        raise pytest.UsageError("--max-world-size must be at least 1")
+    config.pluginmanager.register(Scorecard(config), "conformance-scorecard")
+
+
+@dataclass(frozen=True)
+class Target:
+    """What is under test and where it runs, as the driver knows it (never the module itself)."""
+
+    impl: str
+    backend: str
+    max_world_size: int
+    profile: str
+
+    def reproduce(self, nodeid: str) -> str:
+        return (f"pytest {shlex.quote(nodeid)} --impl {shlex.quote(self.impl)} --backend {self.backend} "
+                f"--hypothesis-profile={self.profile} --max-world-size {self.max_world_size}")
+
+
+def _resolve_backend(requested: str) -> tuple[str, int]:
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if requested == "auto":
+        requested = "nccl" if gpus else "gloo"
+    if requested == "nccl" and gpus == 0:
+        raise pytest.UsageError("--backend nccl needs at least one visible GPU; none is visible")
+    return requested, gpus
+
+
+@pytest.fixture(scope="session")
+def target(pytestconfig) -> Target:
+    backend, gpus = _resolve_backend(pytestconfig.getoption("--backend"))
+    profile = settings._current_profile or "quick"
+    max_world = pytestconfig.getoption("--max-world-size") or (8 if profile == "thorough" else 4)
+    if backend == "nccl":
+        max_world = min(max_world, gpus)  # one GPU per rank: larger worlds are not drawn
+    return Target(pytestconfig.getoption("--impl"), backend, max_world, profile)
+
+
+@pytest.fixture(scope="session")
+def world_pool(target, pytestconfig):
+    pool = WorldPool(target.backend, timeout_s=pytestconfig.getoption("--rank-timeout"))
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(autouse=True)
+def _tag_capability(request):
+    marker = request.node.get_closest_marker("capability")
+    if marker is not None:
+        request.node.user_properties.append(("capability", marker.args[0]))
+
+
+class Ranks:
+    """Runs a rank program on the members of a group inside a persistent world and returns what
+    each member produced, keyed by global rank. Non-members take part in creating the group only."""
+
+    def __init__(self, pool: WorldPool, target: Target):
+        self.pool = pool
+        self.target = target
+
+    def run(self, world_size: int, members, program: str, per_member: list[dict], timeout_s: float | None = None) -> dict:
+        __tracebackhide__ = True
+        ranks = list(members) if members is not None else list(range(world_size))
+        if len(per_member) != len(ranks):
+            raise ValueError(f"{len(per_member)} argument sets for {len(ranks)} members")
+        group = list(members) if members is not None else None
+        args = [{"group": group} for _ in range(world_size)]
+        for rank, kwargs in zip(ranks, per_member):
+            args[rank] = {**kwargs, "group": group}
+        if not program.startswith("harness.programs."):
+            program = f"harness.programs.{program}"
+        result = self.pool.run(world_size, program, args, impl=self.target.impl, timeout_s=timeout_s)
+        return {rank: result.outputs[rank] for rank in ranks}
+
+
+@pytest.fixture(scope="session")
+def ranks(world_pool, target) -> Ranks:
+    return Ranks(world_pool, target)
+
+
+@dataclass(frozen=True)
+class BackendRefusals:
+    """What the backend's own collectives refuse, probed once: {(collective, dtype, op): message}."""
+
+    backend: str
+    refused: dict
+
+    def dtypes(self, collective: str, op: str | None = None) -> frozenset:
+        import torch
+
+        return frozenset(getattr(torch, d) for (c, d, o), _ in self.refused.items() if c == collective and o == op)
+
+    def cases(self, collective: str) -> list[tuple[str, str | None, str]]:
+        return sorted(((d, o, m) for (c, d, o), m in self.refused.items() if c == collective), key=str)
+
+
+@pytest.fixture(scope="session")
+def backend_refusals(world_pool, target) -> BackendRefusals:
+    from reference.collectives import DTYPES, OPS, op_applies
+
+    reductions = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor")
+    others = ("broadcast", "scatter", "gather", "all_gather", "all_gather_into_tensor", "all_to_all", "all_to_all_uneven",
+              "all_to_all_single")
+    cases = [(c, str(d).removeprefix("torch."), op) for c in reductions for d in DTYPES for op in OPS if op_applies(op, d)]
+    cases += [(c, str(d).removeprefix("torch."), None) for c in others for d in DTYPES]
+    n = min(2, target.max_world_size)
+    probe = world_pool.run(n, "harness.programs.probe:native_refusals", [{"cases": cases}] * n, impl="torch.distributed")
+    refused = {case: message for case, message in probe.outputs[0].items() if message is not None}
+    return BackendRefusals(target.backend, refused)

@@ -1,0 +1,167 @@
+"""The rank side: one process of a world. It joins the process group once, then runs tasks sent by
+the driver until told to exit.
+
+A rank is started by harness.world (forkserver) or, for ranks on other hosts, by any launcher
+(torchrun) that runs ``python -m harness.rank`` with the driver's address in the environment; both
+end in ``serve(RankConfig)``. The rank never sees expected values: a task names a rank program
+(``harness.programs.<module>:<function>``) and carries this rank's inputs only.
+"""
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import importlib
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from multiprocessing.connection import Client
+
+from harness import wire
+from harness.context import RankContext
+from harness.loader import load_implementation
+
+STACK_DUMP_SIGNAL = signal.SIGUSR1
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class RankConfig:
+    rank: int
+    world_size: int
+    backend: str
+    control_address: tuple[str, int]
+    authkey: bytes
+    store_host: str
+    store_port: int
+    store_prefix: str
+    driver_pid: int | None = None  # local ranks die with the driver; None for remote ranks
+    log_path: str | None = None
+    init_timeout_s: float = 60.0
+    collective_timeout_s: float = 300.0
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def serve(config: RankConfig) -> None:
+    """Entry point of a rank process."""
+    os.environ.update(config.env)
+    if config.log_path:
+        _capture_output(config.log_path)
+    faulthandler.enable(all_threads=True)  # segfault/abort: C-level crash prints every Python stack
+    faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True)  # the driver asks on a hang
+    if config.driver_pid is not None:
+        _die_with_driver(config.driver_pid)
+    conn = Client(config.control_address, authkey=config.authkey)
+    conn.send_bytes(wire.encode_untrusted(("hello", config.rank, os.getpid())))
+    context = _join_world(config)
+    conn.send_bytes(wire.encode_untrusted(("ready", config.rank)))
+    implementations: dict[str, object] = {}
+    while True:
+        try:
+            message = wire.decode_trusted(conn.recv_bytes())
+        except EOFError:
+            break
+        if message[0] == "exit":
+            break
+        _, task_id, program, kwargs, impl_spec = message
+        try:
+            impl = implementations.get(impl_spec)
+            if impl is None:
+                impl = implementations[impl_spec] = load_implementation(impl_spec)
+            result = _resolve(program)(context, impl, **kwargs)
+            reply = ("done", task_id, result)
+            payload = wire.encode_untrusted(reply)
+        except BaseException:  # noqa: BLE001 - everything a rank raises goes to the driver
+            payload = wire.encode_untrusted(("error", task_id, traceback.format_exc()))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        conn.send_bytes(payload)
+    os._exit(0)  # skip interpreter teardown: process-group destructors can block on dead peers
+
+
+def _join_world(config: RankConfig) -> RankContext:
+    import torch
+    import torch.distributed as dist
+
+    device = torch.device("cpu")
+    if config.backend == "nccl":
+        device = torch.device("cuda", config.rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    store = dist.TCPStore(
+        config.store_host,
+        config.store_port,
+        is_master=False,
+        timeout=timedelta(seconds=config.init_timeout_s),
+    )
+    dist.init_process_group(
+        config.backend,
+        store=dist.PrefixStore(config.store_prefix, store),
+        rank=config.rank,
+        world_size=config.world_size,
+        timeout=timedelta(seconds=config.collective_timeout_s),
+        device_id=device if config.backend == "nccl" else None,
+    )
+    return RankContext(rank=config.rank, world_size=config.world_size, backend=config.backend, device=device)
+
+
+def _resolve(program: str):
+    module_name, _, function_name = program.partition(":")
+    if not module_name.startswith("harness.programs."):
+        raise ValueError(f"rank programs live in harness.programs, not {program!r}")
+    return getattr(importlib.import_module(module_name), function_name)
+
+
+def _capture_output(path: str) -> None:
+    """Send this process's fd 1 and 2 (Python and C++ output alike) to its log file."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+
+
+def _die_with_driver(driver_pid: int) -> None:
+    """No orphans, even when the driver is killed with SIGKILL: the kernel kills this rank when its
+    parent (the forkserver, which exits with the driver) dies, and a watchdog thread polls the
+    driver's pid as a second line of defence."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+    def watch():
+        while True:
+            try:
+                os.kill(driver_pid, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except PermissionError:
+                pass
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, name="driver-watchdog", daemon=True).start()
+
+
+def _config_from_environment() -> RankConfig:
+    """For ranks started by a launcher on another host (torchrun sets RANK and WORLD_SIZE)."""
+    host, port = os.environ["CONFORMANCE_DRIVER"].rsplit(":", 1)
+    store_host, store_port = os.environ["CONFORMANCE_STORE"].rsplit(":", 1)
+    return RankConfig(
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        backend=os.environ.get("CONFORMANCE_BACKEND", "gloo"),
+        control_address=(host, int(port)),
+        authkey=bytes.fromhex(os.environ["CONFORMANCE_AUTHKEY"]),
+        store_host=store_host,
+        store_port=int(store_port),
+        store_prefix=os.environ["CONFORMANCE_STORE_PREFIX"],
+    )
+
+
+if __name__ == "__main__":
+    serve(_config_from_environment())
