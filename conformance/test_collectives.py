@@ -19,7 +19,6 @@ from conformance.examples import Layout, Values, dtypes_for, layouts, sentinel, 
 from conformance.verdict import Judge
 from reference.tolerance import reduction_atol
 
-CALL = "collectives:call"
 REDUCTIONS = ("reduce", "all_reduce", "reduce_scatter", "reduce_scatter_tensor")
 REFUSABLE = (*REDUCTIONS, "all_to_all_uneven")  # what backends are known to refuse in some cases
 
@@ -57,11 +56,6 @@ def example(target, backend_refusals, request):
     return Drawer
 
 
-def run_collective(ranks, layout: Layout, function: str, per_member: list[dict]) -> dict:
-    return ranks.run(layout.world_size, layout.members, CALL,
-                     [{"function": function, "arguments": arguments} for arguments in per_member])
-
-
 def check_inputs_unchanged(judge: Judge, outputs: dict, layout: Layout, name: str, sent: list) -> None:
     for i, rank in enumerate(layout.ranks):
         if sent[i] is None:
@@ -83,7 +77,7 @@ def test_broadcast(data, example, ranks):
     root = draw.pick("src", st.sampled_from(layout.ranks))
     judge = draw.judge()
     inputs = [vals.tensor(i) for i in range(layout.size)]
-    outputs = run_collective(ranks, layout, "broadcast", [{"tensor": x, "src": root} for x in inputs])
+    outputs = judge.call(ranks, layout, "broadcast", [{"tensor": x, "src": root} for x in inputs])
     expected = ref.broadcast(inputs, layout.ranks.index(root))
     for i, rank in enumerate(layout.ranks):
         judge.tensor(outputs[rank]["tensor"], expected[i], what=f"rank {rank} tensor")
@@ -99,7 +93,7 @@ def test_reduce(data, example, ranks, op):
     root = draw.pick("dst", st.sampled_from(layout.ranks))
     judge = draw.judge()
     inputs = [vals.tensor(i) for i in range(layout.size)]
-    outputs = run_collective(ranks, layout, "reduce", [{"tensor": x, "dst": root, "op": op} for x in inputs])
+    outputs = judge.call(ranks, layout, "reduce", [{"tensor": x, "dst": root, "op": op} for x in inputs])
     root_index = layout.ranks.index(root)
     expected = ref.reduce(inputs, root_index, op)[root_index]
     judge.tensor(outputs[root]["tensor"], expected, what=f"dst rank {root} tensor", atol=reduction_atol(inputs, op))
@@ -114,7 +108,7 @@ def test_all_reduce(data, example, ranks, op):
     vals = draw.values("all_reduce", op)
     judge = draw.judge()
     inputs = [vals.tensor(i) for i in range(layout.size)]
-    outputs = run_collective(ranks, layout, "all_reduce", [{"tensor": x, "op": op} for x in inputs])
+    outputs = judge.call(ranks, layout, "all_reduce", [{"tensor": x, "op": op} for x in inputs])
     expected = ref.all_reduce(inputs, op)
     atol = reduction_atol(inputs, op)
     for i, rank in enumerate(layout.ranks):
@@ -132,7 +126,7 @@ def test_scatter(data, example, ranks):
     judge = draw.judge()
     pieces = [vals.tensor(i) for i in range(layout.size)]
     sent = [pieces if rank == root else None for rank in layout.ranks]
-    outputs = run_collective(ranks, layout, "scatter", [
+    outputs = judge.call(ranks, layout, "scatter", [
         {"tensor": sentinel(pieces[0]), "scatter_list": s, "src": root} for s in sent])
     expected = ref.scatter(pieces, layout.ranks.index(root), layout.size)
     for i, rank in enumerate(layout.ranks):
@@ -149,7 +143,7 @@ def test_gather(data, example, ranks):
     root = draw.pick("dst", st.sampled_from(layout.ranks))
     judge = draw.judge()
     inputs = [vals.tensor(i) for i in range(layout.size)]
-    outputs = run_collective(ranks, layout, "gather", [
+    outputs = judge.call(ranks, layout, "gather", [
         {"tensor": x, "gather_list": [sentinel(x) for _ in inputs] if rank == root else None, "dst": root}
         for rank, x in zip(layout.ranks, inputs)])
     expected = ref.gather(inputs, layout.ranks.index(root))[layout.ranks.index(root)]
@@ -166,7 +160,7 @@ def test_all_gather(data, example, ranks):
     vals = draw.values("all_gather")
     judge = draw.judge()
     inputs = [vals.tensor(i) for i in range(layout.size)]
-    outputs = run_collective(ranks, layout, "all_gather", [
+    outputs = judge.call(ranks, layout, "all_gather", [
         {"tensor_list": [sentinel(x) for _ in inputs], "tensor": x} for x in inputs])
     expected = ref.all_gather(inputs)
     for i, rank in enumerate(layout.ranks):
@@ -185,7 +179,7 @@ def test_all_gather_into_tensor(data, example, ranks):
     judge = draw.judge()
     inputs = [vals.tensor(i) for i in range(layout.size)]
     out_shape = (layout.size * vals.shape[0], *vals.shape[1:])
-    outputs = run_collective(ranks, layout, "all_gather_into_tensor", [
+    outputs = judge.call(ranks, layout, "all_gather_into_tensor", [
         {"output_tensor": sentinel(x, out_shape), "input_tensor": x} for x in inputs])
     expected = ref.all_gather_into_tensor(inputs)
     for i, rank in enumerate(layout.ranks):
@@ -205,7 +199,7 @@ def test_reduce_scatter(data, example, ranks, op):
     judge = draw.judge()
     n = layout.size
     input_lists = [[vals.tensor(i * n + j) for j in range(n)] for i in range(n)]
-    outputs = run_collective(ranks, layout, "reduce_scatter", [
+    outputs = judge.call(ranks, layout, "reduce_scatter", [
         {"output": sentinel(lst[0]), "input_list": lst, "op": op} for lst in input_lists])
     expected = ref.reduce_scatter(input_lists, op)
     for i, rank in enumerate(layout.ranks):
@@ -225,7 +219,7 @@ def test_reduce_scatter_tensor(data, example, ranks, op):
     judge = draw.judge()
     inputs = [vals.tensor(i) for i in range(n)]
     out_shape = (vals.shape[0] // n, *vals.shape[1:])
-    outputs = run_collective(ranks, layout, "reduce_scatter_tensor", [
+    outputs = judge.call(ranks, layout, "reduce_scatter_tensor", [
         {"output": sentinel(x, out_shape), "input": x, "op": op} for x in inputs])
     expected = ref.reduce_scatter_tensor(inputs, op)
     atol = reduction_atol(inputs, op)
@@ -249,7 +243,7 @@ def test_all_to_all(data, example, ranks, backend_refusals):
         sizes = draw.pick("sizes", split_sizes(n))
     judge = draw.judge()
     input_lists = [[vals.tensor(i * n + j, (sizes[i][j],)) for j in range(n)] for i in range(n)]
-    outputs = run_collective(ranks, layout, "all_to_all", [
+    outputs = judge.call(ranks, layout, "all_to_all", [
         {"output_tensor_list": [sentinel(input_lists[i][j]) for i in range(n)], "input_tensor_list": input_lists[j]}
         for j in range(n)])
     expected = ref.all_to_all(input_lists)
@@ -275,7 +269,7 @@ def test_all_to_all_single(data, example, ranks):
     judge = draw.judge()
     received = ref.output_split_sizes(splits)
     inputs = [vals.tensor(i, (sum(splits[i]), *trailing)) for i in range(n)]
-    outputs = run_collective(ranks, layout, "all_to_all_single", [
+    outputs = judge.call(ranks, layout, "all_to_all_single", [
         {"output": sentinel(inputs[i], (sum(received[i]), *trailing)), "input": inputs[i],
          "output_split_sizes": received[i], "input_split_sizes": splits[i]} for i in range(n)])
     expected = ref.all_to_all_single(inputs, splits)
@@ -314,9 +308,9 @@ def test_cases_the_backend_refuses(collective, ranks, target, backend_refusals, 
         else:
             arguments = [{"tensor": x, "op": op} for x in inputs]
         try:
-            outputs = run_collective(ranks, layout, collective.removesuffix("_uneven"), arguments)
+            outputs = judge.call(ranks, layout, collective.removesuffix("_uneven"), arguments)
         except Exception as error:  # noqa: BLE001 - declining what the backend refuses is allowed
-            declined.append(f"{dtype_name} {op or ''} (backend: {message}; implementation: {str(error).splitlines()[-1][:120]})")
+            declined.append((f"{dtype_name} {op or ''}".strip(), message))
             continue
         if collective == "all_to_all_uneven":
             for j, rank in enumerate(layout.ranks):
@@ -330,7 +324,11 @@ def test_cases_the_backend_refuses(collective, ranks, target, backend_refusals, 
             want = reduced if collective in ("all_reduce", "reduce") else reduced.split(2)[rank]
             judge.tensor(got, want, what=f"rank {rank} result", atol=None)
     if declined:
-        pytest.skip(f"declined what {backend_refusals.backend} refuses: " + "; ".join(declined))
+        by_message: dict[str, list[str]] = {}
+        for case, message in declined:
+            by_message.setdefault(message.split(" to the desired")[0], []).append(case)
+        pytest.skip(f"the implementation declines what {backend_refusals.backend} refuses: " +
+                    "; ".join(f"{', '.join(cases)} ({message})" for message, cases in by_message.items()))
 
 
 # ------------------------------------------------------------------ equivalences between functions
@@ -344,7 +342,7 @@ def test_all_reduce_equals_reduce_scatter_then_all_gather(data, example, ranks):
     vals = draw.values("all_reduce", op, shape=draw.pick("shape", st.integers(0, 600).map(lambda k: (k * n,))))
     judge = draw.judge()
     inputs = [vals.tensor(i) for i in range(n)]
-    outputs = ranks.run(layout.world_size, layout.members, "collectives:all_reduce_vs_reduce_scatter_all_gather",
+    outputs = judge.run(ranks, layout, "collectives:all_reduce_vs_reduce_scatter_all_gather",
                         [{"tensor": x, "op": op} for x in inputs])
     atol = 2 * reduction_atol(inputs, op)  # two reductions, each within the bound of the exact value
     for rank in layout.ranks:
@@ -362,7 +360,7 @@ def test_reduce_at_dst_equals_all_reduce(data, example, ranks):
     root = draw.pick("dst", st.sampled_from(layout.ranks))
     judge = draw.judge()
     inputs = [vals.tensor(i) for i in range(layout.size)]
-    outputs = ranks.run(layout.world_size, layout.members, "collectives:reduce_vs_all_reduce",
+    outputs = judge.run(ranks, layout, "collectives:reduce_vs_all_reduce",
                         [{"tensor": x, "op": op, "dst": root} for x in inputs])
     judge.tensor(outputs[root]["reduce"], outputs[root]["all_reduce"], atol=2 * reduction_atol(inputs, op),
                  what=f"dst rank {root}: reduce(x) against all_reduce(x)")
@@ -379,7 +377,7 @@ def test_all_to_all_twice_with_transposed_splits_is_identity(data, example, rank
     judge = draw.judge()
     received = ref.output_split_sizes(splits)
     inputs = [vals.tensor(i, (sum(splits[i]),)) for i in range(n)]
-    outputs = ranks.run(layout.world_size, layout.members, "collectives:all_to_all_twice", [
+    outputs = judge.run(ranks, layout, "collectives:all_to_all_twice", [
         {"tensor": inputs[i], "input_split_sizes": splits[i], "output_split_sizes": received[i]} for i in range(n)])
     for i, rank in enumerate(layout.ranks):
         judge.tensor(outputs[rank]["back"], inputs[i], what=f"rank {rank}: all_to_all twice")
@@ -394,6 +392,6 @@ def test_scatter_then_gather_returns_the_roots_list(data, example, ranks):
     root = draw.pick("root", st.sampled_from(layout.ranks))
     judge = draw.judge()
     pieces = [vals.tensor(i) for i in range(layout.size)]
-    outputs = ranks.run(layout.world_size, layout.members, "collectives:scatter_then_gather", [
+    outputs = judge.run(ranks, layout, "collectives:scatter_then_gather", [
         {"scatter_list": pieces, "output": sentinel(pieces[0]), "root": root} for _ in layout.ranks])
     judge.tensors(outputs[root]["gathered"], pieces, what=f"root {root}: gather(scatter(list))")

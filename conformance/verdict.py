@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from conformance.examples import is_sentinel
+from harness.failures import RankFailure, RanksHung
 from reference.tolerance import first_mismatch
 
 
@@ -12,6 +13,22 @@ class Judge:
     def __init__(self, example: str, reproduce: str):
         self.example = example
         self.reproduce = reproduce
+
+    def run(self, ranks, layout, program: str, per_member: list[dict]) -> dict:
+        """Run a rank program on the layout's members; a failure on the ranks (raise, crash, hang)
+        comes back annotated with this example and the command that reproduces it."""
+        __tracebackhide__ = True
+        try:
+            return ranks.run(layout.world_size, layout.members, program, per_member)
+        except (RankFailure, RanksHung) as failure:
+            failure.add_note(f"  example: {self.example}\n  reproduce: {self.reproduce}")
+            raise
+
+    def call(self, ranks, layout, function: str, per_member: list[dict]) -> dict:
+        """``impl.<function>(**arguments)`` on every member, through the generic rank program."""
+        __tracebackhide__ = True
+        return self.run(ranks, layout, "collectives:call",
+                        [{"function": function, "arguments": arguments} for arguments in per_member])
 
     def fail(self, problem: str):
         raise AssertionError(f"{problem}\n  example: {self.example}\n  reproduce: {self.reproduce}")

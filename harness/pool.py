@@ -65,6 +65,11 @@ class WorldPool:
                 self.rebuilds += 1
             raise
 
+    def close_world(self, size: int) -> None:
+        world = self._worlds.pop(size, None)
+        if world is not None:
+            world.close()
+
     def close(self) -> None:
         for world in self._worlds.values():
             world.close()

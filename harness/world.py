@@ -44,6 +44,8 @@ class _Rank:
 
     def read_new_output(self) -> str:
         try:
+            if os.path.getsize(self.log_path) == self.log_offset:
+                return ""
             with open(self.log_path, "rb") as log:
                 log.seek(self.log_offset)
                 data = log.read()
@@ -216,7 +218,7 @@ class World:
             time.sleep(0.3)  # let faulthandler write the stacks
         reports = []
         for rank in self._ranks:
-            status, detail = outcome.get(rank.rank, ("hung", "Python stacks of every thread (faulthandler):"))
+            status, detail = outcome.get(rank.rank, ("hung", "its Python stacks (faulthandler) are in its captured output below"))
             reports.append(RankReport(rank.rank, status, "" if status == "ok" else str(detail), rank.read_new_output()))
         if hung or any(r.status == "exited" for r in reports):
             self.close()  # a rank is gone or stuck: the owner starts a fresh world

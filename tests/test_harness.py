@@ -1,0 +1,156 @@
+"""The harness's own tests: worlds survive broken implementations, failures name the rank and
+cause, and the driver cannot be made to run code sent by a rank."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.failures import RankFailure, RanksHung
+from harness.pool import WorldPool
+
+FIXTURES = Path(__file__).parent / "fixtures"
+ROOT = Path(__file__).parent.parent
+CALL = "harness.programs.collectives:call"
+
+
+def all_reduce_task(n: int, group=None) -> list[dict]:
+    return [{"function": "all_reduce", "arguments": {"tensor": torch.full((4,), float(r + 1)), "op": "SUM"},
+             "group": group} for r in range(n)]
+
+
+@pytest.fixture
+def pool():
+    with WorldPool("gloo", timeout_s=3.0) as pool:
+        yield pool
+
+
+def fixture_impl(name: str) -> str:
+    return str(FIXTURES / f"{name}.py")
+
+
+def test_task_returns_every_ranks_output(pool):
+    result = pool.run(3, CALL, all_reduce_task(3), impl="torch.distributed")
+    assert [out["tensor"].tolist() for out in result.outputs] == [[6.0] * 4] * 3
+
+
+def test_hang_is_reported_with_every_ranks_stack_and_the_next_task_runs(pool):
+    started = time.monotonic()
+    with pytest.raises(RanksHung) as caught:
+        pool.run(2, CALL, all_reduce_task(2), impl=fixture_impl("hanging_impl"))
+    assert time.monotonic() - started < 10
+    message = str(caught.value)
+    assert "no result within the 3 s deadline" in message
+    assert "rank 0 hung" in message and "rank 1 hung" in message
+    assert "hanging_impl.py" in message  # rank 1's Python stack points into the implementation
+    assert "distributed_c10d.py" in message  # rank 0's stack: waiting in the collective
+    assert pool.rebuilds == 1
+    assert pool.run(2, CALL, all_reduce_task(2), impl="torch.distributed").outputs[1]["tensor"][0] == 3.0
+
+
+def test_segfault_names_the_rank_and_signal(pool):
+    with pytest.raises(RankFailure) as caught:
+        pool.run(2, CALL, all_reduce_task(2), impl=fixture_impl("crashing_impl"))
+    message = str(caught.value)
+    assert "rank 1 exited" in message and "SIGSEGV" in message
+    assert "Segmentation fault" in message  # faulthandler's dump, from the rank's captured stderr
+    assert "crashing_impl.py" in message
+    assert pool.run(2, CALL, all_reduce_task(2), impl="torch.distributed").outputs[0]["tensor"][0] == 3.0
+
+
+def test_exit_in_the_middle_of_a_task_is_reported(pool):
+    with pytest.raises(RankFailure, match=r"rank 0 exited") as caught:
+        pool.run(2, CALL, all_reduce_task(2), impl=fixture_impl("exiting_impl"))
+    assert "exited with code 3" in str(caught.value)
+
+
+def test_exception_in_one_rank_shows_its_traceback_and_everyones_output(pool):
+    with pytest.raises(RankFailure) as caught:
+        pool.run(3, CALL, all_reduce_task(3), impl=fixture_impl("raising_impl"))
+    failure = caught.value
+    statuses = {report.rank: report.status for report in failure.ranks}
+    assert statuses[2] == "raised" and statuses[0] == "hung" and statuses[1] == "hung"
+    message = str(failure)
+    assert "ValueError: deliberate failure in the last rank" in message
+    assert "rank 2 says hello on stdout" in message and "rank 0 says hello on stderr" in message
+
+
+def test_missing_function_is_a_clear_error_on_every_rank_and_keeps_the_world(pool):
+    with pytest.raises(RankFailure) as caught:
+        pool.run(2, CALL, all_reduce_task(2), impl=fixture_impl("partial_impl"))
+    assert caught.value.same_error_everywhere() is not None
+    assert "has no 'all_reduce'" in str(caught.value)
+    assert pool.rebuilds == 0  # every rank answered: nothing to tear down
+
+
+def test_unimportable_implementation_names_the_cause(pool):
+    with pytest.raises(RankFailure, match="could not load the implementation under test"):
+        pool.run(1, CALL, all_reduce_task(1), impl=fixture_impl("unimportable_impl"))
+    with pytest.raises(RankFailure, match="could not load the implementation under test 'no_such_module'"):
+        pool.run(1, CALL, all_reduce_task(1), impl="no_such_module")
+
+
+def test_subgroup_whose_members_are_not_the_first_ranks(pool):
+    outputs = pool.run(4, CALL, all_reduce_task(4, group=[1, 3]), impl="impls").outputs
+    assert outputs[0] is None and outputs[2] is None
+    assert outputs[1]["tensor"].tolist() == outputs[3]["tensor"].tolist() == [6.0] * 4
+
+
+def test_a_rank_cannot_make_the_driver_run_code(pool):
+    marker = Path(__import__("tempfile").gettempdir()) / "conformance-grade-forged"
+    marker.unlink(missing_ok=True)
+    with pytest.raises(RankFailure, match="refuses to decode"):
+        pool.run(2, CALL, all_reduce_task(2), impl=fixture_impl("grade_forging_impl"))
+    assert not marker.exists()
+
+
+def test_two_pools_rendezvous_independently():
+    with WorldPool("gloo") as first, WorldPool("gloo") as second:
+        a = first.run(2, CALL, all_reduce_task(2), impl="torch.distributed")
+        b = second.run(2, CALL, all_reduce_task(2), impl="impls")
+        assert a.outputs[0]["tensor"].tolist() == b.outputs[0]["tensor"].tolist()
+
+
+DRIVER = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {root!r})
+    from harness.pool import WorldPool
+    if __name__ == "__main__":
+        pool = WorldPool("gloo")
+        world = pool.world(3)
+        print(" ".join(map(str, world.pids())), flush=True)
+        time.sleep(600)
+""")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie is dead too
+        return stat.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_killing_the_driver_with_sigkill_leaves_no_rank_behind(tmp_path):
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER.format(root=str(ROOT)))
+    driver = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in driver.stdout.readline().split()]
+        assert len(pids) == 3 and all(_alive(p) for p in pids)
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in pids if _alive(p)], "rank processes outlived a SIGKILLed driver"
+    finally:
+        driver.kill()
