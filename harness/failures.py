@@ -11,7 +11,7 @@ class RankReport:
     """What happened on one rank during one task."""
 
     rank: int
-    status: str  # "ok", "raised", "exited", "hung", "not started"
+    status: str  # "ok", "raised", "missing" (a name or the module itself), "exited", "hung"
     detail: str = ""  # traceback, exit cause, or Python stacks of a hung rank
     output: str = ""  # the rank's captured stdout/stderr during the task
 
@@ -43,25 +43,34 @@ class RankFailure(Exception):
     def same_error_everywhere(self) -> str | None:
         """The last line of the error if every rank raised the same one (e.g. a missing function)."""
         details = {r.detail.strip().splitlines()[-1] for r in self.ranks if r.detail.strip()}
-        if len(details) == 1 and all(r.status == "raised" for r in self.ranks):
+        if len(details) == 1 and all(r.status in ("raised", "missing") for r in self.ranks if r.status != "ok"):
             return details.pop()
         return None
 
     def __str__(self) -> str:
         common = self.same_error_everywhere()
         if common is not None:
-            first = self.ranks[0]
+            first = self.failed()[0]
             return f"{self.summary}\nevery rank raised the same error:\n{first.detail.rstrip()}"
         return "\n".join([self.summary, *(r.render() for r in self.ranks if r.status != "ok" or r.output.strip())])
 
 
-class RanksHung(BaseException):
-    """A task passed its deadline. A BaseException so that Hypothesis does not shrink by re-running
-    an example that costs a whole deadline each time: the test fails at once with this report."""
+class _Unshrinkable(BaseException):
+    """Failures that Hypothesis must not shrink by re-running examples. Hypothesis only catches
+    Exception, so the test fails at once with this report."""
 
     def __init__(self, failure: RankFailure):
         super().__init__(str(failure))
         self.failure = failure
+
+
+class RanksHung(_Unshrinkable):
+    """A task passed its deadline: each re-run would cost a whole deadline."""
+
+
+class ImplementationIncomplete(_Unshrinkable):
+    """The implementation under test lacks a name the capability needs, or cannot be imported:
+    the same on every example, so there is nothing to shrink."""
 
 
 class WorldStartError(RuntimeError):

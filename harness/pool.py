@@ -7,7 +7,7 @@ import secrets
 import shutil
 import tempfile
 
-from harness.failures import RankFailure, RanksHung
+from harness.failures import ImplementationIncomplete, RankFailure, RanksHung
 from harness.world import TaskResult, World
 
 
@@ -59,7 +59,7 @@ class WorldPool:
                 timeout_s=self.timeout_s if timeout_s is None else timeout_s,
                 grace_s=self.grace_s,
             )
-        except (RankFailure, RanksHung):
+        except (RankFailure, RanksHung, ImplementationIncomplete):
             if world.closed:  # torn down after a hang or exit; the next task starts a fresh world
                 self._worlds.pop(size, None)
                 self.rebuilds += 1

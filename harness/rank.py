@@ -22,7 +22,7 @@ from datetime import timedelta
 from multiprocessing.connection import Client
 
 from harness import wire
-from harness.context import RankContext
+from harness.context import MissingFunction, RankContext
 from harness.loader import load_implementation
 
 STACK_DUMP_SIGNAL = signal.SIGUSR1
@@ -75,8 +75,9 @@ def serve(config: RankConfig) -> None:
             result = _resolve(program)(context, impl, **kwargs)
             reply = ("done", task_id, result)
             payload = wire.encode_untrusted(reply)
-        except BaseException:  # noqa: BLE001 - everything a rank raises goes to the driver
-            payload = wire.encode_untrusted(("error", task_id, traceback.format_exc()))
+        except BaseException as error:  # noqa: BLE001 - everything a rank raises goes to the driver
+            status = "missing" if isinstance(error, (MissingFunction, ImportError)) else "raised"
+            payload = wire.encode_untrusted(("error", task_id, traceback.format_exc(), status))
         sys.stdout.flush()
         sys.stderr.flush()
         conn.send_bytes(payload)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 
 from harness import wire
-from harness.failures import RankFailure, RankReport, RanksHung, WorldStartError
+from harness.failures import ImplementationIncomplete, RankFailure, RankReport, RanksHung, WorldStartError
 from harness.rank import STACK_DUMP_SIGNAL, RankConfig, serve
 
 PRELOAD = ["torch", "torch.distributed", "harness.rank", "harness.programs"]
@@ -205,7 +205,7 @@ class World:
             if message[0] == "done" and message[1] == task_id:
                 return "ok", message[2]
             if message[0] == "error":
-                return "raised", message[2]
+                return ("missing" if message[3] == "missing" else "raised"), message[2]
             return "raised", f"unexpected message from rank: {message[:2]!r}"
         rank.process.join(timeout=1.0)
         return "exited", _describe_exit(rank.process.exitcode)
@@ -224,6 +224,8 @@ class World:
             self.close()  # a rank is gone or stuck: the owner starts a fresh world
         failed = [r for r in reports if r.status != "ok"]
         causes = ", ".join(f"rank {r.rank} {r.status}" for r in failed)
+        if all(r.status == "missing" for r in failed):
+            return ImplementationIncomplete(RankFailure(f"{program}: the implementation under test is incomplete", reports))
         if all(r.status == "hung" for r in failed):
             summary = f"{program} on {self.size} ranks: no result within the {timeout_s:g} s deadline ({causes})"
             return RanksHung(RankFailure(summary, reports))

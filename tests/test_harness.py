@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.failures import RankFailure, RanksHung
+from harness.failures import ImplementationIncomplete, RankFailure, RanksHung
 from harness.pool import WorldPool
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -83,17 +83,17 @@ def test_exception_in_one_rank_shows_its_traceback_and_everyones_output(pool):
 
 
 def test_missing_function_is_a_clear_error_on_every_rank_and_keeps_the_world(pool):
-    with pytest.raises(RankFailure) as caught:
+    with pytest.raises(ImplementationIncomplete) as caught:
         pool.run(2, CALL, all_reduce_task(2), impl=fixture_impl("partial_impl"))
-    assert caught.value.same_error_everywhere() is not None
+    assert caught.value.failure.same_error_everywhere() is not None
     assert "has no 'all_reduce'" in str(caught.value)
     assert pool.rebuilds == 0  # every rank answered: nothing to tear down
 
 
 def test_unimportable_implementation_names_the_cause(pool):
-    with pytest.raises(RankFailure, match="could not load the implementation under test"):
+    with pytest.raises(ImplementationIncomplete, match="could not load the implementation under test"):
         pool.run(1, CALL, all_reduce_task(1), impl=fixture_impl("unimportable_impl"))
-    with pytest.raises(RankFailure, match="could not load the implementation under test 'no_such_module'"):
+    with pytest.raises(ImplementationIncomplete, match="could not load the implementation under test 'no_such_module'"):
         pool.run(1, CALL, all_reduce_task(1), impl="no_such_module")
 
 

@@ -1,0 +1,10 @@
+"""The bundled implementations with the naive data-parallel wrapper as ``DataParallel``:
+``--impl impls.naive_dp`` grades NaiveDataParallel (all-reduce every gradient after backward)."""
+
+from impls import *  # noqa: F401,F403 - the collectives, unchanged
+from impls import BucketedDataParallel, NaiveDataParallel, OverlappedDataParallel  # noqa: F401
+
+
+def DataParallel(module, bucket_size_mb=None, process_group=None):
+    """NaiveDataParallel whatever ``bucket_size_mb`` says (it has no buckets)."""
+    return NaiveDataParallel(module, process_group)

@@ -1,0 +1,48 @@
+"""The conformance suite as a user runs it, in a pytest subprocess: a broken implementation fails
+its own tests with a clear message and the run goes on to report everything else."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def run_suite(impl: str, *args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "pytest", "conformance/test_collectives.py", "-q", "-p", "no:cacheprovider",
+               "--impl", impl, "--hypothesis-profile=ci", "--rank-timeout", "5", *args]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def scorecard_row(output: str, capability: str) -> list[str]:
+    rows = [line.split() for line in output.splitlines() if line.startswith(capability + " ")]
+    assert rows, f"no scorecard row for {capability} in:\n{output[-3000:]}"
+    return rows[-1]
+
+
+def test_a_crashing_collective_fails_alone_and_the_run_continues():
+    result = run_suite(str(FIXTURES / "crashing_impl.py"), "-k", "test_all_reduce and SUM or test_broadcast or test_gather")
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert "1 failed, 2 passed" in result.stdout
+    assert "SIGSEGV" in result.stdout and "example: world_size=" in result.stdout
+    assert scorecard_row(result.stdout, "all_reduce")[-1] == "FAIL"
+    assert scorecard_row(result.stdout, "broadcast")[-1] == "pass"
+
+
+def test_missing_functions_fail_their_own_tests_and_never_collection():
+    result = run_suite(str(FIXTURES / "partial_impl.py"), "-k", "test_broadcast or test_scatter and not gather or test_all_reduce and MAX")
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert "2 failed, 1 passed" in result.stdout
+    assert "has no 'scatter'" in result.stdout and "has no 'all_reduce'" in result.stdout
+    assert scorecard_row(result.stdout, "broadcast")[-1] == "pass"
+
+
+def test_a_hanging_collective_is_cut_at_the_deadline_without_shrinking():
+    result = run_suite(str(FIXTURES / "hanging_impl.py"), "-k", "test_all_reduce and SUM or test_broadcast",
+                       "--rank-timeout", "2")
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert "1 failed, 1 passed" in result.stdout
+    assert "no result within the 2 s deadline" in result.stdout
+    assert "hanging_impl.py" in result.stdout  # the hung rank's stack points at the culprit
