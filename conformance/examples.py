@@ -83,11 +83,17 @@ def is_sentinel(value: float, dtype: torch.dtype) -> bool:
 
 @st.composite
 def layouts(draw, max_world_size: int, min_size: int = 1) -> Layout:
-    """A world size, and half the time a subgroup of it (members need not be 0..k-1)."""
-    world_size = draw(st.integers(min_value=min_size, max_value=max_world_size))
+    """A world size, and half the time a proper subgroup of it (members need not be 0..k-1).
+
+    sampled_from draws evenly (st.integers drew world_size=1 over half the time) and shrinks
+    towards the front of its list: two ranks first, the degenerate single rank last, the whole
+    world before a subgroup. Membership is a coin per rank, so subgroups of every size appear."""
+    sizes = [n for n in range(max(min_size, 2), max_world_size + 1)] + ([1] if min_size <= 1 else [])
+    world_size = draw(st.sampled_from(sizes or [min_size]))
     if world_size > min_size and draw(st.booleans()):
-        members = draw(st.sets(st.integers(0, world_size - 1), min_size=min_size, max_size=world_size - 1))
-        return Layout(world_size, tuple(sorted(members)))
+        mask = draw(st.lists(st.booleans(), min_size=world_size, max_size=world_size)
+                    .filter(lambda m: min_size <= sum(m) < world_size))
+        return Layout(world_size, tuple(rank for rank, member in enumerate(mask) if member))
     return Layout(world_size)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 import reference.collectives as ref
@@ -34,6 +34,8 @@ def example(target, backend_refusals, request):
 
         def layout(self, min_size: int = 1) -> Layout:
             layout = self.data.draw(layouts(target.max_world_size, min_size), label="layout")
+            event(f"world_size={layout.world_size}, group of {layout.size}" if layout.members else
+                  f"world_size={layout.world_size}, whole world")
             self.parts.append(str(layout))
             return layout
 

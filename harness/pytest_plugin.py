@@ -7,7 +7,7 @@ import shlex
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 from harness.pool import WorldPool
 from harness.scorecard import Scorecard
@@ -19,6 +19,9 @@ settings.register_profile("quick", max_examples=15, **_COMMON)
 settings.register_profile("ci", max_examples=25, derandomize=True, print_blob=True, **_COMMON)
 settings.register_profile("thorough", max_examples=150, print_blob=True, **_COMMON)
 settings.register_profile("grading", max_examples=50, derandomize=True, print_blob=True, **_COMMON)
+# For harness.mutation: like ci, but a mutant is killed by its first failure; no time spent shrinking.
+settings.register_profile("mutation", max_examples=25, derandomize=True, database=None,
+                          phases=[Phase.explicit, Phase.generate], **_COMMON)
 settings.load_profile(os.environ.get("CONFORMANCE_HYPOTHESIS_PROFILE", "quick"))
 
 

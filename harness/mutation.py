@@ -1,0 +1,117 @@
+"""The suite proves its own power: ``python -m harness.mutation`` runs the conformance suite
+against every known-good implementation (each must pass) and every known-buggy one under mutants/
+(each must fail), then prints the kill rate and the false-failure count. Exit status 0 only when
+every mutant is killed and no known-good implementation fails.
+
+A mutant is never imported here: its docstring is read with ast. Its first line states the bug; a
+'targets:' line gives the pytest -k expression that selects the tests expected to catch it.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MUTANTS = ROOT / "mutants"
+TEST_FILE_OF = {  # mutants/<folder> -> the conformance file that must catch them
+    "collectives": "conformance/test_collectives.py",
+    "data_parallel": "conformance/test_data_parallel.py",
+    "tensor_parallel": "conformance/test_tensor_parallel.py",
+    "pipeline_parallel": "conformance/test_pipeline_parallel.py",
+}
+
+
+@dataclass(frozen=True)
+class Mutant:
+    path: Path
+    bug: str
+    targets: str
+    test_file: str
+
+    @classmethod
+    def read(cls, path: Path) -> "Mutant":
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        lines = doc.splitlines()
+        targets = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("targets:")), "")
+        if not lines or not targets:
+            raise ValueError(f"{path}: the docstring must state the bug in its first line and have a 'targets:' line")
+        return cls(path, lines[0], targets, TEST_FILE_OF[path.parent.name])
+
+
+def known_good() -> list[tuple[str, list[str]]]:
+    """(implementation, pytest arguments) that must pass."""
+    runs = [("impls", ["conformance"]), ("torch.distributed", ["conformance/test_collectives.py"])]
+    if (ROOT / "impls" / "naive_dp.py").exists() and (ROOT / "conformance" / "test_data_parallel.py").exists():
+        runs.append(("impls.naive_dp", ["conformance/test_data_parallel.py"]))
+    if (ROOT / "adapters" / "torch_native.py").exists():
+        runs.append(("adapters.torch_native", ["conformance"]))
+    return runs
+
+
+def mutants() -> list[Mutant]:
+    return [Mutant.read(p) for p in sorted(MUTANTS.glob("*/*.py"))
+            if p.name != "__init__.py" and p.parent.name in TEST_FILE_OF and (ROOT / TEST_FILE_OF[p.parent.name]).exists()]
+
+
+def pytest(impl: str, args: list[str], profile: str, quiet: bool) -> tuple[int, str, float]:
+    command = [sys.executable, "-m", "pytest", *args, "--impl", impl, f"--hypothesis-profile={profile}", "-q",
+               "-p", "no:cacheprovider"]
+    started = time.monotonic()
+    if quiet:
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+        return done.returncode, done.stdout + done.stderr, time.monotonic() - started
+    print(f"\n=== known good: {impl} ({' '.join(args)})", flush=True)
+    return subprocess.run(command, cwd=ROOT).returncode, "", time.monotonic() - started
+
+
+def failing_line(output: str) -> str:
+    for line in output.splitlines():
+        if line.startswith("E  ") and line.strip() != "E":
+            return line[1:].strip()[:140]
+    return "(no assertion line)"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default="ci", help="Hypothesis profile of the known-good runs (default: ci)")
+    parser.add_argument("--mutant-profile", default="mutation",
+                        help="Hypothesis profile of the mutant runs (default: mutation, which does not shrink)")
+    parser.add_argument("--mutants-only", action="store_true", help="skip the known-good runs")
+    options = parser.parse_args(argv)
+
+    false_failures = []
+    goods = [] if options.mutants_only else known_good()
+    for impl, args in goods:
+        code, _, _ = pytest(impl, args, options.profile, quiet=False)
+        if code != 0:
+            false_failures.append(f"{impl} (exit code {code})")
+
+    print("\n=== known-buggy implementations (each must fail)")
+    killed, survived = [], []
+    for mutant in mutants():
+        code, output, seconds = pytest(str(mutant.path.relative_to(ROOT)), [mutant.test_file, "-x", "-k", mutant.targets],
+                                       options.mutant_profile, quiet=True)
+        name = f"{mutant.path.parent.name}/{mutant.path.stem}"
+        if code == 1:
+            killed.append(name)
+            print(f"killed   {name:<50} {seconds:5.1f} s  {mutant.bug}\n         caught by: {failing_line(output)}")
+        else:
+            why = {0: "every selected test passed", 5: "its targets select no test"}.get(code, f"pytest exit code {code}")
+            survived.append(name)
+            print(f"SURVIVED {name:<50} {seconds:5.1f} s  {mutant.bug}\n         ({why})")
+
+    total = len(killed) + len(survived)
+    rate = 100.0 * len(killed) / total if total else 0.0
+    print(f"\n=== kill rate: {len(killed)}/{total} mutants killed ({rate:.0f}%); "
+          f"false failures: {len(false_failures)}/{len(goods)} known-good implementations"
+          + (f" ({', '.join(false_failures)})" if false_failures else ""))
+    return 0 if total and not survived and not false_failures else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

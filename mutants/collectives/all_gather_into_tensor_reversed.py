@@ -1,0 +1,15 @@
+"""all_gather_into_tensor concatenates the ranks' pieces in reverse rank order.
+targets: test_all_gather_into_tensor
+"""
+import torch
+import torch.distributed as dist
+
+import impls
+from impls import *  # noqa: F401,F403
+
+
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
+    impls.all_gather_into_tensor(output_tensor, input_tensor, group=group)
+    n = dist.get_world_size(group)
+    pieces = output_tensor.reshape(n, -1).flip(0).clone()
+    output_tensor.copy_(pieces.reshape(output_tensor.shape))

@@ -1,0 +1,9 @@
+"""broadcast ignores src and always sends group rank 0's tensor.
+targets: test_broadcast
+"""
+import impls
+from impls import *  # noqa: F401,F403
+
+
+def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
+    return impls.broadcast(tensor, group=group, async_op=async_op, group_src=0)

@@ -1,0 +1,11 @@
+"""reduce_scatter (list form) ignores op and always sums.
+targets: test_reduce_scatter and not tensor and MAX
+"""
+import torch.distributed as dist
+
+import impls
+from impls import *  # noqa: F401,F403
+
+
+def reduce_scatter(output, input_list, op=dist.ReduceOp.SUM, group=None, async_op=False):
+    return impls.reduce_scatter(output, input_list, op=dist.ReduceOp.SUM, group=group, async_op=async_op)

@@ -1,0 +1,11 @@
+"""reduce always delivers the result to the first member of the group, whatever dst says.
+targets: test_reduce and SUM
+"""
+import torch.distributed as dist
+
+import impls
+from impls import *  # noqa: F401,F403
+
+
+def reduce(tensor, dst=None, op=dist.ReduceOp.SUM, group=None, async_op=False, group_dst=None):
+    return impls.reduce(tensor, op=op, group=group, async_op=async_op, group_dst=0)

@@ -1,0 +1,17 @@
+"""scatter treats the global src rank as a rank within the group (right only when they coincide).
+targets: test_scatter and not gather
+"""
+import torch.distributed as dist
+
+import impls
+from impls import *  # noqa: F401,F403
+
+
+def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None):
+    members = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+    wrong_root = members[src % len(members)] if src is not None else None
+    if dist.get_rank() != wrong_root:
+        scatter_list = None
+    elif scatter_list is None:
+        scatter_list = [tensor.clone() for _ in members]
+    return impls.scatter(tensor, scatter_list, src=wrong_root, group=group, async_op=async_op)
