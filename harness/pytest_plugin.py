@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import shlex
+from pathlib import Path
 from dataclasses import dataclass
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 from harness.pool import WorldPool
+from harness.reports import DEFAULT_RUBRIC, load_rubric
+from harness.reports import write as write_reports
 from harness.scorecard import Scorecard
 
 DEFAULT_IMPL = "impls"
@@ -36,13 +39,33 @@ def pytest_addoption(parser):
                     help="largest world Hypothesis draws (default 4, 8 under --hypothesis-profile=thorough)")
     group.addoption("--rank-timeout", type=float, default=60.0,
                     help="seconds a task may take on the ranks before it is reported as a hang")
+    group.addoption("--report-dir", default=None,
+                    help="write grading files here: Gradescope results.json, junit.xml, summary.txt")
+    group.addoption("--rubric", default=str(DEFAULT_RUBRIC),
+                    help="TOML file of points per capability (default: grading/rubric.toml)")
 
 
+@pytest.hookimpl(tryfirst=True)  # before the junitxml plugin reads its path
 def pytest_configure(config):
     config.addinivalue_line("markers", "capability(name): the capability a test grades (scorecard row)")
     if config.getoption("--max-world-size") is not None and config.getoption("--max-world-size") < 1:
         raise pytest.UsageError("--max-world-size must be at least 1")
+    report_dir = config.getoption("--report-dir")
+    if report_dir:
+        try:
+            load_rubric(Path(config.getoption("--rubric")))
+        except (OSError, ValueError) as error:
+            raise pytest.UsageError(f"--rubric: {error}") from error
+        if not getattr(config.option, "xmlpath", None):
+            config.option.xmlpath = str(Path(report_dir) / "junit.xml")
     config.pluginmanager.register(Scorecard(config), "conformance-scorecard")
+
+
+def pytest_unconfigure(config):
+    report_dir = config.getoption("--report-dir")
+    scorecard = config.pluginmanager.get_plugin("conformance-scorecard")
+    if report_dir and scorecard is not None and not hasattr(config, "workerinput"):
+        write_reports(scorecard, Path(report_dir), Path(config.getoption("--rubric")), config.getoption("--impl"))
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,7 @@ def serve(config: RankConfig) -> None:
             reply = ("done", task_id, result)
             payload = wire.encode_untrusted(reply)
         except BaseException as error:  # noqa: BLE001 - everything a rank raises goes to the driver
-            status = "missing" if isinstance(error, (MissingFunction, ImportError)) else "raised"
+            status = "missing" if isinstance(error, (MissingFunction, ImportError, NotImplementedError)) else "raised"
             payload = wire.encode_untrusted(("error", task_id, traceback.format_exc(), status))
         sys.stdout.flush()
         sys.stderr.flush()

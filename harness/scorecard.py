@@ -1,41 +1,79 @@
-"""Per-capability tallies printed at the end of a run. Works under pytest-xdist: the capability
-travels in each report's user_properties, which xdist sends back to the controller."""
+"""Per-capability results of a run: collected from test reports (on the xdist controller too: the
+capability travels in each report's user_properties), printed as a scorecard at the end, and
+handed to harness.reports for the grading files."""
 from __future__ import annotations
 
+import textwrap
 from collections import defaultdict
+from dataclasses import dataclass
+
+MAX_OUTPUT_CHARS = 6000
+
+
+@dataclass
+class TestResult:
+    nodeid: str
+    capability: str
+    outcome: str  # "passed", "failed", "skipped"
+    output: str  # why it failed or was skipped; empty when it passed
+    seconds: float
+
+
+def _capability_of(report) -> str | None:
+    for key, value in getattr(report, "user_properties", ()):
+        if key == "capability":
+            return value
+    return None
+
+
+def _explain(report) -> str:
+    """The error lines of a failure (our messages name example, rank, element and a reproducer),
+    or the reason of a skip."""
+    if report.skipped:
+        longrepr = report.longrepr
+        return longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    lines = [line[1:] for line in report.longreprtext.splitlines() if line.startswith("E ")]
+    text = textwrap.dedent("\n".join(lines)) if lines else report.longreprtext
+    marker = "the implementation under test is incomplete: "
+    if marker in text:
+        text = "not implemented: " + text[text.index(marker) + len(marker):]
+    return text[:MAX_OUTPUT_CHARS]
 
 
 class Scorecard:
     def __init__(self, config):
         self.config = config
-        self.rows: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
-
-    @staticmethod
-    def capability_of(report) -> str | None:
-        for key, value in getattr(report, "user_properties", ()):
-            if key == "capability":
-                return value
-        return None
+        self.results: dict[str, TestResult] = {}
 
     def pytest_runtest_logreport(self, report):
-        capability = self.capability_of(report)
+        capability = _capability_of(report)
         if capability is None:
             return
-        if report.when == "call" or (report.when == "setup" and not report.passed):
+        if report.when == "call" or not report.passed:
+            previous = self.results.get(report.nodeid)
+            if previous is not None and previous.outcome == "failed":
+                return  # a teardown error after a failed call: keep the call's explanation
             outcome = "skipped" if report.skipped else ("passed" if report.passed else "failed")
-            self.rows[capability][outcome].append(report.nodeid)
-        elif report.when == "teardown" and report.failed:
-            self.rows[capability]["failed"].append(report.nodeid)
+            output = "" if outcome == "passed" else _explain(report)
+            self.results[report.nodeid] = TestResult(report.nodeid, capability, outcome, output, report.duration)
+
+    def by_capability(self) -> dict[str, list[TestResult]]:
+        rows: dict[str, list[TestResult]] = defaultdict(list)
+        for result in self.results.values():
+            rows[result.capability].append(result)
+        return dict(sorted(rows.items()))
 
     def pytest_terminal_summary(self, terminalreporter):
-        if not self.rows:
+        rows = self.by_capability()
+        if not rows:
             return
-        impl = self.config.getoption("--impl")
-        terminalreporter.section(f"conformance scorecard: {impl}")
-        width = max(len(name) for name in self.rows)
+        terminalreporter.section(f"conformance scorecard: {self.config.getoption('--impl')}")
+        width = max(len(name) for name in rows)
         terminalreporter.write_line(f"{'capability':<{width}}  passed  failed  skipped  verdict")
-        for name in sorted(self.rows):
-            row = self.rows[name]
-            passed, failed, skipped = (len(row[k]) for k in ("passed", "failed", "skipped"))
-            verdict = "FAIL" if failed else ("pass" if passed else "skipped")
-            terminalreporter.write_line(f"{name:<{width}}  {passed:>6}  {failed:>6}  {skipped:>7}  {verdict}")
+        for name, results in rows.items():
+            count = {k: sum(r.outcome == k for r in results) for k in ("passed", "failed", "skipped")}
+            incomplete = any(r.output.startswith("not implemented") for r in results)
+            verdict = ("not implemented" if incomplete else "FAIL") if count["failed"] else (
+                "pass" if count["passed"] else "skipped")
+            terminalreporter.write_line(
+                f"{name:<{width}}  {count['passed']:>6}  {count['failed']:>6}  {count['skipped']:>7}  {verdict}")

@@ -225,7 +225,8 @@ class World:
         failed = [r for r in reports if r.status != "ok"]
         causes = ", ".join(f"rank {r.rank} {r.status}" for r in failed)
         if all(r.status == "missing" for r in failed):
-            return ImplementationIncomplete(RankFailure(f"{program}: the implementation under test is incomplete", reports))
+            cause = failed[0].detail.strip().splitlines()[-1] if failed[0].detail.strip() else "?"
+            return ImplementationIncomplete(RankFailure(f"the implementation under test is incomplete: {cause}", reports))
         if all(r.status == "hung" for r in failed):
             summary = f"{program} on {self.size} ranks: no result within the {timeout_s:g} s deadline ({causes})"
             return RanksHung(RankFailure(summary, reports))

@@ -46,3 +46,11 @@ def test_a_hanging_collective_is_cut_at_the_deadline_without_shrinking():
     assert "1 failed, 1 passed" in result.stdout
     assert "no result within the 2 s deadline" in result.stdout
     assert "hanging_impl.py" in result.stdout  # the hung rank's stack points at the culprit
+
+
+def test_the_starter_template_scores_not_implemented_and_breaks_nothing():
+    result = run_suite("starter/student_impl.py", "-k", "test_broadcast or test_all_reduce and SUM")
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert "2 failed" in result.stdout
+    assert "NotImplementedError: broadcast" in result.stdout
+    assert scorecard_row(result.stdout, "broadcast")[-1] == "implemented"  # "not implemented"

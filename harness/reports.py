@@ -1,0 +1,92 @@
+"""Grading files, written by the pytest process (the xdist controller) at the end of a run when
+--report-dir is given: Gradescope's results.json, JUnit XML (pytest's own writer), and a plain
+summary per capability.
+
+Points come from a rubric (TOML) that course staff edit: each capability's points are shared
+equally by its tests that ran; a skipped test (a case the backend itself refuses) leaves the
+maximum, it is not held against the student. A capability none of whose tests ran is listed as
+"not run" and left out of the maximum.
+"""
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+from harness.scorecard import Scorecard, TestResult
+
+DEFAULT_RUBRIC = Path(__file__).resolve().parent.parent / "grading" / "rubric.toml"
+
+
+def load_rubric(path: Path) -> dict[str, float]:
+    with open(path, "rb") as file:
+        data = tomllib.load(file)
+    points = data.get("capabilities")
+    if not isinstance(points, dict) or not all(isinstance(v, (int, float)) and v >= 0 for v in points.values()):
+        raise ValueError(f"{path}: expected a [capabilities] table of non-negative points")
+    return {str(k): float(v) for k, v in points.items()}
+
+
+def score(scorecard: Scorecard, rubric: dict[str, float]) -> tuple[list[dict], dict[str, tuple[float, float]]]:
+    """Gradescope test entries, and (score, max) per capability."""
+    tests, totals = [], {}
+    for capability, results in scorecard.by_capability().items():
+        graded = [r for r in results if r.outcome != "skipped"]
+        points = rubric.get(capability, 0.0)
+        share = points / len(graded) if graded else 0.0
+        earned = 0.0
+        for result in results:
+            value = share if result.outcome == "passed" else 0.0
+            earned += value
+            tests.append(_entry(result, value, 0.0 if result.outcome == "skipped" else share))
+        totals[capability] = (earned, share * len(graded))
+    return tests, totals
+
+
+def _entry(result: TestResult, value: float, maximum: float) -> dict:
+    status = {"passed": "passed", "failed": "failed"}.get(result.outcome, "passed")
+    output = result.output if result.outcome != "skipped" else f"skipped, not counted: {result.output}"
+    return {
+        "name": result.nodeid.split("::", 1)[-1],
+        "number": result.capability,
+        "score": round(value, 4),
+        "max_score": round(maximum, 4),
+        "status": status,
+        "output": output,
+        "visibility": "visible",
+        "tags": [result.capability],
+    }
+
+
+def write(scorecard: Scorecard, report_dir: Path, rubric_path: Path, impl: str) -> Path:
+    rubric = load_rubric(rubric_path)
+    tests, totals = score(scorecard, rubric)
+    earned = sum(s for s, _ in totals.values())
+    maximum = sum(m for _, m in totals.values())
+    lines = [f"implementation: {impl}", f"rubric: {rubric_path}", "",
+             f"{'capability':<24} {'points':>13}  tests (passed/failed/skipped)"]
+    for capability, (got, out_of) in totals.items():
+        results = scorecard.by_capability()[capability]
+        count = "/".join(str(sum(r.outcome == k for r in results)) for k in ("passed", "failed", "skipped"))
+        unrated = "" if capability in rubric else "  (not in the rubric: 0 points)"
+        lines.append(f"{capability:<24} {got:6.2f}/{out_of:6.2f}  {count}{unrated}")
+    for capability in sorted(set(rubric) - set(totals)):
+        lines.append(f"{capability:<24} {'not run':>13}")
+    lines += ["", f"total: {earned:.2f}/{maximum:.2f}"]
+    failures = [t for t in tests if t["status"] == "failed"]
+    if failures:
+        lines += ["", "lost points:"]
+        lines += [f"- {t['name']}: {t['output'].splitlines()[0] if t['output'] else 'failed'}" for t in failures]
+    summary = "\n".join(lines) + "\n"
+    report_dir.mkdir(parents=True, exist_ok=True)
+    results = {
+        "score": round(earned, 4),
+        "max_score": round(maximum, 4),
+        "output": summary,
+        "visibility": "visible",
+        "stdout_visibility": "hidden",
+        "tests": tests,
+    }
+    (report_dir / "results.json").write_text(json.dumps(results, indent=2))
+    (report_dir / "summary.txt").write_text(summary)
+    return report_dir

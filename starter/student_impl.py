@@ -1,0 +1,71 @@
+"""Starter template: copy this file, implement what you can, and grade it with
+
+    scripts/conformance --impl path/to/student_impl.py --hypothesis-profile=grading --report-dir out
+
+Every name the suite may call is here and raises NotImplementedError: a capability you have not
+implemented scores 0 as "not implemented" and nothing else breaks. CONTRACT.md says what each
+function must do. Build the collectives from point-to-point messages (dist.send, dist.recv,
+dist.isend, dist.irecv): the communication audit checks that no backend collective is called.
+"""
+import torch.distributed as dist
+from torch.distributed import ReduceOp
+
+
+# ----------------------------------------------------------------------------------- collectives
+def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
+    """Copy the tensor of global rank ``src`` into ``tensor`` on every member of ``group``."""
+    raise NotImplementedError("broadcast")
+
+
+def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_dst=None):
+    """Reduce every member's ``tensor`` with ``op``; the result lands in ``tensor`` on global rank ``dst``."""
+    raise NotImplementedError("reduce")
+
+
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
+    """Reduce every member's ``tensor`` with ``op``; every member gets the same result, bit for bit."""
+    raise NotImplementedError("all_reduce")
+
+
+def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None):
+    """Member i receives ``scatter_list[i]`` of global rank ``src`` into ``tensor``."""
+    raise NotImplementedError("scatter")
+
+
+def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group_dst=None):
+    """Global rank ``dst`` receives member i's ``tensor`` into ``gather_list[i]``."""
+    raise NotImplementedError("gather")
+
+
+def all_gather(tensor_list, tensor, group=None, async_op=False):
+    """Every member receives member i's ``tensor`` into ``tensor_list[i]``."""
+    raise NotImplementedError("all_gather")
+
+
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
+    """Every member receives all inputs concatenated along dim 0 in rank order."""
+    raise NotImplementedError("all_gather_into_tensor")
+
+
+def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False):
+    """Member i receives the reduction over members of their ``input_list[i]``."""
+    raise NotImplementedError("reduce_scatter")
+
+
+def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False):
+    """Member i receives chunk i (of n equal chunks along dim 0) of the reduction of the inputs."""
+    raise NotImplementedError("reduce_scatter_tensor")
+
+
+def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
+    """Member j receives member i's ``input_tensor_list[j]`` into ``output_tensor_list[i]``."""
+    raise NotImplementedError("all_to_all")
+
+
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False):
+    """Like all_to_all on one tensor: ``input`` is split along dim 0 by ``input_split_sizes``
+    (equal pieces when None), and pieces arrive in rank order, sized by ``output_split_sizes``."""
+    raise NotImplementedError("all_to_all_single")
+
+
+__all__ = [name for name in dir() if not name.startswith("_") and name not in ("dist", "ReduceOp")]

@@ -1,0 +1,47 @@
+"""Grading files from a real run under pytest-xdist: scores follow the rubric, a missing function
+scores 0 as "not implemented", every failure explains itself, JUnit XML is written too."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.reports import load_rubric
+
+ROOT = Path(__file__).parent.parent
+
+
+def test_reports_under_xdist(tmp_path):
+    rubric = tmp_path / "rubric.toml"
+    rubric.write_text("[capabilities]\nbroadcast = 10\nscatter = 6\ngather = 4\n")
+    command = [sys.executable, "-m", "pytest", "conformance/test_collectives.py", "-q", "-p", "no:cacheprovider",
+               "-n", "2", "--impl", "tests/fixtures/partial_impl.py", "--hypothesis-profile=ci",
+               "--report-dir", str(tmp_path / "out"), "--rubric", str(rubric),
+               "-k", "test_broadcast or test_scatter and not gather or test_gather and not scatter"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stdout[-3000:]
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    by_name = {t["name"]: t for t in results["tests"]}
+    assert by_name["test_broadcast"]["score"] == 10 and by_name["test_broadcast"]["status"] == "passed"
+    assert by_name["test_scatter"]["score"] == 0 and by_name["test_scatter"]["max_score"] == 6
+    assert by_name["test_scatter"]["output"].startswith("not implemented:")
+    assert "has no 'scatter'" in by_name["test_scatter"]["output"]
+    assert "reproduce: pytest" in by_name["test_gather"]["output"]
+    assert results["score"] == 10 and results["max_score"] == 20
+    assert all(t["visibility"] == "visible" for t in results["tests"])
+    assert "total: 10.00/20.00" in (tmp_path / "out" / "summary.txt").read_text()
+    assert "<testsuite" in (tmp_path / "out" / "junit.xml").read_text()
+
+
+def test_a_bad_rubric_is_refused_before_anything_runs(tmp_path):
+    rubric = tmp_path / "rubric.toml"
+    rubric.write_text("[capabilities]\nbroadcast = 'ten'\n")
+    with pytest.raises(ValueError, match="non-negative points"):
+        load_rubric(rubric)
+    command = [sys.executable, "-m", "pytest", "conformance/test_collectives.py", "-q", "-p", "no:cacheprovider",
+               "--report-dir", str(tmp_path / "out"), "--rubric", str(rubric), "-k", "broadcast"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 4 and "--rubric" in done.stderr, done.stderr[-2000:]
