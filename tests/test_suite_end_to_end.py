@@ -54,3 +54,13 @@ def test_the_starter_template_scores_not_implemented_and_breaks_nothing():
     assert "2 failed" in result.stdout
     assert "NotImplementedError: broadcast" in result.stdout
     assert scorecard_row(result.stdout, "broadcast")[-1] == "implemented"  # "not implemented"
+
+
+def test_an_implementation_that_patches_the_oracle_and_harness_in_its_ranks_still_fails(tmp_path):
+    marker = Path(__import__("tempfile").gettempdir()) / "conformance-grade-forged"
+    marker.unlink(missing_ok=True)
+    result = run_suite(str(FIXTURES / "grade_forging_impl.py"), "-k", "test_all_reduce and SUM or test_broadcast")
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert "2 failed" in result.stdout  # its forged answers are refused for every collective
+    assert "refuses to decode" in result.stdout
+    assert not marker.exists()
