@@ -1,0 +1,61 @@
+"""Timing inside the ranks, the way nccl-tests and the OSU benchmarks do it: buffers allocated on
+the rank (nothing large crosses the driver's socket), warm-up calls, a barrier, then ``iters``
+back-to-back calls timed with perf_counter (after a device synchronize on GPU). Each rank returns
+its own seconds per call; the driver takes the max over ranks."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from harness.context import RankContext, require
+
+
+def _call(ctx: RankContext, impl, collective: str, numel: int, dtype: torch.dtype):
+    """A zero-argument callable running one ``collective`` whose data size S is ``numel`` elements
+    (S is the whole buffer: the gathered output of all-gather, the input of reduce-scatter)."""
+    import torch.distributed as dist
+
+    n = ctx.world_size
+    fn = require(impl, collective)
+    make = lambda k: torch.ones(k, dtype=dtype, device=ctx.device)  # noqa: E731
+    if collective == "all_reduce":
+        buffer = make(numel)
+        return lambda: fn(buffer, op=dist.ReduceOp.SUM)
+    if collective == "reduce_scatter_tensor":
+        full, shard = make(numel), make(numel // n)
+        return lambda: fn(shard, full, op=dist.ReduceOp.SUM)
+    if collective == "all_gather_into_tensor":
+        full, shard = make(numel), make(numel // n)
+        return lambda: fn(full, shard)
+    if collective == "all_to_all_single":
+        source, target = make(numel), make(numel)
+        return lambda: fn(target, source)
+    if collective == "broadcast":
+        buffer = make(numel)
+        return lambda: fn(buffer, src=0)
+    if collective == "reduce":
+        buffer = make(numel)
+        return lambda: fn(buffer, dst=0, op=dist.ReduceOp.SUM)
+    raise ValueError(f"no timing recipe for {collective}")
+
+
+def _synchronize(ctx: RankContext) -> None:
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+
+
+def time_collective(ctx: RankContext, impl, collective: str, numel: int, dtype: str, iters: int, warmup: int,
+                    group=None) -> dict:
+    import torch.distributed as dist
+
+    run = _call(ctx, impl, collective, numel, getattr(torch, dtype))
+    for _ in range(warmup):
+        run()
+    _synchronize(ctx)
+    dist.barrier()
+    started = time.perf_counter()
+    for _ in range(iters):
+        run()
+    _synchronize(ctx)
+    return {"seconds": (time.perf_counter() - started) / iters}
