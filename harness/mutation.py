@@ -50,6 +50,8 @@ def known_good() -> list[tuple[str, list[str]]]:
         runs.append(("impls.naive_dp", ["conformance/test_data_parallel.py"]))
     if (ROOT / "adapters" / "torch_native.py").exists():
         runs.append(("adapters.torch_native", ["conformance"]))
+    elif (ROOT / "adapters" / "dtensor_tp.py").exists():
+        runs.append(("adapters.dtensor_tp", ["conformance/test_tensor_parallel.py"]))
     return runs
 
 

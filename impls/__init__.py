@@ -20,6 +20,7 @@ from .collectives import (
     reduce_scatter_tensor,
     scatter,
 )
+from .tensor_parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP
 
 __all__ = [
     "broadcast",

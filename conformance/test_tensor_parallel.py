@@ -1,0 +1,281 @@
+"""Conformance of tensor parallelism (ColumnParallelLinear, RowParallelLinear, TensorParallelMLP,
+the contract in harness/programs/tensor_parallel.py), against reference/tensor_parallel.py.
+
+Each test draws an example (world size, half the time a subgroup of it; feature widths, multiples
+of the group size n where the layout splits them; 0-2 extra leading dims of the input; bias on or
+off; float32 or float64), builds the dense weights in the driver and sends them to every member,
+with each member's slice of the input and of the upstream gradient. The ranks wrap the dense layer,
+run forward and backward (harness/programs/tensor_parallel.py) and return the output, the input
+gradient, their shards and the shards' gradients. In the driver, member by member:
+
+* the shard each rank keeps is exactly its chunk of the dense weight (and bias);
+* the output, the input gradient and each shard's weight and bias gradients equal the reference's
+  slices for that rank and layout, within reference.tensor_parallel.linear_atol / mlp_atol
+  (C (K + n + 2) u times the matching sum of absolute values, K the reduction length);
+* the row layer's bias gradient is the full dL/db on every rank (not n times it), its bias added
+  once to the output;
+* what every member holds whole (the row layer's output and bias gradient, the column layer's
+  input gradient and gathered output, the MLP's output and input gradient) is bitwise identical on
+  every member; the MLP, and the MLP with sequence parallelism, equal the dense MLP forward
+  and backward;
+* sizes that do not split raise a ValueError naming the dimension, its size and the group size.
+
+bfloat16 is not drawn: with u = 2^-8 the bound for a reduction of K terms is about K/64 of the
+sizes involved, loose enough to let a bias added n times pass. A class that is missing or raises
+NotImplementedError fails these tests as "not implemented" (CONTRACT.md).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import reference.tensor_parallel as ref
+from conformance.examples import Layout, layouts
+from conformance.verdict import Judge
+
+PROGRAM = "tensor_parallel:forward_backward"
+DTYPES = (torch.float32, torch.float64)
+
+
+@dataclass(frozen=True)
+class Example:
+    layout: Layout
+    dtype: torch.dtype
+    in_features: int
+    out_features: int
+    leading: tuple[int, ...]  # extra leading dims of the input (for the MLP with sequence parallelism, the last is the sequence)
+    bias: bool
+    seed: int
+    ffn: int = 0  # the MLP's hidden width (in_features = out_features = h)
+
+    @property
+    def n(self) -> int:
+        return self.layout.size
+
+    def __str__(self) -> str:
+        widths = f"h={self.in_features}, ffn={self.ffn}" if self.ffn else f"in={self.in_features}, out={self.out_features}"
+        return (f"{self.layout}, {str(self.dtype).removeprefix('torch.')}, {widths}, input leading dims {self.leading}, "
+                f"bias={self.bias}, seed={self.seed}")
+
+    def tensors(self) -> dict:
+        """The dense weights (nn.Linear's init: U(-1/sqrt(in), 1/sqrt(in))), the input x and the
+        upstream gradient g = dL/dy, all full size, built from the seed."""
+        g = torch.Generator().manual_seed(self.seed)
+
+        def uniform(*shape, fan_in):
+            return ((torch.rand(shape, generator=g, dtype=torch.float64) * 2 - 1) / fan_in**0.5).to(self.dtype)
+
+        def normal(*shape):
+            return torch.randn(shape, generator=g, dtype=torch.float64).to(self.dtype)
+
+        layers = [(self.in_features, self.ffn), (self.ffn, self.in_features)] if self.ffn else \
+            [(self.in_features, self.out_features)]
+        params = []
+        for fan_in, fan_out in layers:
+            params.append((uniform(fan_out, fan_in, fan_in=fan_in), uniform(fan_out, fan_in=fan_in) if self.bias else None))
+        out = self.in_features if self.ffn else self.out_features
+        return {"params": params, "x": normal(*self.leading, self.in_features), "g": normal(*self.leading, out)}
+
+
+@st.composite
+def examples(draw, max_world_size: int, split: str, min_size: int = 1) -> Example:
+    """``split``: which width is a multiple of n: "out" (column), "in" (row), "ffn" (MLP), "sequence"
+    (the MLP with sequence parallelism: the sequence too)."""
+    layout = draw(layouts(max_world_size, min_size), label="layout")
+    n = layout.size
+    multiple = st.integers(1, 4).map(lambda k: k * n)
+    free = st.integers(1, 8)
+    leading = tuple(draw(st.lists(st.integers(1, 3), max_size=2), label="leading dims"))
+    if split == "sequence":
+        leading = (*leading[:1], draw(st.integers(1, 3), label="sequence per rank") * n)
+    ffn = draw(multiple) if split in ("ffn", "sequence") else 0
+    return Example(
+        layout=layout,
+        dtype=draw(st.sampled_from(DTYPES), label="dtype"),
+        in_features=draw(multiple if split == "in" else free),
+        out_features=draw(multiple if split == "out" else free),
+        leading=leading,
+        bias=draw(st.booleans(), label="bias"),
+        seed=draw(st.integers(0, 2**16), label="seed"),
+        ffn=ffn,
+    )
+
+
+def judge_member(judge: Judge, rank: int, got: dict, expected: dict, atol: dict, notes: dict) -> None:
+    """``expected``: {key: tensor or None}; parameter values (no atol entry) must match exactly."""
+    for key, want in expected.items():
+        what = f"rank {rank} {key.replace('_', ' ')}{notes.get(key, '')}"
+        if key not in got:
+            judge.fail(f"{what}: the rank program returned no '{key}'")
+        if want is None:
+            if got[key] is not None:
+                judge.fail(f"{what}: expected None (the layer has no bias), got {type(got[key]).__name__}")
+            continue
+        judge.tensor(got[key], want, what=what, atol=atol.get(key))
+
+
+def judge_replicated(judge: Judge, outputs: dict, keys: list[str]) -> None:
+    """Results every member holds whole (all-reduced, all-gathered, or computed from replicated
+    inputs) must be bitwise identical on every member, or replicas drift apart."""
+    for key in keys:
+        if all(isinstance(out.get(key), torch.Tensor) for out in outputs.values()):
+            judge.bitwise_identical({rank: out[key] for rank, out in outputs.items()}, what=key.replace("_", " "))
+
+
+def reproduce(target, request) -> str:
+    return target.reproduce(request.node.nodeid)
+
+
+# ----------------------------------------------------------------------------------- the layers
+@pytest.mark.capability("tensor_parallel")
+@pytest.mark.parametrize("gather_output", [False, True], ids=["sharded_output", "gather_output"])
+@given(data=st.data())
+def test_column_parallel_linear(data, ranks, target, request, gather_output):
+    example = data.draw(examples(target.max_world_size, "out"), label="example")
+    judge = Judge(f"{example}, gather_output={gather_output}", reproduce(target, request))
+    t, n = example.tensors(), example.n
+    (weight, bias), x, g = t["params"][0], t["x"], t["g"]
+    dense, atol = ref.linear(x, weight, bias, g), ref.linear_atol(x, weight, bias, g, n)
+    per_member = [{"layer": "column", "dense": {"weight": weight, "bias": bias}, "options": {"gather_output": gather_output},
+                   "x": x, "grad_output": g if gather_output else ref.features_shard(g, n, i)} for i in range(n)]
+    outputs = judge.run(ranks, example.layout, PROGRAM, per_member)
+    notes = {"output": " (the full output)" if gather_output else " (its slice of the output features)",
+             "grad_input": " (the full dL/dx: f all-reduces it in backward)"}
+    for i, rank in enumerate(example.layout.ranks):
+        w, b = ref.column_shard(weight, bias, n, i)
+        gw, gb = ref.column_shard(dense["grad_weight"], dense.get("grad_bias"), n, i)
+        aw, ab = ref.column_shard(atol["grad_weight"], atol.get("grad_bias"), n, i)
+        out_of = (lambda t: t) if gather_output else (lambda t: ref.features_shard(t, n, i))
+        expected = {"weight": w, "bias": b, "output": out_of(dense["output"]), "grad_input": dense["grad_input"],
+                    "grad_weight": gw, "grad_bias": gb}
+        tol = {"output": out_of(atol["output"]), "grad_input": atol["grad_input"], "grad_weight": aw, "grad_bias": ab}
+        judge_member(judge, rank, outputs[rank], expected, tol, notes)
+    judge_replicated(judge, outputs, ["grad_input", *(["output"] if gather_output else [])])
+
+
+@pytest.mark.capability("tensor_parallel")
+@pytest.mark.parametrize("input_is_parallel", [True, False], ids=["parallel_input", "full_input"])
+@given(data=st.data())
+def test_row_parallel_linear(data, ranks, target, request, input_is_parallel):
+    example = data.draw(examples(target.max_world_size, "in"), label="example")
+    judge = Judge(f"{example}, input_is_parallel={input_is_parallel}", reproduce(target, request))
+    t, n = example.tensors(), example.n
+    (weight, bias), x, g = t["params"][0], t["x"], t["g"]
+    dense, atol = ref.linear(x, weight, bias, g), ref.linear_atol(x, weight, bias, g, n)
+    per_member = [{"layer": "row", "dense": {"weight": weight, "bias": bias}, "options": {"input_is_parallel": input_is_parallel},
+                   "x": ref.features_shard(x, n, i) if input_is_parallel else x, "grad_output": g} for i in range(n)]
+    outputs = judge.run(ranks, example.layout, PROGRAM, per_member)
+    notes = {"output": " (the full output: partial outputs all-reduced, the bias added once)",
+             "grad_input": " (its slice of dL/dx)" if input_is_parallel else " (the full dL/dx)",
+             "grad_bias": " (the full dL/db on every rank, not n times it)"}
+    for i, rank in enumerate(example.layout.ranks):
+        w, b = ref.row_shard(weight, bias, n, i)
+        gw, gb = ref.row_shard(dense["grad_weight"], dense.get("grad_bias"), n, i)
+        aw, ab = ref.row_shard(atol["grad_weight"], atol.get("grad_bias"), n, i)
+        in_of = (lambda t: ref.features_shard(t, n, i)) if input_is_parallel else (lambda t: t)
+        expected = {"weight": w, "bias": b, "output": dense["output"], "grad_input": in_of(dense["grad_input"]),
+                    "grad_weight": gw, "grad_bias": gb}
+        tol = {"output": atol["output"], "grad_input": in_of(atol["grad_input"]), "grad_weight": aw, "grad_bias": ab}
+        judge_member(judge, rank, outputs[rank], expected, tol, notes)
+    judge_replicated(judge, outputs, ["output", "grad_bias", *([] if input_is_parallel else ["grad_input"])])
+
+
+# -------------------------------------------------------------------------------------- the MLP
+def check_mlp(judge: Judge, ranks, example: Example, sequence_parallel: bool) -> None:
+    t, n = example.tensors(), example.n
+    (w1, b1), (w2, b2) = t["params"]
+    x, g = t["x"], t["g"]
+    dense, atol = ref.mlp(x, (w1, b1), (w2, b2), g), ref.mlp_atol(x, (w1, b1), (w2, b2), g, n)
+    mine = (lambda t, i: ref.sequence_shard(t, n, i)) if sequence_parallel else (lambda t, i: t)
+    weights = {"fc1_weight": w1, "fc1_bias": b1, "fc2_weight": w2, "fc2_bias": b2}
+    per_member = [{"layer": "mlp", "dense": weights, "options": {"sequence_parallel": sequence_parallel},
+                   "x": mine(x, i), "grad_output": mine(g, i)} for i in range(n)]
+    outputs = judge.run(ranks, example.layout, PROGRAM, per_member)
+    shard = " (its sequence shard)" if sequence_parallel else " (full, replicated)"
+    notes = {"output": shard, "grad_input": shard, "fc2_bias": " (the whole bias)",
+             "grad_fc2_bias": " (the full dL/db2 on every rank" + (", over the whole sequence)" if sequence_parallel else ")")}
+    for i, rank in enumerate(example.layout.ranks):
+        expected = {"output": mine(dense["output"], i), "grad_input": mine(dense["grad_input"], i)}
+        tol = {"output": mine(atol["output"], i), "grad_input": mine(atol["grad_input"], i)}
+        for prefix, split, (w, b) in (("fc1_", ref.column_shard, (w1, b1)), ("fc2_", ref.row_shard, (w2, b2))):
+            expected[prefix + "weight"], expected[prefix + "bias"] = split(w, b, n, i)
+            gw, gb = split(dense["grad_" + prefix + "weight"], dense.get("grad_" + prefix + "bias"), n, i)
+            expected["grad_" + prefix + "weight"], expected["grad_" + prefix + "bias"] = gw, gb
+            tol["grad_" + prefix + "weight"], tol["grad_" + prefix + "bias"] = split(
+                atol["grad_" + prefix + "weight"], atol.get("grad_" + prefix + "bias"), n, i)
+        judge_member(judge, rank, outputs[rank], expected, tol, notes)
+    judge_replicated(judge, outputs, ["grad_fc2_bias", *([] if sequence_parallel else ["output", "grad_input"])])
+
+
+@pytest.mark.capability("tensor_parallel")
+@given(data=st.data())
+def test_mlp_equals_the_dense_mlp(data, ranks, target, request):
+    example = data.draw(examples(target.max_world_size, "ffn"), label="example")
+    check_mlp(Judge(str(example), reproduce(target, request)), ranks, example, sequence_parallel=False)
+
+
+@pytest.mark.capability("tensor_parallel")
+@given(data=st.data())
+def test_sequence_parallel_mlp_equals_the_dense_mlp(data, ranks, target, request):
+    example = data.draw(examples(target.max_world_size, "sequence"), label="example")
+    check_mlp(Judge(f"{example}, sequence_parallel=True", reproduce(target, request)), ranks, example,
+              sequence_parallel=True)
+
+
+# --------------------------------------------------------------------------- sizes that do not split
+REFUSED_DIMENSION = {"column": ("out_features", "out_features"), "row": ("in_features", "in_features"),
+                     "mlp": ("ffn", "the ffn width (fc1.out_features)")}
+
+
+@pytest.mark.capability("tensor_parallel")
+@pytest.mark.parametrize("layer", ["column", "row", "mlp"])
+@given(data=st.data())
+def test_a_width_that_does_not_split_is_refused(data, ranks, target, request, layer):
+    """from_dense raises a ValueError naming the dimension, its size and the group size."""
+    if target.max_world_size < 2:
+        pytest.skip("needs a group of at least 2 ranks (--max-world-size)")
+    layout = data.draw(layouts(target.max_world_size, min_size=2), label="layout")
+    n = layout.size
+    size = data.draw(st.integers(1, 4 * n).filter(lambda s: s % n), label="size")
+    other = data.draw(st.integers(1, 6), label="other width")
+    dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
+    judge = Judge(f"{layout}, {layer} with {REFUSED_DIMENSION[layer][1]} = {size}, {str(dtype).removeprefix('torch.')}",
+                  reproduce(target, request))
+    shape = {"column": (size, other), "row": (other, size)}
+    if layer == "mlp":
+        dense = {"fc1_weight": torch.zeros(size, other, dtype=dtype), "fc1_bias": None,
+                 "fc2_weight": torch.zeros(other, size, dtype=dtype), "fc2_bias": None}
+        x = torch.zeros(2, other, dtype=dtype)
+    else:
+        dense = {"weight": torch.zeros(shape[layer], dtype=dtype), "bias": None}
+        x = torch.zeros(2, shape[layer][1] if layer == "column" else other, dtype=dtype)
+    outputs = judge.run(ranks, layout, "tensor_parallel:refusal",
+                        [{"layer": layer, "dense": dense, "options": {}, "x": x} for _ in range(n)])
+    name = REFUSED_DIMENSION[layer][0]
+    for rank in layout.ranks:
+        raised, message = outputs[rank]["raised"], outputs[rank]["message"]
+        what = f"rank {rank}: {layer} layer with {REFUSED_DIMENSION[layer][1]} = {size} on a group of {n}"
+        if raised != "ValueError":
+            judge.fail(f"{what}: expected a ValueError from from_dense, " +
+                       ("nothing was raised" if raised is None else f"got {raised}: {message}"))
+        missing = [part for part, pattern in ((f"the dimension '{name}'", re.escape(name)), (f"its size {size}", rf"\b{size}\b"),
+                                              (f"the group size {n}", rf"\b{n}\b"))
+                   if not re.search(pattern, message, re.IGNORECASE)]
+        if missing:
+            judge.fail(f"{what}: the ValueError's message does not name {', '.join(missing)}: {message!r}")
+
+
+@pytest.mark.capability("tensor_parallel")
+@given(n=st.integers(2, 8), data=st.data())
+def test_a_sequence_that_does_not_split_is_refused(n, data):
+    """Sequence-parallel ranks hold equal contiguous shards; the driver-side splitter refuses a
+    sequence length that is not a multiple of n (an implementation sees only its own shard and
+    could not tell without communicating)."""
+    length = data.draw(st.integers(1, 40).filter(lambda s: s % n), label="sequence length")
+    with pytest.raises(ValueError, match=rf"sequence length = {length} .* group size {n} "):
+        ref.sequence_shard(torch.zeros(2, length, 3), n, 0)

@@ -1,0 +1,104 @@
+"""Rank programs for tensor parallelism: build the dense layers from the weights the driver sends
+(the same on every rank: inputs, not expected values), wrap them with the implementation's class,
+run forward on this rank's input and backward with this rank's upstream gradient (the driver
+slices both per layout and sends each rank only its part), and return what the driver judges.
+
+The contract (docs/contract-tensor-parallel.md), for a group of n ranks (``group=None``: the world):
+
+* ``ColumnParallelLinear.from_dense(linear, group=None, gather_output=False)``: every rank passes
+  the same dense ``nn.Linear(in, out)`` and keeps rows r of its weight (out_features split in n
+  contiguous chunks) and the same chunk of its bias. Input: the full x [..., in] (the same on every
+  rank). Output: this rank's slice of the out_features (last dim), or with gather_output=True the
+  full output on every rank. x.grad: the full dL/dx on every rank.
+* ``RowParallelLinear.from_dense(linear, group=None, input_is_parallel=True)``: keeps columns r of
+  the weight (in_features split) and the whole bias on every rank. Input: this rank's slice of the
+  in_features (last dim), or with input_is_parallel=False the full x, which it slices itself.
+  Output: the full output on every rank (all-reduced; the bias added once). x.grad: the gradient of
+  what this rank was given (its slice, or the full dL/dx). bias.grad: the full dL/db on every rank.
+* ``TensorParallelMLP.from_dense(fc1, fc2, group=None, sequence_parallel=False)``, fc1 =
+  ``nn.Linear(h, f)``, fc2 = ``nn.Linear(f, h)``, exact GELU between; ``.fc1`` is column parallel,
+  ``.fc2`` row parallel. Input and output: the full [..., h], replicated; with sequence_parallel
+  this rank's contiguous shard of the sequence (dim -2) of [..., seq, h] in and out.
+* All three are nn.Modules whose ``.weight`` and ``.bias`` (None without bias) are parameters
+  holding this rank's shard (the whole bias for the row layer); after backward their ``.grad`` is
+  this rank's slice of the dense gradient. A DTensor parameter is judged by its local shard.
+  What every member holds whole is bitwise identical on every member.
+* out_features (column), in_features (row), the ffn width f (MLP) not divisible by n: ValueError
+  from from_dense whose message names the dimension ("out_features", "in_features", "ffn"), its
+  size and n, raised before any communication.
+* A class that is missing or raises NotImplementedError fails every tensor-parallel test as "not
+  implemented" (CONTRACT.md); nothing is skipped.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from harness.context import MissingFunction, RankContext, on_members, require
+
+CLASSES = {"column": "ColumnParallelLinear", "row": "RowParallelLinear", "mlp": "TensorParallelMLP"}
+
+
+def _dense(ctx: RankContext, weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+    out_features, in_features = weight.shape
+    linear = nn.Linear(in_features, out_features, bias=bias is not None, dtype=weight.dtype, device=ctx.device)
+    with torch.no_grad():
+        linear.weight.copy_(ctx.to_device(weight))
+        if bias is not None:
+            linear.bias.copy_(ctx.to_device(bias))
+    return linear
+
+
+def _local(t):
+    """A tensor, or the local shard of a DTensor (what this rank holds)."""
+    if t is None:
+        return None
+    t = t.detach()
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _build(ctx: RankContext, impl, process_group, layer: str, dense: dict, options: dict) -> nn.Module:
+    cls = require(impl, CLASSES[layer])
+    if layer == "mlp":
+        fc1 = _dense(ctx, dense["fc1_weight"], dense["fc1_bias"])
+        fc2 = _dense(ctx, dense["fc2_weight"], dense["fc2_bias"])
+        return cls.from_dense(fc1, fc2, group=process_group, **options)
+    return cls.from_dense(_dense(ctx, dense["weight"], dense["bias"]), group=process_group, **options)
+
+
+def _parameters(module: nn.Module, layer: str) -> dict:
+    """{name: (parameter, gradient)} as this rank holds them."""
+    owners = {"fc1_": module.fc1, "fc2_": module.fc2} if layer == "mlp" else {"": module}
+    result = {}
+    for prefix, owner in owners.items():
+        for name in ("weight", "bias"):
+            p = getattr(owner, name, None)
+            result[prefix + name] = _local(p)
+            result["grad_" + prefix + name] = None if p is None else _local(p.grad)
+    return result
+
+
+@on_members
+def forward_backward(ctx: RankContext, impl, process_group, layer: str, dense: dict, options: dict,
+                     x: torch.Tensor, grad_output: torch.Tensor) -> dict:
+    """``layer`` in column, row, mlp; ``dense`` the dense weights; ``options`` the keyword arguments
+    of from_dense. Returns output, grad_input, and every parameter's shard and its gradient (keys
+    weight, bias, grad_weight, grad_bias, prefixed fc1_/fc2_ for the MLP)."""
+    module = _build(ctx, impl, process_group, layer, dense, options)
+    x = ctx.to_device(x).requires_grad_(True)
+    y = module(x)
+    y.backward(ctx.to_device(grad_output))
+    return ctx.to_cpu({"output": _local(y), "grad_input": x.grad, **_parameters(module, layer)})
+
+
+@on_members
+def refusal(ctx: RankContext, impl, process_group, layer: str, dense: dict, options: dict, x: torch.Tensor) -> dict:
+    """Build and run forward on sizes that do not split: what was raised, if anything."""
+    try:
+        module = _build(ctx, impl, process_group, layer, dense, options)
+        module(ctx.to_device(x))
+    except (MissingFunction, NotImplementedError):  # not implemented: the harness reports it
+        raise
+    except Exception as error:  # noqa: BLE001 - the driver judges what was raised
+        return {"raised": type(error).__name__, "message": str(error)}
+    return {"raised": None, "message": ""}
