@@ -23,6 +23,7 @@ TEST_FILE_OF = {  # mutants/<folder> -> the conformance file that must catch the
     "data_parallel": "conformance/test_data_parallel.py",
     "tensor_parallel": "conformance/test_tensor_parallel.py",
     "pipeline_parallel": "conformance/test_pipeline_parallel.py",
+    "audit": "conformance/test_audit.py",
 }
 
 

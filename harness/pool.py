@@ -20,8 +20,10 @@ class WorldPool:
         grace_s: float = 0.5,
         start_method: str = "forkserver",
         store_host: str = "127.0.0.1",
+        audit: bool = False,
     ):
         self.backend = backend
+        self.audit = audit  # ranks record their communication; TaskResult.records carries it
         self.timeout_s = timeout_s
         self.grace_s = grace_s
         self.start_method = start_method
@@ -45,6 +47,7 @@ class WorldPool:
                 log_dir=self._log_dir,
                 authkey=self._authkey,
                 start_method=self.start_method,
+                record_communication=self.audit,
             )
         return world
 

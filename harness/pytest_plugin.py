@@ -39,6 +39,9 @@ def pytest_addoption(parser):
                     help="largest world Hypothesis draws (default 4, 8 under --hypothesis-profile=thorough)")
     group.addoption("--rank-timeout", type=float, default=60.0,
                     help="seconds a task may take on the ranks before it is reported as a hang")
+    group.addoption("--audit-require-p2p", default="auto", choices=("auto", "yes", "no"),
+                    help="communication audit: require collectives built from send/recv only (auto: every "
+                         "implementation but torch.distributed and adapters.*, which are skipped with what they sent)")
     group.addoption("--report-dir", default=None,
                     help="write grading files here: Gradescope results.json, junit.xml, summary.txt")
     group.addoption("--rubric", default=str(DEFAULT_RUBRIC),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import importlib
+import json
 import os
 import signal
 import sys
@@ -44,6 +45,7 @@ class RankConfig:
     init_timeout_s: float = 60.0
     collective_timeout_s: float = 300.0
     env: dict[str, str] = field(default_factory=dict)
+    record_communication: bool = False  # the communication audit: see harness/recording.py
 
 
 def serve(config: RankConfig) -> None:
@@ -60,6 +62,7 @@ def serve(config: RankConfig) -> None:
     context = _join_world(config)
     conn.send_bytes(wire.encode_untrusted(("ready", config.rank)))
     implementations: dict[str, object] = {}
+    recorder = _recorder(config)
     while True:
         try:
             message = wire.decode_trusted(conn.recv_bytes())
@@ -72,8 +75,10 @@ def serve(config: RankConfig) -> None:
             impl = implementations.get(impl_spec)
             if impl is None:
                 impl = implementations[impl_spec] = load_implementation(impl_spec)
+            if recorder:
+                recorder.start()
             result = _resolve(program)(context, impl, **kwargs)
-            reply = ("done", task_id, result)
+            reply = ("done", task_id, result, json.dumps(recorder.stop()) if recorder else "")
             payload = wire.encode_untrusted(reply)
         except BaseException as error:  # noqa: BLE001 - everything a rank raises goes to the driver
             status = "missing" if isinstance(error, (MissingFunction, ImportError, NotImplementedError)) else "raised"
@@ -99,14 +104,23 @@ def _join_world(config: RankConfig) -> RankContext:
         timeout=timedelta(seconds=config.init_timeout_s),
     )
     dist.init_process_group(
-        config.backend,
+        _recorder(config).register(config.backend) if config.record_communication else config.backend,
         store=dist.PrefixStore(config.store_prefix, store),
         rank=config.rank,
         world_size=config.world_size,
         timeout=timedelta(seconds=config.collective_timeout_s),
-        device_id=device if config.backend == "nccl" else None,
+        device_id=device if config.backend == "nccl" and not config.record_communication else None,
     )
     return RankContext(rank=config.rank, world_size=config.world_size, backend=config.backend, device=device)
+
+
+def _recorder(config: RankConfig):
+    """harness.recording when this rank records its communication, else None."""
+    if not config.record_communication:
+        return None
+    from harness import recording
+
+    return recording
 
 
 def _resolve(program: str):
@@ -161,6 +175,7 @@ def _config_from_environment() -> RankConfig:
         store_host=store_host,
         store_port=int(store_port),
         store_prefix=os.environ["CONFORMANCE_STORE_PREFIX"],
+        record_communication=os.environ.get("CONFORMANCE_RECORD_COMMUNICATION") == "1",
     )
 
 

@@ -12,13 +12,14 @@ output; the world is then torn down and its owner starts a fresh one for the nex
 from __future__ import annotations
 
 import itertools
+import json
 import multiprocessing
 import os
 import secrets
 import signal
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 
 from harness import wire
@@ -32,6 +33,7 @@ PRELOAD = ["torch", "torch.distributed", "harness.rank", "harness.programs"]
 class TaskResult:
     outputs: list  # per rank, what the rank program returned
     logs: list[str]  # per rank, what it printed during the task
+    records: list = field(default_factory=list)  # per rank, its communication calls (harness/recording.py); [] unless audited
 
 
 @dataclass
@@ -71,9 +73,11 @@ class World:
         start_method: str = "forkserver",
         start_timeout_s: float = 60.0,
         threads_per_rank: int = 1,
+        record_communication: bool = False,
     ):
         self.size = size
         self.backend = backend
+        self.record_communication = record_communication
         self.name = f"world{next(self._ids)}-n{size}-{secrets.token_hex(4)}"
         self._authkey = authkey
         self._ranks: list[_Rank] = []
@@ -103,6 +107,7 @@ class World:
                     driver_pid=os.getpid(),
                     log_path=log_path,
                     env={"OMP_NUM_THREADS": str(threads_per_rank)},
+                    record_communication=self.record_communication,
                 )
                 process = context.Process(target=serve, args=(config,), name=f"{self.name}-rank{rank}", daemon=True)
                 process.start()
@@ -190,7 +195,8 @@ class World:
             if any(status != "ok" for status, _ in outcome.values()):
                 deadline = min(deadline, time.monotonic() + grace_s)  # peers of a failed rank usually hang
         if len(outcome) == self.size and all(status == "ok" for status, _ in outcome.values()):
-            return TaskResult([outcome[r][1] for r in range(self.size)], [r.read_new_output() for r in self._ranks])
+            return TaskResult([outcome[r][1][0] for r in range(self.size)], [r.read_new_output() for r in self._ranks],
+                              [outcome[r][1][1] for r in range(self.size)])
         raise self._fail(program, outcome, timeout_s)
 
     def _collect(self, rank: _Rank, task_id: int) -> tuple[str, object]:
@@ -203,7 +209,11 @@ class World:
             except Exception as error:  # noqa: BLE001 - refused by the restricted unpickler
                 return "raised", f"the rank sent a result the driver refuses to decode: {error}"
             if message[0] == "done" and message[1] == task_id:
-                return "ok", message[2]
+                try:  # the audit's records travel as one JSON string: a tenth of the cost of plain-data pickling
+                    records = json.loads(message[3]) if len(message) > 3 and message[3] else []
+                except (TypeError, ValueError) as error:
+                    return "raised", f"the rank sent communication records the driver cannot read: {error}"
+                return "ok", (message[2], records)
             if message[0] == "error":
                 return ("missing" if message[3] == "missing" else "raised"), message[2]
             return "raised", f"unexpected message from rank: {message[:2]!r}"

@@ -21,6 +21,7 @@ from .collectives import (
     scatter,
 )
 from .tensor_parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP
+from .pipeline_parallel import generate_schedule, pipeline_step
 
 __all__ = [
     "broadcast",

@@ -1,0 +1,203 @@
+"""torch.distributed.pipelining through the suite's pipeline contract (docs/contract-pipeline-parallel.md),
+plus torch.distributed's eleven collectives as they are.
+
+``pipeline_step`` wraps each local stage in a ``PipelineStage`` (stage index c * p + rank for the
+c-th chunk) and runs ``ScheduleGPipe``, ``Schedule1F1B`` or ``ScheduleInterleaved1F1B`` with
+``scale_grads=True`` (torch divides the accumulated gradients by m at the end: the gradient of the
+mean over microbatches). Where a public schedule class does not apply, the same stages run under
+torch's schedule-IR runtime (``_PipelineScheduleRuntime``, a private API) with the schedule as
+data: callable schedules, and 1F1B with fewer microbatches than stages (``Schedule1F1B`` refuses
+m < p). Interleaved with v = 1 is 1F1B, as in the contract.
+
+``generate_schedule`` takes the compute order from torch's own schedule code (GPipe's pipeline
+order, the 1F1B rank-op builder ``_get_1f1b_rank_ops`` with warm-up p - 1 - r, and
+``ScheduleInterleaved1F1B``'s per-rank operations) and places each receive right before the
+compute that needs it and each send right after the compute that produced it. It does not use
+``Schedule1F1B._get_pipeline_order`` (torch 2.13: the rank without warm-up starts at microbatch 1
+and ends at m, out of range) nor torch's lowering ``_add_send_recv``, which posts a receive when
+the peer sends: harmless for torch's non-blocking irecv, but under the contract's blocking
+receives it adds bubbles (p=2, m=4, v=2: 2/5 instead of 1/9).
+
+What it cannot do on gloo (raised as NotImplementedError on every rank):
+* microbatches of unequal sizes (batch % m != 0): PipelineStage infers shapes from microbatch 0
+  and sizes every receive buffer and gradient from it;
+* per-action timestamps (``trace``);
+* callable schedules that its runtime would run wrongly: the last stage's forwards out of
+  microbatch order (it looks losses up by position), or messages between two ranks received in
+  another order than sent (its point-to-point ops carry no tag: they match in posting order, and
+  in a first try such a schedule silently delivered the wrong microbatch's activations).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+from torch.distributed import (  # noqa: F401 - re-exported: the contract's collectives
+    all_gather,
+    all_gather_into_tensor,
+    all_reduce,
+    all_to_all,
+    all_to_all_single,
+    broadcast,
+    gather,
+    reduce,
+    reduce_scatter,
+    reduce_scatter_tensor,
+    scatter,
+)
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.pipelining import schedules as _ir
+
+KINDS = ("gpipe", "1f1b", "interleaved")
+
+
+# -------------------------------------------------------------------------------------- schedules
+def _check(kind: str, p: int, m: int, v: int) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"unknown schedule kind {kind!r} (known: {', '.join(KINDS)})")
+    if p < 1 or m < 1 or v < 1:
+        raise ValueError(f"num_ranks, num_microbatches and stages_per_rank must be at least 1, got {p}, {m}, {v}")
+    if kind != "interleaved" and v != 1:
+        raise ValueError(f"{kind} places one stage per rank; stages_per_rank={v} needs 'interleaved'")
+    if kind == "interleaved" and m % p:
+        raise ValueError(f"interleaved 1F1B needs the number of microbatches to be a multiple of the number of "
+                         f"ranks: m={m} is not a multiple of p={p}")
+
+
+def _torch_compute_order(kind: str, p: int, m: int, v: int) -> dict[int, list]:
+    if kind == "gpipe":
+        order = ScheduleGPipe._get_pipeline_order(SimpleNamespace(_num_stages=p, _n_microbatches=m))
+    elif kind == "1f1b" or v == 1:
+        order = {}
+        for r in range(p):
+            warmup = min(p - 1 - r, m)
+            order[r] = _ir._get_1f1b_rank_ops(1, p, warmup, m - warmup, warmup, r, lambda _: r, lambda _: r)
+    else:
+        state = SimpleNamespace(n_local_stages=v, pp_group_size=p, microbatches_per_round=p, _n_microbatches=m)
+        order = {r: ScheduleInterleaved1F1B._calculate_single_rank_operations(state, r) for r in range(p)}
+    compute = (_ir.FORWARD, _ir.FULL_BACKWARD)
+    return {r: [a for a in order[r] if a is not None and a.computation_type in compute] for r in range(p)}
+
+
+def generate_schedule(kind: str, num_ranks: int, num_microbatches: int, stages_per_rank: int = 1) -> list[list[str]]:
+    """torch's compute order for ``kind``, receives right before and sends right after compute."""
+    p, m, v = num_ranks, num_microbatches, stages_per_rank
+    _check(kind, p, m, v)
+    last = p * v - 1
+    rows = []
+    for r, actions in sorted(_torch_compute_order(kind, p, m, v).items()):
+        row = []
+        for a in actions:
+            s, i, forward = a.stage_index, a.microbatch_index, a.computation_type == _ir.FORWARD
+            if forward and s > 0 and (s - 1) % p != r:
+                row.append(f"{s}RECV_F{i}")
+            if not forward and s < last and (s + 1) % p != r:
+                row.append(f"{s}RECV_B{i}")
+            row.append(str(a))
+            if forward and s < last and (s + 1) % p != r:
+                row.append(f"{s}SEND_F{i}")
+            if not forward and s > 0 and (s - 1) % p != r:
+                row.append(f"{s}SEND_B{i}")
+        rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------- runtime
+def _refuse_what_the_runtime_cannot_run(rows, p: int, num_stages: int) -> None:
+    """torch's runtime keeps the last stage's losses in a list indexed by microbatch, and its
+    point-to-point ops carry no tag (messages between two ranks match in posting order)."""
+    parsed = [[_ir._Action.from_str(str(text)) for text in row] for row in rows]
+    last = [a.microbatch_index for row in parsed for a in row
+            if a.stage_index == num_stages - 1 and a.computation_type == _ir.FORWARD]
+    if last != sorted(last):
+        raise NotImplementedError(
+            f"torch.distributed.pipelining cannot run a schedule whose last stage runs its forwards out of microbatch "
+            f"order ({' '.join(map(str, last))}): its runtime looks a microbatch's loss up by position")
+    posted: dict[tuple[int, int], list[str]] = {}
+    for rank, row in enumerate(parsed):
+        for a in row:
+            kind = a.computation_type
+            if kind in (_ir.SEND_F, _ir.SEND_B, _ir.RECV_F, _ir.RECV_B):
+                peer = (a.stage_index + (1 if kind in (_ir.SEND_F, _ir.RECV_B) else -1)) % p
+                sending = kind in (_ir.SEND_F, _ir.SEND_B)
+                pair = (rank, peer) if sending else (peer, rank)
+                message = f"{a.stage_index if sending else a.stage_index + (-1 if kind == _ir.RECV_F else 1)}" \
+                          f"{'F' if kind in (_ir.SEND_F, _ir.RECV_F) else 'B'}{a.microbatch_index}"
+                posted.setdefault(pair + (int(sending),), []).append(message)
+    for (src, dst, sending), sends in posted.items():
+        if sending and sends != posted.get((src, dst, 0), []):
+            raise NotImplementedError(
+                f"torch.distributed.pipelining cannot run a schedule in which rank {dst} receives the messages of rank "
+                f"{src} in another order than they are sent (sent {' '.join(sends)}, received "
+                f"{' '.join(posted.get((src, dst, 0), []))}): its point-to-point ops carry no tag, so they match in "
+                f"posting order and a wrong microbatch would arrive")
+
+
+def _runtime(stages: list, m: int, loss_fn, rows) -> _ir._PipelineScheduleRuntime:
+    """torch's schedule-IR runtime on ``rows`` (compute and communication, as given); a
+    REDUCE_GRAD (the 1/m scaling) follows each stage's last backward."""
+    _refuse_what_the_runtime_cannot_run(rows, stages[0].group_size, stages[0].num_stages)
+    runtime = _ir._PipelineScheduleRuntime(stages, m, loss_fn=loss_fn, scale_grads=True)
+    actions = {}
+    for rank, row in enumerate(rows):
+        done, out = Counter(), []
+        for text in row:
+            action = _ir._Action.from_str(str(text))
+            out.append(action)
+            if action.computation_type == _ir.FULL_BACKWARD:
+                done[action.stage_index] += 1
+                if done[action.stage_index] == m:
+                    out.append(_ir._Action(action.stage_index, _ir.REDUCE_GRAD, None))
+        actions[rank] = out
+    runtime._prepare_schedule_with_comms(actions, format="compute_comms")
+    return runtime
+
+
+def _batch_size(inputs, group) -> int:
+    """Rank 0's batch size, on every rank (only rank 0 holds the inputs)."""
+    size = torch.tensor([inputs.shape[0] if inputs is not None else 0], dtype=torch.int64)
+    dist.broadcast(size, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+    return int(size)
+
+
+def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="1f1b", group=None, trace=None):
+    """The contract's pipeline_step on torch.distributed.pipelining (see the module docstring)."""
+    if trace is not None:
+        raise NotImplementedError("torch.distributed.pipelining cannot report per-action timestamps (trace): its "
+                                  "schedules run every action inside step()")
+    chunks = list(stages) if isinstance(stages, (list, tuple)) else [stages]
+    p, rank = dist.get_world_size(group), dist.get_rank(group)
+    m, v = num_microbatches, len(chunks)
+    batch = _batch_size(inputs, group)
+    if batch < m:
+        raise ValueError(f"a batch of {batch} samples cannot be cut into {m} microbatches")
+    if batch % m:
+        raise NotImplementedError(
+            f"torch.distributed.pipelining cannot run microbatches of unequal sizes on gloo (batch {batch}, m={m}): "
+            f"PipelineStage infers shapes from microbatch 0 and sizes every receive buffer from it")
+    device = next((t.device for chunk in chunks for t in chunk.parameters()), torch.device("cpu"))
+    staged = [PipelineStage(chunk, c * p + rank, p * v, device, group=group) for c, chunk in enumerate(chunks)]
+    if callable(schedule):
+        runner = _runtime(staged, m, loss_fn, schedule(p, m, v))
+    else:
+        _check(schedule, p, m, v)
+        if schedule == "gpipe":
+            runner = ScheduleGPipe(staged[0], m, loss_fn=loss_fn, scale_grads=True)
+        elif (schedule == "1f1b" or v == 1) and m >= p:
+            runner = Schedule1F1B(staged[0], m, loss_fn=loss_fn, scale_grads=True)
+        elif schedule == "1f1b" or v == 1:  # Schedule1F1B refuses m < p; the same order as data
+            runner = _runtime(staged, m, loss_fn, generate_schedule("1f1b", p, m, 1))
+        else:
+            runner = ScheduleInterleaved1F1B(staged, m, loss_fn=loss_fn, scale_grads=True)
+    holds_last = (p * v - 1) % p == rank
+    losses: list = []
+    kwargs = {"target": targets, "losses": losses} if holds_last else {}
+    if rank == 0:
+        runner.step(inputs, **kwargs)
+    else:
+        runner.step(**kwargs)
+    if not holds_last:
+        return None
+    return torch.stack([loss.detach() for loss in losses]).mean()

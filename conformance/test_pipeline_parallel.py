@@ -1,0 +1,354 @@
+"""Conformance of pipeline parallelism (``pipeline_step`` and ``generate_schedule``), against
+reference/pipeline_parallel.py (the dense model) and reference/pipeline_schedules.py +
+reference/pipeline_simulator.py (schedules as data: validator, simulator, theory).
+
+On the ranks (capability ``pipeline_parallel``): each example draws the number of ranks p, the
+stages per rank v, a schedule (gpipe, 1f1b, interleaved with m a multiple of p, or a random valid
+schedule handed over as a callable), the number of microbatches m (1-8), the layers of every stage
+(1-3, uneven), the widths of a Linear+Tanh stack in float64, and a batch of k * m samples (one
+test: k * m + extra, microbatches of unequal sizes). Every rank builds the same model and keeps its stages; rank 0 gets
+the inputs, rank p - 1 the targets. In the driver: the last rank's loss and every rank's
+gradient of every local parameter against the dense model's (the mean over microbatches of the
+per-microbatch loss), within reference.pipeline_parallel's normwise float64 bound, about
+(m + L) * 1e-15 times the gradient's scale; the other ranks return no loss.
+
+Graded schedules (capability ``pipeline_schedules``): the implementation's generate_schedule output
+must pass the reference validator, run without deadlock in the simulator, and meet theory exactly
+(Fractions) with equal per-stage costs: bubble (p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/(vm+p-1)
+interleaved; peak live activations m (GPipe), min(m, p - r) (1F1B), min(vm, warm-up + 1)
+(interleaved).
+
+Unmarked tests check the reference itself (the verdict relies on it): every reference schedule is
+valid and meets theory, mutated schedules are rejected with the grid and the bad action, and a
+deadlocking order is detected.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+import pytest
+from hypothesis import event, given
+from hypothesis import strategies as st
+
+import reference.pipeline_parallel as ref
+import reference.pipeline_schedules as sched
+from conformance.examples import Layout
+from conformance.verdict import Judge
+from harness import pipeline_models
+from harness.failures import ImplementationIncomplete
+from reference.pipeline_simulator import Costs, DeadlockError, simulate
+
+PROGRAM = "pipeline_parallel:train_step"
+GENERATE = "pipeline_parallel:generate_schedule"
+LOSS = "mse"
+
+
+# ------------------------------------------------------------------------------------ strategies
+@st.composite
+def shapes(draw, max_ranks: int, kinds=sched.KINDS, max_v: int = 2) -> tuple[str, int, int, int]:
+    """(kind, p, m, v): v > 1 only for interleaved (and random) schedules, m a multiple of p for
+    interleaved, 1 <= m <= 8."""
+    kind = draw(st.sampled_from(kinds), label="schedule")
+    p = draw(st.sampled_from([*range(2, max_ranks + 1), 1]), label="p")  # evenly, as conformance.examples.layouts
+    v = draw(st.integers(1, max_v), label="v") if kind in ("interleaved", "random") else 1
+    if kind == "interleaved":
+        m = p * draw(st.integers(1, max(1, 8 // p)), label="m / p")
+    else:
+        m = draw(st.integers(1, 8), label="m")
+    return kind, p, m, v
+
+
+@dataclass(frozen=True)
+class Example:
+    kind: str  # gpipe, 1f1b, interleaved, or random (a random valid schedule, passed as a callable)
+    num_ranks: int
+    num_microbatches: int
+    stages_per_rank: int
+    layers_per_stage: tuple[int, ...]
+    widths: tuple[int, ...]
+    batch_size: int
+    seed: int
+    data_seed: int
+    schedule_seed: int
+
+    @property
+    def model(self) -> dict:
+        return {"widths": list(self.widths), "dtype": "float64"}
+
+    def __str__(self) -> str:
+        kind = self.kind if self.kind != "random" else f"random (seed {self.schedule_seed})"
+        return (f"p={self.num_ranks}, v={self.stages_per_rank}, schedule={kind}, m={self.num_microbatches}, "
+                f"layers per stage={list(self.layers_per_stage)}, widths={list(self.widths)}, "
+                f"batch={self.batch_size}, seed={self.seed}, data_seed={self.data_seed}")
+
+
+@st.composite
+def examples(draw, max_ranks: int, kinds=sched.KINDS, unequal: bool = False) -> Example:
+    """Microbatches of equal sizes (batch a multiple of m), or with ``unequal`` of sizes that
+    differ by one (torch.tensor_split: the first batch % m microbatches get one more sample)."""
+    kind, p, m, v = draw(shapes(max_ranks, kinds))
+    if unequal and m == 1:
+        m = 2 * p if kind == "interleaved" else 2
+    layers = draw(st.lists(st.integers(1, 3), min_size=p * v, max_size=p * v), label="layers per stage")
+    widths = draw(st.lists(st.integers(1, 5), min_size=sum(layers) + 1, max_size=sum(layers) + 1), label="widths")
+    extra = draw(st.integers(1, m - 1), label="extra samples") if unequal else 0
+    batch = m * draw(st.integers(1, 3), label="samples per microbatch") + extra
+    seeds = [draw(st.integers(0, 2**16), label=name) for name in ("seed", "data_seed", "schedule_seed")]
+    return Example(kind, p, m, v, tuple(layers), tuple(widths), batch, *seeds)
+
+
+# ------------------------------------------------------------------------------------- on ranks
+def run_or_skip(judge: Judge, ranks, layout: Layout, program: str, per_member: list[dict]) -> dict:
+    """judge.run; when every rank raised NotImplementedError("... cannot ...") (an adapter saying
+    what its library cannot do on this backend), the test is skipped with that reason."""
+    try:
+        return judge.run(ranks, layout, program, per_member)
+    except ImplementationIncomplete as incomplete:
+        reports = incomplete.failure.ranks
+        last_lines = {r.detail.strip().splitlines()[-1] for r in reports if r.detail.strip()}
+        if all(r.status == "missing" for r in reports) and last_lines and all(
+                line.startswith("NotImplementedError") and "cannot" in line for line in last_lines):
+            pytest.skip(sorted(last_lines)[0].removeprefix("NotImplementedError: "))
+        raise
+
+
+def run_step(judge: Judge, ranks, example: Example) -> dict:
+    batch = pipeline_models.make_batch(example.model, example.batch_size, example.data_seed)
+    p = example.num_ranks
+    common = {"model": example.model, "seed": example.seed, "layers_per_stage": list(example.layers_per_stage),
+              "stages_per_rank": example.stages_per_rank, "num_microbatches": example.num_microbatches, "loss": LOSS}
+    if example.kind == "random":
+        rows = sched.random_schedule(p, example.num_microbatches, example.stages_per_rank,
+                                     example.schedule_seed).to_strings()
+        common.update(schedule=None, schedule_rows=rows)
+    else:
+        common.update(schedule=example.kind)
+    per_rank = [{**common, "inputs": batch["inputs"] if r == 0 else None,
+                 "targets": batch["targets"] if r == p - 1 else None} for r in range(p)]
+    return run_or_skip(judge, ranks, Layout(p), PROGRAM, per_rank)
+
+
+def dense(example: Example) -> ref.Dense:
+    batch = pipeline_models.make_batch(example.model, example.batch_size, example.data_seed)
+    stages = pipeline_models.split(pipeline_models.build(example.model, example.seed), list(example.layers_per_stage))
+    return ref.dense_step(stages, batch["inputs"], batch["targets"], pipeline_models.loss_fn(LOSS),
+                          example.num_microbatches)
+
+
+def judge_step(judge: Judge, example: Example, outputs: dict) -> None:
+    expected = dense(example)
+    p = example.num_ranks
+    for r in range(p):
+        got = outputs[r]
+        if r == p - 1:
+            judge.tensor(got["loss"], expected.loss, atol=expected.loss_atol,
+                         what=f"rank {r} (holds the last stage) loss: the mean over the {example.num_microbatches} "
+                              f"microbatches of the per-microbatch loss")
+        elif got["loss"] is not None:
+            judge.fail(f"rank {r} returned a loss ({got['loss']!r}); only the rank holding the last stage, "
+                       f"rank {p - 1}, returns it (the others return None)")
+        want = {name for name in expected.grads if int(name.split(".")[0].removeprefix("stage")) % p == r}
+        if set(got["grads"]) != want:
+            judge.fail(f"rank {r}: parameters with a .grad after pipeline_step: expected {sorted(want)}, got "
+                       f"{sorted(got['grads'])} (missing {sorted(want - set(got['grads']))})")
+        for name in sorted(want):
+            judge.tensor(got["grads"][name], expected.grads[name], atol=expected.grad_atol[name],
+                         what=f"rank {r} gradient of '{name}' (of the mean over microbatches of the "
+                              f"per-microbatch loss)")
+
+
+@pytest.mark.capability("pipeline_parallel")
+@given(data=st.data())
+def test_pipeline_step_matches_the_dense_model(data, ranks, target, request):
+    example = data.draw(examples(target.max_world_size), label="example")
+    event(f"{example.kind}, p={example.num_ranks}, v={example.stages_per_rank}")
+    judge = Judge(str(example), target.reproduce(request.node.nodeid))
+    judge_step(judge, example, run_step(judge, ranks, example))
+
+
+@pytest.mark.capability("pipeline_parallel")
+@given(data=st.data())
+def test_unequal_microbatches_match_the_dense_model(data, ranks, target, request):
+    """A batch that is not a multiple of m: microbatches by torch.tensor_split, sizes differ by one."""
+    example = data.draw(examples(target.max_world_size, unequal=True), label="example")
+    judge = Judge(str(example), target.reproduce(request.node.nodeid))
+    judge_step(judge, example, run_step(judge, ranks, example))
+
+
+@pytest.mark.capability("pipeline_parallel")
+@given(data=st.data())
+def test_any_valid_schedule_runs_and_matches_the_dense_model(data, ranks, target, request):
+    """A random valid, deadlock-free schedule (no classic shape) passed as a callable schedule."""
+    example = data.draw(examples(target.max_world_size, kinds=("random",)), label="example")
+    judge = Judge(str(example), target.reproduce(request.node.nodeid))
+    judge_step(judge, example, run_step(judge, ranks, example))
+
+
+# -------------------------------------------------------------------- the implementation's schedules
+def graded_schedule(judge: Judge, ranks, kind: str, p: int, m: int, v: int) -> dict:
+    """The implementation's generate_schedule(kind, p, m, v), run on one rank (it is pure)."""
+    return run_or_skip(judge, ranks, Layout(1), GENERATE, [
+        {"kind": kind, "num_ranks": p, "num_microbatches": m, "stages_per_rank": v}])[0]
+
+
+def check_theory(judge: Judge, schedule: sched.Schedule, kind: str, what: str) -> None:
+    p, m, v = schedule.num_ranks, schedule.num_microbatches, schedule.stages_per_rank
+    for costs in (Costs(1, 1), Costs(1, 2)):
+        try:
+            result = simulate(schedule, costs)
+        except sched.ScheduleError as error:  # DeadlockError included
+            judge.fail(f"{what}: {error}")
+        bubble = sched.theory_bubble_fraction(kind, p, m, v)
+        if result.bubble_fraction != bubble:
+            judge.fail(f"{what}: with F={costs.forward}, B={costs.backward} per stage the simulated bubble fraction "
+                       f"is {result.bubble_fraction} (makespan {result.makespan}), theory says {bubble}\n"
+                       f"{result.render()}\n\n{sched.render_grid(schedule, compute_only=True)}")
+    peaks = [sched.theory_peak_live(kind, p, m, v, r) for r in range(p)]
+    if result.peak_live != peaks:
+        judge.fail(f"{what}: peak live activations per rank {result.peak_live}, theory says {peaks}\n"
+                   f"{sched.render_grid(schedule, compute_only=True)}")
+
+
+@pytest.mark.capability("pipeline_schedules")
+@given(data=st.data())
+def test_generated_schedules_are_valid_and_meet_theory(data, ranks, target, request):
+    kind, p, m, v = data.draw(shapes(8, max_v=3), label="shape")
+    judge = Judge(f"generate_schedule({kind!r}, num_ranks={p}, num_microbatches={m}, stages_per_rank={v})",
+                  target.reproduce(request.node.nodeid))
+    out = graded_schedule(judge, ranks, kind, p, m, v)
+    if "rows" not in out:
+        judge.fail(f"generate_schedule refused valid arguments: {out.get('refused')}")
+    try:
+        schedule = sched.Schedule.from_strings(out["rows"], m, v)
+        if schedule.num_ranks != p:
+            judge.fail(f"generate_schedule returned {schedule.num_ranks} rows for {p} ranks")
+        sched.validate(schedule)
+    except ValueError as error:  # ScheduleError included
+        judge.fail(f"the generated schedule is not valid: {error}")
+    check_theory(judge, schedule, kind, "the generated schedule")
+
+
+@pytest.mark.capability("pipeline_schedules")
+@given(data=st.data())
+def test_interleaved_refuses_m_not_a_multiple_of_p(data, ranks, target, request):
+    p = data.draw(st.integers(2, 8), label="p")
+    m = data.draw(st.integers(1, 16).filter(lambda k: k % p), label="m")
+    judge = Judge(f"generate_schedule('interleaved', num_ranks={p}, num_microbatches={m}, stages_per_rank=2)",
+                  target.reproduce(request.node.nodeid))
+    out = graded_schedule(judge, ranks, "interleaved", p, m, 2)
+    if "refused" not in out:
+        judge.fail("interleaved 1F1B with m not a multiple of p must raise a ValueError that says so; "
+                   "it returned a schedule")
+    if "multiple" not in out["refused"]:
+        judge.fail(f"the ValueError must say that m must be a multiple of p; it says: {out['refused']}")
+
+
+# ---------------------------------------------------------------------- the reference itself
+@given(shape=shapes(8, max_v=3), forward=st.integers(1, 5), backward=st.integers(1, 5))
+def test_reference_schedules_are_valid_and_meet_theory(shape, forward, backward):
+    kind, p, m, v = shape
+    schedule = sched.generate(kind, p, m, v)
+    sched.validate(schedule)
+    assert sched.Schedule.from_strings(schedule.to_strings(), m, v) == schedule
+    result = simulate(schedule, Costs(forward, backward))
+    assert result.bubble_fraction == sched.theory_bubble_fraction(kind, p, m, v)
+    assert isinstance(result.bubble_fraction, Fraction)
+    assert result.makespan == ((v if kind == "interleaved" else 1) * m + p - 1) * (forward + backward)
+    assert result.peak_live == [sched.theory_peak_live(kind, p, m, v, r) for r in range(p)]
+    if kind == "1f1b":
+        assert all(peak <= p - r for r, peak in enumerate(result.peak_live))
+
+
+@given(shape=shapes(6), seed=st.integers(0, 2**16))
+def test_random_schedules_are_valid_and_never_deadlock(shape, seed):
+    _, p, m, v = shape
+    schedule = sched.random_schedule(p, m, v, seed)
+    sched.validate(schedule)
+    simulate(schedule)
+
+
+def _rows(schedule):
+    return [list(row) for row in schedule.rows]
+
+
+def _rejected(schedule, rows) -> sched.ScheduleError:
+    with pytest.raises(sched.ScheduleError) as caught:
+        sched.validate(schedule.with_rows(rows))
+    message = str(caught.value)
+    assert "rank 0 |" in message and "step" in message, f"no grid in:\n{message}"
+    assert caught.value.rule in message
+    return caught.value
+
+
+@given(shape=shapes(4), data=st.data())
+def test_the_validator_rejects_a_dropped_action(shape, data):
+    kind, p, m, v = shape
+    schedule = sched.generate(kind, p, m, v)
+    rows = _rows(schedule)
+    r = data.draw(st.integers(0, p - 1), label="rank")
+    dropped = rows[r].pop(data.draw(st.integers(0, len(rows[r]) - 1), label="step"))
+    error = _rejected(schedule, rows)
+    assert str(dropped) in str(error)
+
+
+@given(shape=shapes(4), data=st.data())
+def test_the_validator_rejects_a_backward_before_its_forward(shape, data):
+    kind, p, m, v = shape
+    schedule = sched.generate(kind, p, m, v)
+    rows = _rows(schedule)
+    stage = data.draw(st.integers(0, p * v - 1), label="stage")
+    i = data.draw(st.integers(0, m - 1), label="microbatch")
+    r = schedule.rank_of(stage)
+    backward = sched.Action(stage, sched.B, i)
+    rows[r].remove(backward)
+    rows[r].insert(rows[r].index(sched.Action(stage, sched.F, i)), backward)
+    error = _rejected(schedule, rows)
+    assert (error.rule, error.rank, error.action) == ("backward after forward", r, backward)
+    assert error.step == rows[r].index(backward) and f"[{backward}]" in str(error)
+
+
+@given(shape=shapes(4), data=st.data())
+def test_the_validator_rejects_a_send_without_its_receive(shape, data):
+    kind, p, m, v = shape
+    if p == 1:
+        return  # nothing is sent
+    schedule = sched.generate(kind, p, m, v)
+    rows = _rows(schedule)
+    receives = [(r, a) for r, row in enumerate(rows) for a in row if a.kind in (sched.RECV_F, sched.RECV_B)]
+    r, receive = data.draw(st.sampled_from(receives), label="dropped receive")
+    rows[r].remove(receive)
+    message = str(_rejected(schedule, rows))
+    send = receive.matching()
+    assert str(send) in message and "never received" in message
+
+
+@given(shape=shapes(4), data=st.data())
+def test_a_deadlocking_order_is_detected(shape, data):
+    """A rank holds the activations of microbatch i until their gradient comes back (SEND_F moved
+    after the RECV_B that answers it): valid action by action, but a wait-for cycle."""
+    kind, p, m, v = shape
+    if p == 1:
+        return
+    schedule = sched.generate(kind, p, m, v)
+    rows = _rows(schedule)
+    sends = [(r, a) for r, row in enumerate(rows) for a in row if a.kind == sched.SEND_F]
+    r, send = data.draw(st.sampled_from(sends), label="delayed send")
+    answer = sched.Action(send.stage, sched.RECV_B, send.microbatch)
+    rows[r].remove(send)
+    rows[r].insert(rows[r].index(answer) + 1, send)
+    stalled = schedule.with_rows(rows)
+    sched.validate(stalled)
+    with pytest.raises(DeadlockError) as caught:
+        simulate(stalled)
+    error = caught.value
+    assert error.cycle and r in error.stuck
+    message = str(error)
+    assert "deadlock" in message and "rank 0 |" in message and "wait-for cycle" in message
+    for rank, (step, action) in error.stuck.items():
+        assert f"rank {rank} waits at step {step} in {action}" in message
+
+
+def test_interleaved_reference_refuses_m_not_a_multiple_of_p():
+    with pytest.raises(ValueError, match=r"multiple of the number of ranks: m=6 is not a multiple of p=4"):
+        sched.generate("interleaved", 4, 6, 2)

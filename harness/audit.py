@@ -1,0 +1,159 @@
+"""The communication audit's rules, run in the driver over what each rank recorded
+(harness/recording.py; ``records_by_rank`` maps a global rank to its list of records). Each rule
+returns a list of violations, one string per offending rank naming the rank, the calls and the
+numbers; an empty list is a pass.
+
+Bytes a rank sends ("charged" bytes):
+
+* a ``send`` record: its payload bytes, exactly what left the rank;
+* ``recv``, ``recv_anysource``, ``barrier``: nothing;
+* a backend collective (allreduce, broadcast, ...): the rank's bound for that call from
+  reference/cost_model.py, i.e. what the bandwidth-optimal algorithm sends; the backend's own
+  algorithm is not visible, so a backend collective is charged by theory, and two of them where one
+  suffices are charged twice.
+
+Slack. Bounds are exact integers (uneven chunks are part of the formulas in cost_model) and record
+bytes are tensor payloads only (no transport headers), so the byte rules allow nothing beyond the
+bound; a rank may send less (e.g. a tree whose leaves forward nothing).
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from harness.recording import NEUTRAL_OPS, P2P_OPS
+from reference import cost_model
+
+REDUCTIONS = ("allreduce", "allreduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_tensor",
+              "reduce_scatter_tensor_coalesced")
+ALL_GATHERS = ("allgather", "allgather_coalesced", "allgather_into_tensor", "allgather_into_tensor_coalesced")
+FLOATING = ("float64", "float32", "float16", "bfloat16")
+
+
+def _in_phase(records: list[dict], phase: str | None) -> list[dict]:
+    return records if phase is None else [r for r in records if r.get("phase") == phase]
+
+
+def charged_bytes(record: dict) -> int:
+    """Bytes the call of ``record`` sends from its rank (see the module docstring)."""
+    op = record["op"]
+    if op == "send":
+        return record["bytes"]
+    if op in P2P_OPS or op in NEUTRAL_OPS:
+        return 0
+    n = len(record["group"])
+    numel, itemsize = record["numel"], record["itemsize"]
+    if record["bytes"] != numel * itemsize:  # mixed dtypes in one coalesced call: count in bytes
+        numel, itemsize = record["bytes"], 1
+    out_numel = record["out_bytes"] // itemsize if itemsize else 0
+    if op in ("allreduce", "allreduce_coalesced"):
+        return cost_model.all_reduce(n, numel, itemsize)
+    if op == "broadcast":
+        return cost_model.broadcast(n, numel, itemsize)
+    if op == "reduce":
+        return cost_model.reduce(n, numel, itemsize)
+    if op in ALL_GATHERS:
+        return cost_model.all_gather(n, out_numel, itemsize)
+    if op.startswith("reduce_scatter"):
+        return cost_model.reduce_scatter(n, numel, itemsize)
+    if op in ("alltoall", "alltoall_base"):
+        return cost_model.all_to_all(record["splits"], record["group"].index(record["rank"]))
+    if op == "scatter":
+        return cost_model.scatter(n, out_numel, itemsize)
+    if op == "gather":
+        return cost_model.gather(n, numel, itemsize)
+    raise ValueError(f"no cost for recorded operation {op!r}")
+
+
+def sent_bytes(records: list[dict], phase: str | None = None) -> int:
+    return sum(charged_bytes(r) for r in _in_phase(records, phase))
+
+
+def describe(records: list[dict]) -> str:
+    """The calls, grouped: 'send x4 (160 B sent), allreduce x1 (40 B, charged 40 B)'."""
+    if not records:
+        return "no communication"
+    calls: dict[str, list[dict]] = {}
+    for r in records:
+        calls.setdefault(r["op"], []).append(r)
+    parts = []
+    for op, rs in calls.items():
+        if op == "send":
+            parts.append(f"send x{len(rs)} ({sum(r['bytes'] for r in rs)} B sent)")
+        elif op in P2P_OPS:
+            parts.append(f"{op} x{len(rs)} ({sum(r['out_bytes'] for r in rs)} B received)")
+        elif op in NEUTRAL_OPS:
+            parts.append(f"{op} x{len(rs)}")
+        else:
+            parts.append(f"{op} x{len(rs)} ({sum(r['bytes'] for r in rs)} B in, charged {sum(map(charged_bytes, rs))} B)")
+    return ", ".join(parts)
+
+
+def _call(r: dict) -> str:
+    where = f" root {r['root']}" if r["root"] is not None else ""
+    return f"{r['op']}(group {r['group']}{where}, {r['dtype']}, {r['numel']} elements, {r['bytes']} B)"
+
+
+# ----------------------------------------------------------------------------------- the rules
+def point_to_point_only(records_by_rank: dict[int, list[dict]]) -> list[str]:
+    """Built from point-to-point only: every call is send, recv or recv_anysource; any backend
+    collective (barrier included) is a violation."""
+    violations = []
+    for rank, records in sorted(records_by_rank.items()):
+        others = [r for r in records if r["op"] not in P2P_OPS]
+        if others:
+            shown = "; ".join(_call(r) for r in others[:3]) + (f"; ... {len(others) - 3} more" if len(others) > 3 else "")
+            kinds = ", ".join(f"{op} x{k}" for op, k in Counter(r["op"] for r in others).items())
+            violations.append(f"rank {rank}: {len(others)} backend collective call(s) ({kinds}), not point-to-point "
+                              f"send/recv: {shown}")
+    return violations
+
+
+def within_bound(records_by_rank: dict[int, list[dict]], bounds: dict[int, int], what: str,
+                 phase: str | None = None) -> list[str]:
+    """Each rank sends at most ``bounds[rank]`` bytes (a rank missing from ``bounds``: nothing);
+    ``what`` names the bound's formula and inputs for the message."""
+    violations = []
+    where = f" in {phase}" if phase else ""
+    for rank, records in sorted(records_by_rank.items()):
+        mine = _in_phase(records, phase)
+        sent, bound = sent_bytes(mine), bounds.get(rank, 0)
+        if sent > bound:
+            violations.append(f"rank {rank}{where}: sent {sent} B, more than the bound {bound} B "
+                              f"({sent / bound:.2f}x) of {what}; its calls: {describe(mine)}" if bound else
+                              f"rank {rank}{where}: sent {sent} B where {what} sends nothing; its calls: {describe(mine)}")
+    return violations
+
+
+def reduced_once(records_by_rank: dict[int, list[dict]], expected_bytes: int, what: str,
+                 phase: str | None = None) -> list[str]:
+    """Backend reductions of floating-point data add up to ``expected_bytes`` on every rank that
+    makes any: more means a gradient reduced twice or a frozen parameter reduced, less a gradient
+    left out. Integer reductions (DDP's unused-parameter bitmap) are bookkeeping, not gradients.
+    Ranks that reduce with point-to-point messages only are left to ``within_bound``."""
+    violations = []
+    where = f" in {phase}" if phase else ""
+    for rank, records in sorted(records_by_rank.items()):
+        reductions = [r for r in _in_phase(records, phase) if r["op"] in REDUCTIONS and r["dtype"] in FLOATING]
+        if not reductions:
+            continue
+        total = sum(r["bytes"] for r in reductions)
+        if total != expected_bytes:
+            why = "a gradient reduced twice or a frozen parameter reduced" if total > expected_bytes else \
+                "some gradient not reduced"
+            sizes = ", ".join(str(r["bytes"]) for r in reductions[:12]) + (", ..." if len(reductions) > 12 else "")
+            violations.append(f"rank {rank}{where}: reduced {total} B of floating-point data in {len(reductions)} "
+                              f"call(s) ({sizes} B), but {what} total {expected_bytes} B, each to be reduced once ({why})")
+    return violations
+
+
+def no_full_all_gather(records_by_rank: dict[int, list[dict]], full_bytes: int, what: str,
+                       phase: str | None = None) -> list[str]:
+    """No all-gather whose output is the whole of ``what`` (``full_bytes``): the layout keeps it
+    sharded. Applies to backend all-gathers; point-to-point ones show up in ``within_bound``."""
+    violations = []
+    for rank, records in sorted(records_by_rank.items()):
+        gathers = [r for r in _in_phase(records, phase) if r["op"] in ALL_GATHERS and r["out_bytes"] == full_bytes]
+        if gathers:
+            violations.append(f"rank {rank}: {len(gathers)} all-gather(s) of the full {what} ({full_bytes} B), which "
+                              f"the layout keeps sharded: {'; '.join(_call(r) for r in gathers[:3])}")
+    return violations

@@ -1,0 +1,93 @@
+"""The model zoo of the pipeline tests: a stack of Linear + Tanh layers of given widths, built from
+a plain spec and a seed so that the driver (for the reference) and every rank (for the
+implementation under test) build bitwise the same model, and split into stages by a list of layer
+counts. Pure torch.nn: nothing here touches torch.distributed.
+
+Spec: ``{"widths": [w0, w1, ..., wL], "dtype": "float64", "delay_ms": 0.0}``: layer k maps w_k
+features to w_{k+1}. With ``delay_ms`` > 0 every layer also sleeps that long in its forward and
+twice that long in its backward (a stand-in for compute that does not load the CPU, for the
+timing benchmark: F = L_s * delay, B = 2 L_s * delay for a stage of L_s layers).
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+LOSSES = {"mse": F.mse_loss}
+
+
+class _Sleep(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, seconds):
+        ctx.seconds = seconds
+        time.sleep(seconds)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(2 * ctx.seconds)
+        return grad, None
+
+
+class Layer(nn.Module):
+    """tanh(x W^T + b), optionally sleeping ``delay_s`` forward and 2 * ``delay_s`` backward."""
+
+    def __init__(self, inputs: int, outputs: int, delay_s: float = 0.0):
+        super().__init__()
+        self.linear = nn.Linear(inputs, outputs)
+        self.delay_s = delay_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.tanh(self.linear(x))
+        return _Sleep.apply(y, self.delay_s) if self.delay_s > 0 else y
+
+
+def build(spec: dict, seed: int) -> nn.Sequential:
+    """The layers of ``spec``, every parameter drawn from ``seed`` in named order from a private
+    generator (the global RNG is neither used nor disturbed)."""
+    widths = list(spec["widths"])
+    if len(widths) < 2:
+        raise ValueError(f"widths {widths} describe no layer (need at least an input and an output width)")
+    dtype = getattr(torch, spec.get("dtype", "float64"))
+    delay_s = float(spec.get("delay_ms", 0.0)) / 1000.0
+    model = nn.Sequential(*[Layer(a, b, delay_s) for a, b in zip(widths[:-1], widths[1:])]).to(dtype)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, tensor in model.named_parameters():
+            fan_in = tensor.shape[-1] if tensor.dim() > 1 else max(tensor.numel(), 1)
+            tensor.copy_(torch.randn(tensor.shape, generator=generator, dtype=torch.float64).to(dtype) * 1.5
+                         / math.sqrt(fan_in))
+    return model
+
+
+def split(model: nn.Sequential, layers_per_stage: list[int]) -> list[nn.Sequential]:
+    """Consecutive layers into stages: stage s holds the next ``layers_per_stage[s]`` layers."""
+    if sum(layers_per_stage) != len(model) or any(n < 1 for n in layers_per_stage):
+        raise ValueError(f"layers per stage {layers_per_stage} do not split {len(model)} layers "
+                         f"(each stage needs at least one)")
+    stages, start = [], 0
+    for n in layers_per_stage:
+        stages.append(nn.Sequential(*[model[k] for k in range(start, start + n)]))
+        start += n
+    return stages
+
+
+def make_batch(spec: dict, batch_size: int, seed: int) -> dict:
+    """{"inputs": [batch, w0], "targets": [batch, wL]} in the spec's dtype."""
+    dtype = getattr(torch, spec.get("dtype", "float64"))
+    generator = torch.Generator().manual_seed(seed)
+    widths = spec["widths"]
+    inputs = torch.randn((batch_size, widths[0]), generator=generator, dtype=torch.float64)
+    targets = torch.rand((batch_size, widths[-1]), generator=generator, dtype=torch.float64) * 2 - 1
+    return {"inputs": inputs.to(dtype), "targets": targets.to(dtype)}
+
+
+def loss_fn(name: str):
+    try:
+        return LOSSES[name]
+    except KeyError:
+        raise ValueError(f"unknown loss {name!r} (known: {', '.join(LOSSES)})") from None

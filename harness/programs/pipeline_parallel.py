@@ -1,0 +1,79 @@
+"""Rank programs for pipeline parallelism. Every rank builds the same sequential model from its spec
+and seed (harness/pipeline_models.py), splits it into S = p * v stages by the layer counts the
+driver sent, keeps its own stages (s % p == rank, in stage order) and calls the implementation's
+``pipeline_step``. Rank 0 is sent the batch's inputs, the last rank its targets, the others None.
+What comes back: the loss (None where the implementation returned None) and the .grad of every
+local parameter keyed by its stable name ``stage<s>.<name>``; the driver judges it against
+reference/pipeline_parallel.py."""
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from harness import pipeline_models
+from harness.context import RankContext, require
+
+
+def _local_stages(ctx: RankContext, model: dict, seed: int, layers_per_stage: list[int], stages_per_rank: int):
+    p = ctx.world_size
+    if len(layers_per_stage) != p * stages_per_rank:
+        raise ValueError(f"{len(layers_per_stage)} stages for {p} ranks x {stages_per_rank} stages per rank")
+    stages = pipeline_models.split(pipeline_models.build(model, seed).to(ctx.device), layers_per_stage)
+    mine = list(range(ctx.rank, len(stages), p))
+    return mine, [stages[s] for s in mine]
+
+
+def _schedule(schedule: str | None, schedule_rows: list | None):
+    if schedule_rows is None:
+        return schedule
+    return lambda num_ranks, num_microbatches, stages_per_rank: schedule_rows
+
+
+def _grads(stage_indices: list[int], modules) -> dict:
+    return {f"stage{s}.{name}": p.grad.detach().clone()
+            for s, module in zip(stage_indices, modules) for name, p in module.named_parameters() if p.grad is not None}
+
+
+def train_step(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage: list[int], stages_per_rank: int,
+               num_microbatches: int, loss: str, inputs=None, targets=None, schedule: str | None = "1f1b",
+               schedule_rows: list | None = None, group=None) -> dict:
+    """``impl.pipeline_step`` once, on the whole world. ``schedule_rows`` (one list of compact
+    actions per rank) is handed over as a callable schedule instead of a kind."""
+    if group is not None:
+        raise ValueError("pipeline parallelism is tested on the whole world, not a subgroup")
+    pipeline_step = require(impl, "pipeline_step")
+    indices, modules = _local_stages(ctx, model, seed, layers_per_stage, stages_per_rank)
+    result = pipeline_step(modules if stages_per_rank > 1 else modules[0], ctx.to_device(inputs),
+                           ctx.to_device(targets), pipeline_models.loss_fn(loss), num_microbatches,
+                           schedule=_schedule(schedule, schedule_rows))
+    return ctx.to_cpu({"loss": result, "grads": _grads(indices, modules)})
+
+
+def timed_steps(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage: list[int], stages_per_rank: int,
+                num_microbatches: int, loss: str, repeats: int, inputs=None, targets=None, schedule: str = "1f1b",
+                group=None) -> dict:
+    """``repeats`` steps, each after a barrier, with ``trace``: per step, this rank's
+    [action, start, end] in time.perf_counter seconds (one clock for every process on a host)."""
+    pipeline_step = require(impl, "pipeline_step")
+    _, modules = _local_stages(ctx, model, seed, layers_per_stage, stages_per_rank)
+    traces = []
+    for _ in range(repeats):
+        for module in modules:
+            module.zero_grad(set_to_none=True)
+        trace: list = []
+        dist.barrier()
+        pipeline_step(modules if stages_per_rank > 1 else modules[0], ctx.to_device(inputs), ctx.to_device(targets),
+                      pipeline_models.loss_fn(loss), num_microbatches, schedule=schedule, trace=trace)
+        traces.append([[str(a), float(start), float(end)] for a, start, end in trace])
+    return {"traces": traces}
+
+
+def generate_schedule(ctx: RankContext, impl, kind: str, num_ranks: int, num_microbatches: int, stages_per_rank: int,
+                      group=None) -> dict:
+    """{"rows": impl.generate_schedule(...) as lists of strings}, or {"refused": "<error>"} when it
+    raises a ValueError (arguments it declines, e.g. interleaved with m not a multiple of p)."""
+    generate = require(impl, "generate_schedule")
+    try:
+        rows = generate(kind, num_ranks, num_microbatches, stages_per_rank)
+    except ValueError as error:
+        return {"refused": f"{type(error).__name__}: {error}"}
+    return {"rows": [[a if isinstance(a, str) else str(a) for a in row] for row in rows]}

@@ -1,0 +1,1 @@
+"""Known-buggy pipeline parallelism: each must fail conformance/test_pipeline_parallel.py."""

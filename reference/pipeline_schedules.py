@@ -1,0 +1,427 @@
+"""Pipeline schedules as data: the format, the three classic generators, a validator, a grid.
+
+A pipeline of S = p * v stages runs on p ranks; stage s lives on rank s % p (v = 1: stage s on
+rank s; v > 1: Megatron's interleaving, rank r holds stages r, r + p, r + 2p, ...). A batch is cut
+into m microbatches. A schedule is, for each rank, the ordered list of what it does:
+
+* ``F``: forward of microbatch i on stage s;  ``B``: backward of microbatch i on stage s;
+* ``SEND_F`` (stage s sends the activations of microbatch i to stage s + 1), ``RECV_F`` (stage s
+  receives them from stage s - 1), ``SEND_B`` (stage s sends the gradient of its input for
+  microbatch i to stage s - 1), ``RECV_B`` (stage s receives the gradient of its output from stage
+  s + 1). The peer stage is implied by the kind (``Action.peer_stage``); a transfer between two
+  stages on the same rank (only when p = 1) is local and has no send or receive.
+
+Compact form (torch.distributed.pipelining's convention): ``<stage><kind><microbatch>``, e.g.
+``0F3`` = stage 0 forward of microbatch 3, ``2SEND_B1`` = stage 2 sends the gradient of
+microbatch 1 to stage 1, ``3RECV_F0`` = stage 3 receives the activations of microbatch 0 from
+stage 2. A schedule travels as plain data: one list of compact strings per rank.
+
+Generators (communication inserted by ``add_communication``: each receive right before the compute
+that needs it, each send right after the compute that produced it):
+
+* GPipe (Huang et al. 2019): every rank runs all m forwards, then all m backwards (in the same
+  microbatch order). Bubble fraction (p - 1) / (m + p - 1); m activations live at once.
+* 1F1B, PipeDream-Flush (Narayanan et al. 2021): rank r runs min(p - 1 - r, m) warm-up forwards,
+  then alternates one forward and one backward, then drains the remaining backwards. Same bubble
+  as GPipe, but rank r holds at most min(m, p - r) live activations.
+* Interleaved 1F1B (Megatron-LM, Narayanan et al. 2021, section 2.2.2), v stages per rank, m a
+  multiple of p: rank r runs virtual microbatches k = 0 .. v*m - 1; forward k is stage
+  ((k mod pv) div p) * p + r on microbatch (k div pv) * p + k mod p; backward k walks the chunks in
+  reverse. Warm-up: min((v - 1) p + 2 (p - 1 - r), v m) forwards, then 1F1B, then cool-down. With
+  per-chunk times t_f, t_b (a chunk is 1/v of a rank's layers) the bubble is (p - 1)(t_f + t_b)
+  against an ideal v m (t_f + t_b): fraction (p - 1) / (v m + p - 1), v times smaller than 1F1B's.
+  With v = 1 it is plain 1F1B (as in Megatron, which dispatches v = 1 to the non-interleaved
+  schedule).
+
+The validator raises ScheduleError naming the rank, the step, the action and the rule broken, with
+the step grid (ranks as rows, steps as columns) and the bad action in brackets. Timing, bubbles,
+memory and deadlocks are in reference/pipeline_simulator.py. Pure Python; no torch at all.
+"""
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import NamedTuple
+
+F, B = "F", "B"
+SEND_F, RECV_F, SEND_B, RECV_B = "SEND_F", "RECV_F", "SEND_B", "RECV_B"
+COMPUTE = (F, B)
+COMMUNICATION = (SEND_F, RECV_F, SEND_B, RECV_B)
+KINDS = ("gpipe", "1f1b", "interleaved")
+
+_COMPACT = re.compile(r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B)(\d+)$")
+_PEER_OFFSET = {SEND_F: +1, RECV_F: -1, SEND_B: -1, RECV_B: +1}
+# The send that a receive waits for, and the receive that a send feeds: (kind, stage offset).
+_MATCH = {RECV_F: (SEND_F, -1), SEND_F: (RECV_F, +1), RECV_B: (SEND_B, +1), SEND_B: (RECV_B, -1)}
+
+
+class Action(NamedTuple):
+    stage: int
+    kind: str  # F, B, SEND_F, RECV_F, SEND_B, RECV_B
+    microbatch: int
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.kind}{self.microbatch}"
+
+    @property
+    def is_compute(self) -> bool:
+        return self.kind in COMPUTE
+
+    @property
+    def peer_stage(self) -> int | None:
+        """The stage at the other end of a send or receive; None for F and B."""
+        offset = _PEER_OFFSET.get(self.kind)
+        return None if offset is None else self.stage + offset
+
+    def matching(self) -> "Action":
+        """The receive a send feeds, or the send a receive waits for."""
+        kind, offset = _MATCH[self.kind]
+        return Action(self.stage + offset, kind, self.microbatch)
+
+    @classmethod
+    def parse(cls, text: str) -> "Action":
+        match = _COMPACT.match(text.strip()) if isinstance(text, str) else None
+        if match is None:
+            raise ValueError(f"{text!r} is not an action in compact form <stage><kind><microbatch> with kind one of "
+                             f"{', '.join((*COMPUTE, *COMMUNICATION))} (e.g. '0F3', '2SEND_B1')")
+        return cls(int(match[1]), match[2], int(match[3]))
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """What each of ``num_ranks`` ranks does, in order. Stage s lives on rank s % num_ranks."""
+
+    num_ranks: int
+    num_stages: int
+    num_microbatches: int
+    rows: tuple[tuple[Action, ...], ...]
+
+    @property
+    def stages_per_rank(self) -> int:
+        return self.num_stages // self.num_ranks
+
+    def rank_of(self, stage: int) -> int:
+        return stage % self.num_ranks
+
+    def stages_of(self, rank: int) -> list[int]:
+        return list(range(rank, self.num_stages, self.num_ranks))
+
+    def to_strings(self) -> list[list[str]]:
+        return [[str(a) for a in row] for row in self.rows]
+
+    def compute_only(self) -> "Schedule":
+        return Schedule(self.num_ranks, self.num_stages, self.num_microbatches,
+                        tuple(tuple(a for a in row if a.is_compute) for row in self.rows))
+
+    def with_rows(self, rows) -> "Schedule":
+        return Schedule(self.num_ranks, self.num_stages, self.num_microbatches, tuple(tuple(r) for r in rows))
+
+    @classmethod
+    def from_strings(cls, rows, num_microbatches: int, stages_per_rank: int = 1) -> "Schedule":
+        """A schedule from plain data: one list of compact strings per rank (what a rank returns)."""
+        if not isinstance(rows, (list, tuple)) or not all(isinstance(row, (list, tuple)) for row in rows):
+            raise ValueError(f"a schedule is one list of compact action strings per rank, got {type(rows).__name__}")
+        parsed = tuple(tuple(Action.parse(text) for text in row) for row in rows)
+        return cls(len(parsed), len(parsed) * stages_per_rank, num_microbatches, parsed)
+
+    def __str__(self) -> str:
+        return render_grid(self)
+
+
+class ScheduleError(ValueError):
+    """A malformed schedule. ``rank``, ``step`` (None for a missing action), ``action`` and
+    ``rule`` say where and why; the message shows the grid with the bad action in brackets."""
+
+    def __init__(self, message: str, *, rank: int | None = None, step: int | None = None,
+                 action: Action | None = None, rule: str = ""):
+        super().__init__(message)
+        self.rank, self.step, self.action, self.rule = rank, step, action, rule
+
+
+# -------------------------------------------------------------------------------------- generators
+def check_arguments(kind: str, num_ranks: int, num_microbatches: int, stages_per_rank: int = 1) -> None:
+    """The ValueError a generator raises for arguments it cannot schedule."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown schedule kind {kind!r} (known: {', '.join(KINDS)})")
+    if num_ranks < 1 or num_microbatches < 1 or stages_per_rank < 1:
+        raise ValueError(f"num_ranks, num_microbatches and stages_per_rank must be at least 1, got "
+                         f"{num_ranks}, {num_microbatches}, {stages_per_rank}")
+    if kind != "interleaved" and stages_per_rank != 1:
+        raise ValueError(f"{kind} places one stage per rank; stages_per_rank={stages_per_rank} needs 'interleaved'")
+    if kind == "interleaved" and num_microbatches % num_ranks:
+        raise ValueError(f"interleaved 1F1B needs the number of microbatches to be a multiple of the number of "
+                         f"ranks: m={num_microbatches} is not a multiple of p={num_ranks}")
+
+
+def gpipe_compute(p: int, m: int) -> list[list[Action]]:
+    return [[Action(r, F, i) for i in range(m)] + [Action(r, B, i) for i in range(m)] for r in range(p)]
+
+
+def one_f_one_b_compute(p: int, m: int) -> list[list[Action]]:
+    rows = []
+    for r in range(p):
+        warmup = min(p - 1 - r, m)
+        row = [Action(r, F, i) for i in range(warmup)]
+        for k in range(m - warmup):
+            row += [Action(r, F, warmup + k), Action(r, B, k)]
+        row += [Action(r, B, k) for k in range(m - warmup, m)]
+        rows.append(row)
+    return rows
+
+
+def interleaved_warmup(p: int, m: int, v: int, rank: int) -> int:
+    """Megatron's warm-up forwards of rank ``rank``: (v - 1) p + 2 (p - 1 - rank), at most v m."""
+    return min((v - 1) * p + 2 * (p - 1 - rank), v * m)
+
+
+def interleaved_compute(p: int, m: int, v: int) -> list[list[Action]]:
+    if v == 1:
+        return one_f_one_b_compute(p, m)
+    rows = []
+    for r in range(p):
+        def action(k: int, kind: str) -> Action:
+            chunk = (k % (p * v)) // p
+            if kind == B:
+                chunk = v - 1 - chunk
+            return Action(chunk * p + r, kind, (k // (p * v)) * p + k % p)
+
+        total, warmup = v * m, interleaved_warmup(p, m, v, r)
+        row = [action(k, F) for k in range(warmup)]
+        for k in range(total - warmup):
+            row += [action(warmup + k, F), action(k, B)]
+        row += [action(k, B) for k in range(total - warmup, total)]
+        rows.append(row)
+    return rows
+
+
+def add_communication(compute: Schedule) -> Schedule:
+    """Insert, on every rank, each receive right before the compute that needs it and each send
+    right after the compute that produced it (transfers between stages on one rank stay local)."""
+    last = compute.num_stages - 1
+    rows = []
+    for r, row in enumerate(compute.rows):
+        out = []
+        for a in row:
+            if a.kind == F and a.stage > 0 and compute.rank_of(a.stage - 1) != r:
+                out.append(Action(a.stage, RECV_F, a.microbatch))
+            if a.kind == B and a.stage < last and compute.rank_of(a.stage + 1) != r:
+                out.append(Action(a.stage, RECV_B, a.microbatch))
+            out.append(a)
+            if a.kind == F and a.stage < last and compute.rank_of(a.stage + 1) != r:
+                out.append(Action(a.stage, SEND_F, a.microbatch))
+            if a.kind == B and a.stage > 0 and compute.rank_of(a.stage - 1) != r:
+                out.append(Action(a.stage, SEND_B, a.microbatch))
+        rows.append(out)
+    return compute.with_rows(rows)
+
+
+def generate(kind: str, num_ranks: int, num_microbatches: int, stages_per_rank: int = 1) -> Schedule:
+    """The reference schedule of ``kind`` (gpipe, 1f1b, interleaved), with its communication."""
+    check_arguments(kind, num_ranks, num_microbatches, stages_per_rank)
+    p, m, v = num_ranks, num_microbatches, stages_per_rank
+    compute = {"gpipe": lambda: gpipe_compute(p, m), "1f1b": lambda: one_f_one_b_compute(p, m),
+               "interleaved": lambda: interleaved_compute(p, m, v)}[kind]()
+    return add_communication(Schedule(p, p * v, m, tuple(tuple(row) for row in compute)))
+
+
+def random_schedule(num_ranks: int, num_microbatches: int, stages_per_rank: int, seed: int) -> Schedule:
+    """A valid, deadlock-free schedule in no classic shape: compute actions are taken one at a time,
+    each a random pick among those whose inputs are ready, then communication is inserted. Every
+    rank's list follows one global order, so every receive's send comes earlier in it."""
+    rng = random.Random(seed)
+    p, m, v = num_ranks, num_microbatches, stages_per_rank
+    last = p * v - 1
+    done: set[Action] = set()
+    rows: list[list[Action]] = [[] for _ in range(p)]
+    pending = {Action(s, k, i) for s in range(last + 1) for k in COMPUTE for i in range(m)}
+
+    def ready(a: Action) -> bool:
+        if a.kind == F:
+            return a.stage == 0 or Action(a.stage - 1, F, a.microbatch) in done
+        return Action(a.stage, F, a.microbatch) in done and (a.stage == last or Action(a.stage + 1, B, a.microbatch) in done)
+
+    while pending:
+        choice = rng.choice(sorted(a for a in pending if ready(a)))
+        pending.discard(choice)
+        done.add(choice)
+        rows[choice.stage % p].append(choice)
+    return add_communication(Schedule(p, p * v, m, tuple(tuple(row) for row in rows)))
+
+
+# ---------------------------------------------------------------------------------------- theory
+def theory_bubble_fraction(kind: str, num_ranks: int, num_microbatches: int, stages_per_rank: int = 1) -> Fraction:
+    """Idle time over p * makespan when every stage(-chunk) costs the same t_f and t_b and messages
+    are free: (p - 1) / (m + p - 1) for GPipe and 1F1B, (p - 1) / (v m + p - 1) interleaved."""
+    p, m, v = num_ranks, num_microbatches, stages_per_rank
+    return Fraction(p - 1, (v if kind == "interleaved" else 1) * m + p - 1)
+
+
+def theory_peak_live(kind: str, num_ranks: int, num_microbatches: int, stages_per_rank: int, rank: int) -> int:
+    """Most forwards (stage-chunk activations) rank ``rank`` holds before their backward ran:
+    GPipe m; 1F1B min(m, p - r); interleaved (v > 1) min(v m, warm-up + 1)."""
+    p, m, v = num_ranks, num_microbatches, stages_per_rank
+    if kind == "gpipe":
+        return m
+    if kind == "1f1b" or v == 1:
+        return min(m, p - rank)
+    return min(v * m, interleaved_warmup(p, m, v, rank) + 1)
+
+
+# ------------------------------------------------------------------------------------------- grid
+def render_grid(schedule: Schedule, mark: tuple[int, int] | set | None = None, compute_only: bool = False) -> str:
+    """Ranks as rows, steps (positions in each rank's list) as columns; the cells in ``mark``
+    ((rank, step) pairs) are shown in [brackets]."""
+    marks = set() if mark is None else ({mark} if isinstance(mark, tuple) else set(mark))
+    rows = schedule.compute_only().rows if compute_only else schedule.rows
+    cells = [[str(a) for a in row] for row in rows]
+    width = max([len(c) for row in cells for c in row] + [3]) + 2
+    steps = max((len(row) for row in cells), default=0)
+    label = len(f"rank {len(cells) - 1}")
+    lines = [f"{'step':<{label}} |" + "".join(f"{t:^{width}}" for t in range(steps))]
+    for r, row in enumerate(cells):
+        shown = [f"[{c}]" if (r, t) in marks else f" {c} " for t, c in enumerate(row)]
+        lines.append(f"{f'rank {r}':<{label}} |" + "".join(f"{c:^{width}}" for c in shown).rstrip())
+    return "\n".join(lines)
+
+
+# -------------------------------------------------------------------------------------- validator
+RULES = {
+    "shape": "the schedule has one list per rank and S = p * v stages",
+    "placement": "stage s runs on rank s % p, 0 <= stage < S and 0 <= microbatch < m",
+    "communication": "sends and receives cross a stage boundary between different ranks",
+    "exactly once": "every forward and backward runs exactly once per stage and microbatch, every send or receive at most once",
+    "backward after forward": "on each stage a microbatch's backward follows its forward",
+    "forward dependency": "F of stage s > 0 needs F of stage s - 1: its receive (or the local forward) comes earlier on its rank",
+    "backward dependency": "B of stage s < S - 1 needs B of stage s + 1: its receive (or the local backward) comes earlier on its rank",
+    "send after compute": "a send comes after the compute that produced what it sends",
+    "matching send and receive": "every send has its receive on the peer's rank and every receive its send",
+}
+
+
+@dataclass(frozen=True)
+class Problem:
+    rule: str
+    rank: int | None
+    step: int | None
+    action: Action | None
+    why: str
+
+    def where(self) -> str:
+        step = "" if self.step is None else f", step {self.step}"
+        action = "" if self.action is None else f": {self.action}"
+        return f"rank {self.rank}{step}{action}" if self.rank is not None else "schedule"
+
+
+def problems(schedule: Schedule) -> list[Problem]:
+    """Every broken rule, in rule order, then by rank and step."""
+    p, S, m = schedule.num_ranks, schedule.num_stages, schedule.num_microbatches
+    found: list[Problem] = []
+    if p < 1 or m < 1 or S < p or S % p or len(schedule.rows) != p:
+        return [Problem("shape", None, None, None,
+                        f"{len(schedule.rows)} rows for p={p} ranks, S={S} stages, m={m} microbatches "
+                        f"({RULES['shape']}, m >= 1)")]
+    position: dict[Action, tuple[int, int]] = {}
+    for r, row in enumerate(schedule.rows):
+        for t, a in enumerate(row):
+            if not (0 <= a.stage < S and 0 <= a.microbatch < m):
+                found.append(Problem("placement", r, t, a, f"stages are 0..{S - 1} and microbatches 0..{m - 1}"))
+                continue
+            if schedule.rank_of(a.stage) != r:
+                found.append(Problem("placement", r, t, a, f"stage {a.stage} lives on rank {schedule.rank_of(a.stage)}, "
+                                                           f"not rank {r}"))
+                continue
+            if not a.is_compute:
+                peer = a.peer_stage
+                if not 0 <= peer < S:
+                    found.append(Problem("communication", r, t, a, f"stage {a.stage} has no peer stage {peer} "
+                                                                   f"(stages are 0..{S - 1})"))
+                    continue
+                if schedule.rank_of(peer) == r:
+                    found.append(Problem("communication", r, t, a, f"stages {a.stage} and {peer} both live on rank {r}: "
+                                                                   f"the transfer is local, with no send or receive"))
+                    continue
+            if a in position:
+                first = position[a]
+                found.append(Problem("exactly once", r, t, a, f"{a} already ran at step {first[1]}"))
+                continue
+            position[a] = (r, t)
+
+    def at(a: Action):
+        return position.get(a, (None, None))[1]
+
+    for s in range(S):
+        r = schedule.rank_of(s)
+        for i in range(m):
+            for kind in COMPUTE:
+                if Action(s, kind, i) not in position:
+                    what = "forward" if kind == F else "backward"
+                    found.append(Problem("exactly once", r, None, Action(s, kind, i),
+                                         f"the {what} of microbatch {i} on stage {s} never runs (rank {r} has no {s}{kind}{i})"))
+            f, b = at(Action(s, F, i)), at(Action(s, B, i))
+            if f is not None and b is not None and b < f:
+                found.append(Problem("backward after forward", r, b, Action(s, B, i),
+                                     f"the backward of microbatch {i} on stage {s} comes before its forward (step {f})"))
+            if f is not None and s > 0:
+                found += _needs(schedule, position, r, f, Action(s, F, i), Action(s - 1, F, i), Action(s, RECV_F, i),
+                                "forward dependency")
+            if b is not None and s < S - 1:
+                found += _needs(schedule, position, r, b, Action(s, B, i), Action(s + 1, B, i), Action(s, RECV_B, i),
+                                "backward dependency")
+    for a, (r, t) in sorted(position.items(), key=lambda item: item[1]):
+        if a.is_compute:
+            continue
+        if a.kind in (SEND_F, SEND_B):
+            source = Action(a.stage, F if a.kind == SEND_F else B, a.microbatch)
+            if at(source) is not None and at(source) > t:
+                found.append(Problem("send after compute", r, t, a,
+                                     f"it sends the result of {source}, which runs later (step {at(source)})"))
+        match = a.matching()
+        if match not in position:
+            owner = schedule.rank_of(match.stage)
+            role = "its receive" if a.kind in (SEND_F, SEND_B) else "its send"
+            found.append(Problem("matching send and receive", r, t, a,
+                                 f"{role} {match} is not in rank {owner}'s list: "
+                                 + ("the message is never received" if a.kind in (SEND_F, SEND_B)
+                                    else "it would wait forever")))
+    order = list(RULES)
+    return sorted(found, key=lambda pr: (order.index(pr.rule), pr.rank if pr.rank is not None else -1,
+                                         pr.step if pr.step is not None else -1))
+
+
+def _needs(schedule, position, r, step, action, local_input, receive, rule) -> list[Problem]:
+    """``action`` at ``step`` on rank ``r`` needs ``local_input`` earlier on the same rank when that
+    stage is local, else ``receive`` earlier."""
+    what = "activations" if action.kind == F else "gradient"
+    if schedule.rank_of(local_input.stage) == r:
+        before = position.get(local_input)
+        if before is not None and before[1] > step:
+            return [Problem(rule, r, step, action, f"it needs {local_input} on the same rank, which runs later "
+                                                   f"(step {before[1]})")]
+        return []
+    got = position.get(receive)
+    if got is None:
+        return [Problem(rule, r, step, action, f"it needs the {what} of stage {local_input.stage} from rank "
+                                               f"{schedule.rank_of(local_input.stage)}, but rank {r} has no {receive}")]
+    if got[1] > step:
+        return [Problem(rule, r, step, action, f"it needs {receive} first, which comes later (step {got[1]})")]
+    return []
+
+
+def validate(schedule: Schedule) -> None:
+    """Raise ScheduleError for the first broken rule (with the grid and the bad action marked)."""
+    found = problems(schedule)
+    if not found:
+        return
+    first = found[0]
+    lines = [f"invalid schedule (p={schedule.num_ranks}, S={schedule.num_stages}, m={schedule.num_microbatches}): "
+             f"{first.where()} breaks rule '{first.rule}': {first.why}",
+             f"  rule '{first.rule}': {RULES[first.rule]}"]
+    if len(found) > 1:
+        lines.append(f"  {len(found) - 1} more problem(s), first ones:")
+        lines += [f"    - {pr.where()}: '{pr.rule}': {pr.why}" for pr in found[1:6]]
+    if first.rule != "shape":
+        mark = (first.rank, first.step) if first.step is not None else None
+        lines += ["", render_grid(schedule, mark)]
+    raise ScheduleError("\n".join(lines), rank=first.rank, step=first.step, action=first.action, rule=first.rule)

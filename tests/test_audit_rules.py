@@ -1,0 +1,98 @@
+"""The communication audit's driver-side parts without any rank: the cost model's bounds against
+the algorithms they describe, and each rule of harness/audit.py on hand-made records."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from harness import audit
+from reference import cost_model
+
+
+def record(op, rank=0, group=(0, 1), numel=10, itemsize=4, out_numel=None, peer=None, root=None, dtype="float32",
+           splits=None, phase=None):
+    out_numel = numel if out_numel is None else out_numel
+    return {"op": op, "group": list(group), "rank": rank, "dtype": dtype, "itemsize": itemsize, "numel": numel,
+            "bytes": numel * itemsize, "out_numel": out_numel, "out_bytes": out_numel * itemsize, "peer": peer,
+            "root": root, "reduce_op": None, "splits": splits, "tag": 0, "phase": phase}
+
+
+# ----------------------------------------------------------------------------------- cost model
+@given(n=st.integers(1, 9), numel=st.integers(0, 5000))
+def test_ring_all_reduce_bound_covers_every_rank_of_the_ring(n, numel):
+    """impls' ring: chunks of tensor_split sizes; rank i sends every chunk but i (reduce-scatter) and
+    every chunk but i+1 (all-gather). The bound holds for every rank, the worst rank is within one
+    item of it, and it is within two items of 2(n-1)/n S."""
+    q, r = divmod(numel, n)
+    chunks = [q + 1] * r + [q] * (n - r)
+    sent = [(numel - chunks[i]) + (numel - chunks[(i + 1) % n]) if n > 1 else 0 for i in range(n)]
+    bound = cost_model.all_reduce(n, numel, 1)
+    assert bound - 1 <= max(sent) <= bound or n == 1
+    assert 2 * (n - 1) / n * numel <= bound < 2 * (n - 1) / n * numel + 2
+
+
+@given(n=st.integers(1, 40))
+def test_binomial_broadcast_root_sends_ceil_log2_n_times(n):
+    children = sum(1 for k in range(n.bit_length()) if 2**k < n)  # the root sends to 1, 2, 4, ... < n
+    assert cost_model.broadcast(n, 1, 1) == children == (math.ceil(math.log2(n)) if n > 1 else 0)
+
+
+@given(n=st.integers(2, 8), numels=st.lists(st.integers(1, 300), min_size=1, max_size=8), data=st.data())
+def test_data_parallel_bound_covers_any_bucketing(n, numels, data):
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(numels) - 1), max_size=len(numels) - 1))) if len(numels) > 1 else []
+    buckets = [sum(numels[a:b]) for a, b in zip([0, *cuts], [*cuts, len(numels)])]
+    sent = sum(cost_model.all_reduce(n, m, 4) for m in buckets)
+    assert sent <= cost_model.data_parallel_step(n, numels, 4)
+    assert cost_model.data_parallel_step(n, numels, 4) < 2 * (n - 1) / n * 4 * (sum(numels) + len(numels)) + 4
+
+
+def test_training_budgets():
+    assert cost_model.tensor_parallel_mlp(4, 100, 4) == {"forward": 600, "backward": 600}
+    assert cost_model.column_parallel(4, 100, 4) == {"forward": 0, "backward": 600}
+    assert cost_model.pipeline_stage(3, 0, 4, 10) == {"forward": 40, "backward": 0}
+    assert cost_model.pipeline_stage(3, 2, 4, 10) == {"forward": 0, "backward": 40}
+    assert cost_model.all_to_all([4, 8, 12], me=1) == 16
+    with pytest.raises(ValueError, match="no cost model"):
+        cost_model.collective("all_reduce_twice", 2, 0, numel=1, itemsize=1)
+
+
+# ---------------------------------------------------------------------------------------- rules
+def test_point_to_point_rule_names_the_backend_collective():
+    records = {0: [record("send", peer=1), record("recv", peer=1)], 1: [record("allreduce", rank=1)]}
+    violations = audit.point_to_point_only(records)
+    assert len(violations) == 1 and violations[0].startswith("rank 1: 1 backend collective call(s) (allreduce x1)")
+
+
+def test_bound_rule_charges_sends_exactly_and_backend_collectives_by_theory():
+    assert audit.charged_bytes(record("send", numel=7)) == 28
+    assert audit.charged_bytes(record("recv", numel=7)) == 0
+    assert audit.charged_bytes(record("allreduce", group=(0, 1, 2, 3), numel=10)) == cost_model.all_reduce(4, 10, 4)
+    assert audit.charged_bytes(record("allgather_into_tensor", numel=5, out_numel=10)) == 20
+    assert audit.charged_bytes(record("alltoall_base", rank=1, splits=[8, 4])) == 8
+    records = {0: [record("send", numel=10)] * 2, 1: [record("send", rank=1, numel=10)]}
+    violations = audit.within_bound(records, {0: 40, 1: 40}, "x")
+    assert violations == [violations[0]] and violations[0].startswith("rank 0: sent 80 B, more than the bound 40 B (2.00x)")
+    assert audit.within_bound({2: [record("send", rank=2)]}, {}, "x")[0].startswith("rank 2: sent 40 B where x sends nothing")
+
+
+def test_bound_rule_looks_at_one_phase():
+    records = {0: [record("send", numel=100, phase="setup"), record("send", numel=10, phase="step")]}
+    assert audit.within_bound(records, {0: 40}, "x", phase="step") == []
+    assert audit.within_bound(records, {0: 40}, "x") != []
+
+
+def test_reduced_once_rule():
+    once = {0: [record("allreduce", numel=100), record("allreduce", numel=3, dtype="int32")]}
+    assert audit.reduced_once(once, 400, "g") == []
+    twice = {0: [record("allreduce", numel=100), record("allreduce", numel=100)]}
+    assert "reduced 800 B" in audit.reduced_once(twice, 400, "g")[0]
+    assert audit.reduced_once({0: [record("send", numel=100)]}, 400, "g") == []  # point-to-point: left to the bound
+
+
+def test_no_full_all_gather_rule():
+    records = {0: [record("allgather_into_tensor", numel=8, out_numel=16)]}
+    assert audit.no_full_all_gather(records, 64, "hidden") != []
+    assert audit.no_full_all_gather(records, 128, "hidden") == []
