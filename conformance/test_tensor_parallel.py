@@ -268,14 +268,3 @@ def test_a_width_that_does_not_split_is_refused(data, ranks, target, request, la
                    if not re.search(pattern, message, re.IGNORECASE)]
         if missing:
             judge.fail(f"{what}: the ValueError's message does not name {', '.join(missing)}: {message!r}")
-
-
-@pytest.mark.capability("tensor_parallel")
-@given(n=st.integers(2, 8), data=st.data())
-def test_a_sequence_that_does_not_split_is_refused(n, data):
-    """Sequence-parallel ranks hold equal contiguous shards; the driver-side splitter refuses a
-    sequence length that is not a multiple of n (an implementation sees only its own shard and
-    could not tell without communicating)."""
-    length = data.draw(st.integers(1, 40).filter(lambda s: s % n), label="sequence length")
-    with pytest.raises(ValueError, match=rf"sequence length = {length} .* group size {n} "):
-        ref.sequence_shard(torch.zeros(2, length, 3), n, 0)

@@ -63,8 +63,7 @@ def require(impl, name: str):
     except AttributeError:
         origin = getattr(impl, "__file__", None) or getattr(impl, "__name__", repr(impl))
         raise MissingFunction(
-            f"the implementation under test ({origin}) has no '{name}': "
-            f"it must provide {name} with torch.distributed's signature"
+            f"the implementation under test ({origin}) has no '{name}' (CONTRACT.md lists what it must provide)"
         ) from None
 
 

@@ -68,4 +68,43 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     raise NotImplementedError("all_to_all_single")
 
 
+# ----------------------------------------------------------------------------- tensor parallelism
+# docs/contract-tensor-parallel.md
+class ColumnParallelLinear:
+    """Keeps rows r of the dense weight (output features split); optional all-gather of the output."""
+
+    @classmethod
+    def from_dense(cls, linear, group=None, gather_output=False):
+        raise NotImplementedError("ColumnParallelLinear")
+
+
+class RowParallelLinear:
+    """Keeps columns r of the dense weight (input features split); all-reduces partial outputs, bias once."""
+
+    @classmethod
+    def from_dense(cls, linear, group=None, input_is_parallel=True):
+        raise NotImplementedError("RowParallelLinear")
+
+
+class TensorParallelMLP:
+    """Column, GELU, row through Megatron's f and g operators; optionally sequence parallel."""
+
+    @classmethod
+    def from_dense(cls, fc1, fc2, group=None, sequence_parallel=False):
+        raise NotImplementedError("TensorParallelMLP")
+
+
+# --------------------------------------------------------------------------- pipeline parallelism
+# docs/contract-pipeline-parallel.md
+def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="1f1b", group=None):
+    """Run one training step of the pipeline; every stage parameter ends with the gradient of the
+    mean over microbatches of the loss; the rank holding the last stage returns that loss."""
+    raise NotImplementedError("pipeline_step")
+
+
+def generate_schedule(kind, num_ranks, num_microbatches, stages_per_rank=1):
+    """One list of compact actions ("0F3", "1SEND_B2", ...) per rank, for "gpipe", "1f1b" or "interleaved"."""
+    raise NotImplementedError("generate_schedule")
+
+
 __all__ = [name for name in dir() if not name.startswith("_") and name not in ("dist", "ReduceOp")]
