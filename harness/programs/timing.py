@@ -59,3 +59,30 @@ def time_collective(ctx: RankContext, impl, collective: str, numel: int, dtype: 
         run()
     _synchronize(ctx)
     return {"seconds": (time.perf_counter() - started) / iters}
+
+
+def time_tensor_parallel_mlp(ctx: RankContext, impl, hidden: int, ffn: int, tokens: int, iters: int,
+                             warmup: int = 2) -> dict:
+    """Forward + backward of ``impl.TensorParallelMLP`` built from a dense MLP (hidden -> ffn ->
+    hidden, the same seed on every rank) on ``tokens`` x ``hidden`` inputs, replicated."""
+    import torch.distributed as dist
+    from torch import nn
+
+    torch.manual_seed(0)
+    fc1, fc2 = nn.Linear(hidden, ffn, device=ctx.device), nn.Linear(ffn, hidden, device=ctx.device)
+    mlp = require(impl, "TensorParallelMLP").from_dense(fc1, fc2)
+    x = torch.randn(tokens, hidden, device=ctx.device, requires_grad=True)
+    grad = torch.randn(tokens, hidden, device=ctx.device)
+
+    def step():
+        mlp(x).backward(grad)
+
+    for _ in range(warmup):
+        step()
+    _synchronize(ctx)
+    dist.barrier()
+    started = time.perf_counter()
+    for _ in range(iters):
+        step()
+    _synchronize(ctx)
+    return {"seconds": (time.perf_counter() - started) / iters}
