@@ -311,7 +311,7 @@ def test_cases_the_backend_refuses(collective, ranks, target, backend_refusals, 
             arguments = [{"tensor": x, "op": op} for x in inputs]
         try:
             outputs = judge.call(ranks, layout, collective.removesuffix("_uneven"), arguments)
-        except Exception as error:  # noqa: BLE001 - declining what the backend refuses is allowed
+        except Exception:  # noqa: BLE001 - declining what the backend refuses is allowed
             declined.append((f"{dtype_name} {op or ''}".strip(), message))
             continue
         if collective == "all_to_all_uneven":

@@ -45,15 +45,14 @@ class Mutant:
 
 
 def known_good() -> list[tuple[str, list[str]]]:
-    """(implementation, pytest arguments) that must pass."""
-    runs = [("impls", ["conformance"]), ("torch.distributed", ["conformance/test_collectives.py"])]
-    if (ROOT / "impls" / "naive_dp.py").exists() and (ROOT / "conformance" / "test_data_parallel.py").exists():
-        runs.append(("impls.naive_dp", ["conformance/test_data_parallel.py"]))
-    if (ROOT / "adapters" / "torch_native.py").exists():
-        runs.append(("adapters.torch_native", ["conformance"]))
-    elif (ROOT / "adapters" / "dtensor_tp.py").exists():
-        runs.append(("adapters.dtensor_tp", ["conformance/test_tensor_parallel.py"]))
-    return runs
+    """(implementation, pytest arguments) that must pass: the bundled implementations (the naive
+    DP variant too), torch.distributed's collectives, and torch's own everything (DDP, DTensor,
+    pipelining) through adapters/torch_native.py."""
+    runs = [("impls", ["conformance"]),
+            ("torch.distributed", ["conformance/test_collectives.py", "conformance/test_audit.py"]),
+            ("impls.naive_dp", ["conformance/test_data_parallel.py"]),
+            ("adapters.torch_native", ["conformance"])]
+    return [(impl, [a for a in args if (ROOT / a).exists()]) for impl, args in runs]
 
 
 def mutants() -> list[Mutant]:

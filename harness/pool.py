@@ -2,7 +2,6 @@
 fixture (no module-level state), so Hypothesis can draw the world size freely."""
 from __future__ import annotations
 
-import os
 import secrets
 import shutil
 import tempfile

@@ -2,9 +2,9 @@
 
 Everything here moves data with ``dist.send``/``recv``/``isend``/``irecv``
 and nothing else: no torch.distributed collective is called.  This package
-starts with the eleven collectives (:mod:`impls.collectives`); later modules
-(``data_parallel``, ``tensor_parallel``, ``pipeline_parallel``) will be added
-here.  ``impls`` never imports the ``reference`` package.
+holds the eleven collectives (:mod:`impls.collectives`) and the strategies
+built on them (:mod:`impls.data_parallel`, :mod:`impls.tensor_parallel`,
+:mod:`impls.pipeline_parallel`).  ``impls`` never imports the ``reference`` package.
 """
 
 from .collectives import (
@@ -22,8 +22,10 @@ from .collectives import (
 )
 from .tensor_parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP
 from .pipeline_parallel import generate_schedule, pipeline_step
+from .data_parallel import BucketedDataParallel, DataParallel, NaiveDataParallel, OverlappedDataParallel
 
 __all__ = [
+    # collectives
     "broadcast",
     "reduce",
     "all_reduce",
@@ -35,4 +37,16 @@ __all__ = [
     "reduce_scatter_tensor",
     "all_to_all",
     "all_to_all_single",
+    # data parallelism
+    "DataParallel",
+    "NaiveDataParallel",
+    "OverlappedDataParallel",
+    "BucketedDataParallel",
+    # tensor parallelism
+    "ColumnParallelLinear",
+    "RowParallelLinear",
+    "TensorParallelMLP",
+    # pipeline parallelism
+    "pipeline_step",
+    "generate_schedule",
 ]

@@ -9,9 +9,9 @@ With equal slices, (1/n) sum_r L_r = (1/B) sum_i l_i = L, the loss of the global
 
 and n ranks that start from rank 0's state follow exactly the trajectory of one process training
 on the global batch, which is what ``train`` computes (up to rounding: the sums are taken in a
-different order; see ``atol``). Torch semantics throughout: a parameter that no forward touched
-keeps .grad None after zero_grad(set_to_none=True) and the optimizer skips it (no momentum, no
-weight decay); a frozen parameter (requires_grad=False) never changes.
+different order; see the tolerances at the end). Torch semantics throughout: a parameter that no
+forward touched keeps .grad None after zero_grad(set_to_none=True) and the optimizer skips it (no
+momentum, no weight decay); a frozen parameter (requires_grad=False) never changes.
 
 Never imports torch.distributed.
 """
@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from reference.tolerance import unit_roundoff
 
-# The tolerance constant C of ``atol``; see there.
+# C in the tolerances (grad_atol, loss_atol, param_atol); see there.
 ATOL_FACTOR = 512
 
 
@@ -37,7 +37,16 @@ class Trajectory:
     states: list[dict[str, Tensor]]  # every parameter and buffer after step s
     grads: list[dict[str, Tensor]]  # the gradient step s applied, for parameters that had one
     losses: list[Tensor]  # the global-batch loss at step s (the state before the step)
-    slice_losses: list[list[Tensor]]  # the loss of rank r's slice at step s (same state)
+
+
+@dataclass
+class Evaluation:
+    """One step's truth at a given state: each rank's slice loss and the gradient the ranks must
+    hold after synchronization, with the magnitudes of its summands for the tolerance."""
+
+    grads: dict[str, Tensor]  # (1/n) sum_r grad L_r = grad L, for parameters that get one
+    slice_losses: list[Tensor]  # L_r, the loss of rank r's slice
+    slice_grad_means: dict[str, Tensor]  # (1/n) sum_r |grad L_r|, elementwise
 
 
 def split_batch(batch: dict[str, Tensor], world_size: int) -> list[dict[str, Tensor]]:
@@ -74,19 +83,13 @@ def state(model: nn.Module) -> dict[str, Tensor]:
     return {name: t.detach().clone() for name, t in [*model.named_parameters(), *model.named_buffers()]}
 
 
-def train(model: nn.Module, optimizer_spec: dict, batch: dict[str, Tensor], steps: int,
-          world_size: int = 1) -> Trajectory:
+def train(model: nn.Module, optimizer_spec: dict, batch: dict[str, Tensor], steps: int) -> Trajectory:
     """``steps`` optimizer steps of ``model`` (trained in place) on the whole ``batch``:
     zero_grad(set_to_none=True); loss = model(inputs, targets), the global-batch mean;
-    loss.backward(); optimizer.step(). Also records, before each step, the loss each of
-    ``world_size`` ranks sees on its slice (computed on a copy: forward may update buffers)."""
+    loss.backward(); optimizer.step()."""
     opt = optimizer(optimizer_spec, model.parameters())
-    slices = split_batch(batch, world_size)
-    trajectory = Trajectory(state(model), [], [], [], [])
+    trajectory = Trajectory(state(model), [], [], [])
     for _ in range(steps):
-        with torch.no_grad():
-            trajectory.slice_losses.append(
-                [copy.deepcopy(model)(s["inputs"], s["targets"]).detach() for s in slices])
         opt.zero_grad(set_to_none=True)
         loss = model(batch["inputs"], batch["targets"])
         loss.backward()
@@ -98,21 +101,87 @@ def train(model: nn.Module, optimizer_spec: dict, batch: dict[str, Tensor], step
     return trajectory
 
 
-def atol(expected: Tensor, step: int) -> Tensor:
-    """How far an implementation's value may sit from ``expected`` after ``step`` steps (1-based):
+def load_state(model: nn.Module, values: dict[str, Tensor]) -> nn.Module:
+    """Copy ``values`` ({name: tensor}, as ``state`` returns them) into ``model``'s parameters and
+    buffers, in place; every name of ``state(model)`` must be there."""
+    with torch.no_grad():
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            tensor.copy_(values[name])
+    return model
 
-        atol = C * u * step * max_j |expected_j|    (normwise, one bound for the whole tensor)
 
-    with u the dtype's unit roundoff and C = ATOL_FACTOR = 512 (about 256 eps). Data parallelism
-    sums each gradient in a different order (per-rank means, then a mean over ranks) than one
-    process does, which perturbs every step's gradient by O((B + n) u) relative to the sizes of the
-    summands (Higham, 2nd ed., §4.2); the optimizer turns that into a parameter error of the same
-    relative order (AdamW's g / (sqrt(v) + eps) amplifies it by at most 1 / (4 eps) near |g| = eps,
-    which is why the suite's AdamW uses eps = 1e-4), and the errors of successive steps add up,
-    hence the factor ``step``. Measured with correct implementations the error stays below about
-    1/20 of this bound; the bugs it must catch (summing instead of averaging, a missed gradient, a
-    missing broadcast) are orders of magnitude larger. Integer tensors must match exactly (0)."""
-    if not expected.is_floating_point():
-        return torch.zeros((), dtype=torch.float64)
-    scale = expected.detach().abs().max().to(torch.float64) if expected.numel() else torch.zeros((), dtype=torch.float64)
-    return ATOL_FACTOR * unit_roundoff(expected.dtype) * step * scale + torch.finfo(expected.dtype).tiny
+def evaluate(model: nn.Module, batch: dict[str, Tensor], world_size: int) -> Evaluation:
+    """The next step at ``model``'s current state (on copies: ``model``, buffers included, is left
+    alone): the loss L_r and gradient grad L_r of each rank's slice, and their mean over ranks
+    (1/n) sum_r grad L_r, summed in rank order. That mean is the global-batch gradient grad L (the
+    identity in the module docstring); it is computed from the slices because then the ranks' own
+    backward passes (same slices, same shapes) are the same computation, and only the n-term
+    average is rounded differently, which ``grad_atol`` bounds tightly. One backward over the whole
+    batch rounds the per-sample chain rule differently (other kernel shapes), by an amount that
+    cancellation inside a sample's gradient can make large relative to the result; ``train``
+    follows it, and ``param_atol`` covers that."""
+    losses, grads = zip(*(_loss_and_grads(model, s) for s in split_batch(batch, world_size)))
+    names = set(grads[0])
+    if any(set(g) != names for g in grads):
+        raise ValueError("the slices use different parameters (data-dependent control flow): "
+                         f"{[sorted(g) for g in grads]}")
+    n = len(grads)
+    return Evaluation(
+        grads={name: _sum(g[name] for g in grads) / n for name in names},
+        slice_losses=list(losses),
+        slice_grad_means={name: _sum(g[name].abs() for g in grads) / n for name in names},
+    )
+
+
+def _sum(tensors):
+    tensors = iter(tensors)
+    total = next(tensors).clone()
+    for t in tensors:
+        total += t
+    return total
+
+
+def _loss_and_grads(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+    """Loss and gradients of a copy of ``model`` on ``batch`` (the model itself is left alone)."""
+    replica = copy.deepcopy(model)
+    loss = replica(batch["inputs"], batch["targets"])
+    loss.backward()
+    return loss.detach(), {name: p.grad for name, p in replica.named_parameters() if p.grad is not None}
+
+
+# ------------------------------------------------------------------------------------ tolerances
+# The ranks compute the same quantities as one process in another order. Recursive summation of
+# m terms errs by at most (m - 1) u sum|terms| (Higham, 2nd ed., §4.2), so the bounds scale the
+# unit roundoff u by the magnitudes of the summands, not of the (possibly cancelled) result, taken
+# normwise (the largest over the tensor). C = ATOL_FACTOR = 512 (256 eps) covers the length of the
+# sums and, for parameters, the propagation through the optimizer and the next steps' gradients.
+# AdamW's update g / (sqrt(v) + eps) amplifies a gradient error by up to 1/(4 eps) where |g| is near
+# eps, which is why the suite's AdamW uses eps = 1e-3. Measured over thousands of drawn examples,
+# correct implementations (the bundled ones, torch's DDP) stay below C/50. The bugs the bounds must
+# not hide (summing instead of averaging, a missed or extra gradient, a missing broadcast) are
+# orders of magnitude larger.
+
+
+def grad_atol(evaluation: Evaluation, name: str) -> Tensor:
+    """The synchronized gradient of ``name`` against ``evaluation.grads[name]`` (same state):
+    C u max_e (1/n) sum_r |grad L_r|_e, the summands of the average over ranks."""
+    means = evaluation.slice_grad_means[name]
+    return _bound(float(means.max()), means.dtype)
+
+
+def loss_atol(evaluation: Evaluation, rank: int) -> Tensor:
+    """Rank ``rank``'s slice loss L_r, from the same state: C u |L_r| (a mean of non-negative
+    per-sample losses: no cancellation in the sum)."""
+    loss = evaluation.slice_losses[rank]
+    return _bound(abs(float(loss)), loss.dtype)
+
+
+def param_atol(trajectory: Trajectory, step: int, name: str) -> Tensor:
+    """Parameter ``name`` after ``step`` steps (1-based), the trajectory's errors adding up step by
+    step: C u step max_{0 <= j <= step} max_e |p_j,e|, the largest magnitude it has had."""
+    history = [trajectory.initial[name], *(s[name] for s in trajectory.states[:step])]
+    return _bound(step * max(float(p.abs().max()) for p in history), history[0].dtype)
+
+
+def _bound(magnitude: float, dtype: torch.dtype) -> Tensor:
+    return torch.tensor(ATOL_FACTOR * unit_roundoff(dtype) * magnitude + torch.finfo(dtype).tiny, dtype=torch.float64)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fractions import Fraction
-from numbers import Number
 
 from reference.pipeline_schedules import (B, COMPUTE, F, RECV_B, RECV_F, SEND_B, SEND_F, Action, Schedule,
                                           ScheduleError, render_grid, validate)

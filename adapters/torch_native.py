@@ -1,0 +1,26 @@
+"""torch's own implementations, through the suite's contract: one module that passes every
+capability (``--impl adapters.torch_native``).
+
+* the eleven collectives: torch.distributed's, as they are;
+* ``DataParallel``: torch.nn.parallel.DistributedDataParallel (adapters/torch_ddp.py);
+* ``ColumnParallelLinear``, ``RowParallelLinear``, ``TensorParallelMLP``: DTensor's
+  parallelize_module (adapters/dtensor_tp.py);
+* ``pipeline_step``, ``generate_schedule``: torch.distributed.pipelining (adapters/torch_pipelining.py).
+"""
+from torch.distributed import (  # noqa: F401 - re-exported: the contract's collectives
+    all_gather,
+    all_gather_into_tensor,
+    all_reduce,
+    all_to_all,
+    all_to_all_single,
+    broadcast,
+    gather,
+    reduce,
+    reduce_scatter,
+    reduce_scatter_tensor,
+    scatter,
+)
+
+from adapters.dtensor_tp import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP  # noqa: F401
+from adapters.torch_ddp import DataParallel  # noqa: F401
+from adapters.torch_pipelining import generate_schedule, pipeline_step  # noqa: F401

@@ -1,0 +1,350 @@
+"""The communication audit: not what the ranks compute but what they send, checked against the
+cost model of reference/cost_model.py (CS336 lecture 7: "how many bytes move?").
+
+The ranks run in an audited world (WorldPool(audit=True)): each joins the process group through
+the recording backend of harness/recording.py and reports every call it made during a task, from
+Python or from C++ (DDP's reducer, DTensor). The driver then applies the rules of harness/audit.py:
+
+* point-to-point only: a collective of the implementation under test makes send/recv calls only.
+  Required for every implementation except torch.distributed and adapters.* (which are torch's
+  own collectives: backend collectives by definition), unless --audit-require-p2p says otherwise;
+  where not required the test is skipped with what was observed, never failed;
+* bytes within the bound: every rank sends at most the cost model's per-rank bound for the call
+  (a backend collective is charged its bound), so a second all-reduce, a linear broadcast or an
+  all-gather of whole tensors where a ring suffices is reported with the numbers;
+* data parallelism: one step sends at most one all-reduce of the trainable gradients, and backend
+  reductions add up to exactly the trainable gradient bytes (none twice, no frozen parameter);
+* tensor parallelism: the MLP all-reduces once forward and once backward (activation size), the
+  column layer without gather_output sends nothing forward, and no backend all-gather of the full
+  hidden activation is made.
+
+The data-parallel and tensor-parallel audits need the implementation's DataParallel /
+TensorParallelMLP / ColumnParallelLinear; without them they are skipped (their absence is graded by
+the data_parallel and tensor_parallel capabilities).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conformance.examples import Layout, Values, layouts, sentinel, shapes
+from conformance.verdict import Judge
+from harness import audit, models
+from harness.failures import ImplementationIncomplete, RankFailure, RanksHung
+from harness.pool import WorldPool
+from reference import cost_model
+from reference.collectives import DTYPES, output_split_sizes
+
+CALL = "harness.programs.collectives:call"
+OPS = ("SUM", "MAX")  # the reduction does not change the traffic; both apply to every dtype
+EXEMPT_FROM_P2P = ("torch.distributed", "adapters")  # torch's own collectives, and modules built on them
+
+pytestmark = pytest.mark.capability("audit")
+
+
+def p2p_required(impl: str, option: str) -> bool:
+    """--audit-require-p2p: "yes", "no", or "auto" (every implementation but torch.distributed and
+    adapters.*)."""
+    if option != "auto":
+        return option == "yes"
+    return not any(impl == name or impl.startswith(name + ".") for name in EXEMPT_FROM_P2P)
+
+
+class Audited:
+    """Runs a rank program on the members of a layout in an audited world; returns the members'
+    outputs and every rank's records (non-members too: they must send nothing)."""
+
+    def __init__(self, pool: WorldPool, target, require_p2p: bool):
+        self.pool, self.target, self.require_p2p = pool, target, require_p2p
+
+    def run(self, judge: Judge, layout: Layout, program: str, per_member: list[dict]):
+        __tracebackhide__ = True
+        args = [{"group": layout.group} for _ in range(layout.world_size)]
+        for rank, kwargs in zip(layout.ranks, per_member):
+            args[rank] = {**kwargs, "group": layout.group}
+        try:
+            result = self.pool.run(layout.world_size, f"harness.programs.{program}", args, impl=self.target.impl)
+        except (RankFailure, RanksHung, ImplementationIncomplete) as failure:
+            failure.add_note(f"  example: {judge.example}\n  reproduce: {judge.reproduce}")
+            raise
+        return {r: result.outputs[r] for r in layout.ranks}, dict(enumerate(result.records))
+
+
+@pytest.fixture(scope="session")
+def audited(target, pytestconfig):
+    pool = WorldPool(target.backend, timeout_s=pytestconfig.getoption("--rank-timeout"), audit=True)
+    yield Audited(pool, target, p2p_required(target.impl, pytestconfig.getoption("--audit-require-p2p")))
+    pool.close()
+
+
+def check(judge: Judge, violations: list[str]) -> None:
+    if violations:
+        judge.fail("communication audit:\n  " + "\n  ".join(violations))
+
+
+# ----------------------------------------------------------------------------------- collectives
+COLLECTIVES = cost_model.COLLECTIVES
+
+
+def collective_case(name: str, draw, layout: Layout) -> tuple[str, list[dict], dict[int, int], str]:
+    """Draw one call of collective ``name`` on ``layout``: (function, per-member arguments, per-rank
+    bound in bytes, what the bound is). ``draw(label, strategy)`` draws."""
+    n = layout.size
+    dtype = draw("dtype", st.sampled_from(DTYPES))
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    op = draw("op", st.sampled_from(OPS)) if name in ("all_reduce", "reduce", "reduce_scatter",
+                                                      "reduce_scatter_tensor") else None
+    seed = draw("seed", st.integers(0, 2**16))
+    shape = draw("shape", shapes(multiple_of=n) if name == "reduce_scatter_tensor" else shapes())
+    vals = Values(dtype, tuple(shape), seed, op=op)
+    numel = vals.tensor(0).numel()
+    split_bytes = None
+    if name == "all_to_all_single":
+        splits = draw("input_split_sizes", st.lists(st.lists(st.integers(0, 50), min_size=n, max_size=n),
+                                                    min_size=n, max_size=n))
+        received = output_split_sizes(splits)
+        inputs = [vals.tensor(i, (sum(splits[i]),)) for i in range(n)]
+        args = [{"output": sentinel(inputs[i], (sum(received[i]),)), "input": inputs[i],
+                 "output_split_sizes": received[i], "input_split_sizes": splits[i]} for i in range(n)]
+        split_bytes = [[s * itemsize for s in row] for row in splits]
+    elif name == "all_to_all":  # equal pieces: gloo's all_to_all refuses unequal ones
+        lists = [[vals.tensor(i * n + j) for j in range(n)] for i in range(n)]
+        args = [{"output_tensor_list": [sentinel(x) for x in lists[j]], "input_tensor_list": lists[j]} for j in range(n)]
+        split_bytes = [[numel * itemsize] * n for _ in range(n)]
+    elif name in ("scatter", "gather", "broadcast", "reduce"):
+        root = draw("root", st.sampled_from(layout.ranks))
+        pieces = [vals.tensor(i) for i in range(n)]
+        if name == "scatter":
+            args = [{"tensor": sentinel(pieces[0]), "scatter_list": pieces if r == root else None, "src": root}
+                    for r in layout.ranks]
+        elif name == "gather":
+            args = [{"tensor": x, "gather_list": [sentinel(x) for _ in pieces] if r == root else None, "dst": root}
+                    for r, x in zip(layout.ranks, pieces)]
+        elif name == "broadcast":
+            args = [{"tensor": x, "src": root} for x in pieces]
+        else:
+            args = [{"tensor": x, "dst": root, "op": op} for x in pieces]
+    elif name == "all_reduce":
+        args = [{"tensor": vals.tensor(i), "op": op} for i in range(n)]
+    elif name == "all_gather":
+        args = [{"tensor_list": [sentinel(vals.tensor(i)) for _ in range(n)], "tensor": vals.tensor(i)} for i in range(n)]
+        numel *= n
+    elif name == "all_gather_into_tensor":
+        out_shape = (n * shape[0], *shape[1:])
+        args = [{"output_tensor": sentinel(vals.tensor(i), out_shape), "input_tensor": vals.tensor(i)} for i in range(n)]
+        numel *= n
+    elif name == "reduce_scatter":
+        args = [{"output": sentinel(vals.tensor(0)), "input_list": [vals.tensor(i * n + j) for j in range(n)], "op": op}
+                for i in range(n)]
+        numel *= n
+    elif name == "reduce_scatter_tensor":
+        out_shape = (shape[0] // n, *shape[1:])
+        args = [{"output": sentinel(vals.tensor(i), out_shape), "input": vals.tensor(i), "op": op} for i in range(n)]
+    else:
+        raise ValueError(name)
+    bounds = {rank: cost_model.collective(name, n, i, numel=numel, itemsize=itemsize,
+                                          split_bytes=None if split_bytes is None else split_bytes[i])
+              for i, rank in enumerate(layout.ranks)}
+    what = f"{name} on {n} ranks, {numel} x {str(dtype).removeprefix('torch.')} ({numel * itemsize} B): {BOUND_FORMULA[name]}"
+    return name, args, bounds, what
+
+
+BOUND_FORMULA = {  # what the sizes in the message are, and the per-rank bound (reference/cost_model.py)
+    "all_reduce": "2 (numel - floor(numel/n)) itemsize, 2(n-1)/n S up to rounding",
+    "reduce_scatter": "the whole input list; (numel - floor(numel/n)) itemsize = (n-1)/n S",
+    "reduce_scatter_tensor": "the input; (numel - floor(numel/n)) itemsize = (n-1)/n S",
+    "all_gather": "the gathered output; (n-1)/n S",
+    "all_gather_into_tensor": "the gathered output; (n-1)/n S",
+    "broadcast": "ceil(log2 n) S",
+    "reduce": "S",
+    "scatter": "one piece; (n-1) pieces",
+    "gather": "one piece; (n-1) pieces",
+    "all_to_all": "one piece; the rank's pieces for the other ranks",
+    "all_to_all_single": "the rank's pieces for the other ranks",
+}
+
+
+def run_collective(audited: Audited, request, data, name: str):
+    labels: list[str] = []
+
+    def draw(label, strategy):
+        value = data.draw(strategy, label=label)
+        labels.append(f"{label}={value}")
+        return value
+
+    layout = data.draw(layouts(audited.target.max_world_size, min_size=2), label="layout")
+    if layout.size < 2:
+        pytest.skip("needs a group of at least 2 ranks (--max-world-size)")
+    function, args, bounds, what = collective_case(name, draw, layout)
+    judge = Judge(f"{layout}, " + ", ".join(labels), audited.target.reproduce(request.node.nodeid))
+    per_member = [{"function": function, "arguments": a} for a in args]
+    _, records = audited.run(judge, layout, "collectives:call", per_member)
+    return judge, layout, records, bounds, what
+
+
+@pytest.mark.parametrize("name", COLLECTIVES)
+def test_point_to_point_only(name, audited, request):
+    """The collective makes send/recv calls only, on every rank. Where the rule is not required
+    (--audit-require-p2p), one representative call is made and what it sent is the skip's reason."""
+    if audited.require_p2p:
+        _point_to_point_only_examples(name=name, audited=audited, request=request)
+        return
+    layout = Layout(min(2, audited.target.max_world_size))
+    if layout.size < 2:
+        pytest.skip("needs a world of at least 2 ranks (--max-world-size)")
+    fixed = {"dtype": torch.float32, "op": "SUM", "seed": 0, "shape": (1024,), "root": 0,
+             "input_split_sizes": [[512, 512], [512, 512]]}
+    function, args, bounds, what = collective_case(name, lambda label, _: fixed[label], layout)
+    judge = Judge(f"{layout}, 1024 x float32", audited.target.reproduce(request.node.nodeid))
+    _, records = audited.run(judge, layout, "collectives:call", [{"function": function, "arguments": a} for a in args])
+    seen = "; ".join(f"rank {r}: {audit.describe(rs)}" for r, rs in sorted(records.items()))
+    pytest.skip(f"not applicable: {audited.target.impl} is not required to be built from point-to-point "
+                f"(--audit-require-p2p={request.config.getoption('--audit-require-p2p')}); observed for {what}: {seen}")
+
+
+@given(data=st.data())
+def _point_to_point_only_examples(data, name, audited, request):
+    judge, layout, records, _, _ = run_collective(audited, request, data, name)
+    check(judge, audit.point_to_point_only(records))
+
+
+@pytest.mark.parametrize("name", COLLECTIVES)
+@given(data=st.data())
+def test_bytes_sent_within_bound(name, data, audited, request):
+    """Every rank sends at most the cost model's per-rank bound for the call; non-members nothing."""
+    judge, layout, records, bounds, what = run_collective(audited, request, data, name)
+    check(judge, audit.within_bound(records, bounds, what))
+
+
+@pytest.mark.parametrize("name", COLLECTIVES)
+def test_bytes_sent_within_bound_at_the_largest_world(name, audited, request):
+    """The same rule on one fixed example that Hypothesis may not reach: the whole of the largest
+    world (where a linear broadcast or a gather-everything all-reduce costs the most), 1001
+    float32 elements (divisible by none of 2..8 but 7), a non-zero root, uneven all-to-all splits."""
+    n = audited.target.max_world_size
+    if n < 2:
+        pytest.skip("needs a world of at least 2 ranks (--max-world-size)")
+    layout = Layout(n)
+    fixed = {"dtype": torch.float32, "op": "SUM", "seed": 0, "root": n - 1,
+             "shape": (251 * n,) if name == "reduce_scatter_tensor" else (1001,),
+             "input_split_sizes": [[(3 * i + 5 * j) % 17 for j in range(n)] for i in range(n)]}
+    function, args, bounds, what = collective_case(name, lambda label, _: fixed[label], layout)
+    judge = Judge(f"{layout}, {fixed['shape']} float32, root {n - 1}", audited.target.reproduce(request.node.nodeid))
+    _, records = audited.run(judge, layout, "collectives:call", [{"function": function, "arguments": a} for a in args])
+    check(judge, audit.within_bound(records, bounds, what))
+
+
+# ---------------------------------------------------------------------------- data parallelism
+DP_MODELS = {
+    # fc1.weight frozen (768 items) is far larger than the trainable rest (131 items): reducing it
+    # cannot hide in the rounding allowance.
+    "mlp_frozen_fc1": ({"kind": "mlp", "inputs": 24, "hidden": 32, "outputs": 3}, ["fc1.weight"]),
+    # tied weights (reduced once), a frozen gain, buffers
+    "tied_lm": ({"kind": "tied_lm", "vocab": 11, "width": 8, "hidden": 12, "context": 3}, []),
+}
+
+
+def _implemented(failure: ImplementationIncomplete, names: tuple[str, ...]) -> None:
+    message = str(failure)
+    if any(f"has no '{name}'" in message for name in names):
+        pytest.skip(f"the implementation provides no {' / '.join(names)}: nothing to audit "
+                    "(its absence is graded by its own capability)")
+    raise failure
+
+
+@pytest.mark.parametrize("bucket_size_mb", [None, 256 / 2**20], ids=["default_buckets", "256B_buckets"])
+@pytest.mark.parametrize("model_name", list(DP_MODELS))
+@pytest.mark.parametrize("n", [2, 4])
+def test_data_parallel_step(n, model_name, bucket_size_mb, audited, request):
+    """One step all-reduces the trainable gradients once: per rank at most
+    cost_model.data_parallel_step, and backend reductions add up to exactly their bytes."""
+    if n > audited.target.max_world_size:
+        pytest.skip(f"needs {n} ranks (--max-world-size {audited.target.max_world_size})")
+    spec, frozen = DP_MODELS[model_name]
+    net = models.build(spec, 0)
+    for name, p in net.named_parameters():
+        if name in frozen:
+            p.requires_grad_(False)
+    trainable = [p for p in net.parameters() if p.requires_grad]  # tied weights once
+    frozen_names = [name for name, p in net.named_parameters() if not p.requires_grad]
+    numels = [p.numel() for p in trainable]
+    itemsize = trainable[0].element_size()
+    gradient_bytes = cost_model.data_parallel_reduced_bytes(models.trainable_bytes(net))
+    batch = models.make_batch(spec, 2 * n, seed=1)
+    slices = [{k: v[2 * r:2 * r + 2] for k, v in batch.items()} for r in range(n)]
+    layout = Layout(n)
+    judge = Judge(f"world_size={n}, model={model_name} ({spec}, frozen {frozen}), bucket_size_mb={bucket_size_mb}",
+                  audited.target.reproduce(request.node.nodeid))
+    try:
+        _, records = audited.run(judge, layout, "audit:data_parallel_step", [
+            {"model": spec, "seed": 0, "frozen": frozen, "batch": slices[r], "bucket_size_mb": bucket_size_mb}
+            for r in range(n)])
+    except ImplementationIncomplete as failure:
+        _implemented(failure, ("DataParallel",))
+    bound = cost_model.data_parallel_step(n, numels, itemsize)
+    # Allowed on top, for torch's DDP as the suite configures it (adapters/torch_native.py): the
+    # buffers broadcast at every forward (broadcast_buffers=True) and one int32 flag per parameter
+    # all-reduced to find unused parameters (find_unused_parameters=True).
+    buffers = [b for b in net.buffers()]
+    ddp_extra = sum(cost_model.broadcast(n, b.numel(), b.element_size()) for b in buffers) + \
+        cost_model.all_reduce(n, len(list(net.parameters())), 4)
+    uses_backend = any(r["op"] not in ("send", "recv", "recv_anysource") for rs in records.values() for r in rs
+                       if r.get("phase") == "step")
+    if uses_backend:
+        bound += ddp_extra
+    what = (f"one data-parallel step: one all-reduce of {sum(numels)} trainable items in {len(numels)} tensors "
+            f"({gradient_bytes} B; frozen {', '.join(frozen_names) or 'none'} excluded): "
+            f"floor(2(n-1)(G_items + P)/n) itemsize" + (" + DDP's buffer broadcast and unused-parameter flags"
+                                                        if uses_backend else ""))
+    violations = audit.within_bound(records, {r: bound for r in range(n)}, what, phase="step")
+    violations += audit.reduced_once(records, gradient_bytes, "the trainable gradients", phase="step")
+    check(judge, violations)
+
+
+# -------------------------------------------------------------------------- tensor parallelism
+@pytest.mark.parametrize("layer", ["mlp", "column"])
+@given(data=st.data())
+def test_tensor_parallel_traffic(layer, data, audited, request):
+    """MLP: one all-reduce of the activation forward and one backward, no all-gather of the hidden
+    activation. Column layer without gather_output: nothing forward, one all-reduce of dL/dx
+    backward."""
+    layout = data.draw(layouts(audited.target.max_world_size, min_size=2), label="layout")
+    if layout.size < 2:
+        pytest.skip("needs a group of at least 2 ranks (--max-world-size)")
+    n = layout.size
+    h = data.draw(st.integers(1, 12), label="h")
+    f = n * data.draw(st.integers(1, 6), label="ffn per rank")
+    leading = tuple(data.draw(st.lists(st.integers(1, 3), max_size=2), label="leading dims"))
+    dtype = data.draw(st.sampled_from([torch.float32, torch.float64]), label="dtype")
+    seed = data.draw(st.integers(0, 2**16), label="seed")
+    g = torch.Generator().manual_seed(seed)
+    normal = lambda *shape: torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)  # noqa: E731
+    dense = {"fc1_weight": normal(f, h), "fc1_bias": normal(f), "fc2_weight": normal(h, f), "fc2_bias": normal(h)}
+    x = normal(*leading, h)
+    itemsize = x.element_size()
+    rows = x.numel() // h
+    if layer == "mlp":
+        grads = [normal(*leading, h)] * n
+        budget = cost_model.tensor_parallel_mlp(n, x.numel(), itemsize)
+        what = f"the tensor-parallel MLP (h={h}, ffn={f}) on {n} ranks, activation {tuple(x.shape)}: one all-reduce"
+    else:
+        full_grad = normal(*leading, f)
+        grads = list(full_grad.chunk(n, dim=-1))
+        budget = cost_model.column_parallel(n, x.numel(), itemsize)
+        what = f"the column-parallel linear ({h} -> {f}, gather_output=False) on {n} ranks, input {tuple(x.shape)}"
+    judge = Judge(f"{layout}, {layer}, h={h}, ffn={f}, leading={leading}, {dtype}, seed={seed}",
+                  audited.target.reproduce(request.node.nodeid))
+    try:
+        _, records = audited.run(judge, layout, "audit:tensor_parallel", [
+            {"layer": layer, "dense": dense, "x": x, "grad_output": grads[i].contiguous()} for i in range(n)])
+    except ImplementationIncomplete as failure:
+        _implemented(failure, ("TensorParallelMLP", "ColumnParallelLinear"))
+    violations = []
+    for phase in ("forward", "backward"):
+        bounds = {r: budget[phase] for r in layout.ranks}
+        violations += audit.within_bound(records, bounds, f"{what} ({phase}: {budget[phase]} B)", phase=phase)
+    hidden = rows * f * itemsize
+    violations += audit.no_full_all_gather(records, hidden, f"hidden activation [{rows} rows, {f}]")
+    check(judge, violations)

@@ -1,0 +1,207 @@
+"""Conformance of data parallelism (``DataParallel(module, bucket_size_mb=None)``), against
+reference/data_parallel.py.
+
+Each test draws an example (world size n, global batch B = n * per-rank batch, a model from
+harness/models.py and its widths, 1-5 steps, SGD with momentum or AdamW, and a bucket size between
+"one bucket per parameter" and "a single bucket", or None), sends every rank its slice of the
+global batch, and has the ranks train the wrapped model (harness/programs/data_parallel.py). In
+the driver, step by step and rank by rank, it judges against one process training on the whole
+global batch (reference/data_parallel.py, whose tolerances document their formulas):
+
+* right after wrapping, every rank holds rank 0's parameters and buffers, bitwise (ranks may be
+  built from different seeds: the wrapper broadcasts rank 0's);
+* one step at a time, from the state the ranks held before the step (already judged): each rank's
+  loss is the loss of its own slice (so ranks with different data report different losses), and
+  after finish_gradient_synchronization its gradients are the global-batch gradient (the mean over
+  ranks), present for exactly the parameters one process has one for (never a frozen parameter,
+  nor a parameter no forward used in this step);
+* after each optimizer step the trainable parameters follow the reference trajectory started from
+  rank 0's initial state, within a bound that grows with the step; frozen parameters and buffers
+  are exactly the reference's (frozen ones never change);
+* gradients, parameters and buffers are bitwise identical on every rank.
+
+A global batch that does not split evenly is refused by the driver-side splitter before any rank
+runs (the wrapper never sees the global batch).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import reference.data_parallel as ref
+from conformance.verdict import Judge
+from harness import models
+
+PROGRAM = "data_parallel:train"
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Example:
+    world_size: int
+    per_rank_batch: int
+    model: dict
+    steps: int
+    optimizer: dict
+    bucket_size_mb: float | None
+    seed: int  # rank 0's model seed (every rank's, unless per_rank_init)
+    data_seed: int
+    per_rank_init: bool  # rank r builds its model from seed + r: the wrapper must broadcast rank 0's
+
+    @property
+    def global_batch(self) -> int:
+        return self.world_size * self.per_rank_batch
+
+    def seed_of(self, rank: int) -> int:
+        return self.seed + rank if self.per_rank_init else self.seed
+
+    def __str__(self) -> str:
+        spec, opt = _fields(self.model, "kind"), _fields(self.optimizer, "name")
+        bucket = "None" if self.bucket_size_mb is None else \
+            f"{self.bucket_size_mb:.9g} ({round(self.bucket_size_mb * MIB)} bytes)"
+        init = f"rank r seeded {self.seed}+r" if self.per_rank_init else f"every rank seeded {self.seed}"
+        return (f"world_size={self.world_size}, global_batch={self.global_batch} ({self.per_rank_batch} per rank), "
+                f"model=({spec}), steps={self.steps}, optimizer=({opt}), bucket_size_mb={bucket}, "
+                f"init: {init}, data_seed={self.data_seed}")
+
+
+def _fields(spec: dict, first: str) -> str:
+    return ", ".join(f"{k}={spec[k]}" for k in sorted(spec, key=lambda k: (k != first, k)))
+
+
+model_specs = st.one_of(
+    st.fixed_dictionaries({"kind": st.just("mlp"), "inputs": st.integers(1, 6), "hidden": st.integers(1, 12),
+                           "outputs": st.integers(1, 4)}),
+    st.fixed_dictionaries({"kind": st.just("tied_lm"), "vocab": st.integers(2, 12), "width": st.integers(1, 8),
+                           "hidden": st.integers(1, 12), "context": st.integers(1, 3)}),
+)
+
+optimizer_specs = st.one_of(
+    st.fixed_dictionaries({"name": st.just("sgd"), "lr": st.sampled_from([0.05, 0.2]),
+                           "momentum": st.sampled_from([0.5, 0.9]), "weight_decay": st.sampled_from([0.0, 0.01])}),
+    # eps = 1e-3, not torch's 1e-8: see the tolerances in reference/data_parallel.py
+    st.fixed_dictionaries({"name": st.just("adamw"), "lr": st.sampled_from([1e-3, 1e-2]),
+                           "betas": st.just([0.9, 0.999]), "eps": st.just(1e-3),
+                           "weight_decay": st.sampled_from([0.0, 0.01])}),
+)
+
+
+@st.composite
+def bucket_sizes(draw, model: dict):
+    """None, or a size in bytes from 1 (every parameter alone in its bucket) to the sum of all
+    trainable parameters (a single bucket), as MiB (exact: a power-of-two division)."""
+    total = sum(models.trainable_bytes(models.build(model, 0)))
+    size = draw(st.one_of(st.none(), st.just(1), st.integers(1, total), st.just(total)))
+    return None if size is None else size / MIB
+
+
+@st.composite
+def examples(draw, max_world_size: int, per_rank_init: bool, min_world_size: int = 1) -> Example:
+    model = draw(model_specs)
+    return Example(
+        world_size=draw(st.integers(min_world_size, max_world_size)),
+        per_rank_batch=draw(st.integers(1, 3)),
+        model=model,
+        steps=draw(st.integers(1, 5)),
+        optimizer=draw(optimizer_specs),
+        bucket_size_mb=draw(bucket_sizes(model)),
+        seed=draw(st.integers(0, 2**16)),
+        data_seed=draw(st.integers(0, 2**16)),
+        per_rank_init=per_rank_init,
+    )
+
+
+def run_training(ranks, example: Example) -> tuple[dict, dict, ref.Trajectory, dict]:
+    """Every rank's outputs, the global batch, the reference trajectory from rank 0's initial
+    model, and which names are frozen parameters or buffers (judged exactly)."""
+    batch = models.make_batch(example.model, example.global_batch, example.data_seed)
+    slices = ref.split_batch(batch, example.world_size)
+    outputs = ranks.run(example.world_size, None, PROGRAM, [
+        {"model": example.model, "seed": example.seed_of(r), "optimizer": example.optimizer, "steps": example.steps,
+         "batch": slices[r], "bucket_size_mb": example.bucket_size_mb} for r in range(example.world_size)])
+    model = models.build(example.model, example.seed_of(0))
+    exact = {name: "frozen parameter" for name, p in model.named_parameters() if not p.requires_grad}
+    exact.update({name: "buffer" for name, _ in model.named_buffers()})
+    return outputs, batch, ref.train(model, example.optimizer, batch, example.steps), exact
+
+
+def check_names(judge: Judge, actual, expected: dict, what: str, why: str = "") -> None:
+    if not isinstance(actual, dict) or set(actual) != set(expected):
+        got = sorted(actual) if isinstance(actual, dict) else type(actual).__name__
+        missing = sorted(set(expected) - set(actual)) if isinstance(actual, dict) else sorted(expected)
+        extra = sorted(set(actual) - set(expected)) if isinstance(actual, dict) else []
+        judge.fail(f"{what}: expected {sorted(expected)}, got {got} (missing {missing}, unexpected {extra}){why}")
+
+
+def judge_training(judge: Judge, example: Example, outputs: dict, batch: dict, expected: ref.Trajectory,
+                   exact: dict) -> None:
+    """The state right after wrapping, then step by step: every rank's loss and gradients against
+    one step of the reference from the state the ranks held before the step (rank 0's, already
+    judged), every rank's state after the step against the reference trajectory, and bitwise
+    agreement across ranks."""
+    world = range(example.world_size)
+    frozen = sorted(name for name, kind in exact.items() if kind == "frozen parameter")
+    for r in world:
+        what = f"rank {r} right after wrapping"
+        check_names(judge, outputs[r]["wrapped"], expected.initial, f"{what}: parameters and buffers")
+        for name, want in expected.initial.items():
+            judge.tensor(outputs[r]["wrapped"][name], want,
+                         what=f"{what}: '{name}' (every rank must start from rank 0's parameters and buffers)")
+        if len(outputs[r]["steps"]) != example.steps:
+            judge.fail(f"rank {r}: the program recorded {len(outputs[r]['steps'])} steps, expected {example.steps}")
+    before = outputs[0]["wrapped"]
+    for s in range(example.steps):
+        step = f"step {s + 1}"
+        truth = ref.evaluate(ref.load_state(models.build(example.model, 0), before), batch, example.world_size)
+        for r in world:
+            got = outputs[r]["steps"][s]
+            judge.tensor(got["loss"], truth.slice_losses[r], atol=ref.loss_atol(truth, r),
+                         what=f"rank {r} loss at {step} (the mean loss over its own slice of the batch)")
+            check_names(judge, got["grads"], truth.grads,
+                        f"rank {r} at {step}: parameters with a .grad after finish_gradient_synchronization",
+                        f"; frozen parameters {frozen} never get one, and a parameter that no forward used "
+                        f"in this step keeps .grad None, as in one process")
+            for name, want in truth.grads.items():
+                judge.tensor(got["grads"][name], want, atol=ref.grad_atol(truth, name),
+                             what=f"rank {r} gradient of '{name}' after finish_gradient_synchronization at {step} "
+                                  f"(the mean over ranks = the global-batch gradient)")
+            check_names(judge, got["state"], expected.states[s], f"rank {r} after {step}: parameters and buffers")
+            for name, want in expected.states[s].items():
+                if name in exact:
+                    judge.tensor(got["state"][name], want, what=f"rank {r} {exact[name]} '{name}' after {step}"
+                                 + (" (requires_grad=False: never changes)" if exact[name] == "frozen parameter" else ""))
+                else:
+                    judge.tensor(got["state"][name], want, atol=ref.param_atol(expected, s + 1, name),
+                                 what=f"rank {r} parameter '{name}' after {step}")
+        for name in truth.grads:
+            judge.bitwise_identical({r: outputs[r]["steps"][s]["grads"][name] for r in world},
+                                    what=f"gradient of '{name}' at {step}")
+        for name in expected.states[s]:
+            judge.bitwise_identical({r: outputs[r]["steps"][s]["state"][name] for r in world},
+                                    what=f"'{name}' after {step}")
+        before = outputs[0]["steps"][s]["state"]
+
+
+@pytest.mark.capability("data_parallel")
+@given(data=st.data())
+def test_training_matches_one_process_on_the_global_batch(data, ranks, target, request):
+    example = data.draw(examples(target.max_world_size, per_rank_init=False), label="example")
+    judge = Judge(str(example), target.reproduce(request.node.nodeid))
+    outputs, batch, expected, exact = run_training(ranks, example)
+    judge_training(judge, example, outputs, batch, expected, exact)
+
+
+@pytest.mark.capability("data_parallel")
+@given(data=st.data())
+def test_ranks_start_from_rank_0s_parameters(data, ranks, target, request):
+    """Rank r builds its model from seed + r: right after wrapping every rank must hold rank 0's
+    parameters and buffers, and training must follow the reference started from them."""
+    if target.max_world_size < 2:
+        pytest.skip("needs a world of at least 2 ranks (--max-world-size)")
+    example = data.draw(examples(target.max_world_size, per_rank_init=True, min_world_size=2), label="example")
+    judge = Judge(str(example), target.reproduce(request.node.nodeid))
+    outputs, batch, expected, exact = run_training(ranks, example)
+    judge_training(judge, example, outputs, batch, expected, exact)

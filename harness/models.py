@@ -1,0 +1,124 @@
+"""The model zoo of the data-parallel tests: small models, batches and optimizers built from plain
+specs (dicts of ints, strs, bools, floats) and a seed, so the driver (for the reference) and every
+rank (for the implementation under test) build bitwise the same thing. Pure torch.nn: nothing here
+touches torch.distributed.
+
+A model's forward takes a batch's ``inputs`` and ``targets`` and returns the mean loss over the
+batch's samples, so the mean over ranks of per-rank losses on equal slices is the global-batch loss.
+
+* ``mlp``: x -> Linear -> tanh -> Linear, mean squared error. Nothing special.
+* ``tied_lm``: the hard cases of data parallelism in one model:
+  - tied weights: the output head's weight *is* the embedding's weight (one Parameter used by two
+    modules, reported once by named_parameters as ``embed.weight``);
+  - a frozen parameter: ``gain`` (requires_grad=False), multiplies the features before the head;
+  - a parameter with no gradient in some steps: ``aux`` is used on odd-numbered calls of forward
+    only (1st, 3rd, ...), so on the 2nd, 4th, ... step its .grad stays None and torch's optimizers
+    skip it; which calls use it depends only on the ``calls`` counter, the same on every rank;
+  - buffers: ``offset`` (a fixed random vector added to the embeddings) and ``calls`` (a counter
+    incremented by every forward).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+KINDS = ("mlp", "tied_lm")
+
+
+class MLP(nn.Module):
+    def __init__(self, inputs: int, hidden: int, outputs: int):
+        super().__init__()
+        self.fc1 = nn.Linear(inputs, hidden)
+        self.fc2 = nn.Linear(hidden, outputs)
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.mse_loss(self.fc2(torch.tanh(self.fc1(inputs))), targets)
+
+
+class TiedLM(nn.Module):
+    def __init__(self, vocab: int, width: int, hidden: int):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.aux = nn.Linear(width, width, bias=False)
+        self.mlp_in = nn.Linear(width, hidden)
+        self.mlp_out = nn.Linear(hidden, width)
+        self.gain = nn.Parameter(torch.ones(width), requires_grad=False)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.embed.weight  # tied: one parameter, two modules
+        self.register_buffer("offset", torch.zeros(width))
+        self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        h = self.embed(inputs) + self.offset
+        if int(self.calls) % 2 == 1:  # aux gets no gradient on even-numbered calls
+            h = h + self.aux(h)
+        h = h + self.mlp_out(torch.tanh(self.mlp_in(h)))
+        logits = self.head(h * self.gain)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def build(spec: dict, seed: int) -> nn.Module:
+    """The model ``spec`` describes, every floating parameter and buffer drawn from ``seed`` (in
+    named order, from a private generator: the global RNG is neither used nor disturbed)."""
+    kind = spec["kind"]
+    if kind == "mlp":
+        model = MLP(spec["inputs"], spec["hidden"], spec["outputs"])
+    elif kind == "tied_lm":
+        model = TiedLM(spec["vocab"], spec["width"], spec["hidden"])
+    else:
+        raise ValueError(f"unknown model kind {kind!r} (known: {', '.join(KINDS)})")
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            if not tensor.is_floating_point():
+                continue
+            if name == "gain":
+                tensor.copy_(1.0 + 0.5 * torch.rand(tensor.shape, generator=generator))
+                continue
+            fan_in = tensor.shape[-1] if tensor.dim() > 1 else max(tensor.numel(), 1)
+            tensor.copy_(torch.randn(tensor.shape, generator=generator) / math.sqrt(fan_in))
+    return model
+
+
+def make_batch(spec: dict, batch_size: int, seed: int) -> dict:
+    """A batch of ``batch_size`` samples for the model ``spec`` describes: {"inputs", "targets"},
+    both with the batch as their first dimension."""
+    generator = torch.Generator().manual_seed(seed)
+    if spec["kind"] == "mlp":
+        inputs = torch.randn((batch_size, spec["inputs"]), generator=generator)
+        targets = torch.randn((batch_size, spec["outputs"]), generator=generator)
+    elif spec["kind"] == "tied_lm":
+        shape = (batch_size, spec["context"])
+        inputs = torch.randint(0, spec["vocab"], shape, generator=generator)
+        targets = torch.randint(0, spec["vocab"], shape, generator=generator)
+    else:
+        raise ValueError(f"unknown model kind {spec['kind']!r} (known: {', '.join(KINDS)})")
+    return {"inputs": inputs, "targets": targets}
+
+
+def build_optimizer(spec: dict, params) -> torch.optim.Optimizer:
+    """``{"name": "sgd", "lr", "momentum", "weight_decay"}`` is torch.optim.SGD and
+    ``{"name": "adamw", "lr", "betas", "eps", "weight_decay"}`` torch.optim.AdamW, every
+    hyperparameter explicit (no defaults)."""
+    kwargs = {k: v for k, v in spec.items() if k != "name"}
+    if "betas" in kwargs:
+        kwargs["betas"] = tuple(kwargs["betas"])
+    if spec["name"] == "sgd":
+        return torch.optim.SGD(params, **kwargs)
+    if spec["name"] == "adamw":
+        return torch.optim.AdamW(params, **kwargs)
+    raise ValueError(f"unknown optimizer {spec['name']!r} (known: sgd, adamw)")
+
+
+def state(model: nn.Module) -> dict:
+    """{name: detached copy} of every parameter (a tied one once) and every buffer."""
+    return {name: t.detach().clone() for name, t in [*model.named_parameters(), *model.named_buffers()]}
+
+
+def trainable_bytes(model: nn.Module) -> list[int]:
+    """Bytes of each parameter that requires a gradient, in registration order (tied ones once)."""
+    return [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad]

@@ -1,0 +1,67 @@
+"""Rank programs of the communication audit (conformance/test_audit.py): training steps whose
+communication is labelled by phase (harness.recording.mark), so the driver can hold each phase to
+its own budget: building the wrapper (parameter broadcast, sharding) is "setup" and is not judged.
+Outside an audited world mark() is a no-op. The collectives themselves are audited through
+harness.programs.collectives:call."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from harness import models, recording
+from harness.context import RankContext, on_members, require
+
+
+def data_parallel_step(ctx: RankContext, impl, model: dict, seed: int, frozen: list[str], batch: dict,
+                       bucket_size_mb: float | None, group=None) -> dict:
+    """Build ``model`` (harness.models spec) from ``seed``, freeze the parameters named in ``frozen``,
+    wrap it with the implementation's DataParallel ("setup"), then one step: forward, backward,
+    finish_gradient_synchronization ("step"). Returns the loss."""
+    if group is not None:
+        raise ValueError("data parallelism is audited on the whole world, not a subgroup")
+    recording.mark("setup")
+    net = models.build(model, seed).to(ctx.device)
+    for name, parameter in net.named_parameters():
+        if name in frozen:
+            parameter.requires_grad_(False)
+    wrapped = require(impl, "DataParallel")(net, bucket_size_mb=bucket_size_mb)
+    inputs, targets = ctx.to_device(batch["inputs"]), ctx.to_device(batch["targets"])
+    recording.mark("step")
+    loss = wrapped(inputs, targets)
+    loss.backward()
+    wrapped.finish_gradient_synchronization()
+    recording.mark("after")
+    return {"loss": loss.detach().cpu()}
+
+
+def _dense(ctx: RankContext, weight: torch.Tensor, bias: torch.Tensor) -> nn.Linear:
+    out_features, in_features = weight.shape
+    linear = nn.Linear(in_features, out_features, dtype=weight.dtype, device=ctx.device)
+    with torch.no_grad():
+        linear.weight.copy_(ctx.to_device(weight))
+        linear.bias.copy_(ctx.to_device(bias))
+    return linear
+
+
+@on_members
+def tensor_parallel(ctx: RankContext, impl, process_group, layer: str, dense: dict, x: torch.Tensor,
+                    grad_output: torch.Tensor) -> dict:
+    """``layer`` "mlp" (TensorParallelMLP.from_dense(fc1, fc2)) or "column"
+    (ColumnParallelLinear.from_dense(fc1), gather_output=False): build ("setup"), forward on the full
+    x ("forward"), backward with ``grad_output`` (this rank's slice for the column layer) with x
+    requiring a gradient ("backward"). Returns the output's shape."""
+    recording.mark("setup")
+    fc1 = _dense(ctx, dense["fc1_weight"], dense["fc1_bias"])
+    if layer == "mlp":
+        fc2 = _dense(ctx, dense["fc2_weight"], dense["fc2_bias"])
+        module = require(impl, "TensorParallelMLP").from_dense(fc1, fc2, group=process_group)
+    else:
+        module = require(impl, "ColumnParallelLinear").from_dense(fc1, group=process_group, gather_output=False)
+    x = ctx.to_device(x).requires_grad_(True)
+    recording.mark("forward")
+    y = module(x)
+    recording.mark("backward")
+    local = y.to_local() if hasattr(y, "to_local") else y
+    local.backward(ctx.to_device(grad_output))
+    recording.mark("after")
+    return {"shape": list(local.shape)}

@@ -1,0 +1,39 @@
+"""Rank program for data parallelism: build the model from its spec and this rank's seed, wrap it
+with the implementation's DataParallel, and train on this rank's slice of the global batch (the
+driver sends each rank its slice only). Returns what the driver judges: the state right after
+wrapping, and per step the local loss, the gradients after synchronization, and the state after
+the optimizer step."""
+from __future__ import annotations
+
+from harness import models
+from harness.context import RankContext, require
+
+CONTRACT = ("module", "finish_gradient_synchronization")
+
+
+def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps: int, batch: dict,
+          bucket_size_mb: float | None, group=None) -> dict:
+    """Per step: zero_grad(set_to_none=True); loss = wrapped(inputs, targets); loss.backward();
+    wrapped.finish_gradient_synchronization(); optimizer.step()."""
+    if group is not None:
+        raise ValueError("data parallelism is tested on the whole world, not a subgroup")
+    DataParallel = require(impl, "DataParallel")
+    net = models.build(model, seed).to(ctx.device)
+    wrapped = DataParallel(net, bucket_size_mb=bucket_size_mb)
+    missing = [name for name in CONTRACT if not hasattr(wrapped, name)]
+    if missing:
+        raise TypeError(f"DataParallel(module, bucket_size_mb) returned a {type(wrapped).__name__} without "
+                        f"{', '.join(missing)}: the contract needs .module and finish_gradient_synchronization()")
+    module = wrapped.module
+    result = {"wrapped": models.state(module), "steps": []}
+    opt = models.build_optimizer(optimizer, module.parameters())
+    inputs, targets = ctx.to_device(batch["inputs"]), ctx.to_device(batch["targets"])
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = wrapped(inputs, targets)
+        loss.backward()
+        wrapped.finish_gradient_synchronization()
+        grads = {name: p.grad.detach().clone() for name, p in module.named_parameters() if p.grad is not None}
+        opt.step()
+        result["steps"].append({"loss": loss.detach(), "grads": grads, "state": models.state(module)})
+    return ctx.to_cpu(result)

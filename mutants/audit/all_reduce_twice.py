@@ -1,0 +1,13 @@
+"""all_reduce runs a second, idempotent all-reduce (MAX) over its result: right values, twice the bytes.
+targets: test_bytes_sent_within_bound and all_reduce
+"""
+import torch.distributed as dist
+
+import impls
+from impls import *  # noqa: F401,F403
+
+
+def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+    work = impls.all_reduce(tensor, op=op, group=group, async_op=async_op)
+    impls.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)  # every rank holds the same values: a no-op
+    return work
