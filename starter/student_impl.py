@@ -68,6 +68,14 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     raise NotImplementedError("all_to_all_single")
 
 
+# ------------------------------------------------------------------------------- data parallelism
+# CONTRACT.md, "Data parallelism"
+def DataParallel(module, bucket_size_mb=None):
+    """Wrap ``module``: broadcast rank 0's parameters and buffers, and make
+    ``finish_gradient_synchronization()`` leave every gradient averaged over ranks."""
+    raise NotImplementedError("DataParallel")
+
+
 # ----------------------------------------------------------------------------- tensor parallelism
 # docs/contract-tensor-parallel.md
 class ColumnParallelLinear:
