@@ -17,7 +17,7 @@ Python's overhead are small beside it and four ranks fit on two shared cores.
 Goal: |measured - predicted| <= 0.05 for every configuration (median of REPEATS measured steps,
 after one warm-up step). Theory, (p-1)/(m+p-1) and (p-1)/(vm+p-1), is printed beside them.
 A Gantt chart of one measured and one simulated step, side by side, is written as a PNG into
-$PIPELINE_GANTT_DIR (or pytest's tmp_path) and its path printed.
+$PIPELINE_GANTT_DIR (or --perf-out, perf/out by default) and its path printed.
 
     python -m pytest perf/test_pipeline_bubble.py -s        (about 90 s)
 """
@@ -146,7 +146,7 @@ def test_measured_bubble_matches_the_simulator(measurements):
     assert not misses, f"measured bubble off the simulator's prediction by more than {GOAL}:\n" + "\n".join(misses)
 
 
-def test_gantt_chart_of_a_measured_and_a_simulated_step(measurements, tmp_path):
+def test_gantt_chart_of_a_measured_and_a_simulated_step(measurements, pytestconfig):
     pyplot = pytest.importorskip("matplotlib.pyplot", reason="the Gantt chart needs matplotlib (pip install matplotlib)")
     kind, p, m, v = CHART
     bubble, simulation, timelines = measurements[CHART]
@@ -170,7 +170,7 @@ def test_gantt_chart_of_a_measured_and_a_simulated_step(measurements, tmp_path):
     figure.suptitle(f"{kind}, p={p}, m={m}, v={v}: forward (blue) and backward (orange) per microbatch; "
                     f"theory {float(sched.theory_bubble_fraction(kind, p, m, v)):.3f}")
     figure.tight_layout()
-    folder = Path(os.environ.get("PIPELINE_GANTT_DIR") or tmp_path)
+    folder = Path(os.environ.get("PIPELINE_GANTT_DIR") or pytestconfig.getoption("--perf-out"))
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"pipeline_gantt_{kind}_p{p}_m{m}.png"
     figure.savefig(path, dpi=110)

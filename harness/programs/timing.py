@@ -86,3 +86,36 @@ def time_tensor_parallel_mlp(ctx: RankContext, impl, hidden: int, ffn: int, toke
         step()
     _synchronize(ctx)
     return {"seconds": (time.perf_counter() - started) / iters}
+
+
+def time_data_parallel_step(ctx: RankContext, impl, width: int, depth: int, global_batch: int,
+                            bucket_size_mb, iters: int, warmup: int = 2) -> dict:
+    """One SGD step of ``impl.DataParallel`` over an MLP of ``depth`` Linear(width, width) layers on
+    this rank's slice of a fixed global batch (the same model seed on every rank)."""
+    import torch.distributed as dist
+    from torch import nn
+
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.Tanh()]
+    model = require(impl, "DataParallel")(nn.Sequential(*layers).to(ctx.device), bucket_size_mb=bucket_size_mb)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    local = global_batch // ctx.world_size
+    x = torch.randn(local, width, device=ctx.device)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        model(x).square().mean().backward()
+        model.finish_gradient_synchronization()
+        optimizer.step()
+
+    for _ in range(warmup):
+        step()
+    _synchronize(ctx)
+    dist.barrier()
+    started = time.perf_counter()
+    for _ in range(iters):
+        step()
+    _synchronize(ctx)
+    return {"seconds": (time.perf_counter() - started) / iters}
