@@ -1,6 +1,6 @@
 """torch.distributed's own tensor parallelism (DTensor, torch.distributed.tensor.parallel) through
-the suite's tensor-parallel contract (docs/contract-tensor-parallel.md), and torch.distributed's
-eleven collectives as they are. To be merged into adapters/torch_native.py.
+the suite's tensor-parallel contract (docs/contract-tensor-parallel.md); adapters/torch_native.py
+combines it with torch's other capabilities.
 
 Each from_dense copies the dense layer(s) and calls ``parallelize_module`` over a 1-D DeviceMesh of
 the group's ranks (``init_device_mesh`` for the world, ``DeviceMesh.from_group`` for a subgroup;
@@ -33,19 +33,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed import (  # noqa: F401 - re-exported: the contract's collectives
-    all_gather,
-    all_gather_into_tensor,
-    all_reduce,
-    all_to_all,
-    all_to_all_single,
-    broadcast,
-    gather,
-    reduce,
-    reduce_scatter,
-    reduce_scatter_tensor,
-    scatter,
-)
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module

@@ -1,5 +1,5 @@
-"""torch.distributed.pipelining through the suite's pipeline contract (docs/contract-pipeline-parallel.md),
-plus torch.distributed's eleven collectives as they are.
+"""torch.distributed.pipelining through the suite's pipeline contract (docs/contract-pipeline-parallel.md);
+adapters/torch_native.py combines it with torch's other capabilities.
 
 ``pipeline_step`` wraps each local stage in a ``PipelineStage`` (stage index c * p + rank for the
 c-th chunk) and runs ``ScheduleGPipe``, ``Schedule1F1B`` or ``ScheduleInterleaved1F1B`` with
@@ -34,19 +34,6 @@ from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
-from torch.distributed import (  # noqa: F401 - re-exported: the contract's collectives
-    all_gather,
-    all_gather_into_tensor,
-    all_reduce,
-    all_to_all,
-    all_to_all_single,
-    broadcast,
-    gather,
-    reduce,
-    reduce_scatter,
-    reduce_scatter_tensor,
-    scatter,
-)
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.distributed.pipelining import schedules as _ir
 

@@ -45,11 +45,10 @@ def _synchronize(ctx: RankContext) -> None:
         torch.cuda.synchronize(ctx.device)
 
 
-def time_collective(ctx: RankContext, impl, collective: str, numel: int, dtype: str, iters: int, warmup: int,
-                    group=None) -> dict:
+def _seconds_per_call(ctx: RankContext, run, iters: int, warmup: int) -> dict:
+    """Warm up, line the ranks up with a barrier, then time ``iters`` back-to-back calls."""
     import torch.distributed as dist
 
-    run = _call(ctx, impl, collective, numel, getattr(torch, dtype))
     for _ in range(warmup):
         run()
     _synchronize(ctx)
@@ -61,11 +60,16 @@ def time_collective(ctx: RankContext, impl, collective: str, numel: int, dtype: 
     return {"seconds": (time.perf_counter() - started) / iters}
 
 
+def time_collective(ctx: RankContext, impl, collective: str, numel: int, dtype: str, iters: int, warmup: int,
+                    group=None) -> dict:
+    run = _call(ctx, impl, collective, numel, getattr(torch, dtype))
+    return _seconds_per_call(ctx, run, iters, warmup)
+
+
 def time_tensor_parallel_mlp(ctx: RankContext, impl, hidden: int, ffn: int, tokens: int, iters: int,
                              warmup: int = 2) -> dict:
     """Forward + backward of ``impl.TensorParallelMLP`` built from a dense MLP (hidden -> ffn ->
     hidden, the same seed on every rank) on ``tokens`` x ``hidden`` inputs, replicated."""
-    import torch.distributed as dist
     from torch import nn
 
     torch.manual_seed(0)
@@ -77,22 +81,13 @@ def time_tensor_parallel_mlp(ctx: RankContext, impl, hidden: int, ffn: int, toke
     def step():
         mlp(x).backward(grad)
 
-    for _ in range(warmup):
-        step()
-    _synchronize(ctx)
-    dist.barrier()
-    started = time.perf_counter()
-    for _ in range(iters):
-        step()
-    _synchronize(ctx)
-    return {"seconds": (time.perf_counter() - started) / iters}
+    return _seconds_per_call(ctx, step, iters, warmup)
 
 
 def time_data_parallel_step(ctx: RankContext, impl, width: int, depth: int, global_batch: int,
                             bucket_size_mb, iters: int, warmup: int = 2) -> dict:
     """One SGD step of ``impl.DataParallel`` over an MLP of ``depth`` Linear(width, width) layers on
     this rank's slice of a fixed global batch (the same model seed on every rank)."""
-    import torch.distributed as dist
     from torch import nn
 
     torch.manual_seed(0)
@@ -110,12 +105,4 @@ def time_data_parallel_step(ctx: RankContext, impl, width: int, depth: int, glob
         model.finish_gradient_synchronization()
         optimizer.step()
 
-    for _ in range(warmup):
-        step()
-    _synchronize(ctx)
-    dist.barrier()
-    started = time.perf_counter()
-    for _ in range(iters):
-        step()
-    _synchronize(ctx)
-    return {"seconds": (time.perf_counter() - started) / iters}
+    return _seconds_per_call(ctx, step, iters, warmup)
