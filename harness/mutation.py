@@ -13,6 +13,7 @@ import ast
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,15 +61,12 @@ def mutants() -> list[Mutant]:
             if p.name != "__init__.py" and p.parent.name in TEST_FILE_OF and (ROOT / TEST_FILE_OF[p.parent.name]).exists()]
 
 
-def pytest(impl: str, args: list[str], profile: str, quiet: bool) -> tuple[int, str, float]:
+def pytest(impl: str, args: list[str], profile: str) -> tuple[int, str, float]:
     command = [sys.executable, "-m", "pytest", *args, "--impl", impl, f"--hypothesis-profile={profile}", "-q",
                "-p", "no:cacheprovider"]
     started = time.monotonic()
-    if quiet:
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-        return done.returncode, done.stdout + done.stderr, time.monotonic() - started
-    print(f"\n=== known good: {impl} ({' '.join(args)})", flush=True)
-    return subprocess.run(command, cwd=ROOT).returncode, "", time.monotonic() - started
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    return done.returncode, done.stdout + done.stderr, time.monotonic() - started
 
 
 def failing_line(output: str) -> str:
@@ -84,28 +82,37 @@ def main(argv=None) -> int:
     parser.add_argument("--mutant-profile", default="mutation",
                         help="Hypothesis profile of the mutant runs (default: mutation, which does not shrink)")
     parser.add_argument("--mutants-only", action="store_true", help="skip the known-good runs")
+    parser.add_argument("--jobs", type=int, default=2, help="pytest runs at a time (default 2)")
     options = parser.parse_args(argv)
 
+    # Two runs at a time: each spends seconds importing torch on one core before its ranks start.
     false_failures = []
     goods = [] if options.mutants_only else known_good()
-    for impl, args in goods:
-        code, _, _ = pytest(impl, args, options.profile, quiet=False)
-        if code != 0:
-            false_failures.append(f"{impl} (exit code {code})")
+    with ThreadPoolExecutor(max_workers=options.jobs) as pool:
+        for (impl, args), (code, output, seconds) in zip(goods, pool.map(lambda run: pytest(*run, options.profile), goods)):
+            print(f"\n=== known good: {impl} ({' '.join(args)}), {seconds:.0f} s\n{output.rstrip()}", flush=True)
+            if code != 0:
+                false_failures.append(f"{impl} (exit code {code})")
 
     print("\n=== known-buggy implementations (each must fail)")
     killed, survived = [], []
-    for mutant in mutants():
-        code, output, seconds = pytest(str(mutant.path.relative_to(ROOT)), [mutant.test_file, "-x", "-k", mutant.targets],
-                                       options.mutant_profile, quiet=True)
-        name = f"{mutant.path.parent.name}/{mutant.path.stem}"
-        if code == 1:
-            killed.append(name)
-            print(f"killed   {name:<50} {seconds:5.1f} s  {mutant.bug}\n         caught by: {failing_line(output)}")
-        else:
-            why = {0: "every selected test passed", 5: "its targets select no test"}.get(code, f"pytest exit code {code}")
-            survived.append(name)
-            print(f"SURVIVED {name:<50} {seconds:5.1f} s  {mutant.bug}\n         ({why})")
+
+    def run_mutant(mutant: Mutant):
+        return pytest(str(mutant.path.relative_to(ROOT)), [mutant.test_file, "-x", "-k", mutant.targets],
+                      options.mutant_profile)
+
+    with ThreadPoolExecutor(max_workers=options.jobs) as pool:
+        every = mutants()
+        for mutant, (code, output, seconds) in zip(every, pool.map(run_mutant, every)):
+            name = f"{mutant.path.parent.name}/{mutant.path.stem}"
+            if code == 1:
+                killed.append(name)
+                print(f"killed   {name:<50} {seconds:5.1f} s  {mutant.bug}\n         caught by: {failing_line(output)}",
+                      flush=True)
+            else:
+                why = {0: "every selected test passed", 5: "its targets select no test"}.get(code, f"pytest exit code {code}")
+                survived.append(name)
+                print(f"SURVIVED {name:<50} {seconds:5.1f} s  {mutant.bug}\n         ({why})", flush=True)
 
     total = len(killed) + len(survived)
     rate = 100.0 * len(killed) / total if total else 0.0
