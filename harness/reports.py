@@ -27,10 +27,10 @@ def load_rubric(path: Path) -> dict[str, float]:
     return {str(k): float(v) for k, v in points.items()}
 
 
-def score(scorecard: Scorecard, rubric: dict[str, float]) -> tuple[list[dict], dict[str, tuple[float, float]]]:
-    """Gradescope test entries, and (score, max) per capability."""
+def score(rows: dict[str, list[TestResult]], rubric: dict[str, float]) -> tuple[list[dict], dict[str, tuple[float, float]]]:
+    """Gradescope test entries, and (score, max) per capability, from the scorecard's rows."""
     tests, totals = [], {}
-    for capability, results in scorecard.by_capability().items():
+    for capability, results in rows.items():
         graded = [r for r in results if r.outcome != "skipped"]
         points = rubric.get(capability, 0.0)
         share = points / len(graded) if graded else 0.0
@@ -60,13 +60,14 @@ def _entry(result: TestResult, value: float, maximum: float) -> dict:
 
 def write(scorecard: Scorecard, report_dir: Path, rubric_path: Path, impl: str) -> Path:
     rubric = load_rubric(rubric_path)
-    tests, totals = score(scorecard, rubric)
+    rows = scorecard.by_capability()
+    tests, totals = score(rows, rubric)
     earned = sum(s for s, _ in totals.values())
     maximum = sum(m for _, m in totals.values())
     lines = [f"implementation: {impl}", f"rubric: {rubric_path}", "",
              f"{'capability':<24} {'points':>13}  tests (passed/failed/skipped)"]
     for capability, (got, out_of) in totals.items():
-        results = scorecard.by_capability()[capability]
+        results = rows[capability]
         count = "/".join(str(sum(r.outcome == k for r in results)) for k in ("passed", "failed", "skipped"))
         unrated = "" if capability in rubric else "  (not in the rubric: 0 points)"
         lines.append(f"{capability:<24} {got:6.2f}/{out_of:6.2f}  {count}{unrated}")

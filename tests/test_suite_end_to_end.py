@@ -53,7 +53,7 @@ def test_the_starter_template_scores_not_implemented_and_breaks_nothing():
     assert result.returncode == 1, result.stdout[-3000:]
     assert "2 failed" in result.stdout
     assert "NotImplementedError: broadcast" in result.stdout
-    assert scorecard_row(result.stdout, "broadcast")[-1] == "implemented"  # "not implemented"
+    assert scorecard_row(result.stdout, "broadcast")[-2:] == ["not", "implemented"]
 
 
 def test_an_implementation_that_patches_the_oracle_and_harness_in_its_ranks_still_fails(tmp_path):
