@@ -20,12 +20,14 @@ class WorldPool:
         start_method: str = "forkserver",
         store_host: str = "127.0.0.1",
         audit: bool = False,
+        threads_per_rank: int = 1,
     ):
         self.backend = backend
         self.audit = audit  # ranks record their communication; TaskResult.records carries it
         self.timeout_s = timeout_s
         self.grace_s = grace_s
         self.start_method = start_method
+        self.threads_per_rank = threads_per_rank  # torch intra-op threads in each rank
         self.rebuilds = 0
         self._worlds: dict[int, World] = {}
         self._authkey = secrets.token_bytes(32)
@@ -46,6 +48,7 @@ class WorldPool:
                 log_dir=self._log_dir,
                 authkey=self._authkey,
                 start_method=self.start_method,
+                threads_per_rank=self.threads_per_rank,
                 record_communication=self.audit,
             )
         return world

@@ -107,6 +107,7 @@ class World:
                     driver_pid=os.getpid(),
                     log_path=log_path,
                     env={"OMP_NUM_THREADS": str(threads_per_rank)},
+                    threads=threads_per_rank,
                     record_communication=self.record_communication,
                 )
                 process = context.Process(target=serve, args=(config,), name=f"{self.name}-rank{rank}", daemon=True)

@@ -41,6 +41,15 @@ def test_task_returns_every_ranks_output(pool):
     assert [out["tensor"].tolist() for out in result.outputs] == [[6.0] * 4] * 3
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_ranks_run_with_the_thread_count_the_pool_asks_for(threads):
+    # OMP_NUM_THREADS alone is ignored after the forkserver preloads torch; ranks once ran
+    # cores-many threads each (8 threads for 4 ranks on 2 cores).
+    with WorldPool("gloo", timeout_s=10.0, threads_per_rank=threads) as pool:
+        result = pool.run(2, "harness.programs.probe:rank_environment", [{}] * 2, impl="torch.distributed")
+    assert [out["threads"] for out in result.outputs] == [threads, threads]
+
+
 def test_hang_is_reported_with_every_ranks_stack_and_the_next_task_runs(pool):
     started = time.monotonic()
     with pytest.raises(RanksHung) as caught:

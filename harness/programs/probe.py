@@ -53,3 +53,9 @@ def native_refusals(ctx: RankContext, impl, cases: list[tuple[str, str, str | No
         except Exception as error:  # noqa: BLE001 - a refusal is what we are looking for
             refusals[(collective, dtype_name, op)] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
     return refusals
+
+
+def rank_environment(ctx: RankContext, impl) -> dict:
+    """What a rank runs with: torch's intra-op and inter-op thread counts and the device."""
+    return {"threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
+            "device": str(ctx.device)}
