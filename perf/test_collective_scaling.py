@@ -19,6 +19,7 @@ COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", 
 IMPLS = ("impls", "torch.distributed")
 ITEMSIZE = 4  # float32
 GATE_RATIO = 0.9
+PAIRS = 7
 
 
 class RankClock:
@@ -74,14 +75,19 @@ def test_collective(benchmark, world_pool, measurements, collective, impl, n, si
 
 
 def test_ring_all_reduce_reaches_native_busbw(world_pool):
-    """Bundled ring all-reduce against gloo's at 64 MiB, n=4, alternating to share the noise."""
+    """Bundled ring all-reduce against gloo's at 64 MiB, n=4. The two run alternately, PAIRS times,
+    and the verdict is the median of the per-pair ratios: a pair shares the machine's load of the
+    moment, so a slow spell on this shared machine moves both sides of a ratio, not one."""
     n, size = 4, 64 << 20
-    times = {impl: [] for impl in IMPLS}
-    for _ in range(5):
-        for impl in IMPLS:
-            times[impl].append(measure(world_pool, impl, "all_reduce", n, size, iters=3, warmup=1))
+    ratios, times = [], {impl: [] for impl in IMPLS}
+    for _ in range(PAIRS):
+        pair = {impl: measure(world_pool, impl, "all_reduce", n, size, iters=3, warmup=1) for impl in IMPLS}
+        for impl, seconds in pair.items():
+            times[impl].append(seconds)
+        ratios.append(pair["torch.distributed"] / pair["impls"])  # busbw ratio = inverse time ratio
+    ratio = statistics.median(ratios)
     bundled, native = (statistics.median(times[impl]) for impl in IMPLS)
-    ratio = native / bundled  # busbw ratio = inverse time ratio
-    print(f"\nring all-reduce at 64 MiB, n=4: bundled {bundled * 1e3:.1f} ms, gloo {native * 1e3:.1f} ms: "
-          f"{ratio:.2f}x native busbw (goal >= {GATE_RATIO})")
+    print(f"\nring all-reduce at 64 MiB, n=4: bundled {bundled * 1e3:.1f} ms, gloo {native * 1e3:.1f} ms (medians); "
+          f"per-pair busbw ratios {' '.join(f'{r:.2f}' for r in sorted(ratios))}: median {ratio:.2f}x native "
+          f"(goal >= {GATE_RATIO})")
     assert ratio >= GATE_RATIO, f"bundled ring all-reduce reaches {ratio:.2f}x native busbw, goal {GATE_RATIO}x"
