@@ -11,7 +11,8 @@ Algorithms and costs, for a group of ``n`` ranks and ``S`` bytes of data:
 * broadcast: binomial tree, ceil(log2 n) rounds, each message S bytes.
 * reduce: binomial tree, ceil(log2 n) rounds; each non-root sends S bytes once.
 * all_reduce: ring reduce-scatter + ring all-gather, 2(n-1) steps,
-  2(n-1)/n * S bytes sent per rank.
+  2(n-1)/n * S bytes sent per rank; messages over SEGMENT_BYTES are cut
+  into segments and pipelined.
 * reduce_scatter, reduce_scatter_tensor: ring, n-1 steps,
   (n-1)/n * S bytes sent per rank (S = input size).
 * all_gather, all_gather_into_tensor: ring, n-1 steps,
@@ -46,6 +47,7 @@ Conventions shared by every function:
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -148,6 +150,43 @@ def _exchange(
     for work in works:
         if work is not None:
             work.wait()
+
+
+SEGMENT_BYTES = 4 << 20
+"""Ring messages larger than this are cut into segments that are pipelined: while one segment of a
+chunk travels, the previous one is being reduced, and every rank keeps one segment per slot in
+flight (gloo's ring pipelines at least two segments per chunk the same way; Patarasuk & Yuan 2009,
+section 4, pipelining).  Smaller messages go whole: one message per step keeps latency lowest."""
+
+
+def _segments(chunks: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Each (flat) chunk cut into the same number ``k`` of nearly equal, contiguous segments, with
+    ``k`` = ceil(largest chunk / SEGMENT_BYTES).  Both ends of a message cut the same chunk the
+    same way, so a segment's size is known to sender and receiver alike."""
+    largest = max(c.numel() for c in chunks) * chunks[0].element_size()
+    k = max(1, -(-largest // SEGMENT_BYTES))
+    return [list(c.split(_split_sizes(c.numel(), k))) for c in chunks]
+
+
+def _isend(comm: _Comm, peer: int, buf: torch.Tensor):
+    """Post a send of contiguous ``buf`` to group rank ``peer`` (mod n); None if ``buf`` is empty
+    (the receiver computes the same size and skips the same message)."""
+    if buf.numel() == 0:
+        return None
+    return dist.isend(buf, dst=comm.global_rank(peer), group=comm.group)
+
+
+def _irecv(comm: _Comm, peer: int, buf: torch.Tensor):
+    """Post a receive into contiguous ``buf`` from group rank ``peer`` (mod n); None if empty."""
+    if buf.numel() == 0:
+        return None
+    return dist.irecv(buf, src=comm.global_rank(peer), group=comm.group)
+
+
+def _wait(work) -> None:
+    """Wait once for a posted message (gloo counts waits: a second wait on one work blocks)."""
+    if work is not None:
+        work.wait()
 
 
 # --------------------------------------------------------------------------
@@ -293,50 +332,71 @@ def _row_splits(fn: str, name: str, tensor: torch.Tensor, splits, n: int) -> lis
 # --------------------------------------------------------------------------
 
 
-def _tree_broadcast(comm: _Comm, buf: torch.Tensor, root: int) -> None:
-    """Binomial-tree broadcast of ``buf`` from group rank ``root``: ceil(log2 n) rounds.
+def _tree_links(n: int, rel: int) -> tuple[Optional[int], list[int]]:
+    """The binomial tree over relative ranks 0..n-1 rooted at 0: ``rel``'s parent is
+    ``rel - 2^k`` where ``2^k`` is its lowest set bit (None for the root), and its children are
+    ``rel + 2^j`` for every ``2^j < 2^k`` with ``rel + 2^j < n``, smallest first."""
+    low = rel & -rel if rel else 1 << max(n - 1, 1).bit_length()
+    parent = rel - low if rel else None
+    children = []
+    mask = 1
+    while mask < low and rel + mask < n:
+        children.append(rel + mask)
+        mask <<= 1
+    return parent, children
 
-    With relative rank ``v = (me - root) mod n``, a rank receives from
-    ``v - 2^k`` where ``2^k`` is its lowest set bit, then forwards to
-    ``v + 2^j`` for every ``2^j < 2^k`` with ``v + 2^j < n``.
-    """
+
+def _tree_broadcast(comm: _Comm, buf: torch.Tensor, root: int) -> None:
+    """Binomial-tree broadcast of ``buf`` from group rank ``root``: ceil(log2 n) rounds
+    (Thakur, Rabenseifner & Gropp 2005).  Pipelined by segments (:data:`SEGMENT_BYTES`): a
+    rank forwards segment ``j`` to its children as soon as it has arrived from its parent."""
     n = comm.size
     rel = (comm.me - root) % n
-    mask = 1
-    while mask < n:
-        if rel & mask:
-            _exchange(comm, recvs=[(rel - mask + root, buf)])
-            break
-        mask <<= 1
-    mask >>= 1
-    children = []
-    while mask > 0:
-        if rel + mask < n:
-            children.append((rel + mask + root, buf))
-        mask >>= 1
-    _exchange(comm, sends=children)
+    parent, children = _tree_links(n, rel)
+    (segments,) = _segments([buf])
+    receives = [_irecv(comm, parent + root, seg) for seg in segments] if parent is not None else []
+    sends = []
+    for j, seg in enumerate(segments):
+        if receives:
+            _wait(receives[j])
+        sends.extend(_isend(comm, child + root, seg) for child in children)
+    for work in sends:
+        _wait(work)
 
 
 def _tree_reduce(comm: _Comm, acc: torch.Tensor, root: int, kind: _RedOpType) -> None:
     """Binomial-tree reduce into ``acc`` at group rank ``root``: ceil(log2 n) rounds.
 
-    The mirror image of :func:`_tree_broadcast`: in round ``k`` a rank whose
-    relative rank has bit ``2^k`` set sends its partial result to
-    ``v - 2^k`` and stops; the others receive from ``v + 2^k`` (if it exists)
-    and combine.  Only the root's ``acc`` ends up holding the full reduction.
+    The mirror image of :func:`_tree_broadcast`: a rank combines its
+    children's partial results (smallest subtree first) into ``acc`` and
+    sends the sum to its parent; only the root's ``acc`` ends up holding the
+    full reduction.  Pipelined by segments: segment ``j`` goes up as soon
+    as every child's segment ``j`` is combined, while the next segments are
+    still arriving (two receive slots per child).
     """
     n = comm.size
     rel = (comm.me - root) % n
-    scratch = torch.empty_like(acc)
-    mask = 1
-    while mask < n:
-        if rel & mask:
-            _exchange(comm, sends=[(rel - mask + root, acc)])
-            return
-        if rel + mask < n:
-            _exchange(comm, recvs=[(rel + mask + root, scratch)])
-            _combine_(acc, scratch, kind)
-        mask <<= 1
+    parent, children = _tree_links(n, rel)
+    (segments,) = _segments([acc])
+    slot = max(seg.numel() for seg in segments)
+    depth = min(2, len(segments))
+    scratch = {child: [acc.new_empty(slot) for _ in range(depth)] for child in children}
+
+    def post(child: int, j: int):
+        return _irecv(comm, child + root, scratch[child][j % depth][: segments[j].numel()])
+
+    pending = {child: [post(child, j) for j in range(depth)] for child in children}
+    sends = []
+    for j, seg in enumerate(segments):
+        for child in children:
+            _wait(pending[child][j])
+            _combine_(seg, scratch[child][j % depth][: seg.numel()], kind)
+            if j + depth < len(segments):  # the slot is free again: receive two segments ahead
+                pending[child].append(post(child, j + depth))
+        if parent is not None:
+            sends.append(_isend(comm, parent + root, seg))
+    for work in sends:
+        _wait(work)
 
 
 def _ring_reduce_scatter(comm: _Comm, chunks: list[torch.Tensor], kind: _RedOpType) -> None:
@@ -348,17 +408,42 @@ def _ring_reduce_scatter(comm: _Comm, chunks: list[torch.Tensor], kind: _RedOpTy
     everybody's ``chunks[me]`` (each element reduced exactly once along the
     ring); the other chunks hold partial results.  Each rank sends
     (n-1)/n of the data.
+
+    Pipelined by segments (:data:`SEGMENT_BYTES`): the message of step
+    ``s`` is the chunk reduced in step ``s-1``, so segment ``j`` may leave as
+    soon as segment ``j`` of the previous step is reduced.  With ``k``
+    segments per chunk, ``k`` receives are in flight, one scratch slot each.
     """
     n, me = comm.size, comm.me
     if n == 1:
         return
-    scratch = chunks[0].new_empty(max(c.numel() for c in chunks))
-    for step in range(n - 1):
-        send_idx = (me - step - 1) % n
-        recv_idx = (me - step - 2) % n
-        incoming = scratch[: chunks[recv_idx].numel()]
-        _exchange(comm, sends=[(me + 1, chunks[send_idx])], recvs=[(me - 1, incoming)])
-        _combine_(chunks[recv_idx], incoming, kind)
+    segments = _segments(chunks)
+    k = len(segments[0])
+    slot = max(seg.numel() for chunk in segments for seg in chunk)
+    # k small buffers, not one of k*slot: allocations under glibc's 32 MiB mmap ceiling come back
+    # from the heap already mapped, one larger than it is mmapped and page-faulted on every call
+    # (that alone cost the unsegmented ring 20% at n=2, 64 MiB here).
+    scratch = [chunks[0].new_empty(slot) for _ in range(k)]
+    in_flight: deque = deque()  # (receive, destination segment, scratch holding it), oldest first
+    sends = []
+
+    def reduce_oldest() -> None:
+        work, target, incoming = in_flight.popleft()
+        _wait(work)
+        _combine_(target, incoming, kind)
+
+    for message in range((n - 1) * k):
+        step, j = divmod(message, k)
+        if len(in_flight) == k:  # segment j of step-1: reduced before it is forwarded; frees slot j
+            reduce_oldest()
+        target = segments[(me - step - 2) % n][j]
+        incoming = scratch[j][: target.numel()]
+        in_flight.append((_irecv(comm, me - 1, incoming), target, incoming))
+        sends.append(_isend(comm, me + 1, segments[(me - step - 1) % n][j]))
+    while in_flight:
+        reduce_oldest()
+    for work in sends:  # a chunk sent in step s is never a reduction target later (s' = s-1 mod n)
+        _wait(work)
 
 
 def _ring_all_gather(comm: _Comm, chunks: list[torch.Tensor]) -> None:
@@ -367,12 +452,24 @@ def _ring_all_gather(comm: _Comm, chunks: list[torch.Tensor]) -> None:
     Rank ``i`` starts owning ``chunks[i]``.  n-1 steps; in step ``s`` rank
     ``i`` forwards chunk ``(i-s) mod n`` to ``i+1`` and receives chunk
     ``(i-s-1) mod n`` from ``i-1``.  Each rank sends (n-1)/n of the data.
+    Pipelined by segments like :func:`_ring_reduce_scatter`: segment ``j`` is
+    forwarded as soon as it has arrived.
     """
     n, me = comm.size, comm.me
-    for step in range(n - 1):
-        send_idx = (me - step) % n
-        recv_idx = (me - step - 1) % n
-        _exchange(comm, sends=[(me + 1, chunks[send_idx])], recvs=[(me - 1, chunks[recv_idx])])
+    if n == 1:
+        return
+    segments = _segments(chunks)
+    k = len(segments[0])
+    receives: deque = deque()
+    sends = []
+    for message in range((n - 1) * k):
+        step, j = divmod(message, k)
+        if len(receives) == k:  # segment j of step-1 must have arrived before it is forwarded
+            _wait(receives.popleft())
+        receives.append(_irecv(comm, me - 1, segments[(me - step - 1) % n][j]))
+        sends.append(_isend(comm, me + 1, segments[(me - step) % n][j]))
+    for work in list(receives) + sends:
+        _wait(work)
 
 
 def _pairwise_exchange(comm: _Comm, send_chunks: list[torch.Tensor], recv_chunks: list[torch.Tensor]) -> None:
