@@ -1,13 +1,32 @@
 """Worlds kept for a whole session, one per world size, created on first use. Owned by a pytest
-fixture (no module-level state), so Hypothesis can draw the world size freely."""
+fixture (no module-level state), so Hypothesis can draw the world size freely.
+
+With ``attach=Attach(size, host, port)`` the world of ``size`` ranks is not started here: the pool
+listens on host:port (and serves its TCPStore on port+1) and waits for ranks that a launcher
+started, on this host or others (:meth:`WorldPool.attach_command` says how). Worlds of other sizes
+still run on this host."""
 from __future__ import annotations
 
 import secrets
 import shutil
+import socket
 import tempfile
+from dataclasses import dataclass
 
-from harness.failures import ImplementationIncomplete, RankFailure, RanksHung
+from harness.failures import ImplementationIncomplete, RankFailure, RanksHung, WorldStartError
 from harness.world import TaskResult, World
+
+
+@dataclass(frozen=True)
+class Attach:
+    """Where attached ranks find the driver: ``size`` ranks connect to host:port; the store is on
+    port+1. ``host`` is the address the ranks dial (``bind`` is where the driver listens)."""
+
+    size: int
+    host: str
+    port: int
+    bind: str = "0.0.0.0"
+    timeout_s: float = 300.0
 
 
 class WorldPool:
@@ -21,6 +40,8 @@ class WorldPool:
         store_host: str = "127.0.0.1",
         audit: bool = False,
         threads_per_rank: int = 1,
+        attach: Attach | None = None,
+        authkey: bytes | None = None,
     ):
         self.backend = backend
         self.audit = audit  # ranks record their communication; TaskResult.records carries it
@@ -30,16 +51,45 @@ class WorldPool:
         self.threads_per_rank = threads_per_rank  # torch intra-op threads in each rank
         self.rebuilds = 0
         self._worlds: dict[int, World] = {}
-        self._authkey = secrets.token_bytes(32)
+        self._authkey = authkey or secrets.token_bytes(32)
         self._log_dir = tempfile.mkdtemp(prefix="conformance-ranks-")
+        self.attach = attach
+        self._attach_server: socket.socket | None = None
+        self._attached_lost: str | None = None  # why the attached world is gone for this session
         import torch.distributed as dist
 
         # One store for the session; each world rendezvouses under its own prefix.
-        self._store = dist.TCPStore(store_host, 0, is_master=True, wait_for_workers=False)
+        if attach is None:
+            self._store = dist.TCPStore(store_host, 0, is_master=True, wait_for_workers=False)
+        else:
+            self._attach_server = socket.create_server((attach.bind, attach.port))
+            self._attach_server.settimeout(0.2)
+            self._store = dist.TCPStore(attach.bind, attach.port + 1, is_master=True, wait_for_workers=False)
         self._store_address = (store_host, self._store.port)
+
+    def attach_command(self, launcher: str = "torchrun --nnodes <hosts> --nproc-per-node <ranks per host> "
+                       "--node-rank <this host> --master-addr <first host> --master-port <free port>") -> str:
+        """The command that starts the attached ranks (run it from this repository's root on every
+        host, with the implementation under test importable there)."""
+        if self.attach is None:
+            raise ValueError("this pool attaches no ranks")
+        env = (f"CONFORMANCE_DRIVER={self.attach.host}:{self.attach.port} "
+               f"CONFORMANCE_AUTHKEY={self._authkey.hex()}")
+        return f"{env} {launcher} -m harness.rank"
 
     def world(self, size: int) -> World:
         world = self._worlds.get(size)
+        if world is None and self.attach is not None and size == self.attach.size:
+            if self._attached_lost is not None:
+                raise WorldStartError(f"the attached world of {size} ranks is gone: {self._attached_lost}")
+            try:
+                world = self._worlds[size] = World(
+                    size, self.backend, store_address=self._store_address, log_dir=self._log_dir,
+                    authkey=self._authkey, start_timeout_s=self.attach.timeout_s,
+                    record_communication=self.audit, attach_server=self._attach_server)
+            except WorldStartError as error:
+                self._attached_lost = str(error).splitlines()[0]
+                raise
         if world is None:
             world = self._worlds[size] = World(
                 size,
@@ -64,10 +114,15 @@ class WorldPool:
                 timeout_s=self.timeout_s if timeout_s is None else timeout_s,
                 grace_s=self.grace_s,
             )
-        except (RankFailure, RanksHung, ImplementationIncomplete):
+        except (RankFailure, RanksHung, ImplementationIncomplete) as failure:
             if world.closed:  # torn down after a hang or exit; the next task starts a fresh world
                 self._worlds.pop(size, None)
                 self.rebuilds += 1
+                if self.attach is not None and size == self.attach.size:
+                    # attached ranks are not ours to restart: the next task waits for a launcher
+                    # (torchrun --max-restarts) to bring them back, once, for attach.timeout_s
+                    failure.add_note(f"  the attached world of {size} ranks was torn down; the next task waits "
+                                     f"{self.attach.timeout_s:g} s for its ranks to reconnect")
             raise
 
     def close_world(self, size: int) -> None:
@@ -79,6 +134,8 @@ class WorldPool:
         for world in self._worlds.values():
             world.close()
         self._worlds.clear()
+        if self._attach_server is not None:
+            self._attach_server.close()
         shutil.rmtree(self._log_dir, ignore_errors=True)
 
     def __enter__(self):

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
 from pathlib import Path
 from dataclasses import dataclass
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from harness.pool import WorldPool
+from harness.pool import Attach, WorldPool
 from harness.reports import DEFAULT_RUBRIC, load_rubric
 from harness.reports import write as write_reports
 from harness.scorecard import Scorecard
@@ -42,6 +43,15 @@ def pytest_addoption(parser):
     group.addoption("--audit-require-p2p", default="auto", choices=("auto", "yes", "no"),
                     help="communication audit: require collectives built from send/recv only (auto: every "
                          "implementation but torch.distributed and adapters.*, which are skipped with what they sent)")
+    group.addoption("--attach", type=int, default=None, metavar="N",
+                    help="run every world of N ranks on ranks started by a launcher (torchrun), on this host "
+                         "or others, instead of starting them here; smaller worlds still run here. The driver "
+                         "prints the command to start them.")
+    group.addoption("--attach-address", default="127.0.0.1:29650", metavar="HOST:PORT",
+                    help="with --attach: the address attached ranks dial (the driver listens on PORT on every "
+                         "interface and serves its store on PORT+1)")
+    group.addoption("--attach-timeout", type=float, default=300.0,
+                    help="with --attach: seconds to wait for the attached ranks to connect")
     group.addoption("--report-dir", default=None,
                     help="write grading files here: Gradescope results.json, junit.xml, summary.txt")
     group.addoption("--rubric", default=str(DEFAULT_RUBRIC),
@@ -53,6 +63,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "capability(name): the capability a test grades (scorecard row)")
     if config.getoption("--max-world-size") is not None and config.getoption("--max-world-size") < 1:
         raise pytest.UsageError("--max-world-size must be at least 1")
+    if config.getoption("--attach") is not None:
+        _check_attach_options(config)
     report_dir = config.getoption("--report-dir")
     if report_dir:
         try:
@@ -62,6 +74,23 @@ def pytest_configure(config):
         if not getattr(config.option, "xmlpath", None):
             config.option.xmlpath = str(Path(report_dir) / "junit.xml")
     config.pluginmanager.register(Scorecard(config), "conformance-scorecard")
+
+
+def _check_attach_options(config) -> None:
+    if config.getoption("--attach") < 1:
+        raise pytest.UsageError("--attach must be at least 1")
+    if getattr(config.option, "numprocesses", None) or hasattr(config, "workerinput"):
+        raise pytest.UsageError("--attach cannot be combined with -n: one driver serves the attached ranks")
+    host, _, port = config.getoption("--attach-address").rpartition(":")
+    if not host or not port.isdigit():
+        raise pytest.UsageError(f"--attach-address must be HOST:PORT, got {config.getoption('--attach-address')!r}")
+
+
+def _attach(config) -> Attach | None:
+    if config.getoption("--attach") is None:
+        return None
+    host, _, port = config.getoption("--attach-address").rpartition(":")
+    return Attach(config.getoption("--attach"), host, int(port), timeout_s=config.getoption("--attach-timeout"))
 
 
 def pytest_unconfigure(config):
@@ -79,10 +108,11 @@ class Target:
     backend: str
     max_world_size: int
     profile: str
+    attach: str = ""  # the --attach options of this run, if any
 
     def reproduce(self, nodeid: str) -> str:
         return (f"pytest {shlex.quote(nodeid)} --impl {shlex.quote(self.impl)} --backend {self.backend} "
-                f"--hypothesis-profile={self.profile} --max-world-size {self.max_world_size}")
+                f"--hypothesis-profile={self.profile} --max-world-size {self.max_world_size}{self.attach}")
 
 
 def _resolve_backend(requested: str) -> tuple[str, int]:
@@ -103,12 +133,25 @@ def target(pytestconfig) -> Target:
     max_world = pytestconfig.getoption("--max-world-size") or (8 if profile == "thorough" else 4)
     if backend == "nccl":
         max_world = min(max_world, gpus)  # one GPU per rank: larger worlds are not drawn
-    return Target(pytestconfig.getoption("--impl"), backend, max_world, profile)
+    attach, attach_options = _attach(pytestconfig), ""
+    if attach is not None:
+        max_world = attach.size  # the attached world is the largest drawn; smaller ones run here
+        attach_options = f" --attach {attach.size} --attach-address {attach.host}:{attach.port}"
+    return Target(pytestconfig.getoption("--impl"), backend, max_world, profile, attach_options)
 
 
 @pytest.fixture(scope="session")
 def world_pool(target, pytestconfig):
-    pool = WorldPool(target.backend, timeout_s=pytestconfig.getoption("--rank-timeout"))
+    attach = _attach(pytestconfig)
+    key = os.environ.get("CONFORMANCE_AUTHKEY")
+    pool = WorldPool(target.backend, timeout_s=pytestconfig.getoption("--rank-timeout"), attach=attach,
+                     authkey=bytes.fromhex(key) if key else None)
+    if attach is not None:
+        capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+        with capture.global_and_fixture_disabled():
+            print(f"\n[conformance] worlds of {attach.size} ranks run on attached ranks; waiting up to "
+                  f"{attach.timeout_s:g} s for them. On each host, from this repository's root:\n  "
+                  f"{pool.attach_command()}\n", file=sys.stderr, flush=True)
     yield pool
     pool.close()
 

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from multiprocessing.connection import Client
 
@@ -39,7 +39,7 @@ class RankConfig:
     authkey: bytes
     store_host: str
     store_port: int
-    store_prefix: str
+    store_prefix: str = ""  # the driver's "join" message names it (a world rebuilt gets a new one)
     driver_pid: int | None = None  # local ranks die with the driver; None for remote ranks
     log_path: str | None = None
     init_timeout_s: float = 60.0
@@ -66,7 +66,12 @@ def serve(config: RankConfig) -> None:
     if config.driver_pid is not None:
         _die_with_driver(config.driver_pid)
     conn = Client(config.control_address, authkey=config.authkey)
-    conn.send_bytes(wire.encode_untrusted(("hello", config.rank, os.getpid())))
+    conn.send_bytes(wire.encode_untrusted(("hello", config.rank, os.getpid(), config.world_size)))
+    message = wire.decode_trusted(conn.recv_bytes())
+    if message[0] != "join":
+        os._exit(0)  # the driver turned this rank away (it says why on its side)
+    _, store_prefix, backend, record_communication = message
+    config = replace(config, store_prefix=store_prefix, backend=backend, record_communication=record_communication)
     context = _join_world(config)
     conn.send_bytes(wire.encode_untrusted(("ready", config.rank)))
     implementations: dict[str, object] = {}
@@ -171,19 +176,20 @@ def _die_with_driver(driver_pid: int) -> None:
 
 
 def _config_from_environment() -> RankConfig:
-    """For ranks started by a launcher on another host (torchrun sets RANK and WORLD_SIZE)."""
+    """For ranks started by a launcher, on this host or others: torchrun sets RANK and WORLD_SIZE;
+    CONFORMANCE_DRIVER (host:port of the driver's attach listener, which also serves the store on
+    port+1) and CONFORMANCE_AUTHKEY (hex) come from the command the driver prints. The driver
+    sends the backend and the store prefix when the rank connects."""
     host, port = os.environ["CONFORMANCE_DRIVER"].rsplit(":", 1)
-    store_host, store_port = os.environ["CONFORMANCE_STORE"].rsplit(":", 1)
     return RankConfig(
         rank=int(os.environ["RANK"]),
         world_size=int(os.environ["WORLD_SIZE"]),
-        backend=os.environ.get("CONFORMANCE_BACKEND", "gloo"),
+        backend="",  # from the driver's "join"
         control_address=(host, int(port)),
         authkey=bytes.fromhex(os.environ["CONFORMANCE_AUTHKEY"]),
-        store_host=store_host,
-        store_port=int(store_port),
-        store_prefix=os.environ["CONFORMANCE_STORE_PREFIX"],
-        record_communication=os.environ.get("CONFORMANCE_RECORD_COMMUNICATION") == "1",
+        store_host=host,
+        store_port=int(port) + 1,
+        threads=int(os.environ["OMP_NUM_THREADS"]) if os.environ.get("OMP_NUM_THREADS", "").isdigit() else None,
     )
 
 

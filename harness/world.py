@@ -39,12 +39,30 @@ class TaskResult:
 @dataclass
 class _Rank:
     rank: int
-    process: multiprocessing.Process
-    log_path: str
+    process: multiprocessing.Process | None  # None: attached by a launcher (torchrun), maybe on another host
+    log_path: str | None  # None for attached ranks: their output goes to their launcher's console
     conn: Connection | None = None
     log_offset: int = 0
 
+    @property
+    def attached(self) -> bool:
+        return self.process is None
+
+    def waitables(self) -> list:
+        return [self.conn] if self.process is None else [self.conn, self.process.sentinel]
+
+    def has_exited(self) -> bool:
+        return self.process is not None and self.process.exitcode is not None
+
+    def describe_exit(self) -> str:
+        if self.process is None:
+            return "closed its connection to the driver (an attached rank: its launcher's console shows why)"
+        self.process.join(timeout=1.0)
+        return _describe_exit(self.process.exitcode)
+
     def read_new_output(self) -> str:
+        if self.log_path is None:
+            return ""
         try:
             if os.path.getsize(self.log_path) == self.log_offset:
                 return ""
@@ -58,7 +76,11 @@ class _Rank:
 
 
 class World:
-    """n local rank processes joined in one process group. Use through WorldPool."""
+    """n rank processes joined in one process group. Use through WorldPool.
+
+    By default the world starts its ranks on this host. Given ``attach_server`` (a listening
+    socket the pool owns), it starts nothing and waits for ``size`` ranks that a launcher started
+    (``torchrun ... -m harness.rank``, on this host or others) to connect."""
 
     _ids = itertools.count()
 
@@ -74,6 +96,7 @@ class World:
         start_timeout_s: float = 60.0,
         threads_per_rank: int = 1,
         record_communication: bool = False,
+        attach_server: socket.socket | None = None,
     ):
         self.size = size
         self.backend = backend
@@ -83,7 +106,10 @@ class World:
         self._ranks: list[_Rank] = []
         self._task_ids = itertools.count()
         self._closed = False
-        self._start(store_address, log_dir, start_method, start_timeout_s, threads_per_rank)
+        if attach_server is not None:
+            self._attach(attach_server, start_timeout_s)
+        else:
+            self._start(store_address, log_dir, start_method, start_timeout_s, threads_per_rank)
 
     # ----------------------------------------------------------------------------------- start
     def _start(self, store_address, log_dir, start_method, start_timeout_s, threads_per_rank):
@@ -121,12 +147,25 @@ class World:
         finally:
             server.close()
 
+    def _attach(self, server: socket.socket, start_timeout_s: float) -> None:
+        self._ranks = [_Rank(rank, None, None) for rank in range(self.size)]
+        try:
+            self._accept_all(server, time.monotonic() + start_timeout_s)
+            self._await_ready(time.monotonic() + start_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
     def _accept_all(self, server: socket.socket, deadline: float) -> None:
         connected = 0
         while connected < self.size:
             self._raise_if_any_exited("while connecting to the driver")
             if time.monotonic() > deadline:
-                raise WorldStartError(f"{self.name}: only {connected}/{self.size} ranks connected in time")
+                missing = [r.rank for r in self._ranks if r.conn is None]
+                how = (f"; start them with the command the driver printed (listening on "
+                       f"{server.getsockname()[0]}:{server.getsockname()[1]})") if self._ranks[0].attached else ""
+                raise WorldStartError(f"{self.name}: only {connected}/{self.size} ranks connected in time "
+                                      f"(missing ranks {missing}){how}")
             try:
                 sock, _ = server.accept()
             except socket.timeout:
@@ -136,14 +175,20 @@ class World:
             try:
                 deliver_challenge(conn, self._authkey)
                 answer_challenge(conn, self._authkey)
-                kind, rank, _pid = wire.decode_untrusted(conn.recv_bytes())
+                kind, rank, _pid, world_size = wire.decode_untrusted(conn.recv_bytes())
             except Exception:  # noqa: BLE001 - a stranger or a broken rank: drop it, keep waiting
                 conn.close()
                 continue
+            if kind == "hello" and world_size != self.size:
+                conn.close()
+                raise WorldStartError(f"{self.name}: a rank arrived with WORLD_SIZE={world_size}, but this world has "
+                                      f"{self.size} ranks (launch exactly {self.size}, e.g. torchrun --nnodes x "
+                                      f"--nproc-per-node with a product of {self.size})")
             if kind != "hello" or not (0 <= rank < self.size) or self._ranks[rank].conn is not None:
                 conn.close()
                 continue
             self._ranks[rank].conn = conn
+            conn.send_bytes(wire.encode_trusted(("join", self.name, self.backend, self.record_communication)))
             connected += 1
 
     def _await_ready(self, deadline: float) -> None:
@@ -159,9 +204,9 @@ class World:
 
     def _raise_if_any_exited(self, when: str) -> None:
         for rank in self._ranks:
-            if rank.process.exitcode is not None:
+            if rank.has_exited():
                 raise WorldStartError(
-                    f"{self.name}: rank {rank.rank} {_describe_exit(rank.process.exitcode)} {when}\n"
+                    f"{self.name}: rank {rank.rank} {rank.describe_exit()} {when}\n"
                     f"{rank.read_new_output()}"
                 )
 
@@ -182,14 +227,14 @@ class World:
         deadline = time.monotonic() + timeout_s
         owners = {}
         for rank in self._ranks:
-            owners[rank.conn] = rank
-            owners[rank.process.sentinel] = rank
+            for waitable in rank.waitables():
+                owners[waitable] = rank
         while len(outcome) < self.size:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
             pending = [r for r in self._ranks if r.rank not in outcome]
-            for ready in wait([w for r in pending for w in (r.conn, r.process.sentinel)], timeout=remaining):
+            for ready in wait([w for r in pending for w in r.waitables()], timeout=remaining):
                 rank = owners[ready]
                 if rank.rank not in outcome:
                     outcome[rank.rank] = self._collect(rank, task_id)
@@ -205,8 +250,7 @@ class World:
             try:
                 message = wire.decode_untrusted(rank.conn.recv_bytes())
             except (EOFError, OSError):
-                rank.process.join(timeout=1.0)
-                return "exited", _describe_exit(rank.process.exitcode)
+                return "exited", rank.describe_exit()
             except Exception as error:  # noqa: BLE001 - refused by the restricted unpickler
                 return "raised", f"the rank sent a result the driver refuses to decode: {error}"
             if message[0] == "done" and message[1] == task_id:
@@ -218,18 +262,20 @@ class World:
             if message[0] == "error":
                 return ("missing" if message[3] == "missing" else "raised"), message[2]
             return "raised", f"unexpected message from rank: {message[:2]!r}"
-        rank.process.join(timeout=1.0)
-        return "exited", _describe_exit(rank.process.exitcode)
+        return "exited", rank.describe_exit()
 
     def _fail(self, program: str, outcome: dict, timeout_s: float) -> BaseException:
         hung = [r for r in self._ranks if r.rank not in outcome]
         for rank in hung:
-            _signal(rank.process, STACK_DUMP_SIGNAL)
-        if hung:
+            if not rank.attached:
+                _signal(rank.process, STACK_DUMP_SIGNAL)
+        if any(not r.attached for r in hung):
             time.sleep(0.3)  # let faulthandler write the stacks
         reports = []
         for rank in self._ranks:
-            status, detail = outcome.get(rank.rank, ("hung", "its Python stacks (faulthandler) are in its captured output below"))
+            hung_detail = ("an attached rank: its stacks and output are on its launcher's console" if rank.attached
+                           else "its Python stacks (faulthandler) are in its captured output below")
+            status, detail = outcome.get(rank.rank, ("hung", hung_detail))
             reports.append(RankReport(rank.rank, status, "" if status == "ok" else str(detail), rank.read_new_output()))
         if hung or any(r.status == "exited" for r in reports):
             self.close()  # a rank is gone or stuck: the owner starts a fresh world
@@ -255,12 +301,14 @@ class World:
                 except OSError:
                     pass
         end = time.monotonic() + 1.0
-        for rank in self._ranks:
+        local = [rank for rank in self._ranks if not rank.attached]  # attached ranks exit on "exit" or EOF
+        for rank in local:
             rank.process.join(timeout=max(0.0, end - time.monotonic()))
-        for rank in self._ranks:
+        for rank in local:
             if rank.process.is_alive():
                 rank.process.kill()
                 rank.process.join(timeout=5.0)
+        for rank in self._ranks:
             if rank.conn is not None:
                 rank.conn.close()
 
@@ -269,7 +317,7 @@ class World:
         return self._closed
 
     def pids(self) -> list[int]:
-        return [r.process.pid for r in self._ranks]
+        return [r.process.pid for r in self._ranks if not r.attached]
 
 
 def _signal(process: multiprocessing.Process, signum: int) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -13,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.failures import ImplementationIncomplete, RankFailure, RanksHung
-from harness.pool import WorldPool
+from harness.failures import ImplementationIncomplete, RankFailure, RanksHung, WorldStartError
+from harness.pool import Attach, WorldPool
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ROOT = Path(__file__).parent.parent
@@ -163,3 +164,84 @@ def test_killing_the_driver_with_sigkill_leaves_no_rank_behind(tmp_path):
         assert not [p for p in pids if _alive(p)], "rank processes outlived a SIGKILLed driver"
     finally:
         driver.kill()
+
+
+# ------------------------------------------------------------------ ranks started by a launcher
+def free_port_pair() -> int:
+    """A port p with p and p+1 free (the attach listener and the store)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free pair of ports")
+
+
+def launch_torchrun(pool: WorldPool, nproc: int) -> subprocess.Popen:
+    env = dict(os.environ, CONFORMANCE_DRIVER=f"{pool.attach.host}:{pool.attach.port}",
+               CONFORMANCE_AUTHKEY=pool._authkey.hex(), PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                             str(nproc), "-m", "harness.rank"], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def stop(launcher: subprocess.Popen) -> int | None:
+    try:
+        return launcher.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        launcher.kill()
+        launcher.wait()
+        return None
+
+
+def test_ranks_started_by_torchrun_attach_and_smaller_worlds_run_here():
+    pool = WorldPool("gloo", timeout_s=10.0, attach=Attach(2, "127.0.0.1", free_port_pair(), bind="127.0.0.1",
+                                                           timeout_s=60.0))
+    launcher = launch_torchrun(pool, 2)
+    try:
+        assert "CONFORMANCE_AUTHKEY=" in pool.attach_command() and "-m harness.rank" in pool.attach_command()
+        result = pool.run(2, CALL, all_reduce_task(2), impl="impls")
+        assert [out["tensor"].tolist() for out in result.outputs] == [[3.0] * 4] * 2
+        assert pool.world(2).pids() == []  # nothing of it was started here
+        with pytest.raises(ImplementationIncomplete) as caught:  # failures come back from attached ranks too
+            pool.run(2, CALL, all_reduce_task(2), impl=fixture_impl("partial_impl"))
+        assert "has no 'all_reduce'" in str(caught.value)
+        local = pool.run(3, CALL, all_reduce_task(3), impl="impls")
+        assert [out["tensor"].tolist() for out in local.outputs] == [[6.0] * 4] * 3
+        assert len(pool.world(3).pids()) == 3
+    finally:
+        pool.close()
+        code = stop(launcher)
+    assert code == 0, launcher.stdout.read().decode(errors="replace")[-2000:]  # ranks exit when the driver closes
+
+
+def test_attached_ranks_of_the_wrong_world_size_are_refused_with_the_reason():
+    pool = WorldPool("gloo", timeout_s=10.0, attach=Attach(3, "127.0.0.1", free_port_pair(), bind="127.0.0.1",
+                                                           timeout_s=60.0))
+    launcher = launch_torchrun(pool, 2)
+    try:
+        with pytest.raises(WorldStartError, match="WORLD_SIZE=2, but this world has 3 ranks"):
+            pool.run(3, CALL, all_reduce_task(3), impl="impls")
+    finally:
+        pool.close()
+        stop(launcher)
+
+
+def test_attached_ranks_that_never_come_fail_once_then_at_once():
+    pool = WorldPool("gloo", timeout_s=10.0, attach=Attach(2, "127.0.0.1", free_port_pair(), bind="127.0.0.1",
+                                                           timeout_s=1.0))
+    try:
+        with pytest.raises(WorldStartError, match=r"only 0/2 ranks connected in time \(missing ranks \[0, 1\]\)"):
+            pool.run(2, CALL, all_reduce_task(2), impl="impls")
+        started = time.monotonic()
+        with pytest.raises(WorldStartError, match="the attached world of 2 ranks is gone"):
+            pool.run(2, CALL, all_reduce_task(2), impl="impls")
+        assert time.monotonic() - started < 0.5
+    finally:
+        pool.close()
