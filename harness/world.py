@@ -3,7 +3,9 @@
 Driver side. Ranks are started with multiprocessing's forkserver, torch preloaded (about 0.1 s for
 four ranks on this machine against 3.6 s with spawn), join a process group through the driver's
 TCPStore under a prefix of their own (no port races with other runs or xdist workers), and connect
-back over an authenticated loopback socket that carries tasks and results.
+back over an authenticated loopback socket that carries tasks and results. A world can instead be
+made of ranks a launcher started (torchrun, on other hosts too): they dial the pool's listener and
+are told the backend and store prefix on joining (see harness/pool.py, Attach).
 
 Every task has a deadline. A rank that raises, exits or hangs fails the task with a RankFailure
 that names it and shows its traceback (for a hang, every rank's Python stack) and its captured
