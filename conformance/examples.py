@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
+import reference.pipeline_schedules as sched
 from reference.collectives import DTYPES, op_applies
 
 FLOAT_DTYPES = tuple(d for d in DTYPES if d.is_floating_point)
@@ -122,3 +123,17 @@ def values(draw, dtypes: list[torch.dtype], op: str | None = None, shape=None) -
     shape = draw(shapes()) if shape is None else shape
     scale = draw(st.sampled_from([1.0, 1e-3, 3e2])) if dtype.is_floating_point else 1.0
     return Values(dtype, tuple(shape), draw(st.integers(0, 2**16)), scale, op)
+
+
+@st.composite
+def schedule_shapes(draw, max_ranks: int, kinds=sched.KINDS, max_v: int = 2) -> tuple[str, int, int, int]:
+    """(kind, p, m, v): v > 1 only for interleaved (and random) schedules, m a multiple of p for
+    interleaved, 1 <= m <= 8."""
+    kind = draw(st.sampled_from(kinds), label="schedule")
+    p = draw(st.sampled_from([*range(2, max_ranks + 1), 1]), label="p")  # evenly, as conformance.examples.layouts
+    v = draw(st.integers(1, max_v), label="v") if kind in ("interleaved", "random") else 1
+    if kind == "interleaved":
+        m = p * draw(st.integers(1, max(1, 8 // p)), label="m / p")
+    else:
+        m = draw(st.integers(1, 8), label="m")
+    return kind, p, m, v

@@ -45,6 +45,7 @@ class RankConfig:
     init_timeout_s: float = 60.0
     collective_timeout_s: float = 300.0
     env: dict[str, str] = field(default_factory=dict)
+    local_rank: int | None = None  # rank on this host (torchrun's LOCAL_RANK) for the GPU; None: rank
     threads: int | None = None  # torch intra-op threads; None keeps torch's default (remote ranks)
     record_communication: bool = False  # the communication audit: see harness/recording.py
 
@@ -108,7 +109,8 @@ def _join_world(config: RankConfig) -> RankContext:
 
     device = torch.device("cpu")
     if config.backend == "nccl":
-        device = torch.device("cuda", config.rank % torch.cuda.device_count())
+        local = config.rank if config.local_rank is None else config.local_rank  # this host's n-th rank
+        device = torch.device("cuda", local % torch.cuda.device_count())
         torch.cuda.set_device(device)
     store = dist.TCPStore(
         config.store_host,
@@ -184,6 +186,7 @@ def _config_from_environment() -> RankConfig:
     return RankConfig(
         rank=int(os.environ["RANK"]),
         world_size=int(os.environ["WORLD_SIZE"]),
+        local_rank=int(os.environ.get("LOCAL_RANK", os.environ["RANK"])),
         backend="",  # from the driver's "join"
         control_address=(host, int(port)),
         authkey=bytes.fromhex(os.environ["CONFORMANCE_AUTHKEY"]),
