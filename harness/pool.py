@@ -65,6 +65,8 @@ class WorldPool:
             self._attach_server = socket.create_server((attach.bind, attach.port))
             self._attach_server.settimeout(0.2)
             self._store = dist.TCPStore(attach.bind, attach.port + 1, is_master=True, wait_for_workers=False)
+            if attach.bind not in ("0.0.0.0", "::", ""):
+                store_host = attach.bind  # local ranks of the smaller worlds dial the store where it listens
         self._store_address = (store_host, self._store.port)
 
     def attach_command(self, launcher: str = "torchrun --nnodes <hosts> --nproc-per-node <ranks per host> "
