@@ -81,18 +81,13 @@ class WorldPool:
 
     def world(self, size: int) -> World:
         world = self._worlds.get(size)
-        if world is None and self.attach is not None and size == self.attach.size:
-            if self._attached_lost is not None:
-                raise WorldStartError(f"the attached world of {size} ranks is gone: {self._attached_lost}")
-            try:
-                world = self._worlds[size] = World(
-                    size, self.backend, store_address=self._store_address, log_dir=self._log_dir,
-                    authkey=self._authkey, start_timeout_s=self.attach.timeout_s,
-                    record_communication=self.audit, attach_server=self._attach_server)
-            except WorldStartError as error:
-                self._attached_lost = str(error).splitlines()[0]
-                raise
-        if world is None:
+        if world is not None:
+            return world
+        attached = self.attach is not None and size == self.attach.size
+        if attached and self._attached_lost is not None:
+            raise WorldStartError(f"the attached world of {size} ranks is gone: {self._attached_lost}")
+        options = dict(attach_server=self._attach_server, start_timeout_s=self.attach.timeout_s) if attached else {}
+        try:
             world = self._worlds[size] = World(
                 size,
                 self.backend,
@@ -102,7 +97,12 @@ class WorldPool:
                 start_method=self.start_method,
                 threads_per_rank=self.threads_per_rank,
                 record_communication=self.audit,
+                **options,
             )
+        except WorldStartError as error:
+            if attached:
+                self._attached_lost = str(error).splitlines()[0]
+            raise
         return world
 
     def run(self, size: int, program: str, args_per_rank: list[dict], *, impl: str, timeout_s: float | None = None) -> TaskResult:

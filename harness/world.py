@@ -134,7 +134,6 @@ class World:
                     store_prefix=self.name,
                     driver_pid=os.getpid(),
                     log_path=log_path,
-                    env={"OMP_NUM_THREADS": str(threads_per_rank)},
                     threads=threads_per_rank,
                     record_communication=self.record_communication,
                 )

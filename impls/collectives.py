@@ -129,55 +129,17 @@ def _root(comm: _Comm, fn: str, name: str, global_rank: Optional[int], group_ran
 # --------------------------------------------------------------------------
 
 
-def _exchange(
-    comm: _Comm,
-    sends: Sequence[tuple[int, torch.Tensor]] = (),
-    recvs: Sequence[tuple[int, torch.Tensor]] = (),
-) -> None:
-    """Post every isend/irecv at once, then wait for all of them.
-
-    Peers are *group* ranks (taken modulo the group size); buffers must be
-    contiguous.  Empty buffers are skipped: every caller computes sizes the
-    same way on both ends, so the matching message is skipped symmetrically.
-    """
-    works = []
-    for peer, buf in recvs:
-        if buf.numel() > 0:
-            works.append(dist.irecv(buf, src=comm.global_rank(peer), group=comm.group))
-    for peer, buf in sends:
-        if buf.numel() > 0:
-            works.append(dist.isend(buf, dst=comm.global_rank(peer), group=comm.group))
-    for work in works:
-        if work is not None:
-            work.wait()
-
-
-SEGMENT_BYTES = 4 << 20
-"""Ring messages larger than this are cut into segments that are pipelined: while one segment of a
-chunk travels, the previous one is being reduced, and every rank keeps one segment per slot in
-flight (gloo's ring pipelines at least two segments per chunk the same way; Patarasuk & Yuan 2009,
-section 4, pipelining).  Smaller messages go whole: one message per step keeps latency lowest."""
-
-
-def _segments(chunks: list[torch.Tensor]) -> list[list[torch.Tensor]]:
-    """Each (flat) chunk cut into the same number ``k`` of nearly equal, contiguous segments, with
-    ``k`` = ceil(largest chunk / SEGMENT_BYTES).  Both ends of a message cut the same chunk the
-    same way, so a segment's size is known to sender and receiver alike."""
-    largest = max(c.numel() for c in chunks) * chunks[0].element_size()
-    k = max(1, -(-largest // SEGMENT_BYTES))
-    return [list(c.split(_split_sizes(c.numel(), k))) for c in chunks]
-
-
 def _isend(comm: _Comm, peer: int, buf: torch.Tensor):
-    """Post a send of contiguous ``buf`` to group rank ``peer`` (mod n); None if ``buf`` is empty
-    (the receiver computes the same size and skips the same message)."""
+    """Post a send of contiguous ``buf`` to group rank ``peer`` (taken modulo the group size).
+    Empty buffers are skipped (None): every caller computes sizes the same way on both ends, so
+    the matching receive is skipped symmetrically."""
     if buf.numel() == 0:
         return None
     return dist.isend(buf, dst=comm.global_rank(peer), group=comm.group)
 
 
 def _irecv(comm: _Comm, peer: int, buf: torch.Tensor):
-    """Post a receive into contiguous ``buf`` from group rank ``peer`` (mod n); None if empty."""
+    """Post a receive into contiguous ``buf`` from group rank ``peer``; None if ``buf`` is empty."""
     if buf.numel() == 0:
         return None
     return dist.irecv(buf, src=comm.global_rank(peer), group=comm.group)
@@ -187,6 +149,33 @@ def _wait(work) -> None:
     """Wait once for a posted message (gloo counts waits: a second wait on one work blocks)."""
     if work is not None:
         work.wait()
+
+
+def _exchange(
+    comm: _Comm,
+    sends: Sequence[tuple[int, torch.Tensor]] = (),
+    recvs: Sequence[tuple[int, torch.Tensor]] = (),
+) -> None:
+    """Post every receive and send at once, then wait for all of them."""
+    works = [_irecv(comm, peer, buf) for peer, buf in recvs] + [_isend(comm, peer, buf) for peer, buf in sends]
+    for work in works:
+        _wait(work)
+
+
+SEGMENT_BYTES = 4 << 20
+"""Messages of the rings and trees larger than this are cut into segments that are pipelined: while
+one segment travels, the previous one is being reduced or forwarded (gloo's ring pipelines at least
+two segments per chunk the same way).  Smaller messages go whole: one message per step keeps
+latency lowest."""
+
+
+def _segments(chunks: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Each (flat) chunk cut into the same number ``k`` of nearly equal, contiguous segments, with
+    ``k`` = ceil(largest chunk / SEGMENT_BYTES).  Both ends of a message cut the same chunk the
+    same way, so a segment's size is known to sender and receiver alike."""
+    largest = max(c.numel() for c in chunks) * chunks[0].element_size()
+    k = max(1, -(-largest // SEGMENT_BYTES))
+    return [list(c.split(_split_sizes(c.numel(), k))) for c in chunks]
 
 
 # --------------------------------------------------------------------------
