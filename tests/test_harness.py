@@ -141,12 +141,14 @@ DRIVER = textwrap.dedent("""
 
 
 def _alive(pid: int) -> bool:
+    """True while `pid` runs and is not a zombie. The process may be reaped at any moment, even
+    between opening and reading its /proc entry (ESRCH on the read): any of those means dead."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as stat:
+            state = stat.read().split(")")[-1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
         return False
-    with open(f"/proc/{pid}/stat") as stat:  # a zombie is dead too
-        return stat.read().split(")")[-1].split()[0] != "Z"
+    return state != "Z"
 
 
 def test_killing_the_driver_with_sigkill_leaves_no_rank_behind(tmp_path):
