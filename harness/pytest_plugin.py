@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
+from hypothesis.errors import InvalidArgument
 
 from harness.pool import Attach, WorldPool
 from harness.reports import DEFAULT_RUBRIC, load_rubric
@@ -19,13 +20,16 @@ from harness.scorecard import Scorecard
 DEFAULT_IMPL = "impls"
 
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
-settings.register_profile("quick", max_examples=15, **_COMMON)
-settings.register_profile("ci", max_examples=25, derandomize=True, print_blob=True, **_COMMON)
-settings.register_profile("thorough", max_examples=150, print_blob=True, **_COMMON)
-settings.register_profile("grading", max_examples=50, derandomize=True, print_blob=True, **_COMMON)
-# For harness.mutation: like ci, but a mutant is killed by its first failure; no time spent shrinking.
-settings.register_profile("mutation", max_examples=25, derandomize=True, database=None,
-                          phases=[Phase.explicit, Phase.generate], **_COMMON)
+PROFILES = {
+    "quick": dict(max_examples=15),
+    "ci": dict(max_examples=25, derandomize=True, print_blob=True),
+    "thorough": dict(max_examples=150, print_blob=True),
+    "grading": dict(max_examples=50, derandomize=True, print_blob=True),
+    # For harness.mutation: like ci, but a mutant is killed by its first failure; no time spent shrinking.
+    "mutation": dict(max_examples=25, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate]),
+}
+for _name, _options in PROFILES.items():
+    settings.register_profile(_name, **_options, **_COMMON)
 settings.load_profile(os.environ.get("CONFORMANCE_HYPOTHESIS_PROFILE", "quick"))
 
 
@@ -61,10 +65,7 @@ def pytest_addoption(parser):
 @pytest.hookimpl(tryfirst=True)  # before the junitxml plugin reads its path
 def pytest_configure(config):
     config.addinivalue_line("markers", "capability(name): the capability a test grades (scorecard row)")
-    if config.getoption("--max-world-size") is not None and config.getoption("--max-world-size") < 1:
-        raise pytest.UsageError("--max-world-size must be at least 1")
-    if config.getoption("--attach") is not None:
-        _check_attach_options(config)
+    _check_options(config)
     report_dir = config.getoption("--report-dir")
     if report_dir:
         try:
@@ -74,6 +75,25 @@ def pytest_configure(config):
         if not getattr(config.option, "xmlpath", None):
             config.option.xmlpath = str(Path(report_dir) / "junit.xml")
     config.pluginmanager.register(Scorecard(config), "conformance-scorecard")
+
+
+def _check_options(config) -> None:
+    """Every bad option is one clear usage error before any test runs, never an error per test."""
+    if config.getoption("--max-world-size") is not None and config.getoption("--max-world-size") < 1:
+        raise pytest.UsageError("--max-world-size must be at least 1")
+    for option in ("--rank-timeout", "--attach-timeout"):
+        if not config.getoption(option) > 0:
+            raise pytest.UsageError(f"{option} must be a positive number of seconds, got {config.getoption(option):g}")
+    profile = getattr(config.option, "hypothesis_profile", None)
+    if profile is not None:
+        try:
+            settings.get_profile(profile)
+        except InvalidArgument:
+            raise pytest.UsageError(f"--hypothesis-profile={profile}: no such profile; this suite registers "
+                                    f"{', '.join(PROFILES)}") from None
+    _resolve_backend(config.getoption("--backend"))  # --backend nccl without a GPU fails here, once
+    if config.getoption("--attach") is not None:
+        _check_attach_options(config)
 
 
 def _check_attach_options(config) -> None:

@@ -6,6 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 ROOT = Path(__file__).parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -64,3 +67,18 @@ def test_an_implementation_that_patches_the_oracle_and_harness_in_its_ranks_stil
     assert "2 failed" in result.stdout  # its forged answers are refused for every collective
     assert "refuses to decode" in result.stdout
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("option, message", [
+    (["--rank-timeout", "0"], "--rank-timeout must be a positive number of seconds, got 0"),
+    (["--hypothesis-profile=nope"], "--hypothesis-profile=nope: no such profile; this suite registers quick, ci"),
+    (["--max-world-size", "0"], "--max-world-size must be at least 1"),
+    (["--attach", "2", "--attach-address", "nohost"], "--attach-address must be HOST:PORT, got 'nohost'"),
+    pytest.param(["--backend", "nccl"], "--backend nccl needs at least one visible GPU; none is visible",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")),
+])
+def test_a_bad_option_is_one_usage_error_that_names_it_before_any_test_runs(option, message):
+    result = run_suite("impls", *option)
+    assert result.returncode == 4, result.stdout[-3000:] + result.stderr[-3000:]  # pytest's usage-error code
+    assert f"ERROR: {message}" in result.stderr
+    assert "passed" not in result.stdout and "INTERNALERROR" not in result.stderr
