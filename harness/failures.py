@@ -11,7 +11,7 @@ class RankReport:
     """What happened on one rank during one task."""
 
     rank: int
-    status: str  # "ok", "raised", "missing" (a name or the module itself), "exited", "hung"
+    status: str  # "ok", "raised", "missing" (a name or the module itself), "broken" (the world), "exited", "hung"
     detail: str = ""  # traceback, exit cause, or Python stacks of a hung rank
     output: str = ""  # the rank's captured stdout/stderr during the task
 
@@ -43,7 +43,7 @@ class RankFailure(Exception):
     def same_error_everywhere(self) -> str | None:
         """The last line of the error if every rank raised the same one (e.g. a missing function)."""
         details = {r.detail.strip().splitlines()[-1] for r in self.ranks if r.detail.strip()}
-        if len(details) == 1 and all(r.status in ("raised", "missing") for r in self.ranks if r.status != "ok"):
+        if len(details) == 1 and all(r.status in ("raised", "missing", "broken") for r in self.ranks if r.status != "ok"):
             return details.pop()
         return None
 

@@ -76,6 +76,7 @@ def serve(config: RankConfig) -> None:
     conn.send_bytes(wire.encode_untrusted(("ready", config.rank)))
     implementations: dict[str, object] = {}
     recorder = _recorder(config)
+    settings = _GlobalSettings.read()
     while True:
         try:
             message = wire.decode_trusted(conn.recv_bytes())
@@ -84,6 +85,7 @@ def serve(config: RankConfig) -> None:
         if message[0] == "exit":
             break
         _, task_id, program, kwargs, impl_spec = message
+        raised = ""
         try:
             impl = implementations.get(impl_spec)
             if impl is None:
@@ -95,11 +97,56 @@ def serve(config: RankConfig) -> None:
             payload = wire.encode_untrusted(reply)
         except BaseException as error:  # noqa: BLE001 - everything a rank raises goes to the driver
             status = "missing" if isinstance(error, (MissingFunction, ImportError, NotImplementedError)) else "raised"
-            payload = wire.encode_untrusted(("error", task_id, traceback.format_exc(), status))
+            raised = traceback.format_exc()
+            payload = wire.encode_untrusted(("error", task_id, raised, status))
+        settings.restore()  # one test's torch.set_default_dtype & co. never leak into the next
+        damage = _world_damage(context)
+        if damage:  # this world cannot run another task: say why, then leave; the driver rebuilds it
+            payload = wire.encode_untrusted(("error", task_id, raised + damage, "broken"))
         sys.stdout.flush()
         sys.stderr.flush()
         conn.send_bytes(payload)
+        if damage:
+            break
     os._exit(0)  # skip interpreter teardown: process-group destructors can block on dead peers
+
+
+@dataclass(frozen=True)
+class _GlobalSettings:
+    """Process-wide torch settings an implementation may change and forget to put back. A rank
+    runs many tests; each starts from the settings the rank joined with."""
+
+    default_dtype: object
+    grad_enabled: bool
+    threads: int
+
+    @classmethod
+    def read(cls) -> "_GlobalSettings":
+        import torch
+
+        return cls(torch.get_default_dtype(), torch.is_grad_enabled(), torch.get_num_threads())
+
+    def restore(self) -> None:
+        import torch
+
+        torch.set_default_dtype(self.default_dtype)
+        torch.set_grad_enabled(self.grad_enabled)
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
+
+
+def _world_damage(context: RankContext) -> str:
+    """Why this rank's process group can no longer run tasks ('' when it can)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return ("the implementation under test destroyed the default process group during this task "
+                "(torch.distributed.is_initialized() is False afterwards); the world is rebuilt for the next test")
+    if (dist.get_rank(), dist.get_world_size()) != (context.rank, context.world_size):
+        return (f"the implementation under test replaced the default process group during this task (now rank "
+                f"{dist.get_rank()} of {dist.get_world_size()}, was {context.rank} of {context.world_size}); "
+                "the world is rebuilt for the next test")
+    return ""
 
 
 def _join_world(config: RankConfig) -> RankContext:

@@ -261,7 +261,7 @@ class World:
                     return "raised", f"the rank sent communication records the driver cannot read: {error}"
                 return "ok", (message[2], records)
             if message[0] == "error":
-                return ("missing" if message[3] == "missing" else "raised"), message[2]
+                return (message[3] if message[3] in ("missing", "broken") else "raised"), message[2]
             return "raised", f"unexpected message from rank: {message[:2]!r}"
         return "exited", rank.describe_exit()
 
@@ -278,8 +278,8 @@ class World:
                            else "its Python stacks (faulthandler) are in its captured output below")
             status, detail = outcome.get(rank.rank, ("hung", hung_detail))
             reports.append(RankReport(rank.rank, status, "" if status == "ok" else str(detail), rank.read_new_output()))
-        if hung or any(r.status == "exited" for r in reports):
-            self.close()  # a rank is gone or stuck: the owner starts a fresh world
+        if hung or any(r.status in ("exited", "broken") for r in reports):
+            self.close()  # a rank is gone, stuck or without a process group: the owner starts a fresh world
         failed = [r for r in reports if r.status != "ok"]
         causes = ", ".join(f"rank {r.rank} {r.status}" for r in failed)
         if all(r.status == "missing" for r in failed):

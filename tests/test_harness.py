@@ -20,6 +20,7 @@ from harness.pool import Attach, WorldPool
 FIXTURES = Path(__file__).parent / "fixtures"
 ROOT = Path(__file__).parent.parent
 CALL = "harness.programs.collectives:call"
+ENVIRONMENT = "harness.programs.probe:rank_environment"
 
 
 def all_reduce_task(n: int, group=None) -> list[dict]:
@@ -47,7 +48,7 @@ def test_ranks_run_with_the_thread_count_the_pool_asks_for(threads):
     # OMP_NUM_THREADS alone is ignored after the forkserver preloads torch; ranks once ran
     # cores-many threads each (8 threads for 4 ranks on 2 cores).
     with WorldPool("gloo", timeout_s=10.0, threads_per_rank=threads) as pool:
-        result = pool.run(2, "harness.programs.probe:rank_environment", [{}] * 2, impl="torch.distributed")
+        result = pool.run(2, ENVIRONMENT, [{}] * 2, impl="torch.distributed")
     assert [out["threads"] for out in result.outputs] == [threads, threads]
 
 
@@ -98,6 +99,23 @@ def test_missing_function_is_a_clear_error_on_every_rank_and_keeps_the_world(poo
     assert caught.value.failure.same_error_everywhere() is not None
     assert "has no 'all_reduce'" in str(caught.value)
     assert pool.rebuilds == 0  # every rank answered: nothing to tear down
+
+
+def test_an_implementation_that_destroys_the_process_group_fails_its_test_and_the_next_one_runs(pool):
+    with pytest.raises(RankFailure, match="destroyed the default process group during this task") as caught:
+        pool.run(2, CALL, all_reduce_task(2), impl=fixture_impl("world_destroying_impl"))
+    assert {report.status for report in caught.value.ranks} == {"broken"}
+    assert pool.run(2, CALL, all_reduce_task(2), impl="torch.distributed").outputs[1]["tensor"][0] == 3.0
+    assert pool.rebuilds == 1
+
+
+def test_torch_settings_an_implementation_changes_do_not_leak_into_the_next_task(pool):
+    before = pool.run(2, ENVIRONMENT, [{}] * 2, impl="torch.distributed").outputs
+    result = pool.run(2, CALL, all_reduce_task(2), impl=fixture_impl("settings_leaking_impl"))
+    assert result.outputs[0]["tensor"].tolist() == [3.0] * 4
+    assert pool.run(2, ENVIRONMENT, [{}] * 2, impl="torch.distributed").outputs == before
+    assert before[0]["default_dtype"] == "torch.float32" and before[0]["grad_enabled"] is True
+    assert pool.rebuilds == 0
 
 
 def test_unimportable_implementation_names_the_cause(pool):

@@ -56,6 +56,7 @@ def native_refusals(ctx: RankContext, impl, cases: list[tuple[str, str, str | No
 
 
 def rank_environment(ctx: RankContext, impl) -> dict:
-    """What a rank runs with: torch's intra-op and inter-op thread counts and the device."""
+    """What a rank runs with: torch's thread counts, default dtype, grad mode and the device."""
     return {"threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
+            "default_dtype": str(torch.get_default_dtype()), "grad_enabled": torch.is_grad_enabled(),
             "device": str(ctx.device)}
