@@ -3,6 +3,7 @@ capability (``--impl adapters.torch_native``).
 
 * the eleven collectives: torch.distributed's, as they are;
 * ``DataParallel``: torch.nn.parallel.DistributedDataParallel (adapters/torch_ddp.py);
+* ``ShardedOptimizer``: torch.distributed.optim.ZeroRedundancyOptimizer (adapters/torch_zero.py);
 * ``ColumnParallelLinear``, ``RowParallelLinear``, ``TensorParallelMLP``: DTensor's
   parallelize_module (adapters/dtensor_tp.py);
 * ``pipeline_step``, ``generate_schedule``: torch.distributed.pipelining (adapters/torch_pipelining.py).
@@ -24,3 +25,4 @@ from torch.distributed import (  # noqa: F401 - re-exported: the contract's coll
 from adapters.dtensor_tp import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP  # noqa: F401
 from adapters.torch_ddp import DataParallel  # noqa: F401
 from adapters.torch_pipelining import generate_schedule, pipeline_step  # noqa: F401
+from adapters.torch_zero import ShardedOptimizer  # noqa: F401

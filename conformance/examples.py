@@ -137,3 +137,27 @@ def schedule_shapes(draw, max_ranks: int, kinds=sched.KINDS, max_v: int = 2) -> 
     else:
         m = draw(st.integers(1, 8), label="m")
     return kind, p, m, v
+
+
+# ------------------------------------------------------------------ models and optimizers
+# Specs of harness/models.py, drawn for data parallelism and the sharded optimizer.
+model_specs = st.one_of(
+    st.fixed_dictionaries({"kind": st.just("mlp"), "inputs": st.integers(1, 6), "hidden": st.integers(1, 12),
+                           "outputs": st.integers(1, 4)}),
+    st.fixed_dictionaries({"kind": st.just("tied_lm"), "vocab": st.integers(2, 12), "width": st.integers(1, 8),
+                           "hidden": st.integers(1, 12), "context": st.integers(1, 3)}),
+)
+
+optimizer_specs = st.one_of(
+    st.fixed_dictionaries({"name": st.just("sgd"), "lr": st.sampled_from([0.05, 0.2]),
+                           "momentum": st.sampled_from([0.5, 0.9]), "weight_decay": st.sampled_from([0.0, 0.01])}),
+    # eps = 1e-3, not torch's 1e-8: see the tolerances in reference/data_parallel.py
+    st.fixed_dictionaries({"name": st.just("adamw"), "lr": st.sampled_from([1e-3, 1e-2]),
+                           "betas": st.just([0.9, 0.999]), "eps": st.just(1e-3),
+                           "weight_decay": st.sampled_from([0.0, 0.01])}),
+)
+
+
+def describe_spec(spec: dict, first: str) -> str:
+    """``kind=mlp, hidden=3, ...``: a spec's fields, ``first`` first, then by name."""
+    return ", ".join(f"{k}={spec[k]}" for k in sorted(spec, key=lambda k: (k != first, k)))

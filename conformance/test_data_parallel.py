@@ -32,7 +32,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import reference.data_parallel as ref
-from conformance.verdict import Judge
+from conformance.examples import describe_spec, model_specs, optimizer_specs
+from conformance.verdict import Judge, check_names
 from harness import models
 
 PROGRAM = "data_parallel:train"
@@ -59,34 +60,13 @@ class Example:
         return self.seed + rank if self.per_rank_init else self.seed
 
     def __str__(self) -> str:
-        spec, opt = _fields(self.model, "kind"), _fields(self.optimizer, "name")
+        spec, opt = describe_spec(self.model, "kind"), describe_spec(self.optimizer, "name")
         bucket = "None" if self.bucket_size_mb is None else \
             f"{self.bucket_size_mb:.9g} ({round(self.bucket_size_mb * MIB)} bytes)"
         init = f"rank r seeded {self.seed}+r" if self.per_rank_init else f"every rank seeded {self.seed}"
         return (f"world_size={self.world_size}, global_batch={self.global_batch} ({self.per_rank_batch} per rank), "
                 f"model=({spec}), steps={self.steps}, optimizer=({opt}), bucket_size_mb={bucket}, "
                 f"init: {init}, data_seed={self.data_seed}")
-
-
-def _fields(spec: dict, first: str) -> str:
-    return ", ".join(f"{k}={spec[k]}" for k in sorted(spec, key=lambda k: (k != first, k)))
-
-
-model_specs = st.one_of(
-    st.fixed_dictionaries({"kind": st.just("mlp"), "inputs": st.integers(1, 6), "hidden": st.integers(1, 12),
-                           "outputs": st.integers(1, 4)}),
-    st.fixed_dictionaries({"kind": st.just("tied_lm"), "vocab": st.integers(2, 12), "width": st.integers(1, 8),
-                           "hidden": st.integers(1, 12), "context": st.integers(1, 3)}),
-)
-
-optimizer_specs = st.one_of(
-    st.fixed_dictionaries({"name": st.just("sgd"), "lr": st.sampled_from([0.05, 0.2]),
-                           "momentum": st.sampled_from([0.5, 0.9]), "weight_decay": st.sampled_from([0.0, 0.01])}),
-    # eps = 1e-3, not torch's 1e-8: see the tolerances in reference/data_parallel.py
-    st.fixed_dictionaries({"name": st.just("adamw"), "lr": st.sampled_from([1e-3, 1e-2]),
-                           "betas": st.just([0.9, 0.999]), "eps": st.just(1e-3),
-                           "weight_decay": st.sampled_from([0.0, 0.01])}),
-)
 
 
 @st.composite
@@ -126,14 +106,6 @@ def run_training(ranks, example: Example) -> tuple[dict, dict, ref.Trajectory, d
     exact = {name: "frozen parameter" for name, p in model.named_parameters() if not p.requires_grad}
     exact.update({name: "buffer" for name, _ in model.named_buffers()})
     return outputs, batch, ref.train(model, example.optimizer, batch, example.steps), exact
-
-
-def check_names(judge: Judge, actual, expected: dict, what: str, why: str = "") -> None:
-    if not isinstance(actual, dict) or set(actual) != set(expected):
-        got = sorted(actual) if isinstance(actual, dict) else type(actual).__name__
-        missing = sorted(set(expected) - set(actual)) if isinstance(actual, dict) else sorted(expected)
-        extra = sorted(set(actual) - set(expected)) if isinstance(actual, dict) else []
-        judge.fail(f"{what}: expected {sorted(expected)}, got {got} (missing {missing}, unexpected {extra}){why}")
 
 
 def judge_training(judge: Judge, example: Example, outputs: dict, batch: dict, expected: ref.Trajectory,

@@ -70,3 +70,12 @@ class Judge:
 
 def _bits(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.contiguous().reshape(-1).view(torch.uint8)
+
+
+def check_names(judge: Judge, actual, expected: dict, what: str, why: str = "") -> None:
+    """``actual`` must be a dict with exactly the keys of ``expected``."""
+    if not isinstance(actual, dict) or set(actual) != set(expected):
+        got = sorted(actual) if isinstance(actual, dict) else type(actual).__name__
+        missing = sorted(set(expected) - set(actual)) if isinstance(actual, dict) else sorted(expected)
+        extra = sorted(set(actual) - set(expected)) if isinstance(actual, dict) else []
+        judge.fail(f"{what}: expected {sorted(expected)}, got {got} (missing {missing}, unexpected {extra}){why}")

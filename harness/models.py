@@ -100,18 +100,20 @@ def make_batch(spec: dict, batch_size: int, seed: int) -> dict:
     return {"inputs": inputs, "targets": targets}
 
 
-def build_optimizer(spec: dict, params) -> torch.optim.Optimizer:
+def optimizer_class(spec: dict) -> tuple[type, dict]:
     """``{"name": "sgd", "lr", "momentum", "weight_decay"}`` is torch.optim.SGD and
     ``{"name": "adamw", "lr", "betas", "eps", "weight_decay"}`` torch.optim.AdamW, every
-    hyperparameter explicit (no defaults)."""
-    kwargs = {k: v for k, v in spec.items() if k != "name"}
-    if "betas" in kwargs:
-        kwargs["betas"] = tuple(kwargs["betas"])
-    if spec["name"] == "sgd":
-        return torch.optim.SGD(params, **kwargs)
-    if spec["name"] == "adamw":
-        return torch.optim.AdamW(params, **kwargs)
-    raise ValueError(f"unknown optimizer {spec['name']!r} (known: sgd, adamw)")
+    hyperparameter explicit (no defaults): (the class, its keyword arguments)."""
+    classes = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}
+    if spec["name"] not in classes:
+        raise ValueError(f"unknown optimizer {spec['name']!r} (known: {', '.join(classes)})")
+    return classes[spec["name"]], {k: (tuple(v) if k == "betas" else v) for k, v in spec.items() if k != "name"}
+
+
+def build_optimizer(spec: dict, params) -> torch.optim.Optimizer:
+    """The optimizer ``spec`` describes (see ``optimizer_class``) over ``params``."""
+    cls, options = optimizer_class(spec)
+    return cls(params, **options)
 
 
 def state(model: nn.Module) -> dict:

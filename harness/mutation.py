@@ -22,6 +22,7 @@ MUTANTS = ROOT / "mutants"
 TEST_FILE_OF = {  # mutants/<folder> -> the conformance file that must catch them
     "collectives": "conformance/test_collectives.py",
     "data_parallel": "conformance/test_data_parallel.py",
+    "sharded_optimizer": "conformance/test_sharded_optimizer.py",
     "tensor_parallel": "conformance/test_tensor_parallel.py",
     "pipeline_parallel": "conformance/test_pipeline_parallel.py",
     "audit": "conformance/test_audit.py",

@@ -3,8 +3,8 @@
 Everything here moves data with ``dist.send``/``recv``/``isend``/``irecv``
 and nothing else: no torch.distributed collective is called.  This package
 holds the eleven collectives (:mod:`impls.collectives`) and the strategies
-built on them (:mod:`impls.data_parallel`, :mod:`impls.tensor_parallel`,
-:mod:`impls.pipeline_parallel`).  ``impls`` never imports the ``reference`` package.
+built on them (:mod:`impls.data_parallel`, :mod:`impls.sharded_optimizer`,
+:mod:`impls.tensor_parallel`, :mod:`impls.pipeline_parallel`).  ``impls`` never imports the ``reference`` package.
 """
 
 from .collectives import (
@@ -23,6 +23,7 @@ from .collectives import (
 from .tensor_parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP
 from .pipeline_parallel import generate_schedule, pipeline_step
 from .data_parallel import BucketedDataParallel, DataParallel, NaiveDataParallel, OverlappedDataParallel
+from .sharded_optimizer import ShardedOptimizer
 
 __all__ = [
     # collectives
@@ -42,6 +43,7 @@ __all__ = [
     "NaiveDataParallel",
     "OverlappedDataParallel",
     "BucketedDataParallel",
+    "ShardedOptimizer",
     # tensor parallelism
     "ColumnParallelLinear",
     "RowParallelLinear",

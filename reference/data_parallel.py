@@ -37,6 +37,7 @@ class Trajectory:
     states: list[dict[str, Tensor]]  # every parameter and buffer after step s
     grads: list[dict[str, Tensor]]  # the gradient step s applied, for parameters that had one
     losses: list[Tensor]  # the global-batch loss at step s (the state before the step)
+    optimizer_state: list[dict[str, int]]  # after step s: {parameter: elements of its optimizer state}
 
 
 @dataclass
@@ -88,7 +89,7 @@ def train(model: nn.Module, optimizer_spec: dict, batch: dict[str, Tensor], step
     zero_grad(set_to_none=True); loss = model(inputs, targets), the global-batch mean;
     loss.backward(); optimizer.step()."""
     opt = optimizer(optimizer_spec, model.parameters())
-    trajectory = Trajectory(state(model), [], [], [])
+    trajectory = Trajectory(state(model), [], [], [], [])
     for _ in range(steps):
         opt.zero_grad(set_to_none=True)
         loss = model(batch["inputs"], batch["targets"])
@@ -98,7 +99,19 @@ def train(model: nn.Module, optimizer_spec: dict, batch: dict[str, Tensor], step
         opt.step()
         trajectory.losses.append(loss.detach())
         trajectory.states.append(state(model))
+        trajectory.optimizer_state.append(optimizer_state_numel(opt, model))
     return trajectory
+
+
+def optimizer_state_numel(opt: torch.optim.Optimizer, model: nn.Module) -> dict[str, int]:
+    """{parameter name: elements of the state ``opt`` keeps for it}, counting the state tensors
+    shaped like their parameter (SGD's momentum buffer; AdamW's two moments), not scalar step
+    counters. torch creates a parameter's state at its first step with a gradient, so a frozen
+    parameter, or one no forward has used yet, has none. What one process holds; ZeRO stage 1
+    (Rajbhandari et al., 2020, sec. 5.1) splits exactly this across the n ranks."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    return {names[id(p)]: sum(v.numel() for v in st.values() if torch.is_tensor(v) and v.shape == p.shape)
+            for p, st in opt.state.items() if st}
 
 
 def load_state(model: nn.Module, values: dict[str, Tensor]) -> nn.Module:

@@ -76,6 +76,16 @@ def DataParallel(module, bucket_size_mb=None):
     raise NotImplementedError("DataParallel")
 
 
+# ------------------------------------------------------------------------------ sharded optimizer
+# CONTRACT.md, "Sharded optimizer"
+class ShardedOptimizer:
+    """ZeRO stage 1: ``optimizer_class`` over this rank's share of ``params`` (``.optim``);
+    ``step()`` averages gradients over ranks, updates each parameter once, and sends it to all."""
+
+    def __init__(self, params, optimizer_class, group=None, **defaults):
+        raise NotImplementedError("ShardedOptimizer")
+
+
 # ----------------------------------------------------------------------------- tensor parallelism
 # docs/contract-tensor-parallel.md
 class ColumnParallelLinear:

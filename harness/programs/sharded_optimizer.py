@@ -1,0 +1,46 @@
+"""Rank program for the sharded optimizer (ZeRO stage 1): build the model from its spec (every rank
+the same seed), wrap its parameters in the implementation's ShardedOptimizer, and train on this
+rank's slice of the global batch. Returns what the driver judges: per step the local loss, the
+state after the step, and how many optimizer-state elements this rank holds."""
+from __future__ import annotations
+
+import torch
+
+from harness import models
+from harness.context import RankContext, require
+
+CONTRACT = ("step", "zero_grad", "optim")
+
+
+def local_state_numel(optim) -> int:
+    """Elements of the state tensors shaped like their parameter in the local optimizer (momentum,
+    moments; not step counters): what this rank holds, whatever its parameters are (the model's
+    own, or flat shards of them)."""
+    return sum(v.numel() for p, st in optim.state.items() for v in st.values()
+               if torch.is_tensor(v) and v.shape == p.shape)
+
+
+def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps: int, batch: dict,
+          group=None) -> dict:
+    """Per step: opt.zero_grad(set_to_none=True); loss = net(inputs, targets); loss.backward();
+    opt.step()."""
+    if group is not None:
+        raise ValueError("the sharded optimizer is tested on the whole world, not a subgroup")
+    ShardedOptimizer = require(impl, "ShardedOptimizer")
+    net = models.build(model, seed).to(ctx.device)
+    optimizer_class, options = models.optimizer_class(optimizer)
+    opt = ShardedOptimizer(net.parameters(), optimizer_class, **options)
+    missing = [name for name in CONTRACT if not hasattr(opt, name)]
+    if missing:
+        raise TypeError(f"ShardedOptimizer(params, optimizer_class, **defaults) returned a {type(opt).__name__} "
+                        f"without {', '.join(missing)}: the contract needs step(), zero_grad() and .optim")
+    inputs, targets = ctx.to_device(batch["inputs"]), ctx.to_device(batch["targets"])
+    result = {"steps": []}
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = net(inputs, targets)
+        loss.backward()
+        opt.step()
+        result["steps"].append({"loss": loss.detach(), "state": models.state(net),
+                                "optimizer_state_numel": local_state_numel(opt.optim)})
+    return ctx.to_cpu(result)

@@ -1,0 +1,10 @@
+"""Owners update their parameters but never send them: every other rank keeps its old copy.
+targets: test_sharded_training_matches_one_process_with_the_whole_state
+"""
+from impls import *  # noqa
+from impls.sharded_optimizer import ShardedOptimizer as _Correct
+
+
+class ShardedOptimizer(_Correct):
+    def _broadcast_from(self, owner):
+        pass
