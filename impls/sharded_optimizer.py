@@ -4,21 +4,23 @@ Training Trillion Parameter Models", SC 2020, sec. 5.1, P_os), for data parallel
 Every rank keeps the whole model and computes gradients on its own slice of the batch, as in plain
 data parallelism, but the optimizer state (SGD's momentum, Adam's two moments: K elements per
 parameter element) is split: each trainable parameter is owned by one rank, which alone keeps its
-state and updates it. Per step:
+state and updates it. Owner o's parameters, flattened in order, fill slot o of a flat buffer of n
+equal slots of B elements (B = the largest owner's total, the rest of a slot is padding). Per step:
 
-1. reduce: each owner receives the sum over ranks of its parameters' gradients and divides by n,
-   g = (1/n) sum_r g_r (the global-batch gradient, as in data parallelism). One reduce per owner,
-   of its gradients flattened into one buffer: together, a reduce-scatter with uneven shards, the
-   step the lecture stops at when "the next step requires only one shard per device";
+1. reduce-scatter (AVG) of the gradients laid out in the slots: each owner receives the mean over
+   ranks of its parameters' gradients, g = (1/n) sum_r g_r (the global-batch gradient, as in data
+   parallelism); the lecture's point that one may "stop after reduce-scatter" when the next step
+   needs only one shard per device;
 2. step: the owner's local optimizer (``self.optim``, a torch.optim optimizer over its parameters
    only) updates them;
-3. broadcast: each owner sends the parameters it updated to every rank (an all-gather of the
-   shards), so every rank ends the step with the same parameters.
+3. all-gather of the parameters laid out in the slots: every rank ends the step with the owners'
+   updated parameters.
 
-Memory: optimizer state K P / n per rank instead of K P, at the cost of the broadcast in step 3.
-Owners are chosen greedily, largest parameter first, each to the least-loaded rank (LPT), so no
-rank holds more than P / n + the largest parameter's elements; the same on every rank (the
-assignment depends on shapes only).
+Communication: a reduce-scatter and an all-gather of n B elements, 2 (n-1) B per rank over a ring,
+the same as data parallelism's all-reduce of the P parameters, 2 (n-1) P / n, up to the padding;
+memory: optimizer state K P / n per rank instead of K P. Owners are chosen greedily, largest
+parameter first, each to the least-loaded rank (LPT), so B <= P / n + the largest parameter; the
+same on every rank (the assignment depends on shapes only).
 
 Which parameters take part is decided per step, identically on every rank (the contract's data
 parallelism assumption): a frozen parameter (requires_grad=False) never has an owner nor state; a
@@ -26,7 +28,7 @@ parameter whose .grad is None in a step (no forward used it) is left out of that
 reduction, and its owner's optimizer skips it, as torch's optimizers do in one process.
 
 Communication goes through :mod:`impls.collectives` (point-to-point based); torch.distributed is
-used for group bookkeeping only.
+used for group bookkeeping only. Parameters of one dtype and device (a flat buffer holds them all).
 """
 from __future__ import annotations
 
@@ -51,7 +53,8 @@ def assign_owners(sizes: list[int], world_size: int) -> list[int]:
 class ShardedOptimizer:
     """``ShardedOptimizer(params, optimizer_class, group=None, **defaults)``: ``optimizer_class``
     (e.g. torch.optim.AdamW) with ``defaults`` over this rank's share of ``params``; ``step()``
-    averages gradients over the group, updates each parameter on its owner and broadcasts it."""
+    averages gradients over the group (reduce-scatter), updates each parameter on its owner, and
+    all-gathers the updated parameters."""
 
     def __init__(self, params, optimizer_class, group=None, **defaults):
         params = list(params)
@@ -64,6 +67,13 @@ class ShardedOptimizer:
         self.params = [p for p in unique if p.requires_grad]
         self.owners = assign_owners([p.numel() for p in self.params], self.world_size)
         mine = [p for p, owner in zip(self.params, self.owners) if owner == self.rank]
+        filled = [0] * self.world_size
+        self.offsets = []  # where each parameter starts in the flat buffer of n slots
+        for p, owner in zip(self.params, self.owners):
+            self.offsets.append(filled[owner])
+            filled[owner] += p.numel()
+        self.slot = max(filled)  # B: every slot as long as the largest owner's share
+        self.offsets = [owner * self.slot + at for owner, at in zip(self.owners, self.offsets)]
         # A rank that owns nothing still has an optimizer (torch refuses an empty list): over a
         # placeholder that never gets a gradient, so it never holds state.
         self.optim = optimizer_class(mine or [torch.zeros(0, requires_grad=True)], **defaults)
@@ -79,36 +89,41 @@ class ShardedOptimizer:
 
     @torch.no_grad()
     def step(self) -> None:
-        for owner in range(self.world_size):
-            self._reduce_to(owner)
+        if all(p.grad is None for p in self.params):  # the same on every rank
+            return
+        mine = self._average_my_gradients()
         self.optim.step()
-        for owner in range(self.world_size):
-            self._broadcast_from(owner)
+        self._share_my_parameters(mine)
 
-    def _updated_by(self, owner: int) -> list[torch.Tensor]:
-        """The owner's parameters that have a gradient in this step: the ones it updates."""
-        return [p for p, o in zip(self.params, self.owners) if o == owner and p.grad is not None]
+    def _slots(self) -> torch.Tensor:
+        like = self.params[0]
+        return torch.zeros(self.world_size * self.slot, dtype=like.dtype, device=like.device)
 
-    def _global(self, group_rank: int) -> int:
-        return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
+    def _mine(self, slots: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(parameter, its piece of ``slots``) for the parameters this rank owns."""
+        return [(p, slots[at:at + p.numel()]) for p, at, owner in zip(self.params, self.offsets, self.owners)
+                if owner == self.rank]
 
-    def _reduce_to(self, owner: int) -> None:
-        params = self._updated_by(owner)
-        if not params:
-            return
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        collectives.reduce(flat, dst=self._global(owner), op=dist.ReduceOp.SUM, group=self.group)
-        if owner == self.rank:
-            flat /= self.world_size
-            for p, piece in zip(params, flat.split([p.numel() for p in params])):
+    def _average_my_gradients(self) -> torch.Tensor:
+        """Step 1: reduce-scatter (AVG); this rank's parameters get the mean gradient. Returns the
+        buffer of n slots, this rank's slot holding the result."""
+        slots = self._slots()
+        for p, at in zip(self.params, self.offsets):
+            if p.grad is not None:
+                slots[at:at + p.numel()] = p.grad.reshape(-1)
+        mine = slots[self.rank * self.slot:(self.rank + 1) * self.slot]
+        collectives.reduce_scatter_tensor(mine, slots.clone(), op=dist.ReduceOp.AVG, group=self.group)
+        for p, piece in self._mine(slots):
+            if p.grad is not None:
                 p.grad.copy_(piece.view_as(p.grad))
+        return slots
 
-    def _broadcast_from(self, owner: int) -> None:
-        params = self._updated_by(owner)  # the others are unchanged, hence still equal everywhere
-        if not params:
-            return
-        flat = torch.cat([p.detach().reshape(-1) for p in params])
-        collectives.broadcast(flat, src=self._global(owner), group=self.group)
-        if owner != self.rank:
-            for p, piece in zip(params, flat.split([p.numel() for p in params])):
-                p.copy_(piece.view_as(p))
+    def _share_my_parameters(self, slots: torch.Tensor) -> None:
+        """Step 3: all-gather; every rank copies in the parameters their owners updated."""
+        for p, piece in self._mine(slots):
+            piece.copy_(p.detach().reshape(-1))
+        mine = slots[self.rank * self.slot:(self.rank + 1) * self.slot].clone()
+        collectives.all_gather_into_tensor(slots, mine, group=self.group)
+        for p, at, owner in zip(self.params, self.offsets, self.owners):
+            if owner != self.rank and p.grad is not None:  # the others did not change
+                p.copy_(slots[at:at + p.numel()].view_as(p))

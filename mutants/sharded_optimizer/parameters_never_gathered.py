@@ -1,4 +1,4 @@
-"""Owners update their parameters but never send them: every other rank keeps its old copy.
+"""Owners update their parameters but never all-gather them: every other rank keeps its old copy.
 targets: test_sharded_training_matches_one_process_with_the_whole_state
 """
 from impls import *  # noqa
@@ -6,5 +6,5 @@ from impls.sharded_optimizer import ShardedOptimizer as _Correct
 
 
 class ShardedOptimizer(_Correct):
-    def _broadcast_from(self, owner):
+    def _share_my_parameters(self, slots):
         pass
