@@ -127,6 +127,28 @@ def data_parallel_step(n: int, trainable_numels: list[int], itemsize: int) -> in
     return (2 * (n - 1) * items // n) * itemsize
 
 
+def balanced_shard(numels: list[int], n: int) -> int:
+    """Items of the fullest of n shards made of whole tensors, assigned largest first to the
+    least-loaded shard (Graham's LPT rule, 1969; within 4/3 of the best split): the shard size a
+    whole-parameter ZeRO design reaches, and at least the ceil(P/n) of an even flat split."""
+    _check(n, *numels)
+    loads = [0] * n
+    for numel in sorted(numels, reverse=True):
+        loads[loads.index(min(loads))] += numel
+    return max(loads)
+
+
+def sharded_optimizer_step(n: int, trainable_numels: list[int], itemsize: int) -> int:
+    """ZeRO stage 1 (Rajbhandari et al., 2020, sec. 7.2.1: "the same communication volume as
+    baseline DP"): per rank per step, a reduce-scatter of the gradients and an all-gather of the
+    updated parameters over n shards of B items, (n-1) B items apiece: 2 (n-1) B itemsize with
+    B = balanced_shard(trainable_numels, n), against data parallelism's 2 (n-1) P_items / n."""
+    _check(n, itemsize, *trainable_numels)
+    if not trainable_numels:
+        return 0
+    return 2 * (n - 1) * balanced_shard(trainable_numels, n) * itemsize
+
+
 def data_parallel_reduced_bytes(trainable_bytes: list[int]) -> int:
     """What one step reduces: every trainable gradient once, G = sum of their bytes."""
     return sum(trainable_bytes)

@@ -34,6 +34,26 @@ def data_parallel_step(ctx: RankContext, impl, model: dict, seed: int, frozen: l
     return {"loss": loss.detach().cpu()}
 
 
+def sharded_optimizer_step(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, batch: dict,
+                           group=None) -> dict:
+    """Build ``model`` from ``seed`` and the implementation's ShardedOptimizer over its parameters
+    ("setup"), forward and backward ("backward"), then one optimizer step ("step"). Returns the loss."""
+    if group is not None:
+        raise ValueError("the sharded optimizer is audited on the whole world, not a subgroup")
+    recording.mark("setup")
+    net = models.build(model, seed).to(ctx.device)
+    optimizer_class, options = models.optimizer_class(optimizer)
+    opt = require(impl, "ShardedOptimizer")(net.parameters(), optimizer_class, **options)
+    inputs, targets = ctx.to_device(batch["inputs"]), ctx.to_device(batch["targets"])
+    recording.mark("backward")
+    loss = net(inputs, targets)
+    loss.backward()
+    recording.mark("step")
+    opt.step()
+    recording.mark("after")
+    return {"loss": loss.detach().cpu()}
+
+
 def _dense(ctx: RankContext, weight: torch.Tensor, bias: torch.Tensor) -> nn.Linear:
     out_features, in_features = weight.shape
     linear = nn.Linear(in_features, out_features, dtype=weight.dtype, device=ctx.device)
