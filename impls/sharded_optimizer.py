@@ -91,6 +91,9 @@ class ShardedOptimizer:
     def step(self) -> None:
         if all(p.grad is None for p in self.params):  # the same on every rank
             return
+        if self.world_size == 1:  # the mean over one rank is its own gradient; nothing to share
+            self.optim.step()
+            return
         mine = self._average_my_gradients()
         self.optim.step()
         self._share_my_parameters(mine)

@@ -1,6 +1,7 @@
 """The lecture's experiment for strategies: a fixed global problem, more ranks. Step time measured
 inside the ranks (max over ranks) against world size, the bundled implementation beside torch's
-own, and the scaling efficiency t(1) / (n * t(n)) printed. (Pipeline bubble against theory:
+own, and the scaling efficiency t(1) / (n * t(n)) printed; ZeRO stage 1's optimizer memory per
+rank against data parallelism's. (Pipeline bubble against theory:
 perf/test_pipeline_bubble.py.)
 
 On 2 CPU cores more ranks cannot run faster; these figures are for comparing implementations run
@@ -20,6 +21,8 @@ DP_VARIANTS = (("naive", "impls.naive_dp", None), ("overlapped", "impls", None),
 DP_WIDTH, DP_DEPTH, DP_BATCH = 512, 6, 64  # 1.6 M parameters, 6.3 MB of gradients per step
 DP_GOAL = 1.2  # bucketed within 1.2x of DDP at n=4
 HIDDEN, FFN, TOKENS = 256, 1024, 512
+ZERO_DEPTH = 8  # 8 equal layers: whole-parameter shards split evenly over 1, 2, 4 and 8 ranks
+ZERO_MEMORY_GOAL = 1.1  # per-rank optimizer state at most 1.1 / n of an unsharded optimizer's
 
 
 def ranks_time(world_pool, program: str, impl: str, n: int, **arguments) -> float:
@@ -75,3 +78,41 @@ def test_data_parallel_step_scaling(world_pool, pytestconfig, benchmark):
     largest = sizes[-1]
     ratio = times[("bucketed", largest)] / times[("torch DDP", largest)]
     assert ratio <= DP_GOAL, f"bucketed DP takes {ratio:.2f}x torch DDP's step time at n={largest}, goal <= {DP_GOAL}x"
+
+
+def test_sharded_optimizer_memory_and_step_time(world_pool, pytestconfig, benchmark):
+    """ZeRO stage 1 against data parallelism with a whole AdamW per rank, side by side in one run:
+    the optimizer state each rank holds (max over ranks, counted exactly) as a fraction of the
+    unsharded state, and the step time ratio. Gate: state at most 1.1/n of unsharded at every n;
+    the time ratio is printed (each rank runs AdamW on 1/n of the parameters, but reduce-scatters
+    only after backward, where DP overlaps its all-reduce with backward)."""
+    sizes = [n for n in world_sizes(pytestconfig) if DP_BATCH % n == 0]
+    runs = {}
+
+    def sweep():
+        for n in sizes:
+            for _ in range(2):
+                for sharded in (False, True):
+                    result = world_pool.run(n, f"{TIMING}:time_sharded_optimizer_step", [
+                        {"width": DP_WIDTH, "depth": ZERO_DEPTH, "global_batch": DP_BATCH, "sharded": sharded,
+                         "iters": 3}] * n, impl="impls")
+                    seconds = max(out["seconds"] for out in result.outputs)
+                    state = max(out["state_numel"] for out in result.outputs)
+                    best = runs.get((sharded, n), (float("inf"), state))[0]
+                    runs[(sharded, n)] = (min(seconds, best), state)
+
+    benchmark.pedantic(sweep, rounds=1, iterations=1)
+    lines = [f"\nAdamW step, MLP {ZERO_DEPTH}x{DP_WIDTH}, global batch {DP_BATCH}: ZeRO-1 (impls.ShardedOptimizer) "
+             f"against DP (impls.DataParallel + AdamW on every rank)"]
+    failures = []
+    for n in sizes:
+        (dp_time, dp_state), (zero_time, zero_state) = runs[(False, n)], runs[(True, n)]
+        fraction = zero_state / dp_state
+        lines.append(f"  n={n}: optimizer state per rank {zero_state * 4 / 2**20:6.1f} MiB vs {dp_state * 4 / 2**20:6.1f} MiB "
+                     f"({fraction:.3f} = {fraction * n:.2f}/n); step {zero_time * 1e3:7.1f} ms vs {dp_time * 1e3:7.1f} ms "
+                     f"({zero_time / dp_time:.2f}x)")
+        benchmark.extra_info.update({f"n={n} state fraction": fraction, f"n={n} time ratio": zero_time / dp_time})
+        if fraction > ZERO_MEMORY_GOAL / n:
+            failures.append(f"n={n}: a rank holds {fraction:.3f} of the unsharded state, goal <= {ZERO_MEMORY_GOAL}/{n}")
+    print("\n".join(lines))
+    assert not failures, "; ".join(failures)

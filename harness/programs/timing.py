@@ -106,3 +106,37 @@ def time_data_parallel_step(ctx: RankContext, impl, width: int, depth: int, glob
         optimizer.step()
 
     return _seconds_per_call(ctx, step, iters, warmup)
+
+
+def time_sharded_optimizer_step(ctx: RankContext, impl, width: int, depth: int, global_batch: int, sharded: bool,
+                                iters: int, warmup: int = 2) -> dict:
+    """One AdamW step over an MLP of ``depth`` Linear(width, width) layers on this rank's slice of a
+    fixed global batch: with ``impl.ShardedOptimizer`` (ZeRO stage 1) when ``sharded``, else with
+    ``impl.DataParallel`` (its default buckets) and a whole AdamW on every rank. Also returns the
+    optimizer-state elements this rank holds after the steps."""
+    from torch import nn
+
+    from harness.programs.sharded_optimizer import local_state_numel
+
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.Tanh()]
+    net = nn.Sequential(*layers).to(ctx.device)
+    if sharded:
+        optimizer = require(impl, "ShardedOptimizer")(net.parameters(), torch.optim.AdamW, lr=1e-3)
+        model, finish, local_optimizer = net, (lambda: None), optimizer.optim
+    else:
+        model = require(impl, "DataParallel")(net, bucket_size_mb=None)
+        optimizer = local_optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        finish = model.finish_gradient_synchronization
+    x = torch.randn(global_batch // ctx.world_size, width, device=ctx.device)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        model(x).square().mean().backward()
+        finish()
+        optimizer.step()
+
+    timing = _seconds_per_call(ctx, step, iters, warmup)
+    return {**timing, "state_numel": local_state_numel(local_optimizer)}
