@@ -16,8 +16,9 @@ Python or from C++ (DDP's reducer, DTensor). The driver then applies the rules o
   reductions add up to exactly the trainable gradient bytes (none twice, no frozen parameter);
 * sharded optimizer (ZeRO stage 1): backward sends nothing, and a step sends no more than a
   reduce-scatter and an all-gather of balanced shards, data parallelism's volume;
-* tensor parallelism: the MLP all-reduces once forward and once backward (activation size), the
-  column layer without gather_output sends nothing forward, and no backend all-gather of the full
+* tensor parallelism: the MLP moves one all-reduce's bytes of the activation forward and one
+  backward (with sequence parallelism as an all-gather and a reduce-scatter each, plus backward the
+  all-reduce of the row bias gradient), the column layer without gather_output sends nothing forward, and no backend all-gather of the full
   hidden activation is made.
 
 The data-parallel and tensor-parallel audits need the implementation's DataParallel /
@@ -342,12 +343,13 @@ def test_sharded_optimizer_step(n, model_name, audited, request):
 
 
 # -------------------------------------------------------------------------- tensor parallelism
-@pytest.mark.parametrize("layer", ["mlp", "column"])
+@pytest.mark.parametrize("layer", ["mlp", "mlp_sp", "column"])
 @given(data=st.data())
 def test_tensor_parallel_traffic(layer, data, audited, request):
     """MLP: one all-reduce of the activation forward and one backward, no all-gather of the hidden
-    activation. Column layer without gather_output: nothing forward, one all-reduce of dL/dx
-    backward."""
+    activation. Sequence-parallel MLP (Korthikanti et al. 2022, sec. 4.2.2: "the same communication
+    volume"): an all-gather and a reduce-scatter per pass, together one all-reduce's bytes. Column
+    layer without gather_output: nothing forward, one all-reduce of dL/dx backward."""
     layout = data.draw(layouts(audited.target.max_world_size, min_size=2), label="layout")
     if layout.size < 2:
         pytest.skip("needs a group of at least 2 ranks (--max-world-size)")
@@ -355,6 +357,8 @@ def test_tensor_parallel_traffic(layer, data, audited, request):
     h = data.draw(st.integers(1, 12), label="h")
     f = n * data.draw(st.integers(1, 6), label="ffn per rank")
     leading = tuple(data.draw(st.lists(st.integers(1, 3), max_size=2), label="leading dims"))
+    if layer == "mlp_sp":  # [..., seq, h] with the sequence (dim -2) split in n
+        leading = (*leading[:1], n * data.draw(st.integers(1, 3), label="sequence per rank"))
     dtype = data.draw(st.sampled_from([torch.float32, torch.float64]), label="dtype")
     seed = data.draw(st.integers(0, 2**16), label="seed")
     g = torch.Generator().manual_seed(seed)
@@ -363,10 +367,17 @@ def test_tensor_parallel_traffic(layer, data, audited, request):
     x = normal(*leading, h)
     itemsize = x.element_size()
     rows = x.numel() // h
+    inputs = [x] * n
     if layer == "mlp":
         grads = [normal(*leading, h)] * n
         budget = cost_model.tensor_parallel_mlp(n, x.numel(), itemsize)
         what = f"the tensor-parallel MLP (h={h}, ffn={f}) on {n} ranks, activation {tuple(x.shape)}: one all-reduce"
+    elif layer == "mlp_sp":
+        grads = list(normal(*leading, h).chunk(n, dim=-2))
+        inputs = list(x.chunk(n, dim=-2))
+        budget = cost_model.sequence_parallel_mlp(n, x.numel(), h, itemsize)
+        what = (f"the sequence-parallel MLP (h={h}, ffn={f}) on {n} ranks, activation {tuple(x.shape)} in sequence "
+                f"shards: an all-gather and a reduce-scatter per pass, and backward the all-reduce of dL/db2")
     else:
         full_grad = normal(*leading, f)
         grads = list(full_grad.chunk(n, dim=-1))
@@ -376,13 +387,15 @@ def test_tensor_parallel_traffic(layer, data, audited, request):
                   audited.target.reproduce(request.node.nodeid))
     try:
         _, records = audited.run(judge, layout, "audit:tensor_parallel", [
-            {"layer": layer, "dense": dense, "x": x, "grad_output": grads[i].contiguous()} for i in range(n)])
+            {"layer": layer, "dense": dense, "x": inputs[i].contiguous(), "grad_output": grads[i].contiguous()}
+            for i in range(n)])
     except ImplementationIncomplete as failure:
         _implemented(failure, ("TensorParallelMLP", "ColumnParallelLinear"))
     violations = []
     for phase in ("forward", "backward"):
         bounds = {r: budget[phase] for r in layout.ranks}
         violations += audit.within_bound(records, bounds, f"{what} ({phase}: {budget[phase]} B)", phase=phase)
-    hidden = rows * f * itemsize
-    violations += audit.no_full_all_gather(records, hidden, f"hidden activation [{rows} rows, {f}]")
+    if layer != "mlp_sp":  # sequence parallelism all-gathers x by design, which may be the hidden's size
+        hidden = rows * f * itemsize
+        violations += audit.no_full_all_gather(records, hidden, f"hidden activation [{rows} rows, {f}]")
     check(judge, violations)

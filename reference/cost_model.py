@@ -161,6 +161,16 @@ def tensor_parallel_mlp(n: int, activation_numel: int, itemsize: int) -> dict[st
     return {"forward": per_pass, "backward": per_pass}
 
 
+def sequence_parallel_mlp(n: int, activation_numel: int, bias_numel: int, itemsize: int) -> dict[str, int]:
+    """Megatron MLP with sequence parallelism (Korthikanti et al. 2022, sec. 4.2.2), per rank, with
+    the activation A split evenly along the sequence: forward, an all-gather of x and a
+    reduce-scatter of the output, (n-1)/n A each, one all-reduce's bytes together; backward, the
+    same pair for the gradients, plus an all-reduce of the row layer's bias gradient (b2, replicated
+    while each rank's dL/db2 sums over its own sequence shard only)."""
+    pair = reduce_scatter(n, activation_numel, itemsize) + all_gather(n, activation_numel, itemsize)
+    return {"forward": pair, "backward": pair + all_reduce(n, bias_numel, itemsize)}
+
+
 def column_parallel(n: int, input_numel: int, itemsize: int) -> dict[str, int]:
     """Column-parallel linear without gather_output, per rank: nothing forward (f is the identity),
     one all-reduce of dL/dx backward."""

@@ -52,6 +52,16 @@ def test_data_parallel_bound_covers_any_bucketing(n, numels, data):
 def test_training_budgets():
     assert cost_model.tensor_parallel_mlp(4, 100, 4) == {"forward": 600, "backward": 600}
     assert cost_model.column_parallel(4, 100, 4) == {"forward": 0, "backward": 600}
+    # all-gather + reduce-scatter of 100 items over 4 ranks: 75 + 75 items; backward + dL/db2 (8 items: 12)
+    assert cost_model.sequence_parallel_mlp(4, 100, 8, 4) == {"forward": 600, "backward": 648}
+
+
+def test_zero_stage_1_moves_data_parallel_volume_up_to_the_shard_balance():
+    # LPT: 5 | 4 | 3+2 -> the fullest shard holds 5 items
+    assert cost_model.balanced_shard([5, 4, 3, 2], 3) == 5
+    assert cost_model.balanced_shard([8] * 8, 4) == 16
+    assert cost_model.sharded_optimizer_step(4, [8] * 8, 4) == 2 * 3 * 16 * 4 == cost_model.all_reduce(4, 64, 4)
+    assert cost_model.sharded_optimizer_step(1, [3, 2], 4) == 0
     assert cost_model.pipeline_stage(3, 0, 4, 10) == {"forward": 40, "backward": 0}
     assert cost_model.pipeline_stage(3, 2, 4, 10) == {"forward": 0, "backward": 40}
     assert cost_model.all_to_all([4, 8, 12], me=1) == 16

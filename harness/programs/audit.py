@@ -66,15 +66,17 @@ def _dense(ctx: RankContext, weight: torch.Tensor, bias: torch.Tensor) -> nn.Lin
 @on_members
 def tensor_parallel(ctx: RankContext, impl, process_group, layer: str, dense: dict, x: torch.Tensor,
                     grad_output: torch.Tensor) -> dict:
-    """``layer`` "mlp" (TensorParallelMLP.from_dense(fc1, fc2)) or "column"
-    (ColumnParallelLinear.from_dense(fc1), gather_output=False): build ("setup"), forward on the full
-    x ("forward"), backward with ``grad_output`` (this rank's slice for the column layer) with x
-    requiring a gradient ("backward"). Returns the output's shape."""
+    """``layer`` "mlp" (TensorParallelMLP.from_dense(fc1, fc2)), "mlp_sp" (the same with
+    sequence_parallel=True) or "column" (ColumnParallelLinear.from_dense(fc1), gather_output=False):
+    build ("setup"), forward on x ("forward": the full x, or this rank's sequence shard for mlp_sp),
+    backward with ``grad_output`` (this rank's slice for the column layer, its sequence shard for
+    mlp_sp) with x requiring a gradient ("backward"). Returns the output's shape."""
     recording.mark("setup")
     fc1 = _dense(ctx, dense["fc1_weight"], dense["fc1_bias"])
-    if layer == "mlp":
+    if layer in ("mlp", "mlp_sp"):
         fc2 = _dense(ctx, dense["fc2_weight"], dense["fc2_bias"])
-        module = require(impl, "TensorParallelMLP").from_dense(fc1, fc2, group=process_group)
+        module = require(impl, "TensorParallelMLP").from_dense(fc1, fc2, group=process_group,
+                                                                sequence_parallel=layer == "mlp_sp")
     else:
         module = require(impl, "ColumnParallelLinear").from_dense(fc1, group=process_group, gather_output=False)
     x = ctx.to_device(x).requires_grad_(True)
