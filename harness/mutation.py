@@ -24,6 +24,7 @@ TEST_FILE_OF = {  # mutants/<folder> -> the conformance file that must catch the
     "data_parallel": "conformance/test_data_parallel.py",
     "sharded_optimizer": "conformance/test_sharded_optimizer.py",
     "tensor_parallel": "conformance/test_tensor_parallel.py",
+    "composition": "conformance/test_composition.py",
     "pipeline_parallel": "conformance/test_pipeline_parallel.py",
     "audit": "conformance/test_audit.py",
 }
