@@ -4,6 +4,8 @@ capability (``--impl adapters.torch_native``).
 * the eleven collectives: torch.distributed's, as they are;
 * ``DataParallel``: torch.nn.parallel.DistributedDataParallel (adapters/torch_ddp.py);
 * ``ShardedOptimizer``: torch.distributed.optim.ZeroRedundancyOptimizer (adapters/torch_zero.py);
+* ``ExpertParallelMoE``: the bundled routing over torch.distributed.all_to_all_single
+  (adapters/torch_moe.py; torch has no MoE layer);
 * ``ColumnParallelLinear``, ``RowParallelLinear``, ``TensorParallelMLP``: DTensor's
   parallelize_module (adapters/dtensor_tp.py);
 * ``pipeline_step``, ``generate_schedule``: torch.distributed.pipelining (adapters/torch_pipelining.py).
@@ -26,3 +28,4 @@ from adapters.dtensor_tp import ColumnParallelLinear, RowParallelLinear, TensorP
 from adapters.torch_ddp import DataParallel  # noqa: F401
 from adapters.torch_pipelining import generate_schedule, pipeline_step  # noqa: F401
 from adapters.torch_zero import ShardedOptimizer  # noqa: F401
+from adapters.torch_moe import ExpertParallelMoE  # noqa: F401

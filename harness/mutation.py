@@ -25,6 +25,7 @@ TEST_FILE_OF = {  # mutants/<folder> -> the conformance file that must catch the
     "sharded_optimizer": "conformance/test_sharded_optimizer.py",
     "tensor_parallel": "conformance/test_tensor_parallel.py",
     "composition": "conformance/test_composition.py",
+    "expert_parallel": "conformance/test_expert_parallel.py",
     "pipeline_parallel": "conformance/test_pipeline_parallel.py",
     "audit": "conformance/test_audit.py",
 }

@@ -4,7 +4,7 @@ Everything here moves data with ``dist.send``/``recv``/``isend``/``irecv``
 and nothing else: no torch.distributed collective is called.  This package
 holds the eleven collectives (:mod:`impls.collectives`) and the strategies
 built on them (:mod:`impls.data_parallel`, :mod:`impls.sharded_optimizer`,
-:mod:`impls.tensor_parallel`, :mod:`impls.pipeline_parallel`).  ``impls`` never imports the ``reference`` package.
+:mod:`impls.tensor_parallel`, :mod:`impls.pipeline_parallel`, :mod:`impls.expert_parallel`).  ``impls`` never imports the ``reference`` package.
 """
 
 from .collectives import (
@@ -24,6 +24,7 @@ from .tensor_parallel import ColumnParallelLinear, RowParallelLinear, TensorPara
 from .pipeline_parallel import generate_schedule, pipeline_step
 from .data_parallel import BucketedDataParallel, DataParallel, NaiveDataParallel, OverlappedDataParallel
 from .sharded_optimizer import ShardedOptimizer
+from .expert_parallel import ExpertParallelMoE
 
 __all__ = [
     # collectives
@@ -44,6 +45,8 @@ __all__ = [
     "OverlappedDataParallel",
     "BucketedDataParallel",
     "ShardedOptimizer",
+    # expert parallelism
+    "ExpertParallelMoE",
     # tensor parallelism
     "ColumnParallelLinear",
     "RowParallelLinear",

@@ -86,6 +86,16 @@ class ShardedOptimizer:
         raise NotImplementedError("ShardedOptimizer")
 
 
+# ----------------------------------------------------------------------------- expert parallelism
+# CONTRACT.md, "Expert parallelism"
+class ExpertParallelMoE:
+    """Top-1 mixture of experts, E/n experts per rank; tokens travel by all-to-all with unequal splits."""
+
+    @classmethod
+    def from_dense(cls, router, experts, group=None):
+        raise NotImplementedError("ExpertParallelMoE")
+
+
 # ----------------------------------------------------------------------------- tensor parallelism
 # docs/contract-tensor-parallel.md
 class ColumnParallelLinear:

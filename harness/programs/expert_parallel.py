@@ -1,0 +1,64 @@
+"""Rank program for expert parallelism: build the router and the E experts from the dense weights
+the driver sends (the same on every member), wrap them with the implementation's
+ExpertParallelMoE over the group, run forward on this member's own tokens and backward with their
+upstream gradient, and return what the driver judges.
+
+The contract: ``ExpertParallelMoE.from_dense(router, experts, group=None)``, ``router`` an
+``nn.Linear(h, E, bias=False)`` and ``experts`` E modules ``nn.Sequential(nn.Linear(h, f), nn.GELU(),
+nn.Linear(f, h))``; the result is an nn.Module with ``.router`` (the replicated router) and
+``.experts`` (this rank's E/n experts, the group-rank-th contiguous block, in order), whose forward
+maps this rank's tokens [T, h] to [T, h] (top-1 routing, reference/expert_parallel.py). An expert
+that no token reached may leave its gradients None: they are reported as zeros."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from harness.context import MissingFunction, RankContext, on_members, require
+
+
+def _linear(ctx: RankContext, weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+    out_features, in_features = weight.shape
+    linear = nn.Linear(in_features, out_features, bias=bias is not None, dtype=weight.dtype, device=ctx.device)
+    with torch.no_grad():
+        linear.weight.copy_(ctx.to_device(weight))
+        if bias is not None:
+            linear.bias.copy_(ctx.to_device(bias))
+    return linear
+
+
+def _build(ctx: RankContext, impl, process_group, router_weight, experts):
+    router = _linear(ctx, router_weight, None)
+    modules = [nn.Sequential(_linear(ctx, w1, b1), nn.GELU(), _linear(ctx, w2, b2)) for w1, b1, w2, b2 in experts]
+    return require(impl, "ExpertParallelMoE").from_dense(router, modules, group=process_group)
+
+
+def _grad(p: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(p) if p.grad is None else p.grad
+
+
+@on_members
+def forward_backward(ctx: RankContext, impl, process_group, router_weight, experts, x, grad_output) -> dict:
+    moe = _build(ctx, impl, process_group, router_weight, experts)
+    missing = [name for name in ("router", "experts") if not hasattr(moe, name)]
+    if missing:
+        raise TypeError(f"ExpertParallelMoE.from_dense returned a {type(moe).__name__} without "
+                        f"{', '.join(missing)}: the contract needs .router and .experts")
+    x = ctx.to_device(x).requires_grad_(True)
+    y = moe(x)
+    y.backward(ctx.to_device(grad_output))
+    local = [tuple(_grad(p) for p in (e[0].weight, e[0].bias, e[2].weight, e[2].bias)) for e in moe.experts]
+    return ctx.to_cpu({"output": y, "grad_input": _grad(x), "grad_router": _grad(moe.router.weight),
+                       "grad_experts": local})
+
+
+@on_members
+def refusal(ctx: RankContext, impl, process_group, router_weight, experts) -> dict:
+    """Build the layer from a number of experts the group does not divide: what was raised."""
+    try:
+        _build(ctx, impl, process_group, router_weight, experts)
+    except (MissingFunction, NotImplementedError):
+        raise
+    except Exception as error:  # noqa: BLE001 - the driver judges what was raised
+        return {"raised": type(error).__name__, "message": str(error)}
+    return {"raised": None, "message": ""}

@@ -1,0 +1,94 @@
+"""Expert parallelism: a top-1 mixture-of-experts layer whose experts are split across ranks
+(Switch Transformer, Fedus, Zoph and Shazeer 2022, sec. 2.1 and 2.2; GShard, Lepikhin et al. 2021),
+with no capacity limit: every token reaches its expert.
+
+Every rank keeps the router (replicated) and E/n experts, the r-th contiguous block; it routes its
+own tokens, p = softmax(x W_r^T), e = argmax p (the first maximum), and
+
+1. sorts them by expert, so the tokens for each rank, and within a rank for each of its experts,
+   are contiguous;
+2. all-to-all of the per-expert token counts (E/n per destination, equal splits), so each rank
+   knows how many tokens it receives from each source for each of its experts;
+3. all-to-all of the tokens with unequal splits (the lecture's all-to-all for MoE routing);
+4. runs each local expert on the tokens it received for it;
+5. all-to-all back with the splits transposed, un-sorts, and scales each result by its gate p_e.
+
+Backward runs the two token all-to-alls in reverse with their splits transposed (an autograd
+Function), so each expert's parameter gradient sums over every token routed to it from every rank,
+and each token's input gradient comes home. The router's gradient covers this rank's tokens only:
+it is replicated, like any parameter a data-parallel wrapper would then reduce.
+
+Communication goes through :mod:`impls.collectives` (point-to-point based); torch.distributed is
+used for group bookkeeping only.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from . import collectives
+
+
+class _AllToAll(torch.autograd.Function):
+    """all_to_all_single with unequal splits; backward is the same exchange with the splits swapped."""
+
+    @staticmethod
+    def forward(ctx, x, output_splits: list[int], input_splits: list[int], group, exchange):
+        ctx.splits, ctx.group, ctx.exchange = (output_splits, input_splits), group, exchange
+        out = x.new_empty((sum(output_splits), *x.shape[1:]))
+        exchange(out, x.contiguous(), output_splits, input_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        output_splits, input_splits = ctx.splits
+        grad_input = grad.new_empty((sum(input_splits), *grad.shape[1:]))
+        ctx.exchange(grad_input, grad.contiguous(), input_splits, output_splits, group=ctx.group)
+        return grad_input, None, None, None, None
+
+
+class ExpertParallelMoE(nn.Module):
+    """``from_dense(router, experts, group=None)``: ``router`` an nn.Linear(h, E, bias=False) (the
+    same on every rank, kept as ``.router``), ``experts`` the E expert modules (the same list on
+    every rank); this rank keeps deep copies of its block as ``.experts``. forward(x [T, h]) on
+    this rank's tokens returns [T, h]."""
+
+    exchange = staticmethod(collectives.all_to_all_single)
+
+    def __init__(self, router: nn.Linear, local_experts: list[nn.Module], num_experts: int, group=None):
+        super().__init__()
+        self.router = router
+        self.experts = nn.ModuleList(local_experts)
+        self.num_experts = num_experts
+        self.group = group
+
+    @classmethod
+    def from_dense(cls, router: nn.Linear, experts, group=None) -> "ExpertParallelMoE":
+        n, r = dist.get_world_size(group), dist.get_rank(group)
+        experts = list(experts)
+        if len(experts) != router.out_features:
+            raise ValueError(f"the router scores {router.out_features} experts, {len(experts)} were given")
+        if len(experts) % n:
+            raise ValueError(f"num_experts = {len(experts)} is not divisible by the group size {n}")
+        each = len(experts) // n
+        return cls(router, [copy.deepcopy(e) for e in experts[r * each:(r + 1) * each]], len(experts), group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = dist.get_world_size(self.group)
+        each = self.num_experts // n
+        gate, expert = torch.softmax(self.router(x), dim=-1).max(dim=-1)
+        order = torch.argsort(expert, stable=True)
+        per_expert = torch.bincount(expert, minlength=self.num_experts)  # what I send, by expert
+        received_per_expert = torch.empty_like(per_expert)  # [source rank, my expert], flattened
+        self.exchange(received_per_expert, per_expert, group=self.group)
+        send = per_expert.view(n, each).sum(1).tolist()
+        receive = received_per_expert.view(n, each).sum(1).tolist()
+        arrived = _AllToAll.apply(x[order], receive, send, self.group, self.exchange)
+        pieces = arrived.split(received_per_expert.tolist())  # (source 0: my experts 0..), (source 1: ..)
+        done = torch.cat([self.experts[i % each](piece) for i, piece in enumerate(pieces)]) if pieces else arrived
+        returned = _AllToAll.apply(done, send, receive, self.group, self.exchange)
+        y = torch.empty_like(returned).index_copy(0, order, returned)
+        return y * gate.unsqueeze(-1)
