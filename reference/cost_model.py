@@ -177,6 +177,21 @@ def column_parallel(n: int, input_numel: int, itemsize: int) -> dict[str, int]:
     return {"forward": 0, "backward": all_reduce(n, input_numel, itemsize)}
 
 
+def expert_parallel_moe(routed: list[list[int]], me: int, hidden: int, itemsize: int, num_experts: int,
+                        count_itemsize: int = 8) -> dict[str, int]:
+    """Top-1 MoE with experts split over n ranks, per rank (group rank ``me``): ``routed[s][d]`` is
+    the number of tokens of rank s whose expert lives on rank d. Forward: the per-expert token
+    counts to every other rank (at most (n-1) E counts), the tokens leaving this rank
+    (sum_{d != me} routed[me][d] rows of ``hidden``) and the results of the tokens that came in
+    (sum_{s != me} routed[s][me] rows) going back; backward: the same two token exchanges with their
+    directions swapped, so the same bytes. Tokens routed to this rank's own experts never move."""
+    n = len(routed)
+    _check(n, hidden, itemsize, num_experts, *(c for row in routed for c in row))
+    row = hidden * itemsize
+    tokens = (sum(routed[me]) - routed[me][me] + sum(r[me] for r in routed) - routed[me][me]) * row
+    return {"forward": (n - 1) * num_experts * count_itemsize + tokens, "backward": tokens}
+
+
 def pipeline_stage(stages: int, stage: int, microbatches: int, activation_bytes: int, gradient_bytes: int | None = None) -> dict[str, int]:
     """Pipeline parallelism, what stage ``stage`` (0-based) of ``stages`` sends per step: one
     activation per microbatch forward unless it is the last stage, one gradient (the activation's

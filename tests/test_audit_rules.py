@@ -56,6 +56,12 @@ def test_training_budgets():
     assert cost_model.sequence_parallel_mlp(4, 100, 8, 4) == {"forward": 600, "backward": 648}
 
 
+def test_expert_parallel_moves_only_the_tokens_that_leave_and_their_results():
+    routed = [[2, 3], [4, 1]]  # rank 0 keeps 2 tokens, sends 3 to rank 1, gets 4 from it
+    budget = cost_model.expert_parallel_moe(routed, 0, hidden=5, itemsize=8, num_experts=4)
+    assert budget == {"forward": 1 * 4 * 8 + (3 + 4) * 5 * 8, "backward": (3 + 4) * 5 * 8}
+
+
 def test_zero_stage_1_moves_data_parallel_volume_up_to_the_shard_balance():
     # LPT: 5 | 4 | 3+2 -> the fullest shard holds 5 items
     assert cost_model.balanced_shard([5, 4, 3, 2], 3) == 5

@@ -54,6 +54,23 @@ def sharded_optimizer_step(ctx: RankContext, impl, model: dict, seed: int, optim
     return {"loss": loss.detach().cpu()}
 
 
+@on_members
+def expert_parallel(ctx: RankContext, impl, process_group, router_weight, experts, x, grad_output) -> dict:
+    """ExpertParallelMoE.from_dense(router, experts) over the group ("setup"), forward on this
+    member's tokens ("forward"), backward with their upstream gradient ("backward")."""
+    from harness.programs.expert_parallel import _build
+
+    recording.mark("setup")
+    moe = _build(ctx, impl, process_group, router_weight, experts)
+    x = ctx.to_device(x).requires_grad_(True)
+    recording.mark("forward")
+    y = moe(x)
+    recording.mark("backward")
+    y.backward(ctx.to_device(grad_output))
+    recording.mark("after")
+    return {"shape": list(y.shape)}
+
+
 def _dense(ctx: RankContext, weight: torch.Tensor, bias: torch.Tensor) -> nn.Linear:
     out_features, in_features = weight.shape
     linear = nn.Linear(in_features, out_features, dtype=weight.dtype, device=ctx.device)
