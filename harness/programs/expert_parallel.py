@@ -15,21 +15,12 @@ import torch
 from torch import nn
 
 from harness.context import MissingFunction, RankContext, on_members, require
-
-
-def _linear(ctx: RankContext, weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
-    out_features, in_features = weight.shape
-    linear = nn.Linear(in_features, out_features, bias=bias is not None, dtype=weight.dtype, device=ctx.device)
-    with torch.no_grad():
-        linear.weight.copy_(ctx.to_device(weight))
-        if bias is not None:
-            linear.bias.copy_(ctx.to_device(bias))
-    return linear
+from harness.programs.tensor_parallel import _dense
 
 
 def _build(ctx: RankContext, impl, process_group, router_weight, experts):
-    router = _linear(ctx, router_weight, None)
-    modules = [nn.Sequential(_linear(ctx, w1, b1), nn.GELU(), _linear(ctx, w2, b2)) for w1, b1, w2, b2 in experts]
+    router = _dense(ctx, router_weight, None)
+    modules = [nn.Sequential(_dense(ctx, w1, b1), nn.GELU(), _dense(ctx, w2, b2)) for w1, b1, w2, b2 in experts]
     return require(impl, "ExpertParallelMoE").from_dense(router, modules, group=process_group)
 
 
