@@ -24,8 +24,9 @@ same on every rank (the assignment depends on shapes only).
 
 Which parameters take part is decided per step, identically on every rank (the contract's data
 parallelism assumption): a frozen parameter (requires_grad=False) never has an owner nor state; a
-parameter whose .grad is None in a step (no forward used it) is left out of that step's
-reduction, and its owner's optimizer skips it, as torch's optimizers do in one process.
+parameter whose .grad is None in a step (no forward used it) fills its slot with zeros, keeps
+.grad None on its owner, and so is skipped by the owner's optimizer, as torch's optimizers do in
+one process; nobody copies it back, since it did not change.
 
 Communication goes through :mod:`impls.collectives` (point-to-point based); torch.distributed is
 used for group bookkeeping only. Parameters of one dtype and device (a flat buffer holds them all).
