@@ -29,6 +29,8 @@ from harness.failures import ImplementationIncomplete, RankFailure, RankReport, 
 from harness.rank import STACK_DUMP_SIGNAL, RankConfig, serve
 
 PRELOAD = ["torch", "torch.distributed", "harness.rank", "harness.programs"]
+STRAY_CHECK = "harness.programs.probe:stray_messages"
+STRAY_CHECK_TIMEOUT_S = 20.0  # every rank is idle by then: the exchange takes milliseconds
 
 
 @dataclass
@@ -214,7 +216,39 @@ class World:
     # ------------------------------------------------------------------------------------- run
     def run(self, program: str, args_per_rank: list[dict], *, impl: str, timeout_s: float, grace_s: float) -> TaskResult:
         """Run ``program`` on every rank (rank r gets ``args_per_rank[r]``); return every rank's
-        output, or raise RankFailure / RanksHung naming the ranks that did not finish."""
+        output, or raise RankFailure / RanksHung naming the ranks that did not finish. On gloo, a
+        task every rank finished is followed by the stray-message check (harness.programs.probe:
+        stray_messages): a message the implementation sent and nobody received would otherwise be
+        taken by the next test's receive, and blamed on it. Skipped for torch.distributed itself,
+        whose collectives send no user-visible point-to-point messages."""
+        __tracebackhide__ = True
+        result = self._run(program, args_per_rank, impl=impl, timeout_s=timeout_s, grace_s=grace_s)
+        if self.backend == "gloo" and self.size > 1 and impl != "torch.distributed":
+            self._check_for_stray_messages(program, impl, timeout_s, grace_s)
+        return result
+
+    def _check_for_stray_messages(self, program: str, impl: str, timeout_s: float, grace_s: float) -> None:
+        __tracebackhide__ = True
+        what = f"{program} on {self.size} ranks finished, but the stray-message check after it"
+        try:
+            check = self._run(STRAY_CHECK, [{}] * self.size, impl=impl, timeout_s=min(timeout_s, STRAY_CHECK_TIMEOUT_S),
+                              grace_s=grace_s)
+        except (RankFailure, RanksHung, ImplementationIncomplete) as failure:
+            self.close()
+            inner = failure.failure if isinstance(failure, (RanksHung, ImplementationIncomplete)) else failure
+            raise RankFailure(f"{what} failed: a receive the implementation posted and never matched takes the "
+                              f"check's message (the check then hangs), and a leftover message over 64 KiB aborts "
+                              f"it; this world is rebuilt for the next test.\n{inner.summary}", inner.ranks) from None
+        leftovers = {rank: out["leftovers"] for rank, out in enumerate(check.outputs) if out["leftovers"]}
+        if leftovers:
+            self.close()
+            found = "; ".join(f"rank {peer} -> rank {rank} (first int64 words {words})"
+                              for rank, by_peer in leftovers.items() for peer, words in by_peer.items())
+            raise RankFailure(f"{what} found messages the implementation sent and nobody received (tag 0): {found}. "
+                              "Each would be taken by a later test's receive; this world is rebuilt for the next test.",
+                              [RankReport(r.rank, "ok", "", "") for r in self._ranks])
+
+    def _run(self, program: str, args_per_rank: list[dict], *, impl: str, timeout_s: float, grace_s: float) -> TaskResult:
         __tracebackhide__ = True
         if self._closed:
             raise RuntimeError(f"{self.name} is closed")

@@ -109,6 +109,15 @@ def test_an_implementation_that_destroys_the_process_group_fails_its_test_and_th
     assert pool.rebuilds == 1
 
 
+def test_a_message_nobody_received_fails_the_task_that_sent_it_not_the_next_one(pool):
+    # Without the check, the next test's receive from rank 0 takes these 20 bytes: a correct
+    # implementation then dies with SIGABRT ("Received data size doesn't match expected size").
+    with pytest.raises(RankFailure, match=r"found messages the implementation sent and nobody received.*rank 0 -> rank 1"):
+        pool.run(2, CALL, all_reduce_task(2), impl=fixture_impl("stray_send_impl"))
+    assert pool.rebuilds == 1
+    assert pool.run(2, CALL, all_reduce_task(2), impl="impls").outputs[1]["tensor"][0] == 3.0
+
+
 def test_torch_settings_an_implementation_changes_do_not_leak_into_the_next_task(pool):
     before = pool.run(2, ENVIRONMENT, [{}] * 2, impl="torch.distributed").outputs
     result = pool.run(2, CALL, all_reduce_task(2), impl=fixture_impl("settings_leaking_impl"))
