@@ -161,3 +161,70 @@ optimizer_specs = st.one_of(
 def describe_spec(spec: dict, first: str) -> str:
     """``kind=mlp, hidden=3, ...``: a spec's fields, ``first`` first, then by name."""
     return ", ".join(f"{k}={spec[k]}" for k in sorted(spec, key=lambda k: (k != first, k)))
+
+
+def dense_layers(seed: int, dtype: torch.dtype, layers: list[tuple[int, int]], bias: bool, x_shape: tuple[int, ...],
+                 g_shape: tuple[int, ...]) -> dict:
+    """Dense Linear weights for each (in, out) of ``layers`` with nn.Linear's init,
+    U(-1/sqrt(in), 1/sqrt(in)) (biases too, or None), then an input x and an upstream gradient
+    g = dL/dy drawn N(0, 1), all from ``seed`` in that order: {"params": [(W, b)], "x", "g"}."""
+    g = torch.Generator().manual_seed(seed)
+
+    def uniform(*shape, fan_in):
+        return ((torch.rand(shape, generator=g, dtype=torch.float64) * 2 - 1) / fan_in**0.5).to(dtype)
+
+    def normal(*shape):
+        return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+
+    params = [(uniform(fan_out, fan_in, fan_in=fan_in), uniform(fan_out, fan_in=fan_in) if bias else None)
+              for fan_in, fan_out in layers]
+    return {"params": params, "x": normal(*x_shape), "g": normal(*g_shape)}
+
+
+# ------------------------------------------------------------------ mixture of experts
+@dataclass(frozen=True)
+class MixtureExample:
+    """A top-1 MoE layer over a layout (conformance/test_expert_parallel.py): float64 router and
+    experts, each member's own tokens and their upstream gradient."""
+
+    layout: Layout
+    experts_per_rank: int
+    h: int
+    f: int
+    tokens: tuple[int, ...]  # per member
+    seed: int
+
+    @property
+    def num_experts(self) -> int:
+        return self.layout.size * self.experts_per_rank
+
+    def __str__(self) -> str:
+        return (f"{self.layout}, {self.num_experts} experts ({self.experts_per_rank} per rank), h={self.h}, f={self.f}, "
+                f"tokens per member {list(self.tokens)}, float64, seed={self.seed}")
+
+    def tensors(self) -> dict:
+        g = torch.Generator().manual_seed(self.seed)
+
+        def uniform(*shape, fan_in):
+            return (torch.rand(shape, generator=g, dtype=torch.float64) * 2 - 1) / fan_in**0.5
+
+        experts = [(uniform(self.f, self.h, fan_in=self.h), uniform(self.f, fan_in=self.h),
+                    uniform(self.h, self.f, fan_in=self.f), uniform(self.h, fan_in=self.f))
+                   for _ in range(self.num_experts)]
+        router = torch.randn((self.num_experts, self.h), generator=g, dtype=torch.float64)
+        xs = [torch.randn((t, self.h), generator=g, dtype=torch.float64) for t in self.tokens]
+        grads = [torch.randn((t, self.h), generator=g, dtype=torch.float64) for t in self.tokens]
+        return {"router": router, "experts": experts, "xs": xs, "grads": grads}
+
+
+@st.composite
+def mixture_examples(draw, max_world_size: int, min_size: int = 1) -> MixtureExample:
+    layout = draw(layouts(max_world_size, min_size), label="layout")
+    return MixtureExample(
+        layout=layout,
+        experts_per_rank=draw(st.integers(1, 2), label="experts per rank"),
+        h=draw(st.integers(1, 6), label="h"),
+        f=draw(st.integers(1, 6), label="f"),
+        tokens=tuple(draw(st.lists(st.integers(0, 6), min_size=layout.size, max_size=layout.size), label="tokens")),
+        seed=draw(st.integers(0, 2**16), label="seed"),
+    )

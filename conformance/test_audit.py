@@ -34,7 +34,7 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from conformance.examples import Layout, Values, layouts, sentinel, shapes
+from conformance.examples import Layout, Values, layouts, mixture_examples, sentinel, shapes
 from conformance.verdict import Judge
 from harness import audit, models
 from harness.failures import ImplementationIncomplete, RankFailure, RanksHung
@@ -353,30 +353,18 @@ def test_expert_parallel_traffic(data, audited, request):
     everywhere, or sending counts per token, is reported with the numbers."""
     import reference.expert_parallel as moe
 
-    layout = data.draw(layouts(audited.target.max_world_size, min_size=2), label="layout")
-    if layout.size < 2:
+    if audited.target.max_world_size < 2:
         pytest.skip("needs a group of at least 2 ranks (--max-world-size)")
-    n = layout.size
-    each, h, f = data.draw(st.integers(1, 2), label="experts per rank"), data.draw(st.integers(1, 6), label="h"), 3
-    tokens = data.draw(st.lists(st.integers(0, 6), min_size=n, max_size=n), label="tokens")
-    seed = data.draw(st.integers(0, 2**16), label="seed")
-    g = torch.Generator().manual_seed(seed)
-    num_experts = n * each
-    router = torch.randn((num_experts, h), generator=g, dtype=torch.float64)
-    experts = [(torch.randn(f, h, generator=g, dtype=torch.float64), torch.randn(f, generator=g, dtype=torch.float64),
-                torch.randn(h, f, generator=g, dtype=torch.float64), torch.randn(h, generator=g, dtype=torch.float64))
-               for _ in range(num_experts)]
-    xs = [torch.randn((t, h), generator=g, dtype=torch.float64) for t in tokens]
-    assume(moe.top2_gap(torch.cat(xs), router) > 1e-6)
-    routed = [[0] * n for _ in range(n)]
-    for s, x in enumerate(xs):
-        for e in moe.route(x, router)[0].tolist():
-            routed[s][moe.owner(e, num_experts, n)] += 1
-    judge = Judge(f"{layout}, {num_experts} experts, h={h}, tokens per member {tokens}, seed={seed}",
-                  audited.target.reproduce(request.node.nodeid))
+    example = data.draw(mixture_examples(audited.target.max_world_size, min_size=2), label="example")
+    layout, n, h, num_experts = example.layout, example.layout.size, example.h, example.num_experts
+    t = example.tensors()
+    router, experts, xs = t["router"], t["experts"], t["xs"]
+    assume(moe.top2_gap(torch.cat(xs), router) > moe.ROUTING_TIE)
+    routed = moe.routed(xs, router, n)
+    judge = Judge(str(example), audited.target.reproduce(request.node.nodeid))
     try:
         _, records = audited.run(judge, layout, "audit:expert_parallel", [
-            {"router_weight": router, "experts": experts, "x": xs[i], "grad_output": torch.ones_like(xs[i])}
+            {"router_weight": router, "experts": experts, "x": xs[i], "grad_output": t["grads"][i]}
             for i in range(n)])
     except ImplementationIncomplete as failure:
         _implemented(failure, ("ExpertParallelMoE",))

@@ -30,7 +30,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import reference.tensor_parallel as ref
-from conformance.examples import Layout
+from conformance.examples import Layout, dense_layers
 from conformance.verdict import Judge
 from reference import mesh
 
@@ -56,18 +56,9 @@ class Example:
                 f"seed={self.seed}")
 
     def tensors(self) -> dict:
-        g = torch.Generator().manual_seed(self.seed)
-
-        def uniform(*shape, fan_in):
-            return ((torch.rand(shape, generator=g, dtype=torch.float64) * 2 - 1) / fan_in**0.5).to(self.dtype)
-
-        def normal(*shape):
-            return torch.randn(shape, generator=g, dtype=torch.float64).to(self.dtype)
-
-        fc1 = (uniform(self.ffn, self.h, fan_in=self.h), uniform(self.ffn, fan_in=self.h) if self.bias else None)
-        fc2 = (uniform(self.h, self.ffn, fan_in=self.ffn), uniform(self.h, fan_in=self.ffn) if self.bias else None)
         shape = (self.dp * self.rows, *self.extra, self.h)
-        return {"fc1": fc1, "fc2": fc2, "x": normal(*shape), "g": normal(*shape)}
+        t = dense_layers(self.seed, self.dtype, [(self.h, self.ffn), (self.ffn, self.h)], self.bias, shape, shape)
+        return {"fc1": t["params"][0], "fc2": t["params"][1], "x": t["x"], "g": t["g"]}
 
 
 @st.composite

@@ -1,5 +1,6 @@
 """Conformance of expert parallelism (``ExpertParallelMoE.from_dense(router, experts, group=None)``,
 the contract in harness/programs/expert_parallel.py), against reference/expert_parallel.py.
+Examples: conformance.examples.MixtureExample.
 
 Each test draws an example (a world size, half the time a subgroup of it; E = n k experts of
 width h -> f -> h; each member's own number of tokens, 0-6, so the all-to-alls carry unequal
@@ -21,7 +22,6 @@ does not divide raises a ValueError naming num_experts, its value and the group 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -29,64 +29,18 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import reference.expert_parallel as ref
-from conformance.examples import Layout, layouts
+from conformance.examples import layouts, mixture_examples
 from conformance.verdict import Judge
 
 PROGRAM = "expert_parallel:forward_backward"
-TIE = 1e-6
-
-
-@dataclass(frozen=True)
-class Example:
-    layout: Layout
-    experts_per_rank: int
-    h: int
-    f: int
-    tokens: tuple[int, ...]  # per member
-    seed: int
-
-    @property
-    def num_experts(self) -> int:
-        return self.layout.size * self.experts_per_rank
-
-    def __str__(self) -> str:
-        return (f"{self.layout}, {self.num_experts} experts ({self.experts_per_rank} per rank), h={self.h}, f={self.f}, "
-                f"tokens per member {list(self.tokens)}, float64, seed={self.seed}")
-
-    def tensors(self) -> dict:
-        g = torch.Generator().manual_seed(self.seed)
-
-        def uniform(*shape, fan_in):
-            return (torch.rand(shape, generator=g, dtype=torch.float64) * 2 - 1) / fan_in**0.5
-
-        experts = [(uniform(self.f, self.h, fan_in=self.h), uniform(self.f, fan_in=self.h),
-                    uniform(self.h, self.f, fan_in=self.f), uniform(self.h, fan_in=self.f))
-                   for _ in range(self.num_experts)]
-        router = torch.randn((self.num_experts, self.h), generator=g, dtype=torch.float64)
-        xs = [torch.randn((t, self.h), generator=g, dtype=torch.float64) for t in self.tokens]
-        grads = [torch.randn((t, self.h), generator=g, dtype=torch.float64) for t in self.tokens]
-        return {"router": router, "experts": experts, "xs": xs, "grads": grads}
-
-
-@st.composite
-def examples(draw, max_world_size: int) -> Example:
-    layout = draw(layouts(max_world_size), label="layout")
-    return Example(
-        layout=layout,
-        experts_per_rank=draw(st.integers(1, 2), label="experts per rank"),
-        h=draw(st.integers(1, 6), label="h"),
-        f=draw(st.integers(1, 6), label="f"),
-        tokens=tuple(draw(st.lists(st.integers(0, 6), min_size=layout.size, max_size=layout.size), label="tokens")),
-        seed=draw(st.integers(0, 2**16), label="seed"),
-    )
 
 
 @pytest.mark.capability("expert_parallel")
 @given(data=st.data())
 def test_expert_parallel_moe_equals_one_process_with_every_expert(data, ranks, target, request):
-    example = data.draw(examples(target.max_world_size), label="example")
+    example = data.draw(mixture_examples(target.max_world_size), label="example")
     t = example.tensors()
-    assume(ref.top2_gap(torch.cat(t["xs"]), t["router"]) > TIE)
+    assume(ref.top2_gap(torch.cat(t["xs"]), t["router"]) > ref.ROUTING_TIE)
     judge = Judge(str(example), target.reproduce(request.node.nodeid))
     n, each = example.layout.size, example.experts_per_rank
     expected = ref.moe(t["xs"], t["router"], t["experts"], t["grads"])

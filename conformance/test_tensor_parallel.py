@@ -35,7 +35,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import reference.tensor_parallel as ref
-from conformance.examples import Layout, layouts
+from conformance.examples import Layout, dense_layers, layouts
 from conformance.verdict import Judge
 
 PROGRAM = "tensor_parallel:forward_backward"
@@ -65,21 +65,11 @@ class Example:
     def tensors(self) -> dict:
         """The dense weights (nn.Linear's init: U(-1/sqrt(in), 1/sqrt(in))), the input x and the
         upstream gradient g = dL/dy, all full size, built from the seed."""
-        g = torch.Generator().manual_seed(self.seed)
-
-        def uniform(*shape, fan_in):
-            return ((torch.rand(shape, generator=g, dtype=torch.float64) * 2 - 1) / fan_in**0.5).to(self.dtype)
-
-        def normal(*shape):
-            return torch.randn(shape, generator=g, dtype=torch.float64).to(self.dtype)
-
         layers = [(self.in_features, self.ffn), (self.ffn, self.in_features)] if self.ffn else \
             [(self.in_features, self.out_features)]
-        params = []
-        for fan_in, fan_out in layers:
-            params.append((uniform(fan_out, fan_in, fan_in=fan_in), uniform(fan_out, fan_in=fan_in) if self.bias else None))
         out = self.in_features if self.ffn else self.out_features
-        return {"params": params, "x": normal(*self.leading, self.in_features), "g": normal(*self.leading, out)}
+        return dense_layers(self.seed, self.dtype, layers, self.bias, (*self.leading, self.in_features),
+                            (*self.leading, out))
 
 
 @st.composite

@@ -27,6 +27,9 @@ from torch import Tensor
 
 # Tolerance: see ``atol``.
 RELATIVE = 1e-9
+# Examples whose tokens have two router logits closer than this are not drawn: there the routing, a
+# discontinuous choice, would be decided by rounding.
+ROUTING_TIE = 1e-6
 
 
 def check_divisible(num_experts: int, n: int) -> None:
@@ -45,6 +48,15 @@ def route(x: Tensor, router_weight: Tensor) -> tuple[Tensor, Tensor]:
     probabilities = torch.softmax(x @ router_weight.T, dim=-1)
     gate, expert = probabilities.max(dim=-1)
     return expert, gate
+
+
+def routed(tokens: list[Tensor], router_weight: Tensor, n: int) -> list[list[int]]:
+    """``routed[s][d]``: how many of rank s's tokens have their expert on rank d."""
+    counts = [[0] * n for _ in tokens]
+    for s, x in enumerate(tokens):
+        for expert in route(x, router_weight)[0].tolist():
+            counts[s][owner(expert, router_weight.shape[0], n)] += 1
+    return counts
 
 
 def top2_gap(x: Tensor, router_weight: Tensor) -> float:
