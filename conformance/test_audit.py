@@ -78,10 +78,8 @@ class Audited:
 
 
 @pytest.fixture(scope="session")
-def audited(target, pytestconfig):
-    pool = WorldPool(target.backend, timeout_s=pytestconfig.getoption("--rank-timeout"), audit=True)
-    yield Audited(pool, target, p2p_required(target.impl, pytestconfig.getoption("--audit-require-p2p")))
-    pool.close()
+def audited(audited_pool, target, pytestconfig):
+    return Audited(audited_pool, target, p2p_required(target.impl, pytestconfig.getoption("--audit-require-p2p")))
 
 
 def check(judge: Judge, violations: list[str]) -> None:

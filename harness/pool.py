@@ -13,6 +13,7 @@ import socket
 import tempfile
 from dataclasses import dataclass
 
+from harness.backends import BackendPlan
 from harness.failures import ImplementationIncomplete, RankFailure, RanksHung, WorldStartError
 from harness.world import TaskResult, World
 
@@ -32,7 +33,7 @@ class Attach:
 class WorldPool:
     def __init__(
         self,
-        backend: str = "gloo",
+        backend: str | BackendPlan = "gloo",
         *,
         timeout_s: float = 30.0,
         grace_s: float = 0.5,
@@ -42,14 +43,16 @@ class WorldPool:
         threads_per_rank: int = 1,
         attach: Attach | None = None,
         authkey: bytes | None = None,
+        on_run=None,
     ):
-        self.backend = backend
+        self.backend = backend  # one backend for every world, or a BackendPlan: a backend per world size
         self.audit = audit  # ranks record their communication; TaskResult.records carries it
         self.timeout_s = timeout_s
         self.grace_s = grace_s
         self.start_method = start_method
         self.threads_per_rank = threads_per_rank  # torch intra-op threads in each rank
         self.rebuilds = 0
+        self._on_run = on_run  # called with the world size of every task (the driver's coverage record)
         self._worlds: dict[int, World] = {}
         self._authkey = authkey or secrets.token_bytes(32)
         self._log_dir = tempfile.mkdtemp(prefix="conformance-ranks-")
@@ -79,6 +82,9 @@ class WorldPool:
                f"CONFORMANCE_AUTHKEY={self._authkey.hex()}")
         return f"{env} {launcher} -m harness.rank"
 
+    def backend_for(self, size: int) -> str:
+        return self.backend.backend(size) if isinstance(self.backend, BackendPlan) else self.backend
+
     def world(self, size: int) -> World:
         world = self._worlds.get(size)
         if world is not None:
@@ -90,7 +96,7 @@ class WorldPool:
         try:
             world = self._worlds[size] = World(
                 size,
-                self.backend,
+                self.backend_for(size),
                 store_address=self._store_address,
                 log_dir=self._log_dir,
                 authkey=self._authkey,
@@ -107,6 +113,8 @@ class WorldPool:
 
     def run(self, size: int, program: str, args_per_rank: list[dict], *, impl: str, timeout_s: float | None = None) -> TaskResult:
         __tracebackhide__ = True
+        if self._on_run is not None:
+            self._on_run(size)
         world = self.world(size)
         try:
             return world.run(

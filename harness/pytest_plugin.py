@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import InvalidArgument
 
+from harness.backends import BackendChoiceError, BackendPlan, visible_gpus
 from harness.pool import Attach, WorldPool
 from harness.reports import DEFAULT_RUBRIC, load_rubric
 from harness.reports import write as write_reports
@@ -39,7 +40,9 @@ def pytest_addoption(parser):
                     help="implementation under test: a module name or a path to a .py file "
                          f"(default: {DEFAULT_IMPL}, the bundled one; torch.distributed is valid too)")
     group.addoption("--backend", default="auto", choices=("auto", "gloo", "nccl"),
-                    help="process-group backend of the ranks (auto: nccl when CUDA is available, else gloo)")
+                    help="process-group backend of the ranks (auto: worlds of up to as many ranks as visible GPUs "
+                         "on nccl, one GPU per rank, larger worlds on gloo with CPU tensors; nccl: nccl only, "
+                         "worlds capped at the GPU count; gloo: CPU ranks only)")
     group.addoption("--max-world-size", type=int, default=None,
                     help="largest world Hypothesis draws (default 4, 8 under --hypothesis-profile=thorough)")
     group.addoption("--rank-timeout", type=float, default=60.0,
@@ -74,7 +77,8 @@ def pytest_configure(config):
             raise pytest.UsageError(f"--rubric: {error}") from error
         if not getattr(config.option, "xmlpath", None):
             config.option.xmlpath = str(Path(report_dir) / "junit.xml")
-    config.pluginmanager.register(Scorecard(config), "conformance-scorecard")
+    config.pluginmanager.register(Scorecard(config, coverage=lambda: backend_plan(config).coverage()),
+                                  "conformance-scorecard")
 
 
 def _check_options(config) -> None:
@@ -91,7 +95,10 @@ def _check_options(config) -> None:
         except InvalidArgument:
             raise pytest.UsageError(f"--hypothesis-profile={profile}: no such profile; this suite registers "
                                     f"{', '.join(PROFILES)}") from None
-    _resolve_backend(config.getoption("--backend"))  # --backend nccl without a GPU fails here, once
+    try:  # --backend nccl without a GPU fails here, once
+        BackendPlan.resolve(config.getoption("--backend"), visible_gpus(), 1)
+    except BackendChoiceError as error:
+        raise pytest.UsageError(str(error)) from None
     if config.getoption("--attach") is not None:
         _check_attach_options(config)
 
@@ -113,6 +120,22 @@ def _attach(config) -> Attach | None:
     return Attach(config.getoption("--attach"), host, int(port), timeout_s=config.getoption("--attach-timeout"))
 
 
+def pytest_sessionstart(session):
+    """The coverage line as a JUnit property of the run (CI systems show it beside the tests)."""
+    xml = session.config.stash.get(_junit_key(), None) if _junit_key() is not None else None
+    if xml is not None:
+        xml.add_global_property("coverage", backend_plan(session.config).coverage())
+        xml.add_global_property("implementation", session.config.getoption("--impl"))
+
+
+def _junit_key():
+    try:
+        from _pytest.junitxml import xml_key
+    except ImportError:  # pytest moved it: the property is a nicety, the run goes on
+        return None
+    return xml_key
+
+
 def pytest_unconfigure(config):
     report_dir = config.getoption("--report-dir")
     scorecard = config.pluginmanager.get_plugin("conformance-scorecard")
@@ -125,47 +148,50 @@ class Target:
     """What is under test and where it runs, as the driver knows it (never the module itself)."""
 
     impl: str
-    backend: str
+    backend: str  # the --backend option; plan.backend(n) is what a world of n ranks runs on
     max_world_size: int
     profile: str
     attach: str = ""  # the --attach options of this run, if any
+    plan: BackendPlan | None = None
 
     def reproduce(self, nodeid: str) -> str:
         return (f"pytest {shlex.quote(nodeid)} --impl {shlex.quote(self.impl)} --backend {self.backend} "
                 f"--hypothesis-profile={self.profile} --max-world-size {self.max_world_size}{self.attach}")
 
 
-def _resolve_backend(requested: str) -> tuple[str, int]:
-    import torch
+def backend_plan(config) -> BackendPlan:
+    """Which backend each world size runs on in this session (harness/backends.py), decided once."""
+    plan = config.stash.get(_PLAN, None)
+    if plan is None:
+        profile = settings._current_profile or "quick"
+        asked = config.getoption("--max-world-size") or (8 if profile == "thorough" else 4)
+        attach = _attach(config)
+        if attach is not None:
+            asked = attach.size  # the attached world is the largest drawn; smaller ones run here
+        plan = config.stash[_PLAN] = BackendPlan.resolve(config.getoption("--backend"), visible_gpus(), asked)
+    return plan
 
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if requested == "auto":
-        requested = "nccl" if gpus else "gloo"
-    if requested == "nccl" and gpus == 0:
-        raise pytest.UsageError("--backend nccl needs at least one visible GPU; none is visible")
-    return requested, gpus
+
+_PLAN = pytest.StashKey[BackendPlan]()
 
 
 @pytest.fixture(scope="session")
 def target(pytestconfig) -> Target:
-    backend, gpus = _resolve_backend(pytestconfig.getoption("--backend"))
+    plan = backend_plan(pytestconfig)
     profile = settings._current_profile or "quick"
-    max_world = pytestconfig.getoption("--max-world-size") or (8 if profile == "thorough" else 4)
-    if backend == "nccl":
-        max_world = min(max_world, gpus)  # one GPU per rank: larger worlds are not drawn
     attach, attach_options = _attach(pytestconfig), ""
     if attach is not None:
-        max_world = attach.size  # the attached world is the largest drawn; smaller ones run here
         attach_options = f" --attach {attach.size} --attach-address {attach.host}:{attach.port}"
-    return Target(pytestconfig.getoption("--impl"), backend, max_world, profile, attach_options)
+    return Target(pytestconfig.getoption("--impl"), pytestconfig.getoption("--backend"), plan.max_world_size, profile,
+                  attach_options, plan)
 
 
 @pytest.fixture(scope="session")
-def world_pool(target, pytestconfig):
+def world_pool(target, pytestconfig, _world_sizes_run):
     attach = _attach(pytestconfig)
     key = os.environ.get("CONFORMANCE_AUTHKEY")
-    pool = WorldPool(target.backend, timeout_s=pytestconfig.getoption("--rank-timeout"), attach=attach,
-                     authkey=bytes.fromhex(key) if key else None)
+    pool = WorldPool(target.plan, timeout_s=pytestconfig.getoption("--rank-timeout"), attach=attach,
+                     authkey=bytes.fromhex(key) if key else None, on_run=_world_sizes_run.add)
     if attach is not None:
         capture = pytestconfig.pluginmanager.getplugin("capturemanager")
         with capture.global_and_fixture_disabled():
@@ -176,11 +202,45 @@ def world_pool(target, pytestconfig):
     pool.close()
 
 
+@pytest.fixture(scope="session")
+def audited_pool(target, pytestconfig, _world_sizes_run):
+    """Worlds whose ranks record every communication call (harness/recording.py), for the audit;
+    the same backend per world size and the same caps as world_pool."""
+    pool = WorldPool(target.plan, timeout_s=pytestconfig.getoption("--rank-timeout"), audit=True,
+                     on_run=_world_sizes_run.add)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="session")
+def _world_sizes_run() -> set:
+    """The world sizes the current test ran tasks on (emptied before each test)."""
+    return set()
+
+
 @pytest.fixture(autouse=True)
-def _tag_capability(request):
+def _tag_capability(request, _world_sizes_run):
     marker = request.node.get_closest_marker("capability")
     if marker is not None:
         request.node.user_properties.append(("capability", marker.args[0]))
+    _world_sizes_run.clear()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Records the world sizes the test ran on. A test that passed on 1-rank worlds only, in a run
+    where no larger world can be drawn, has tested nothing distributed: it is reported as skipped
+    with the reason, never as passed."""
+    sizes = sorted(getattr(item, "funcargs", {}).get("_world_sizes_run", ())) if call.when == "call" else []
+    if sizes:
+        item.user_properties.append(("world_sizes", ",".join(map(str, sizes))))
+    outcome = yield
+    report = outcome.get_result()
+    plan = item.config.stash.get(_PLAN, None)
+    if report.passed and sizes and max(sizes) < 2 and plan is not None and not plan.multi_rank():
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1] or 0,
+                           f"not tested: only 1-rank worlds ran ({plan.coverage()})")
 
 
 class Ranks:
@@ -229,6 +289,8 @@ class BackendRefusals:
 
 @pytest.fixture(scope="session")
 def backend_refusals(world_pool, target) -> BackendRefusals:
+    """Probed on each backend of the plan, at its smallest world of two ranks or more (else its
+    one world); a case any of them refuses is not drawn (the message names the backend)."""
     from reference.collectives import DTYPES, OPS, op_applies
 
     reductions = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor")
@@ -236,7 +298,12 @@ def backend_refusals(world_pool, target) -> BackendRefusals:
               "all_to_all_single")
     cases = [(c, str(d).removeprefix("torch."), op) for c in reductions for d in DTYPES for op in OPS if op_applies(op, d)]
     cases += [(c, str(d).removeprefix("torch."), None) for c in others for d in DTYPES]
-    n = min(2, target.max_world_size)
-    probe = world_pool.run(n, "harness.programs.probe:native_refusals", [{"cases": cases}] * n, impl="torch.distributed")
-    refused = {case: message for case, message in probe.outputs[0].items() if message is not None}
-    return BackendRefusals(target.backend, refused)
+    refused, refusing = {}, []
+    for backend in target.plan.backends():
+        sizes = target.plan.sizes(backend)
+        n = next((size for size in sizes if size >= 2), sizes[0])
+        probe = world_pool.run(n, "harness.programs.probe:native_refusals", [{"cases": cases}] * n, impl="torch.distributed")
+        found = {case: f"{backend}: {message}" for case, message in probe.outputs[0].items() if message is not None}
+        refusing += [backend] if found else []
+        refused = {**found, **refused}
+    return BackendRefusals(" and ".join(refusing) or "/".join(target.plan.backends()), refused)

@@ -64,7 +64,7 @@ def write(scorecard: Scorecard, report_dir: Path, rubric_path: Path, impl: str) 
     tests, totals = score(rows, rubric)
     earned = sum(s for s, _ in totals.values())
     maximum = sum(m for _, m in totals.values())
-    lines = [f"implementation: {impl}", f"rubric: {rubric_path}", "",
+    lines = [f"implementation: {impl}", f"rubric: {rubric_path}", f"coverage: {scorecard.coverage()}", "",
              f"{'capability':<24} {'points':>13}  tests (passed/failed/skipped)"]
     for capability, (got, out_of) in totals.items():
         results = rows[capability]
@@ -87,6 +87,7 @@ def write(scorecard: Scorecard, report_dir: Path, rubric_path: Path, impl: str) 
         "visibility": "visible",
         "stdout_visibility": "hidden",
         "tests": tests,
+        "extra_data": {"coverage": scorecard.coverage(), "implementation": impl},
     }
     (report_dir / "results.json").write_text(json.dumps(results, indent=2))
     (report_dir / "summary.txt").write_text(summary)

@@ -40,9 +40,19 @@ def _explain(report) -> str:
     return text[:MAX_OUTPUT_CHARS]
 
 
+def verdict(results: list[TestResult]) -> str:
+    """A capability's verdict: FAIL (or "not implemented"), "pass", or "not tested" when none of
+    its tests passed or failed (every one skipped: a world it needs could not run, or the
+    backend refuses the case)."""
+    if any(r.outcome == "failed" for r in results):
+        return "not implemented" if any(r.output.startswith("not implemented") for r in results) else "FAIL"
+    return "pass" if any(r.outcome == "passed" for r in results) else "not tested"
+
+
 class Scorecard:
-    def __init__(self, config):
+    def __init__(self, config, coverage=lambda: ""):
         self.config = config
+        self.coverage = coverage  # () -> the line that says which world sizes ran on which backend
         self.results: dict[str, TestResult] = {}
 
     def pytest_runtest_logreport(self, report):
@@ -68,12 +78,10 @@ class Scorecard:
         if not rows:
             return
         terminalreporter.section(f"conformance scorecard: {self.config.getoption('--impl')}")
+        terminalreporter.write_line(f"coverage: {self.coverage()}")
         width = max(len(name) for name in rows)
         terminalreporter.write_line(f"{'capability':<{width}}  passed  failed  skipped  verdict")
         for name, results in rows.items():
             count = {k: sum(r.outcome == k for r in results) for k in ("passed", "failed", "skipped")}
-            incomplete = any(r.output.startswith("not implemented") for r in results)
-            verdict = ("not implemented" if incomplete else "FAIL") if count["failed"] else (
-                "pass" if count["passed"] else "skipped")
             terminalreporter.write_line(
-                f"{name:<{width}}  {count['passed']:>6}  {count['failed']:>6}  {count['skipped']:>7}  {verdict}")
+                f"{name:<{width}}  {count['passed']:>6}  {count['failed']:>6}  {count['skipped']:>7}  {verdict(results)}")

@@ -1,29 +1,44 @@
 # Sourced by the other scripts: makes (once) and activates the project's virtual environment.
-# Needs only python3. Torch: a GPU machine gets the CUDA build that pyproject's range selects; a
-# machine without a GPU first gets torch==2.13.0 (a CPU build where one is on disk, as on our CI
-# runners). CONFORMANCE_TORCH overrides that first step ("skip" leaves torch to pyproject).
+# Needs only python3. Torch, in this order:
+#   1. CONFORMANCE_TORCH set: that pip requirement ("torch==2.13.0", a wheel path; "skip" leaves
+#      torch to pyproject's range);
+#   2. python3 already holds a CUDA torch (NGC containers, most GPU CI images): the venv sees the
+#      system site packages and reuses it, instead of downloading another multi-GB build;
+#   3. no GPU on the machine: torch==2.13.0 first (a CPU build where one is on disk, as on our CI
+#      runners); else the CUDA build that pyproject's range selects.
+# Where no package index is reachable and everything is already importable, the install step is
+# skipped with a note (the scripts run from the repository root, so the project needs no install).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${CONFORMANCE_VENV:-$ROOT/.venv}"
 cd "$ROOT"
 if [ ! -x "$VENV/bin/python" ]; then
-  python3 -m venv "$VENV"
+  venv_options=()
+  if [ -z "${CONFORMANCE_TORCH:-}" ] && python3 -c "import torch, sys; sys.exit(torch.version.cuda is None)" 2>/dev/null; then
+    echo "[bootstrap] reusing python3's CUDA torch $(python3 -c 'import torch; print(torch.__version__)') (venv with system site packages)" >&2
+    venv_options=(--system-site-packages)
+  fi
+  python3 -m venv "${venv_options[@]}" "$VENV"
 fi
 # shellcheck disable=SC1091
 source "$VENV/bin/activate"
 stamp="$VENV/.conformance-installed-$(sha1sum pyproject.toml | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
   pip_quiet=(--quiet --disable-pip-version-check)
-  if ! python -c "import torch" 2>/dev/null; then
-    torch_spec="${CONFORMANCE_TORCH:-}"
-    if [ -z "$torch_spec" ] && ! command -v nvidia-smi >/dev/null 2>&1; then
-      torch_spec="torch==2.13.0"
-    fi
-    if [ -n "$torch_spec" ] && [ "$torch_spec" != "skip" ]; then
-      pip install "${pip_quiet[@]}" "$torch_spec"
-    fi
+  torch_spec="${CONFORMANCE_TORCH:-}"
+  if [ -n "$torch_spec" ] && [ "$torch_spec" != "skip" ]; then
+    pip install "${pip_quiet[@]}" "$torch_spec"
+  elif ! python -c "import torch" 2>/dev/null && ! command -v nvidia-smi >/dev/null 2>&1; then
+    pip install "${pip_quiet[@]}" "torch==2.13.0"
   fi
-  pip install "${pip_quiet[@]}" -e ".[plots]" 2>/dev/null || pip install "${pip_quiet[@]}" -e .
-  touch "$stamp"
+  if pip install "${pip_quiet[@]}" -e ".[plots]" 2>/dev/null || pip install "${pip_quiet[@]}" -e .; then
+    touch "$stamp"
+  elif python -c "import torch, numpy, pytest, xdist, hypothesis, pytest_benchmark" 2>/dev/null; then
+    echo "[bootstrap] pip could not install the project (no package index?); every dependency is already" \
+         "importable, so the scripts go on from the repository root" >&2
+  else
+    echo "[bootstrap] pip could not install the project's dependencies, and they are not all importable" >&2
+    exit 1
+  fi
 fi
 export PYTHONUNBUFFERED=1

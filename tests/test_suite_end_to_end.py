@@ -82,3 +82,17 @@ def test_a_bad_option_is_one_usage_error_that_names_it_before_any_test_runs(opti
     assert result.returncode == 4, result.stdout[-3000:] + result.stderr[-3000:]  # pytest's usage-error code
     assert f"ERROR: {message}" in result.stderr
     assert "passed" not in result.stdout and "INTERNALERROR" not in result.stderr
+
+
+def test_a_run_that_cannot_draw_two_ranks_reports_not_tested_never_pass(tmp_path):
+    """What a 1-GPU runner with --backend nccl gets (here: --max-world-size 1 on gloo): nothing
+    needing two ranks ran, so nothing is counted as passed, and every output says why."""
+    result = run_suite("impls", "-k", "test_all_reduce and SUM or test_broadcast", "--max-world-size", "1",
+                       "--report-dir", str(tmp_path))
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "2 skipped, " in result.stdout and " passed," not in result.stdout
+    assert scorecard_row(result.stdout, "all_reduce")[-2:] == ["not", "tested"]
+    coverage = "world 1 on gloo (CPU ranks); no world of 2 or more ranks: nothing distributed is tested"
+    assert f"coverage: {coverage}" in result.stdout
+    assert f"coverage: {coverage}" in (tmp_path / "summary.txt").read_text()
+    assert f'name="coverage" value="{coverage}"' in (tmp_path / "junit.xml").read_text()
