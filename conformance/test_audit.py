@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 from conformance.examples import Layout, Values, layouts, mixture_examples, sentinel, shapes
 from conformance.verdict import Judge
 from harness import audit, models
-from harness.failures import ImplementationIncomplete, RankFailure, RanksHung
+from harness.failures import TASK_FAILURES, ImplementationIncomplete
 from harness.pool import WorldPool
 from reference import cost_model
 from reference.collectives import DTYPES, output_split_sizes
@@ -71,7 +71,7 @@ class Audited:
             args[rank] = {**kwargs, "group": layout.group}
         try:
             result = self.pool.run(layout.world_size, f"harness.programs.{program}", args, impl=self.target.impl)
-        except (RankFailure, RanksHung, ImplementationIncomplete) as failure:
+        except TASK_FAILURES as failure:
             failure.add_note(f"  example: {judge.example}\n  reproduce: {judge.reproduce}")
             raise
         return {r: result.outputs[r] for r in layout.ranks}, dict(enumerate(result.records))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from conformance.examples import is_sentinel
-from harness.failures import ImplementationIncomplete, RankFailure, RanksHung
+from harness.failures import TASK_FAILURES
 from reference.tolerance import first_mismatch
 
 
@@ -20,7 +20,7 @@ class Judge:
         __tracebackhide__ = True
         try:
             return ranks.run(layout.world_size, layout.members, program, per_member)
-        except (RankFailure, RanksHung, ImplementationIncomplete) as failure:
+        except TASK_FAILURES as failure:
             failure.add_note(f"  example: {self.example}\n  reproduce: {self.reproduce}")
             raise
 

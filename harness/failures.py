@@ -68,9 +68,26 @@ class RanksHung(_Unshrinkable):
     """A task passed its deadline: each re-run would cost a whole deadline."""
 
 
+class RanksCrashed(_Unshrinkable):
+    """A rank exited, was killed by a signal, broke its process group or left a message nobody
+    received: the world is torn down, and each re-run would cost a fresh world."""
+
+
+class BudgetExhausted(_Unshrinkable):
+    """The run's --time-budget is spent: no further task is started."""
+
+    def __init__(self, message: str):
+        BaseException.__init__(self, message)
+        self.failure = RankFailure(message)
+
+
 class ImplementationIncomplete(_Unshrinkable):
     """The implementation under test lacks a name the capability needs, or cannot be imported:
     the same on every example, so there is nothing to shrink."""
+
+
+# Everything a task on ranks can end in besides a result (for ``except`` clauses that annotate it).
+TASK_FAILURES = (RankFailure, RanksHung, RanksCrashed, ImplementationIncomplete, BudgetExhausted)
 
 
 class WorldStartError(RuntimeError):

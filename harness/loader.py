@@ -8,12 +8,13 @@ import sys
 from types import ModuleType
 
 
-def load_implementation(spec: str) -> ModuleType:
+def load_implementation(spec: str, base: str | None = None) -> ModuleType:
     """``spec`` is an importable module name (``impls``, ``torch.distributed``, ``student_dp``) or a
-    path to a .py file. Raises ImportError naming the spec when it cannot be loaded."""
+    path to a .py file (relative to ``base``, default the working directory). Raises ImportError
+    naming the spec when it cannot be loaded."""
     try:
         if spec.endswith(".py") or os.sep in spec:
-            path = os.path.abspath(spec)
+            path = os.path.abspath(os.path.join(base or os.getcwd(), spec))
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"no file {path}")
             name = "impl_under_test_" + os.path.splitext(os.path.basename(path))[0]

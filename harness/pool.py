@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import dataclass
 
 from harness.backends import BackendPlan
-from harness.failures import ImplementationIncomplete, RankFailure, RanksHung, WorldStartError
+from harness.failures import TASK_FAILURES, BudgetExhausted, RanksHung, WorldStartError
 from harness.world import TaskResult, World
 
 
@@ -44,6 +44,8 @@ class WorldPool:
         attach: Attach | None = None,
         authkey: bytes | None = None,
         on_run=None,
+        contain: bool = False,
+        time_left=None,
     ):
         self.backend = backend  # one backend for every world, or a BackendPlan: a backend per world size
         self.audit = audit  # ranks record their communication; TaskResult.records carries it
@@ -52,6 +54,8 @@ class WorldPool:
         self.start_method = start_method
         self.threads_per_rank = threads_per_rank  # torch intra-op threads in each rank
         self.rebuilds = 0
+        self._time_left = time_left  # () -> seconds left of the run's --time-budget; None: no budget
+        self.contain = contain  # local ranks run as a user of their own (harness/containment.py)
         self._on_run = on_run  # called with the world size of every task (the driver's coverage record)
         self._worlds: dict[int, World] = {}
         self._authkey = authkey or secrets.token_bytes(32)
@@ -103,6 +107,7 @@ class WorldPool:
                 start_method=self.start_method,
                 threads_per_rank=self.threads_per_rank,
                 record_communication=self.audit,
+                contain=self.contain,
                 **options,
             )
         except WorldStartError as error:
@@ -113,6 +118,13 @@ class WorldPool:
 
     def run(self, size: int, program: str, args_per_rank: list[dict], *, impl: str, timeout_s: float | None = None) -> TaskResult:
         __tracebackhide__ = True
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        cut_by_budget = False
+        if self._time_left is not None:
+            left = self._time_left()
+            if left <= 0:
+                raise BudgetExhausted("not run: the run's time budget (--time-budget) is spent")
+            cut_by_budget, timeout_s = left < timeout_s, min(timeout_s, left)  # never overrun the budget
         if self._on_run is not None:
             self._on_run(size)
         world = self.world(size)
@@ -121,10 +133,10 @@ class WorldPool:
                 program,
                 args_per_rank,
                 impl=impl,
-                timeout_s=self.timeout_s if timeout_s is None else timeout_s,
+                timeout_s=timeout_s,
                 grace_s=self.grace_s,
             )
-        except (RankFailure, RanksHung, ImplementationIncomplete) as failure:
+        except TASK_FAILURES as failure:
             if world.closed:  # torn down after a hang or exit; the next task starts a fresh world
                 self._worlds.pop(size, None)
                 self.rebuilds += 1
@@ -133,6 +145,9 @@ class WorldPool:
                     # (torchrun --max-restarts) to bring them back, once, for attach.timeout_s
                     failure.add_note(f"  the attached world of {size} ranks was torn down; the next task waits "
                                      f"{self.attach.timeout_s:g} s for its ranks to reconnect")
+            if isinstance(failure, RanksHung) and cut_by_budget:  # the run's time ran out, not the implementation's
+                raise BudgetExhausted(f"not finished: the run's time budget (--time-budget) ran out during this "
+                                      f"task, {timeout_s:.3g} s after it started") from None
             raise
 
     def close_world(self, size: int) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 from dataclasses import dataclass
 
@@ -12,13 +13,16 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import InvalidArgument
 
+from harness import containment
 from harness.backends import BackendChoiceError, BackendPlan, visible_gpus
+from harness.failures import RanksHung
 from harness.pool import Attach, WorldPool
 from harness.reports import DEFAULT_RUBRIC, load_rubric
 from harness.reports import write as write_reports
 from harness.scorecard import Scorecard
 
 DEFAULT_IMPL = "impls"
+GRADING_BUDGET_S = 1500.0  # the grading profile's default --time-budget: a grade arrives within 25 minutes
 
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
 PROFILES = {
@@ -63,6 +67,12 @@ def pytest_addoption(parser):
                     help="write grading files here: Gradescope results.json, junit.xml, summary.txt")
     group.addoption("--rubric", default=str(DEFAULT_RUBRIC),
                     help="TOML file of points per capability (default: grading/rubric.toml)")
+    group.addoption("--time-budget", type=float, default=None, metavar="S",
+                    help=f"seconds the whole run may take on ranks; past it no task starts and the tests left are "
+                         f"reported as not run (default: none; {GRADING_BUDGET_S:g} under the grading profile)")
+    group.addoption("--contain-ranks", default="auto", choices=("auto", "yes", "no"),
+                    help="run each world's ranks as a user of its own in a private directory, all their processes "
+                         "killed with the world (needs root; auto: yes under the grading profile when root)")
 
 
 @pytest.hookimpl(tryfirst=True)  # before the junitxml plugin reads its path
@@ -70,24 +80,29 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "capability(name): the capability a test grades (scorecard row)")
     _check_options(config)
     report_dir = config.getoption("--report-dir")
+    scorecard = Scorecard(config, coverage=lambda: backend_plan(config).coverage())
+    config.pluginmanager.register(scorecard, "conformance-scorecard")
     if report_dir:
-        try:
-            load_rubric(Path(config.getoption("--rubric")))
+        try:  # read once, now: nothing a rank does later can change the points
+            rubric = load_rubric(Path(config.getoption("--rubric")))
         except (OSError, ValueError) as error:
             raise pytest.UsageError(f"--rubric: {error}") from error
         if not getattr(config.option, "xmlpath", None):
             config.option.xmlpath = str(Path(report_dir) / "junit.xml")
-    config.pluginmanager.register(Scorecard(config, coverage=lambda: backend_plan(config).coverage()),
-                                  "conformance-scorecard")
+        if not hasattr(config, "workerinput"):  # the xdist controller (or the only process) writes them
+            config.pluginmanager.register(GradingFiles(config, scorecard, rubric), "conformance-grading-files")
 
 
 def _check_options(config) -> None:
     """Every bad option is one clear usage error before any test runs, never an error per test."""
     if config.getoption("--max-world-size") is not None and config.getoption("--max-world-size") < 1:
         raise pytest.UsageError("--max-world-size must be at least 1")
-    for option in ("--rank-timeout", "--attach-timeout"):
-        if not config.getoption(option) > 0:
+    for option in ("--rank-timeout", "--attach-timeout", "--time-budget"):
+        if config.getoption(option) is not None and not config.getoption(option) > 0:
             raise pytest.UsageError(f"{option} must be a positive number of seconds, got {config.getoption(option):g}")
+    if config.getoption("--contain-ranks") == "yes" and not containment.possible():
+        raise pytest.UsageError("--contain-ranks yes needs root (ranks drop to a user of their own); "
+                                "this run is not root")
     profile = getattr(config.option, "hypothesis_profile", None)
     if profile is not None:
         try:
@@ -136,11 +151,29 @@ def _junit_key():
     return xml_key
 
 
-def pytest_unconfigure(config):
-    report_dir = config.getoption("--report-dir")
-    scorecard = config.pluginmanager.get_plugin("conformance-scorecard")
-    if report_dir and scorecard is not None and not hasattr(config, "workerinput"):
-        write_reports(scorecard, Path(report_dir), Path(config.getoption("--rubric")), config.getoption("--impl"))
+class GradingFiles:
+    """Writes results.json and summary.txt when the session starts, after every test and at the end
+    (harness/reports.py), so that a run stopped from outside still leaves its last state."""
+
+    def __init__(self, config, scorecard: Scorecard, rubric: dict[str, float]):
+        self.config, self.scorecard, self.rubric = config, scorecard, rubric
+        self.started = time.monotonic()
+
+    def write(self, complete: bool) -> None:
+        write_reports(self.scorecard, Path(self.config.getoption("--report-dir")), self.rubric,
+                      Path(self.config.getoption("--rubric")), self.config.getoption("--impl"),
+                      seconds=time.monotonic() - self.started, complete=complete)
+
+    def pytest_sessionstart(self, session):
+        self.write(complete=False)
+
+    @pytest.hookimpl(trylast=True)  # after the scorecard has taken the report
+    def pytest_runtest_logreport(self, report):
+        if report.when == "teardown":
+            self.write(complete=False)
+
+    def pytest_unconfigure(self, config):
+        self.write(complete=True)
 
 
 @dataclass(frozen=True)
@@ -186,12 +219,46 @@ def target(pytestconfig) -> Target:
                   attach_options, plan)
 
 
+class Budget:
+    """The run's --time-budget (the grading profile's default when not given), counted from the
+    session's start in this process."""
+
+    def __init__(self, config):
+        profile = settings._current_profile or "quick"
+        self.seconds = config.getoption("--time-budget") or (GRADING_BUDGET_S if profile == "grading" else None)
+        self.deadline = None if self.seconds is None else time.monotonic() + self.seconds
+
+    def left(self) -> float:
+        return float("inf") if self.deadline is None else self.deadline - time.monotonic()
+
+    def spent(self) -> bool:
+        return self.left() <= 0
+
+
+def _contain(config) -> bool:
+    option = config.getoption("--contain-ranks")
+    if option == "auto":
+        return containment.possible() and (settings._current_profile or "quick") == "grading"
+    return option == "yes"
+
+
+def _pool_options(config, budget: Budget, world_sizes_run: set) -> dict:
+    """What every pool of the session shares: the backend plan, deadlines, containment, coverage."""
+    return dict(timeout_s=config.getoption("--rank-timeout"), on_run=world_sizes_run.add, contain=_contain(config),
+                time_left=budget.left if budget.deadline is not None else None)
+
+
 @pytest.fixture(scope="session")
-def world_pool(target, pytestconfig, _world_sizes_run):
+def _budget(pytestconfig) -> Budget:
+    return Budget(pytestconfig)
+
+
+@pytest.fixture(scope="session")
+def world_pool(target, pytestconfig, _world_sizes_run, _budget):
     attach = _attach(pytestconfig)
     key = os.environ.get("CONFORMANCE_AUTHKEY")
-    pool = WorldPool(target.plan, timeout_s=pytestconfig.getoption("--rank-timeout"), attach=attach,
-                     authkey=bytes.fromhex(key) if key else None, on_run=_world_sizes_run.add)
+    pool = WorldPool(target.plan, attach=attach, authkey=bytes.fromhex(key) if key else None,
+                     **_pool_options(pytestconfig, _budget, _world_sizes_run))
     if attach is not None:
         capture = pytestconfig.pluginmanager.getplugin("capturemanager")
         with capture.global_and_fixture_disabled():
@@ -203,11 +270,10 @@ def world_pool(target, pytestconfig, _world_sizes_run):
 
 
 @pytest.fixture(scope="session")
-def audited_pool(target, pytestconfig, _world_sizes_run):
+def audited_pool(target, pytestconfig, _world_sizes_run, _budget):
     """Worlds whose ranks record every communication call (harness/recording.py), for the audit;
     the same backend per world size and the same caps as world_pool."""
-    pool = WorldPool(target.plan, timeout_s=pytestconfig.getoption("--rank-timeout"), audit=True,
-                     on_run=_world_sizes_run.add)
+    pool = WorldPool(target.plan, audit=True, **_pool_options(pytestconfig, _budget, _world_sizes_run))
     yield pool
     pool.close()
 
@@ -218,12 +284,27 @@ def _world_sizes_run() -> set:
     return set()
 
 
+@pytest.fixture(scope="session")
+def _hung_capabilities() -> dict:
+    """capability -> the test in which its ranks hung (filled by pytest_runtest_makereport)."""
+    return {}
+
+
 @pytest.fixture(autouse=True)
-def _tag_capability(request, _world_sizes_run):
+def _tag_capability(request, _world_sizes_run, _budget, _hung_capabilities):
+    """Tags the test with its capability, and fails it before it starts when the time budget is
+    spent or its capability already hung in an earlier test (each hang costs a whole deadline)."""
     marker = request.node.get_closest_marker("capability")
-    if marker is not None:
-        request.node.user_properties.append(("capability", marker.args[0]))
+    capability = marker.args[0] if marker is not None else None
+    if capability is not None:
+        request.node.user_properties.append(("capability", capability))
     _world_sizes_run.clear()
+    if capability is not None and _budget.spent():
+        pytest.fail(f"not run: the time budget of {_budget.seconds:g} s (--time-budget) was spent before this test "
+                    "started", pytrace=False)
+    if capability in _hung_capabilities:
+        pytest.fail(f"not run: {capability} already hung in {_hung_capabilities[capability]} (that test shows every "
+                    "rank's stack); the rest of its tests are not run, each would wait out a deadline", pytrace=False)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -236,6 +317,11 @@ def pytest_runtest_makereport(item, call):
         item.user_properties.append(("world_sizes", ",".join(map(str, sizes))))
     outcome = yield
     report = outcome.get_result()
+    if call.when == "call" and call.excinfo is not None and call.excinfo.errisinstance(RanksHung):
+        capability = next((value for key, value in item.user_properties if key == "capability"), None)
+        hung = getattr(item, "funcargs", {}).get("_hung_capabilities")
+        if capability is not None and hung is not None:
+            hung.setdefault(capability, item.nodeid)
     plan = item.config.stash.get(_PLAN, None)
     if report.passed and sizes and max(sizes) < 2 and plan is not None and not plan.multi_rank():
         report.outcome = "skipped"

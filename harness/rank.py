@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from multiprocessing.connection import Client
 
-from harness import wire
+from harness import containment, wire
 from harness.context import MissingFunction, RankContext
 from harness.loader import load_implementation
 
@@ -47,6 +47,7 @@ class RankConfig:
     local_rank: int | None = None  # rank on this host (torchrun's LOCAL_RANK) for the GPU; None: rank
     threads: int | None = None  # torch intra-op threads; None keeps torch's default (remote ranks)
     record_communication: bool = False  # the communication audit: see harness/recording.py
+    sandbox: containment.Sandbox | None = None  # run as this user, in its directory (harness/containment.py)
 
 
 def serve(config: RankConfig) -> None:
@@ -63,8 +64,11 @@ def serve(config: RankConfig) -> None:
         _capture_output(config.log_path)
     faulthandler.enable(all_threads=True)  # segfault/abort: C-level crash prints every Python stack
     faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True)  # the driver asks on a hang
+    start_directory = os.getcwd()  # where relative --impl paths point
+    if config.sandbox is not None:
+        containment.enter(config.sandbox)  # before anything of the implementation's runs
     if config.driver_pid is not None:
-        _die_with_driver(config.driver_pid)
+        _die_with_driver(config.driver_pid)  # after enter: changing credentials clears PDEATHSIG
     conn = Client(config.control_address, authkey=config.authkey)
     conn.send_bytes(wire.encode_untrusted(("hello", config.rank, os.getpid(), config.world_size)))
     message = wire.decode_trusted(conn.recv_bytes())
@@ -89,7 +93,7 @@ def serve(config: RankConfig) -> None:
         try:
             impl = implementations.get(impl_spec)
             if impl is None:
-                impl = implementations[impl_spec] = load_implementation(impl_spec)
+                impl = implementations[impl_spec] = load_implementation(impl_spec, start_directory)
             if recorder:
                 recorder.start()
             result = _resolve(program)(context, impl, **kwargs)

@@ -1,6 +1,8 @@
-"""Grading files, written by the pytest process (the xdist controller) at the end of a run when
---report-dir is given: Gradescope's results.json, JUnit XML (pytest's own writer), and a plain
-summary per capability.
+"""Grading files, written by the pytest process (the xdist controller) when --report-dir is given:
+Gradescope's results.json and a plain summary per capability (JUnit XML is pytest's own writer).
+They are written when the session starts, again after every test, and at the end, each time by
+an atomic rename: a run killed from outside (a grader's time limit) still leaves the last state,
+marked incomplete. The rubric is read once, before any rank starts.
 
 Points come from a rubric (TOML) that course staff edit: each capability's points are shared
 equally by its tests that ran; a skipped test (a case the backend itself refuses) leaves the
@@ -10,6 +12,7 @@ maximum, it is not held against the student. A capability none of whose tests ra
 from __future__ import annotations
 
 import json
+import os
 import tomllib
 from pathlib import Path
 
@@ -58,8 +61,8 @@ def _entry(result: TestResult, value: float, maximum: float) -> dict:
     }
 
 
-def write(scorecard: Scorecard, report_dir: Path, rubric_path: Path, impl: str) -> Path:
-    rubric = load_rubric(rubric_path)
+def write(scorecard: Scorecard, report_dir: Path, rubric: dict[str, float], rubric_path: Path, impl: str, *,
+          seconds: float | None = None, complete: bool = True) -> Path:
     rows = scorecard.by_capability()
     tests, totals = score(rows, rubric)
     earned = sum(s for s, _ in totals.values())
@@ -74,6 +77,9 @@ def write(scorecard: Scorecard, report_dir: Path, rubric_path: Path, impl: str) 
     for capability in sorted(set(rubric) - set(totals)):
         lines.append(f"{capability:<24} {'not run':>13}")
     lines += ["", f"total: {earned:.2f}/{maximum:.2f}"]
+    if not complete:
+        lines += ["", "INCOMPLETE: the run has not finished (or was stopped from outside); what is above is what "
+                      "had finished"]
     failures = [t for t in tests if t["status"] == "failed"]
     if failures:
         lines += ["", "lost points:"]
@@ -87,8 +93,15 @@ def write(scorecard: Scorecard, report_dir: Path, rubric_path: Path, impl: str) 
         "visibility": "visible",
         "stdout_visibility": "hidden",
         "tests": tests,
-        "extra_data": {"coverage": scorecard.coverage(), "implementation": impl},
+        **({"execution_time": round(seconds, 1)} if seconds is not None else {}),
+        "extra_data": {"coverage": scorecard.coverage(), "implementation": impl, "complete": complete},
     }
-    (report_dir / "results.json").write_text(json.dumps(results, indent=2))
-    (report_dir / "summary.txt").write_text(summary)
+    _replace(report_dir / "results.json", json.dumps(results, indent=2))
+    _replace(report_dir / "summary.txt", summary)
     return report_dir
+
+
+def _replace(path: Path, text: str) -> None:
+    temporary = path.with_name(path.name + ".partial")
+    temporary.write_text(text)
+    os.replace(temporary, path)

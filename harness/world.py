@@ -24,8 +24,9 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 
-from harness import wire
-from harness.failures import ImplementationIncomplete, RankFailure, RankReport, RanksHung, WorldStartError
+from harness import containment, wire
+from harness.failures import (TASK_FAILURES, ImplementationIncomplete, RankFailure, RankReport, RanksCrashed, RanksHung,
+                              WorldStartError)
 from harness.rank import STACK_DUMP_SIGNAL, RankConfig, serve
 
 PRELOAD = ["torch", "torch.distributed", "harness.rank", "harness.programs"]
@@ -101,6 +102,7 @@ class World:
         threads_per_rank: int = 1,
         record_communication: bool = False,
         attach_server: socket.socket | None = None,
+        contain: bool = False,
     ):
         self.size = size
         self.backend = backend
@@ -110,6 +112,8 @@ class World:
         self._ranks: list[_Rank] = []
         self._task_ids = itertools.count()
         self._closed = False
+        # local ranks run as a user of this world's own (harness/containment.py); swept at close
+        self.sandbox = containment.new_sandbox() if contain and attach_server is None else None
         if attach_server is not None:
             self._attach(attach_server, start_timeout_s)
         else:
@@ -138,6 +142,7 @@ class World:
                     log_path=log_path,
                     threads=threads_per_rank,
                     record_communication=self.record_communication,
+                    sandbox=self.sandbox,
                 )
                 process = context.Process(target=serve, args=(config,), name=f"{self.name}-rank{rank}", daemon=True)
                 process.start()
@@ -233,20 +238,21 @@ class World:
         try:
             check = self._run(STRAY_CHECK, [{}] * self.size, impl=impl, timeout_s=min(timeout_s, STRAY_CHECK_TIMEOUT_S),
                               grace_s=grace_s)
-        except (RankFailure, RanksHung, ImplementationIncomplete) as failure:
+        except TASK_FAILURES as failure:
             self.close()
-            inner = failure.failure if isinstance(failure, (RanksHung, ImplementationIncomplete)) else failure
-            raise RankFailure(f"{what} failed: a receive the implementation posted and never matched takes the "
+            inner = failure if isinstance(failure, RankFailure) else failure.failure
+            raise RanksCrashed(RankFailure(f"{what} failed: a receive the implementation posted and never matched takes the "
                               f"check's message (the check then hangs), and a leftover message over 64 KiB aborts "
-                              f"it; this world is rebuilt for the next test.\n{inner.summary}", inner.ranks) from None
+                              f"it; this world is rebuilt for the next test.\n{inner.summary}", inner.ranks)) from None
         leftovers = {rank: out["leftovers"] for rank, out in enumerate(check.outputs) if out["leftovers"]}
         if leftovers:
             self.close()
             found = "; ".join(f"rank {peer} -> rank {rank} (first int64 words {words})"
                               for rank, by_peer in leftovers.items() for peer, words in by_peer.items())
-            raise RankFailure(f"{what} found messages the implementation sent and nobody received (tag 0): {found}. "
-                              "Each would be taken by a later test's receive; this world is rebuilt for the next test.",
-                              [RankReport(r.rank, "ok", "", "") for r in self._ranks])
+            raise RanksCrashed(RankFailure(
+                f"{what} found messages the implementation sent and nobody received (tag 0): {found}. "
+                "Each would be taken by a later test's receive; this world is rebuilt for the next test.",
+                [RankReport(r.rank, "ok", "", "") for r in self._ranks]))
 
     def _run(self, program: str, args_per_rank: list[dict], *, impl: str, timeout_s: float, grace_s: float) -> TaskResult:
         __tracebackhide__ = True
@@ -322,7 +328,8 @@ class World:
         if all(r.status == "hung" for r in failed):
             summary = f"{program} on {self.size} ranks: no result within the {timeout_s:g} s deadline ({causes})"
             return RanksHung(RankFailure(summary, reports))
-        return RankFailure(f"{program} on {self.size} ranks failed: {causes}", reports)
+        failure = RankFailure(f"{program} on {self.size} ranks failed: {causes}", reports)
+        return RanksCrashed(failure) if self._closed else failure
 
     # ----------------------------------------------------------------------------------- close
     def close(self) -> None:
@@ -346,6 +353,8 @@ class World:
         for rank in self._ranks:
             if rank.conn is not None:
                 rank.conn.close()
+        if self.sandbox is not None:
+            containment.sweep(self.sandbox)  # whatever the ranks started, detached or not
 
     @property
     def closed(self) -> bool:
