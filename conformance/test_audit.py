@@ -37,7 +37,8 @@ from hypothesis import strategies as st
 from conformance.examples import Layout, Values, layouts, mixture_examples, sentinel, shapes
 from conformance.verdict import Judge
 from harness import audit, models
-from harness.failures import TASK_FAILURES, ImplementationIncomplete
+from harness.failures import TASK_FAILURES
+from harness.pytest_plugin import claimed
 from harness.pool import WorldPool
 from reference import cost_model
 from reference.collectives import DTYPES, output_split_sizes
@@ -249,12 +250,12 @@ DP_MODELS = {
 }
 
 
-def _implemented(failure: ImplementationIncomplete, names: tuple[str, ...]) -> None:
-    message = str(failure)
-    if any(f"has no '{name}'" in message for name in names):
-        pytest.skip(f"the implementation provides no {' / '.join(names)}: nothing to audit "
-                    "(its absence is graded by its own capability)")
-    raise failure
+def audits(request, capability: str) -> None:
+    """The audit of a strategy runs when the implementation claims that strategy (--capability);
+    otherwise it is skipped, by the driver's option alone. A claimed strategy whose names are
+    missing fails as not implemented, whatever the ranks say."""
+    if capability not in claimed(request.config):
+        pytest.skip(f"{capability} is not claimed (--capability): nothing of it to audit")
 
 
 @pytest.mark.parametrize("bucket_size_mb", [None, 256 / 2**20], ids=["default_buckets", "256B_buckets"])
@@ -263,6 +264,7 @@ def _implemented(failure: ImplementationIncomplete, names: tuple[str, ...]) -> N
 def test_data_parallel_step(n, model_name, bucket_size_mb, audited, request):
     """One step all-reduces the trainable gradients once: per rank at most
     cost_model.data_parallel_step, and backend reductions add up to exactly their bytes."""
+    audits(request, "data_parallel")
     if n > audited.target.max_world_size:
         pytest.skip(f"needs {n} ranks (--max-world-size {audited.target.max_world_size})")
     spec, frozen = DP_MODELS[model_name]
@@ -280,12 +282,9 @@ def test_data_parallel_step(n, model_name, bucket_size_mb, audited, request):
     layout = Layout(n)
     judge = Judge(f"world_size={n}, model={model_name} ({spec}, frozen {frozen}), bucket_size_mb={bucket_size_mb}",
                   audited.target.reproduce(request.node.nodeid))
-    try:
-        _, records = audited.run(judge, layout, "audit:data_parallel_step", [
-            {"model": spec, "seed": 0, "frozen": frozen, "batch": slices[r], "bucket_size_mb": bucket_size_mb}
-            for r in range(n)])
-    except ImplementationIncomplete as failure:
-        _implemented(failure, ("DataParallel",))
+    _, records = audited.run(judge, layout, "audit:data_parallel_step", [
+        {"model": spec, "seed": 0, "frozen": frozen, "batch": slices[r], "bucket_size_mb": bucket_size_mb}
+        for r in range(n)])
     bound = cost_model.data_parallel_step(n, numels, itemsize)
     # Allowed on top, for torch's DDP as the suite configures it (adapters/torch_native.py): the
     # buffers broadcast at every forward (broadcast_buffers=True) and one int32 flag per parameter
@@ -314,6 +313,7 @@ def test_sharded_optimizer_step(n, model_name, audited, request):
     sends per rank at most cost_model.sharded_optimizer_step (a reduce-scatter and an all-gather of
     balanced shards). An implementation that all-reduces the whole gradients before stepping its
     shard sends half as much again."""
+    audits(request, "sharded_optimizer")
     if n > audited.target.max_world_size:
         pytest.skip(f"needs {n} ranks (--max-world-size {audited.target.max_world_size})")
     spec = {"mlp": {"kind": "mlp", "inputs": 24, "hidden": 32, "outputs": 3}, "tied_lm": DP_MODELS["tied_lm"][0]}[model_name]
@@ -324,11 +324,8 @@ def test_sharded_optimizer_step(n, model_name, audited, request):
     slices = [{k: v[2 * r:2 * r + 2] for k, v in batch.items()} for r in range(n)]
     optimizer = {"name": "adamw", "lr": 1e-2, "betas": [0.9, 0.999], "eps": 1e-3, "weight_decay": 0.0}
     judge = Judge(f"world_size={n}, model={model_name} ({spec}), optimizer=adamw", audited.target.reproduce(request.node.nodeid))
-    try:
-        _, records = audited.run(judge, Layout(n), "audit:sharded_optimizer_step", [
-            {"model": spec, "seed": 0, "optimizer": optimizer, "batch": slices[r]} for r in range(n)])
-    except ImplementationIncomplete as failure:
-        _implemented(failure, ("ShardedOptimizer",))
+    _, records = audited.run(judge, Layout(n), "audit:sharded_optimizer_step", [
+        {"model": spec, "seed": 0, "optimizer": optimizer, "batch": slices[r]} for r in range(n)])
     bound = cost_model.sharded_optimizer_step(n, numels, itemsize)
     what = (f"one sharded-optimizer step over {sum(numels)} trainable items in {len(numels)} tensors: a "
             f"reduce-scatter and an all-gather of balanced shards of {cost_model.balanced_shard(numels, n)} items, "
@@ -349,6 +346,7 @@ def test_expert_parallel_traffic(data, audited, request):
     (forward, plus the per-expert counts); backward the same bytes the other way
     (cost_model.expert_parallel_moe, from the routing the driver computes). Gathering every token
     everywhere, or sending counts per token, is reported with the numbers."""
+    audits(request, "expert_parallel")
     import reference.expert_parallel as moe
 
     if audited.target.max_world_size < 2:
@@ -360,12 +358,9 @@ def test_expert_parallel_traffic(data, audited, request):
     assume(moe.top2_gap(torch.cat(xs), router) > moe.ROUTING_TIE)
     routed = moe.routed(xs, router, n)
     judge = Judge(str(example), audited.target.reproduce(request.node.nodeid))
-    try:
-        _, records = audited.run(judge, layout, "audit:expert_parallel", [
-            {"router_weight": router, "experts": experts, "x": xs[i], "grad_output": t["grads"][i]}
-            for i in range(n)])
-    except ImplementationIncomplete as failure:
-        _implemented(failure, ("ExpertParallelMoE",))
+    _, records = audited.run(judge, layout, "audit:expert_parallel", [
+        {"router_weight": router, "experts": experts, "x": xs[i], "grad_output": t["grads"][i]}
+        for i in range(n)])
     budgets = {rank: cost_model.expert_parallel_moe(routed, i, h, 8, num_experts) for i, rank in enumerate(layout.ranks)}
     violations = []
     for phase in ("forward", "backward"):
@@ -384,6 +379,7 @@ def test_tensor_parallel_traffic(layer, data, audited, request):
     activation. Sequence-parallel MLP (Korthikanti et al. 2022, sec. 4.2.2: "the same communication
     volume"): an all-gather and a reduce-scatter per pass, together one all-reduce's bytes. Column
     layer without gather_output: nothing forward, one all-reduce of dL/dx backward."""
+    audits(request, "tensor_parallel")
     layout = data.draw(layouts(audited.target.max_world_size, min_size=2), label="layout")
     if layout.size < 2:
         pytest.skip("needs a group of at least 2 ranks (--max-world-size)")
@@ -419,12 +415,9 @@ def test_tensor_parallel_traffic(layer, data, audited, request):
         what = f"the column-parallel linear ({h} -> {f}, gather_output=False) on {n} ranks, input {tuple(x.shape)}"
     judge = Judge(f"{layout}, {layer}, h={h}, ffn={f}, leading={leading}, {dtype}, seed={seed}",
                   audited.target.reproduce(request.node.nodeid))
-    try:
-        _, records = audited.run(judge, layout, "audit:tensor_parallel", [
-            {"layer": layer, "dense": dense, "x": inputs[i].contiguous(), "grad_output": grads[i].contiguous()}
-            for i in range(n)])
-    except ImplementationIncomplete as failure:
-        _implemented(failure, ("TensorParallelMLP", "ColumnParallelLinear"))
+    _, records = audited.run(judge, layout, "audit:tensor_parallel", [
+        {"layer": layer, "dense": dense, "x": inputs[i].contiguous(), "grad_output": grads[i].contiguous()}
+        for i in range(n)])
     violations = []
     for phase in ("forward", "backward"):
         bounds = {r: budget[phase] for r in layout.ranks}

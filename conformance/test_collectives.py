@@ -311,7 +311,8 @@ def test_cases_the_backend_refuses(collective, ranks, target, backend_refusals, 
             arguments = [{"tensor": x, "op": op} for x in inputs]
         try:
             outputs = judge.call(ranks, layout, collective.removesuffix("_uneven"), arguments)
-        except Exception:  # noqa: BLE001 - declining what the backend refuses is allowed
+        except Exception:  # noqa: BLE001 - raising on what the backend refuses is allowed (a crash, a hang
+            # or a missing function is not: those are BaseExceptions here, and fail the test)
             declined.append((f"{dtype_name} {op or ''}".strip(), message))
             continue
         if collective == "all_to_all_uneven":
@@ -325,12 +326,12 @@ def test_cases_the_backend_refuses(collective, ranks, target, backend_refusals, 
             got = outputs[rank]["tensor" if "tensor" in outputs[rank] else "output"]
             want = reduced if collective in ("all_reduce", "reduce") else reduced.split(2)[rank]
             judge.tensor(got, want, what=f"rank {rank} result", atol=None)
-    if declined:
+    if declined:  # allowed by the contract, so it passes: the maximum never depends on what a rank did
         by_message: dict[str, list[str]] = {}
         for case, message in declined:
             by_message.setdefault(message.split(" to the desired")[0], []).append(case)
-        pytest.skip(f"the implementation declines what {backend_refusals.backend} refuses: " +
-                    "; ".join(f"{', '.join(cases)} ({message})" for message, cases in by_message.items()))
+        request.node.user_properties.append(("note", f"declines what {backend_refusals.backend} refuses: " + "; ".join(
+            f"{', '.join(cases)} ({message})" for message, cases in by_message.items())))
 
 
 # ----------------------------------------------------------------------------- large messages

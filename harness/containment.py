@@ -10,8 +10,9 @@ What that guarantees, by the kernel's permission checks rather than by anything 
   so :func:`sweep` finds and kills all of them when the world is torn down or the session ends;
 * a rank works in a private directory (mode 0700, its HOME too), created and removed by the driver.
 
-What it does not guarantee: the rank can still read world-readable files (the tests, the
-reference), use the network, and write world-writable places such as /tmp. Its verdicts do not
+What it does not guarantee: the rank can still read files (it keeps CAP_DAC_READ_SEARCH, so that a
+Python under a private home still imports its standard library: the tests, the reference and the
+rubric are readable, never writable), use the network, and write world-writable places such as /tmp. Its verdicts do not
 depend on any of these (see docs/threat-model.md).
 
 The uid is drawn at random from a high range per world, so worlds (and xdist workers, and
@@ -20,10 +21,11 @@ concurrent runs) never share one; it needs no /etc/passwd entry. Driver side: :f
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import secrets
 import shutil
-import subprocess
+import signal
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -55,6 +57,8 @@ def enter(sandbox: Sandbox) -> None:
     """Become the sandbox's user, in its directory (rank side, before the implementation loads).
     Raises PermissionError with the cause when the kernel refuses (e.g. a user namespace whose
     uid map does not hold the uid)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0)  # keep the permitted capabilities across setuid, to pick one
     try:
         os.setgroups([])
         os.setgid(sandbox.uid)
@@ -62,6 +66,8 @@ def enter(sandbox: Sandbox) -> None:
     except OSError as error:
         raise PermissionError(f"could not switch the rank to uid {sandbox.uid} ({error}); run with "
                               "--contain-ranks no where the container cannot map other uids") from error
+    libc.prctl(PR_SET_KEEPCAPS, 0, 0, 0, 0)
+    _keep_only_read_search(libc)
     os.umask(0o077)
     sys.path[:] = [os.path.abspath(entry) for entry in sys.path]  # '' meant the directory being left
     os.chdir(sandbox.directory)
@@ -69,14 +75,38 @@ def enter(sandbox: Sandbox) -> None:
     os.environ["TMPDIR"] = sandbox.directory
 
 
+PR_SET_KEEPCAPS = 8
+CAP_DAC_READ_SEARCH = 2
+_CAPABILITY_VERSION_3 = 0x20080522
+
+
+def _keep_only_read_search(libc) -> None:
+    """Of root's capabilities keep CAP_DAC_READ_SEARCH alone (effective and permitted; none
+    inheritable): the rank may read and search any file, so a Python installed under a private
+    home (/root/.pyenv, mode 0700) still imports its standard library, but it writes only where
+    its uid may, and reading another process's memory needs CAP_SYS_PTRACE, which it has not."""
+    header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)(1 << CAP_DAC_READ_SEARCH, 1 << CAP_DAC_READ_SEARCH, 0, 0, 0, 0)
+    libc.capset(header, data)  # on failure the rank simply has no capability left
+
+
 def sweep(sandbox: Sandbox) -> None:
     """Kill every process running as the sandbox's uid, then remove its directory (driver side).
     kill(-1) as that uid reaches exactly the processes that uid owns: the ranks and whatever they
-    started, detached or not."""
-    code = "import os, signal\ntry:\n    os.kill(-1, signal.SIGKILL)\nexcept ProcessLookupError:\n    pass\n"
-    try:
-        subprocess.run([sys.executable, "-S", "-c", code], user=sandbox.uid, group=sandbox.uid,
-                       extra_groups=[], timeout=10, check=False, cwd="/")
-    except (OSError, subprocess.SubprocessError):
-        pass
+    started, detached or not. A forked child does it (no exec: the sandbox's uid may not be allowed
+    to run this Python, e.g. one under /root)."""
+    pid = os.fork()
+    if pid == 0:  # only system calls between fork and _exit
+        code = 0
+        try:
+            os.setgroups([])
+            os.setgid(sandbox.uid)
+            os.setuid(sandbox.uid)
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # nothing of that uid is left
+        except BaseException:  # noqa: BLE001 - the child must never return into the driver's code
+            code = 1
+        os._exit(code)
+    os.waitpid(pid, 0)
     shutil.rmtree(sandbox.directory, ignore_errors=True)

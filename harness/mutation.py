@@ -17,18 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.capabilities import conformance_file_of_mutants
+
 ROOT = Path(__file__).resolve().parent.parent
 MUTANTS = ROOT / "mutants"
-TEST_FILE_OF = {  # mutants/<folder> -> the conformance file that must catch them
-    "collectives": "conformance/test_collectives.py",
-    "data_parallel": "conformance/test_data_parallel.py",
-    "sharded_optimizer": "conformance/test_sharded_optimizer.py",
-    "tensor_parallel": "conformance/test_tensor_parallel.py",
-    "composition": "conformance/test_composition.py",
-    "expert_parallel": "conformance/test_expert_parallel.py",
-    "pipeline_parallel": "conformance/test_pipeline_parallel.py",
-    "audit": "conformance/test_audit.py",
-}
 
 
 @dataclass(frozen=True)
@@ -45,7 +37,7 @@ class Mutant:
         targets = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("targets:")), "")
         if not lines or not targets:
             raise ValueError(f"{path}: the docstring must state the bug in its first line and have a 'targets:' line")
-        return cls(path, lines[0], targets, TEST_FILE_OF[path.parent.name])
+        return cls(path, lines[0], targets, conformance_file_of_mutants(path.parent.name))
 
 
 def known_good() -> list[tuple[str, list[str]]]:
@@ -53,15 +45,16 @@ def known_good() -> list[tuple[str, list[str]]]:
     DP variant too), torch.distributed's collectives, and torch's own everything (DDP, DTensor,
     pipelining) through adapters/torch_native.py."""
     runs = [("impls", ["conformance"]),
-            ("torch.distributed", ["conformance/test_collectives.py", "conformance/test_audit.py"]),
+            ("torch.distributed", ["conformance/test_collectives.py", "conformance/test_audit.py",
+                                   "--capability", "collectives,audit"]),
             ("impls.naive_dp", ["conformance/test_data_parallel.py"]),
             ("adapters.torch_native", ["conformance"])]
-    return [(impl, [a for a in args if (ROOT / a).exists()]) for impl, args in runs]
+    return runs
 
 
 def mutants() -> list[Mutant]:
-    return [Mutant.read(p) for p in sorted(MUTANTS.glob("*/*.py"))
-            if p.name != "__init__.py" and p.parent.name in TEST_FILE_OF and (ROOT / TEST_FILE_OF[p.parent.name]).exists()]
+    """Every mutant; a folder no capability of harness/capabilities.py claims is an error, never skipped."""
+    return [Mutant.read(p) for p in sorted(MUTANTS.glob("*/*.py")) if p.name != "__init__.py"]
 
 
 def pytest(impl: str, args: list[str], profile: str) -> tuple[int, str, float]:

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import InvalidArgument
 
-from harness import containment
+from harness import capabilities, containment
 from harness.backends import BackendChoiceError, BackendPlan, visible_gpus
 from harness.failures import RanksHung
 from harness.pool import Attach, WorldPool
@@ -67,6 +67,9 @@ def pytest_addoption(parser):
                     help="write grading files here: Gradescope results.json, junit.xml, summary.txt")
     group.addoption("--rubric", default=str(DEFAULT_RUBRIC),
                     help="TOML file of points per capability (default: grading/rubric.toml)")
+    group.addoption("--capability", default=None, metavar="NAME[,NAME]",
+                    help="the capabilities the implementation claims (names or groups of harness/capabilities.py, "
+                         "e.g. collectives,data_parallel); the others are not run (default: every one)")
     group.addoption("--time-budget", type=float, default=None, metavar="S",
                     help=f"seconds the whole run may take on ranks; past it no task starts and the tests left are "
                          f"reported as not run (default: none; {GRADING_BUDGET_S:g} under the grading profile)")
@@ -100,6 +103,10 @@ def _check_options(config) -> None:
     for option in ("--rank-timeout", "--attach-timeout", "--time-budget"):
         if config.getoption(option) is not None and not config.getoption(option) > 0:
             raise pytest.UsageError(f"{option} must be a positive number of seconds, got {config.getoption(option):g}")
+    try:
+        capabilities.select(config.getoption("--capability"))
+    except ValueError as error:
+        raise pytest.UsageError(str(error)) from None
     if config.getoption("--contain-ranks") == "yes" and not containment.possible():
         raise pytest.UsageError("--contain-ranks yes needs root (ranks drop to a user of their own); "
                                 "this run is not root")
@@ -133,6 +140,23 @@ def _attach(config) -> Attach | None:
         return None
     host, _, port = config.getoption("--attach-address").rpartition(":")
     return Attach(config.getoption("--attach"), host, int(port), timeout_s=config.getoption("--attach-timeout"))
+
+
+def claimed(config) -> frozenset[str]:
+    """The capabilities the implementation claims (--capability; every one by default)."""
+    return capabilities.select(config.getoption("--capability"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests of capabilities the implementation does not claim (--capability) are not run."""
+    chosen = claimed(config)
+    keep, drop = [], []
+    for item in items:
+        marker = item.get_closest_marker("capability")
+        (drop if marker is not None and marker.args[0] not in chosen else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 def pytest_sessionstart(session):

@@ -32,8 +32,38 @@ def encode_untrusted(message: Any) -> bytes:
     return pickle.dumps(_pack(message), protocol=pickle.HIGHEST_PROTOCOL)
 
 
+MAX_REPLY_BYTES = 1 << 30  # a rank's reply; the largest legitimate one (15 MiB tensors x 4) is far below
+MAX_DEPTH = 16  # containers inside containers; rank programs return at most 5 levels
+MAX_ITEMS = 1 << 20  # values visited while decoding, shared ones counted each time they are reached
+
+
+class ReplyRefused(ValueError):
+    """A rank's reply is too large, too deep or not plain data."""
+
+
 def decode_untrusted(data: bytes) -> Any:
-    return _unpack(_PlainDataUnpickler(io.BytesIO(data)).load())
+    """Plain data only, bounded: at most MAX_REPLY_BYTES, MAX_DEPTH levels of nesting and
+    MAX_ITEMS values. Unpickling is linear in the reply's length, but a pickle may reference one
+    object many times (memo), so a short reply can stand for an exponentially large tree (161 bytes
+    once took 6.9 s to walk); the walk below counts every value it reaches and stops at the bound."""
+    if len(data) > MAX_REPLY_BYTES:
+        raise ReplyRefused(f"a reply of {len(data)} bytes (at most {MAX_REPLY_BYTES})")
+    try:
+        return _unpack(_PlainDataUnpickler(io.BytesIO(data)).load(), _Budget(), 0)
+    except RecursionError:
+        raise ReplyRefused("a reply nested too deeply") from None
+
+
+class _Budget:
+    def __init__(self):
+        self.left = MAX_ITEMS
+
+    def spend(self, depth: int) -> None:
+        self.left -= 1
+        if self.left < 0:
+            raise ReplyRefused(f"a reply of more than {MAX_ITEMS} values")
+        if depth > MAX_DEPTH:
+            raise ReplyRefused(f"a reply nested more than {MAX_DEPTH} levels deep")
 
 
 class _PlainDataUnpickler(pickle.Unpickler):
@@ -65,19 +95,23 @@ def _dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def _unpack(value: Any) -> Any:
+def _unpack(value: Any, budget: _Budget, depth: int) -> Any:
+    budget.spend(depth)
     if isinstance(value, tuple) and value and value[0] == _TENSOR:
         _, name, shape, raw = value
         dtype = _dtype(name)
         if not raw:
+            if 0 not in shape:  # a tensor with elements and no bytes: refuse rather than allocate it
+                raise ReplyRefused(f"a tensor of shape {shape!r} with no data")
             return torch.empty(shape, dtype=dtype)
         return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(shape)
     if isinstance(value, tuple) and value and value[0] == _DTYPE:
         return _dtype(value[1])
+    depth += 1
     if isinstance(value, dict):
-        return {_unpack(k): _unpack(v) for k, v in value.items()}
+        return {_unpack(k, budget, depth): _unpack(v, budget, depth) for k, v in value.items()}
     if isinstance(value, list):
-        return [_unpack(v) for v in value]
+        return [_unpack(v, budget, depth) for v in value]
     if isinstance(value, tuple):
-        return tuple(_unpack(v) for v in value)
+        return tuple(_unpack(v, budget, depth) for v in value)
     return value

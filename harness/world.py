@@ -297,7 +297,7 @@ class World:
             if message[0] == "done" and message[1] == task_id:
                 try:  # the audit's records travel as one JSON string: a tenth of the cost of plain-data pickling
                     records = json.loads(message[3]) if len(message) > 3 and message[3] else []
-                except (TypeError, ValueError) as error:
+                except (TypeError, ValueError, RecursionError) as error:
                     return "raised", f"the rank sent communication records the driver cannot read: {error}"
                 return "ok", (message[2], records)
             if message[0] == "error":

@@ -1,0 +1,72 @@
+"""The capability registry: one declaration per capability, the one place that says what it is
+called, what an implementation provides for it, which conformance file grades it and which folder
+of mutants it must kill. Driver side only (ranks never import it).
+
+Driven by it: ``--capability`` (what an implementation claims), the mutation runner's mapping from
+a mutants folder to its conformance file, and the audit's "this audits X" skip when X is not
+claimed. Checked against it by tests/test_registry.py: the rubric's keys, every ``capability``
+marker in conformance/, the mutants folders, the starter's names and the bundled implementation's
+names. Adding a capability is one declaration here plus its own files.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+COLLECTIVES = ("broadcast", "reduce", "all_reduce", "scatter", "gather", "all_gather", "all_gather_into_tensor",
+               "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single")
+
+
+@dataclass(frozen=True)
+class Capability:
+    name: str  # the scorecard row, the rubric key, the value of the tests' capability marker
+    provides: tuple[str, ...]  # the names an implementation offers for it (CONTRACT.md says what they do)
+    conformance: str  # the test file that grades it
+    mutants: str | None  # the folder under mutants/ whose implementations it must fail
+    group: str = ""  # a name that selects several at once with --capability (e.g. "collectives")
+
+
+CAPABILITIES: tuple[Capability, ...] = (
+    *(Capability(name, (name,), "conformance/test_collectives.py", "collectives", "collectives") for name in COLLECTIVES),
+    Capability("equivalences", COLLECTIVES, "conformance/test_collectives.py", "collectives", "collectives"),
+    Capability("data_parallel", ("DataParallel",), "conformance/test_data_parallel.py", "data_parallel"),
+    Capability("sharded_optimizer", ("ShardedOptimizer",), "conformance/test_sharded_optimizer.py", "sharded_optimizer"),
+    Capability("tensor_parallel", ("ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP"),
+               "conformance/test_tensor_parallel.py", "tensor_parallel"),
+    Capability("composition", ("TensorParallelMLP", "all_reduce"), "conformance/test_composition.py", "composition"),
+    Capability("expert_parallel", ("ExpertParallelMoE",), "conformance/test_expert_parallel.py", "expert_parallel"),
+    Capability("pipeline_parallel", ("pipeline_step",), "conformance/test_pipeline_parallel.py", "pipeline_parallel"),
+    Capability("pipeline_schedules", ("generate_schedule",), "conformance/test_pipeline_parallel.py", None),
+    Capability("audit", COLLECTIVES, "conformance/test_audit.py", "audit"),
+)
+BY_NAME = {c.name: c for c in CAPABILITIES}
+GROUPS = {c.group for c in CAPABILITIES if c.group}
+
+
+def select(spec: str | None) -> frozenset[str]:
+    """The capabilities ``--capability`` names (comma-separated names or groups); every one when
+    ``spec`` is None. Raises ValueError naming what is unknown and what exists."""
+    if spec is None:
+        return frozenset(BY_NAME)
+    chosen = set()
+    for word in (w.strip() for w in spec.split(",")):
+        if word in BY_NAME:
+            chosen.add(word)
+        elif word in GROUPS:
+            chosen.update(c.name for c in CAPABILITIES if c.group == word)
+        else:
+            raise ValueError(f"--capability: no capability or group {word!r}; known: "
+                             f"{', '.join(sorted(GROUPS))} (group), {', '.join(BY_NAME)}")
+    return frozenset(chosen)
+
+
+def provided_names() -> tuple[str, ...]:
+    """Every name an implementation may provide, in declaration order, once each."""
+    return tuple(dict.fromkeys(name for c in CAPABILITIES for name in c.provides))
+
+
+def conformance_file_of_mutants(folder: str) -> str:
+    """The conformance file that must kill the mutants in mutants/<folder>."""
+    for capability in CAPABILITIES:
+        if capability.mutants == folder:
+            return capability.conformance
+    raise KeyError(f"mutants/{folder} belongs to no capability in harness/capabilities.py")

@@ -1,0 +1,104 @@
+"""Attacks on the grade from code under test (issue 13), each in a pytest subprocess as a grader runs
+the suite: the grade they aim for never arrives."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import containment, wire
+
+ROOT = Path(__file__).parent.parent
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def run_suite(impl: str, *args: str, env: dict | None = None, test_file: str = "conformance/test_collectives.py"):
+    command = [sys.executable, "-m", "pytest", test_file, "-q", "-p", "no:cacheprovider", "--impl", impl,
+               "--hypothesis-profile=ci", *args]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, **(env or {})))
+
+
+def processes_of_sandbox_users() -> list[str]:
+    """Live processes of the uids contained ranks run as (a zombie waiting for init to reap it is dead)."""
+    rows = subprocess.run(["ps", "-eo", "uid=,stat=,pid=,args="], capture_output=True, text=True).stdout.splitlines()
+    return [row for row in rows if row.split() and int(row.split()[0]) >= containment.UID_LOW
+            and not row.split()[1].startswith("Z")]
+
+
+@pytest.mark.skipif(not containment.possible(), reason="contained ranks need root")
+def test_contained_ranks_cannot_reach_the_report_the_driver_or_the_repository():
+    base = Path(tempfile.mkdtemp(prefix="conformance-escape-"))  # under /tmp, which every user may traverse
+    os.chmod(base, 0o755)  # the rank may reach the folder (to append to its log), never write the report in it
+    log, report = base / "escape.log", base / "out"
+    log.touch()
+    os.chmod(log, 0o666)
+    result = run_suite(str(FIXTURES / "escaping_impl.py"), "-k", "test_all_reduce and SUM", "--contain-ranks", "yes",
+                       "--report-dir", str(report), env={"ESCAPE_LOG": str(log), "ESCAPE_REPORT": str(report)})
+    assert result.returncode == 1, result.stdout[-3000:]
+    attempts = log.read_text()
+    assert "detached pid" in attempts, attempts
+    assert "read driver memory: PermissionError" in attempts
+    assert "write repository: PermissionError" in attempts
+    assert "write report: PermissionError" in attempts
+    assert not processes_of_sandbox_users(), "a process a rank started outlived the run"
+    time.sleep(7)  # past the moment the detached forger meant to rewrite the report
+    results = json.loads((report / "results.json").read_text())
+    assert results["score"] == 0 and results["max_score"] == 8 and results["extra_data"]["complete"]
+    shutil.rmtree(base)
+
+
+def test_a_reply_that_is_slow_to_decode_is_refused_at_once():
+    shared = []
+    for _ in range(40):  # 2**40 leaves in 269 bytes, by memo references
+        shared = [shared, shared]
+    started = time.monotonic()
+    with pytest.raises(wire.ReplyRefused):
+        wire.decode_untrusted(pickle.dumps(("done", 0, shared, "")))
+    wide = []
+    for _ in range(12):  # shallow enough, but 8**12 values
+        wide = [wide] * 8
+    with pytest.raises(wire.ReplyRefused, match="more than"):
+        wire.decode_untrusted(pickle.dumps(wide))
+    with pytest.raises(wire.ReplyRefused, match="no data"):
+        wire.decode_untrusted(pickle.dumps((b"\x00tensor", "float32", (10**12,), b"")))
+    assert time.monotonic() - started < 5
+
+
+def test_a_hanging_submission_gets_its_complete_report_within_the_budget(tmp_path):
+    started = time.monotonic()
+    result = run_suite(str(FIXTURES / "hanging_impl.py"), "--rank-timeout", "4", "--time-budget", "20",
+                       "--report-dir", str(tmp_path))
+    elapsed = time.monotonic() - started
+    assert result.returncode == 1, result.stdout[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["extra_data"]["complete"] and results["execution_time"] <= 20 + 10
+    outputs = {t["name"]: t["output"] for t in results["tests"]}
+    assert sum(o.startswith("not run: all_reduce already hung") for o in outputs.values()) >= 5, outputs
+    assert results["score"] < results["max_score"]
+    assert elapsed < 90, elapsed
+
+
+def test_an_implementation_cannot_decline_a_pipeline_test_by_saying_cannot():
+    """NotImplementedError("... cannot ...") is a skip only for the project's own adapters."""
+    result = run_suite(str(FIXTURES / "declining_impl.py"), "-k", "test_pipeline_step_matches_the_dense_model",
+                       test_file="conformance/test_pipeline_parallel.py")
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert "1 failed" in result.stdout and "skipped" not in result.stdout.splitlines()[-1]
+
+
+def test_an_audit_of_a_claimed_strategy_is_not_skipped_because_the_ranks_say_it_is_missing():
+    result = run_suite(str(FIXTURES / "declining_impl.py"), "-k", "test_data_parallel_step and 2-mlp_frozen_fc1-default",
+                       test_file="conformance/test_audit.py")
+    assert result.returncode == 1 and "has no 'DataParallel'" in result.stdout, result.stdout[-3000:]
+    result = run_suite(str(FIXTURES / "declining_impl.py"), "-k", "test_data_parallel_step and 2-mlp_frozen_fc1-default",
+                       "--capability", "collectives,audit", test_file="conformance/test_audit.py")
+    assert result.returncode == 0 and "1 skipped" in result.stdout, result.stdout[-3000:]
