@@ -1,0 +1,78 @@
+"""The capability registry (harness/capabilities.py) against everything that names a capability
+or a name an implementation provides: one place per fact, checked here."""
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from harness import capabilities
+from harness.capabilities import CAPABILITIES, COLLECTIVES
+from harness.mutation import mutants
+from harness.reports import DEFAULT_RUBRIC, load_rubric
+
+ROOT = Path(__file__).parent.parent
+
+
+def test_the_rubric_scores_exactly_the_registered_capabilities():
+    assert set(load_rubric(DEFAULT_RUBRIC)) == set(capabilities.BY_NAME)
+
+
+def test_every_capability_marker_in_conformance_is_registered_and_every_capability_has_tests():
+    used = set()
+    for path in (ROOT / "conformance").glob("test_*.py"):
+        text = path.read_text()
+        for name in re.findall(r"capability\(\"(\w+)\"\)", text):
+            assert name in capabilities.BY_NAME, f"{path.name}: capability {name!r} is not in the registry"
+            assert capabilities.BY_NAME[name].conformance == f"conformance/{path.name}"
+            used.add(name)
+        if "capability(collective)" in text:  # the collectives' parametrized tests
+            used.update(COLLECTIVES)
+    assert used == set(capabilities.BY_NAME)
+
+
+def test_every_mutants_folder_belongs_to_a_capability_and_every_mutant_is_run():
+    folders = {p.name for p in (ROOT / "mutants").iterdir() if p.is_dir() and not p.name.startswith("_")}
+    assert folders == {c.mutants for c in CAPABILITIES if c.mutants}
+    assert len(mutants()) == sum(1 for p in (ROOT / "mutants").glob("*/*.py") if p.name != "__init__.py")
+
+
+def _top_level_names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    return {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+
+
+def test_the_starter_and_the_bundled_implementation_provide_every_registered_name():
+    import impls
+
+    starter = _top_level_names(ROOT / "starter" / "student_impl.py")
+    for name in capabilities.provided_names():
+        assert name in starter, f"starter/student_impl.py lacks {name}"
+        assert hasattr(impls, name), f"impls lacks {name}"
+
+
+@pytest.mark.parametrize("name", COLLECTIVES)
+def test_each_collective_has_torch_distributeds_signature_in_the_starter_and_impls(name):
+    """Parameter names, order and defaults as torch.distributed has them (its own module is a valid
+    implementation, so a student's must take the same call)."""
+    import impls
+
+    namespace: dict = {}
+    exec(compile((ROOT / "starter" / "student_impl.py").read_text(), "student_impl.py", "exec"), namespace)
+    want = _parameters(getattr(dist, name))
+    assert _parameters(namespace[name]) == want, f"starter {name}"
+    assert _parameters(getattr(impls, name)) == want, f"impls {name}"
+
+
+def _parameters(function) -> list[tuple[str, object]]:
+    return [(p.name, p.default) for p in inspect.signature(function).parameters.values()]
+
+
+def test_an_unknown_capability_is_refused_with_the_known_ones():
+    with pytest.raises(ValueError, match="no capability or group 'fsdp'; known: collectives"):
+        capabilities.select("collectives,fsdp")
+    assert capabilities.select("collectives") == frozenset(COLLECTIVES) | {"equivalences"}
