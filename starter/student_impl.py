@@ -2,8 +2,9 @@
 
     scripts/conformance --impl path/to/student_impl.py --hypothesis-profile=grading --report-dir out
 
-Every name the suite may call is here and raises NotImplementedError: a capability you have not
-implemented scores 0 as "not implemented" and nothing else breaks. CONTRACT.md says what each
+(add ``--capability collectives`` or the capabilities you have done, to run only those). Every name
+the suite may call is here and raises NotImplementedError: a capability you have not implemented
+scores 0 as "not implemented" and nothing else breaks. CONTRACT.md says what each
 function must do. Build the collectives from point-to-point messages (dist.send, dist.recv,
 dist.isend, dist.irecv): the communication audit checks that no backend collective is called.
 """
