@@ -281,12 +281,12 @@ def test_all_to_all_single(data, example, ranks):
 
 
 # -------------------------------------------------------------- what the backend itself refuses
-@pytest.mark.parametrize("collective", REFUSABLE)
+@pytest.mark.parametrize("collective", [pytest.param(c, marks=pytest.mark.capability(c.removesuffix("_uneven")), id=c)
+                                        for c in REFUSABLE])
 def test_cases_the_backend_refuses(collective, ranks, target, backend_refusals, request):
     """Cases the backend's own collectives refuse (gloo: integer AVG) are not required: if the
     implementation raises on them the case is skipped with the backend's message; if it returns,
     its result must still be right."""
-    request.node.user_properties.append(("capability", collective.removesuffix("_uneven")))
     cases = backend_refusals.cases(collective)
     if not cases:
         pytest.skip(f"the {backend_refusals.backend} backend accepts every dtype and op of {collective}")

@@ -7,7 +7,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -160,8 +160,11 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_sessionstart(session):
-    """The coverage line as a JUnit property of the run (CI systems show it beside the tests)."""
-    xml = session.config.stash.get(_junit_key(), None) if _junit_key() is not None else None
+    """The run's state (after Hypothesis has loaded --hypothesis-profile, which sets the budget's
+    default), and the coverage line as a JUnit property of the run."""
+    session.config.stash[_STATE] = RunState(Budget(session.config))
+    key = _junit_key()
+    xml = session.config.stash.get(key, None) if key is not None else None
     if xml is not None:
         xml.add_global_property("coverage", backend_plan(session.config).coverage())
         xml.add_global_property("implementation", session.config.getoption("--impl"))
@@ -216,12 +219,15 @@ class Target:
                 f"--hypothesis-profile={self.profile} --max-world-size {self.max_world_size}{self.attach}")
 
 
+def _profile() -> str:
+    return settings._current_profile or "quick"
+
+
 def backend_plan(config) -> BackendPlan:
     """Which backend each world size runs on in this session (harness/backends.py), decided once."""
     plan = config.stash.get(_PLAN, None)
     if plan is None:
-        profile = settings._current_profile or "quick"
-        asked = config.getoption("--max-world-size") or (8 if profile == "thorough" else 4)
+        asked = config.getoption("--max-world-size") or (8 if _profile() == "thorough" else 4)
         attach = _attach(config)
         if attach is not None:
             asked = attach.size  # the attached world is the largest drawn; smaller ones run here
@@ -235,7 +241,7 @@ _PLAN = pytest.StashKey[BackendPlan]()
 @pytest.fixture(scope="session")
 def target(pytestconfig) -> Target:
     plan = backend_plan(pytestconfig)
-    profile = settings._current_profile or "quick"
+    profile = _profile()
     attach, attach_options = _attach(pytestconfig), ""
     if attach is not None:
         attach_options = f" --attach {attach.size} --attach-address {attach.host}:{attach.port}"
@@ -248,8 +254,7 @@ class Budget:
     session's start in this process."""
 
     def __init__(self, config):
-        profile = settings._current_profile or "quick"
-        self.seconds = config.getoption("--time-budget") or (GRADING_BUDGET_S if profile == "grading" else None)
+        self.seconds = config.getoption("--time-budget") or (GRADING_BUDGET_S if _profile() == "grading" else None)
         self.deadline = None if self.seconds is None else time.monotonic() + self.seconds
 
     def left(self) -> float:
@@ -262,27 +267,35 @@ class Budget:
 def _contain(config) -> bool:
     option = config.getoption("--contain-ranks")
     if option == "auto":
-        return containment.possible() and (settings._current_profile or "quick") == "grading"
+        return containment.possible() and (_profile()) == "grading"
     return option == "yes"
 
 
-def _pool_options(config, budget: Budget, world_sizes_run: set) -> dict:
-    """What every pool of the session shares: the backend plan, deadlines, containment, coverage."""
-    return dict(timeout_s=config.getoption("--rank-timeout"), on_run=world_sizes_run.add, contain=_contain(config),
-                time_left=budget.left if budget.deadline is not None else None)
+@dataclass
+class RunState:
+    """What the driver keeps about this run between tests (in config.stash, made in pytest_configure)."""
+
+    budget: Budget
+    world_sizes: set = field(default_factory=set)  # of the current test's tasks (emptied before each test)
+    hung: dict = field(default_factory=dict)  # capability -> the test in which its ranks hung
+
+
+_STATE = pytest.StashKey[RunState]()
+
+
+def _pool_options(config) -> dict:
+    """What every pool of the session shares: deadlines, containment, the coverage record."""
+    state = config.stash[_STATE]
+    return dict(timeout_s=config.getoption("--rank-timeout"), on_run=state.world_sizes.add, contain=_contain(config),
+                time_left=state.budget.left if state.budget.deadline is not None else None)
 
 
 @pytest.fixture(scope="session")
-def _budget(pytestconfig) -> Budget:
-    return Budget(pytestconfig)
-
-
-@pytest.fixture(scope="session")
-def world_pool(target, pytestconfig, _world_sizes_run, _budget):
+def world_pool(target, pytestconfig):
     attach = _attach(pytestconfig)
     key = os.environ.get("CONFORMANCE_AUTHKEY")
     pool = WorldPool(target.plan, attach=attach, authkey=bytes.fromhex(key) if key else None,
-                     **_pool_options(pytestconfig, _budget, _world_sizes_run))
+                     **_pool_options(pytestconfig))
     if attach is not None:
         capture = pytestconfig.pluginmanager.getplugin("capturemanager")
         with capture.global_and_fixture_disabled():
@@ -294,40 +307,29 @@ def world_pool(target, pytestconfig, _world_sizes_run, _budget):
 
 
 @pytest.fixture(scope="session")
-def audited_pool(target, pytestconfig, _world_sizes_run, _budget):
+def audited_pool(target, pytestconfig):
     """Worlds whose ranks record every communication call (harness/recording.py), for the audit;
     the same backend per world size and the same caps as world_pool."""
-    pool = WorldPool(target.plan, audit=True, **_pool_options(pytestconfig, _budget, _world_sizes_run))
+    pool = WorldPool(target.plan, audit=True, **_pool_options(pytestconfig))
     yield pool
     pool.close()
 
 
-@pytest.fixture(scope="session")
-def _world_sizes_run() -> set:
-    """The world sizes the current test ran tasks on (emptied before each test)."""
-    return set()
-
-
-@pytest.fixture(scope="session")
-def _hung_capabilities() -> dict:
-    """capability -> the test in which its ranks hung (filled by pytest_runtest_makereport)."""
-    return {}
-
-
 @pytest.fixture(autouse=True)
-def _tag_capability(request, _world_sizes_run, _budget, _hung_capabilities):
+def _tag_capability(request):
     """Tags the test with its capability, and fails it before it starts when the time budget is
     spent or its capability already hung in an earlier test (each hang costs a whole deadline)."""
     marker = request.node.get_closest_marker("capability")
     capability = marker.args[0] if marker is not None else None
+    state = request.config.stash[_STATE]
     if capability is not None:
         request.node.user_properties.append(("capability", capability))
-    _world_sizes_run.clear()
-    if capability is not None and _budget.spent():
-        pytest.fail(f"not run: the time budget of {_budget.seconds:g} s (--time-budget) was spent before this test "
-                    "started", pytrace=False)
-    if capability in _hung_capabilities:
-        pytest.fail(f"not run: {capability} already hung in {_hung_capabilities[capability]} (that test shows every "
+    state.world_sizes.clear()
+    if capability is not None and state.budget.spent():
+        pytest.fail(f"not run: the time budget of {state.budget.seconds:g} s (--time-budget) was spent before this "
+                    "test started", pytrace=False)
+    if capability in state.hung:
+        pytest.fail(f"not run: {capability} already hung in {state.hung[capability]} (that test shows every "
                     "rank's stack); the rest of its tests are not run, each would wait out a deadline", pytrace=False)
 
 
@@ -336,16 +338,16 @@ def pytest_runtest_makereport(item, call):
     """Records the world sizes the test ran on. A test that passed on 1-rank worlds only, in a run
     where no larger world can be drawn, has tested nothing distributed: it is reported as skipped
     with the reason, never as passed."""
-    sizes = sorted(getattr(item, "funcargs", {}).get("_world_sizes_run", ())) if call.when == "call" else []
+    state = item.config.stash.get(_STATE, None)
+    sizes = sorted(state.world_sizes) if state is not None and call.when == "call" else []
     if sizes:
         item.user_properties.append(("world_sizes", ",".join(map(str, sizes))))
     outcome = yield
     report = outcome.get_result()
     if call.when == "call" and call.excinfo is not None and call.excinfo.errisinstance(RanksHung):
         capability = next((value for key, value in item.user_properties if key == "capability"), None)
-        hung = getattr(item, "funcargs", {}).get("_hung_capabilities")
-        if capability is not None and hung is not None:
-            hung.setdefault(capability, item.nodeid)
+        if capability is not None and state is not None:
+            state.hung.setdefault(capability, item.nodeid)
     plan = item.config.stash.get(_PLAN, None)
     if report.passed and sizes and max(sizes) < 2 and plan is not None and not plan.multi_rank():
         report.outcome = "skipped"
