@@ -15,6 +15,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 import reference.collectives as ref
+import reference.likely_bugs as likely_bugs
 from conformance.examples import Layout, Values, dtypes_for, layouts, sentinel, shapes, values
 from conformance.verdict import Judge
 from reference.tolerance import reduction_atol
@@ -80,9 +81,11 @@ def test_broadcast(data, example, ranks):
     judge = draw.judge()
     inputs = [vals.tensor(i) for i in range(layout.size)]
     outputs = judge.call(ranks, layout, "broadcast", [{"tensor": x, "src": root} for x in inputs])
-    expected = ref.broadcast(inputs, layout.ranks.index(root))
+    src = layout.ranks.index(root)
+    expected = ref.broadcast(inputs, src)
     for i, rank in enumerate(layout.ranks):
-        judge.tensor(outputs[rank]["tensor"], expected[i], what=f"rank {rank} tensor")
+        judge.tensor(outputs[rank]["tensor"], expected[i], what=f"rank {rank} tensor",
+                     suspects=lambda: likely_bugs.broadcast(inputs, src, i))
 
 
 @pytest.mark.capability("reduce")
@@ -98,7 +101,8 @@ def test_reduce(data, example, ranks, op):
     outputs = judge.call(ranks, layout, "reduce", [{"tensor": x, "dst": root, "op": op} for x in inputs])
     root_index = layout.ranks.index(root)
     expected = ref.reduce(inputs, root_index, op)[root_index]
-    judge.tensor(outputs[root]["tensor"], expected, what=f"dst rank {root} tensor", atol=reduction_atol(inputs, op))
+    judge.tensor(outputs[root]["tensor"], expected, what=f"dst rank {root} tensor", atol=reduction_atol(inputs, op),
+                 suspects=lambda: likely_bugs.reduction(inputs, op, root_index))
 
 
 @pytest.mark.capability("all_reduce")
@@ -114,7 +118,8 @@ def test_all_reduce(data, example, ranks, op):
     expected = ref.all_reduce(inputs, op)
     atol = reduction_atol(inputs, op)
     for i, rank in enumerate(layout.ranks):
-        judge.tensor(outputs[rank]["tensor"], expected[i], what=f"rank {rank} tensor", atol=atol)
+        judge.tensor(outputs[rank]["tensor"], expected[i], what=f"rank {rank} tensor", atol=atol,
+                     suspects=lambda: likely_bugs.reduction(inputs, op, i))
     judge.bitwise_identical({r: outputs[r]["tensor"] for r in layout.ranks}, what="all_reduce result")
 
 
@@ -206,7 +211,9 @@ def test_reduce_scatter(data, example, ranks, op):
     expected = ref.reduce_scatter(input_lists, op)
     for i, rank in enumerate(layout.ranks):
         atol = reduction_atol([lst[i] for lst in input_lists], op)
-        judge.tensor(outputs[rank]["output"], expected[i], what=f"rank {rank} output", atol=atol)
+        judge.tensor(outputs[rank]["output"], expected[i], what=f"rank {rank} output", atol=atol,
+                     suspects=lambda: likely_bugs.reduction([lst[i] for lst in input_lists], op, i)
+                     + likely_bugs.chunk(expected, i))
     check_inputs_unchanged(judge, outputs, layout, "input_list", input_lists)
 
 
@@ -227,7 +234,9 @@ def test_reduce_scatter_tensor(data, example, ranks, op):
     atol = reduction_atol(inputs, op)
     for i, rank in enumerate(layout.ranks):
         chunk = atol.reshape(n, *out_shape)[i] if atol.numel() else atol
-        judge.tensor(outputs[rank]["output"], expected[i], what=f"rank {rank} output", atol=chunk)
+        judge.tensor(outputs[rank]["output"], expected[i], what=f"rank {rank} output", atol=chunk,
+                     suspects=lambda: likely_bugs.reduction([x.reshape(n, *out_shape)[i] for x in inputs], op, i)
+                     + likely_bugs.chunk(expected, i))
     check_inputs_unchanged(judge, outputs, layout, "input", inputs)
 
 

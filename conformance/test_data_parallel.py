@@ -32,8 +32,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import reference.data_parallel as ref
+import reference.likely_bugs as likely_bugs
 from conformance.examples import describe_spec, model_specs, optimizer_specs
-from conformance.verdict import Judge, check_names
+from conformance.verdict import Judge, check_names, mismatch
 from harness import models
 
 PROGRAM = "data_parallel:train"
@@ -119,9 +120,13 @@ def judge_training(judge: Judge, example: Example, outputs: dict, batch: dict, e
     for r in world:
         what = f"rank {r} right after wrapping"
         check_names(judge, outputs[r]["wrapped"], expected.initial, f"{what}: parameters and buffers")
+        own = ref.state(models.build(example.model, example.seed_of(r))) if r else {}
         for name, want in expected.initial.items():
+            kind = exact.get(name, "parameter")
             judge.tensor(outputs[r]["wrapped"][name], want,
-                         what=f"{what}: '{name}' (every rank must start from rank 0's parameters and buffers)")
+                         what=f"{what}: {kind} '{name}' (every rank must start from rank 0's parameters and buffers)",
+                         suspects=lambda: [(f"rank {r}'s own initial value: rank 0's {kind}s are not broadcast",
+                                            own[name], None)] if own else [])
         if len(outputs[r]["steps"]) != example.steps:
             judge.fail(f"rank {r}: the program recorded {len(outputs[r]['steps'])} steps, expected {example.steps}")
     before = outputs[0]["wrapped"]
@@ -136,10 +141,15 @@ def judge_training(judge: Judge, example: Example, outputs: dict, batch: dict, e
                         f"rank {r} at {step}: parameters with a .grad after finish_gradient_synchronization",
                         f"; frozen parameters {frozen} never get one, and a parameter that no forward used "
                         f"in this step keeps .grad None, as in one process")
+            wrong = [name for name, want in truth.grads.items()
+                     if mismatch(got["grads"][name], want, ref.grad_atol(truth, name))]
+            every = f"; every parameter with a wrong gradient, in model order: {', '.join(wrong)}" if len(wrong) > 1 else ""
             for name, want in truth.grads.items():
-                judge.tensor(got["grads"][name], want, atol=ref.grad_atol(truth, name),
+                atol = ref.grad_atol(truth, name)
+                judge.tensor(got["grads"][name], want, atol=atol,
                              what=f"rank {r} gradient of '{name}' after finish_gradient_synchronization at {step} "
-                                  f"(the mean over ranks = the global-batch gradient)")
+                                  f"(the mean over ranks = the global-batch gradient){every}",
+                             suspects=lambda: likely_bugs.data_parallel_gradient(truth.slice_grads, name, r, atol))
             check_names(judge, got["state"], expected.states[s], f"rank {r} after {step}: parameters and buffers")
             for name, want in expected.states[s].items():
                 if name in exact:

@@ -33,7 +33,11 @@ class Judge:
     def fail(self, problem: str):
         raise AssertionError(f"{problem}\n  example: {self.example}\n  reproduce: {self.reproduce}")
 
-    def tensor(self, actual, expected: torch.Tensor, *, what: str, atol: torch.Tensor | None = None) -> None:
+    def tensor(self, actual, expected: torch.Tensor, *, what: str, atol: torch.Tensor | None = None,
+               suspects=None) -> None:
+        """``actual`` must equal ``expected`` within ``atol`` (None: exactly). ``suspects``, a
+        callable returning known wrong answers (reference/likely_bugs.py), is consulted only on a
+        mismatch, to name the bug the wrong output points to."""
         if not isinstance(actual, torch.Tensor):
             self.fail(f"{what}: expected a tensor, got {type(actual).__name__}")
         if tuple(actual.shape) != tuple(expected.shape) or actual.dtype != expected.dtype:
@@ -49,7 +53,8 @@ class Judge:
             bound = f", allowed difference {float(atol.expand_as(expected)[index]):.3g}"
         differing = int((actual != expected).sum()) if atol is None else None
         count = f"; {differing} of {expected.numel()} elements differ" if differing else ""
-        self.fail(f"{what}: element {list(index)} expected {want!r}, got {got!r}{note}{bound}{count}")
+        self.fail(f"{what}: element {list(index)} expected {want!r}, got {got!r}{note}{bound}{count}"
+                  f"{_likely_bug(actual, atol, suspects)}")
 
     def tensors(self, actual, expected: list, *, what: str, atol=None) -> None:
         if not isinstance(actual, (list, tuple)) or len(actual) != len(expected):
@@ -66,6 +71,22 @@ class Judge:
             if tensor.shape != first.shape or not torch.equal(_bits(tensor), _bits(first)):
                 self.fail(f"{what}: rank {rank} and rank {first_rank} differ bitwise "
                           f"(a replicated result must be identical on every rank)")
+
+
+def mismatch(actual, expected: torch.Tensor, atol=None) -> bool:
+    """Whether ``actual`` (anything a rank returned) fails Judge.tensor's comparison."""
+    if not isinstance(actual, torch.Tensor) or actual.shape != expected.shape or actual.dtype != expected.dtype:
+        return True
+    return first_mismatch(actual, expected, atol) is not None
+
+
+def _likely_bug(actual: torch.Tensor, atol, suspects) -> str:
+    """'; it equals <a known wrong answer>', for the first suspect ``actual`` matches, else ''."""
+    for description, wrong, wrong_atol in (suspects() if suspects is not None else ()):
+        if wrong.shape == actual.shape and wrong.dtype == actual.dtype and actual.numel() \
+                and first_mismatch(actual, wrong, wrong_atol if wrong_atol is not None else atol) is None:
+            return f"; it equals {description}"
+    return ""
 
 
 def _bits(tensor: torch.Tensor) -> torch.Tensor:

@@ -83,7 +83,7 @@ def write(scorecard: Scorecard, report_dir: Path, rubric: dict[str, float], rubr
     failures = [t for t in tests if t["status"] == "failed"]
     if failures:
         lines += ["", "lost points:"]
-        lines += [f"- {t['name']}: {t['output'].splitlines()[0] if t['output'] else 'failed'}" for t in failures]
+        lines += [f"- {t['name']}: {_headline(t['output'])}" for t in failures]
     summary = "\n".join(lines) + "\n"
     report_dir.mkdir(parents=True, exist_ok=True)
     results = {
@@ -99,6 +99,16 @@ def write(scorecard: Scorecard, report_dir: Path, rubric: dict[str, float], rubr
     _replace(report_dir / "results.json", json.dumps(results, indent=2))
     _replace(report_dir / "summary.txt", summary)
     return report_dir
+
+
+def _headline(output: str) -> str:
+    """A failure's first line, and the example it happened on (dtype, op, world size: the judge's
+    "example:" line), on one line."""
+    lines = output.splitlines()
+    if not lines:
+        return "failed"
+    example = next((line.strip() for line in lines[1:] if line.strip().startswith("example:")), "")
+    return lines[0] + (f" [{example}]" if example else "")
 
 
 def _replace(path: Path, text: str) -> None:

@@ -48,6 +48,7 @@ class Evaluation:
     grads: dict[str, Tensor]  # (1/n) sum_r grad L_r = grad L, for parameters that get one
     slice_losses: list[Tensor]  # L_r, the loss of rank r's slice
     slice_grad_means: dict[str, Tensor]  # (1/n) sum_r |grad L_r|, elementwise
+    slice_grads: list[dict[str, Tensor]]  # grad L_r per rank (to name a wrong answer: reference/likely_bugs.py)
 
 
 def split_batch(batch: dict[str, Tensor], world_size: int) -> list[dict[str, Tensor]]:
@@ -134,8 +135,8 @@ def evaluate(model: nn.Module, batch: dict[str, Tensor], world_size: int) -> Eva
     cancellation inside a sample's gradient can make large relative to the result; ``train``
     follows it, and ``param_atol`` covers that."""
     losses, grads = zip(*(_loss_and_grads(model, s) for s in split_batch(batch, world_size)))
-    names = set(grads[0])
-    if any(set(g) != names for g in grads):
+    names = list(grads[0])  # the model's parameter order: every report lists names in a stable order
+    if any(set(g) != set(names) for g in grads):
         raise ValueError("the slices use different parameters (data-dependent control flow): "
                          f"{[sorted(g) for g in grads]}")
     n = len(grads)
@@ -143,6 +144,7 @@ def evaluate(model: nn.Module, batch: dict[str, Tensor], world_size: int) -> Eva
         grads={name: _sum(g[name] for g in grads) / n for name in names},
         slice_losses=list(losses),
         slice_grad_means={name: _sum(g[name].abs() for g in grads) / n for name in names},
+        slice_grads=list(grads),
     )
 
 

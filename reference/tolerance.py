@@ -67,7 +67,7 @@ def reduction_atol(tensors: list[Tensor], op: str) -> Tensor:
 
 def first_mismatch(
     actual: Tensor, expected: Tensor, atol: Tensor | None
-) -> tuple[tuple[int, ...], float, float] | None:
+) -> tuple[tuple[int, ...], float | int, float | int] | None:
     """First element (row-major) where ``|actual - expected| > atol``, else None.
 
     Returns ``(index, expected_value, actual_value)``. ``atol`` is a float64
@@ -106,4 +106,5 @@ def first_mismatch(
     if bad.shape[0] == 0:
         return None
     index = tuple(int(i) for i in bad[0].tolist())
-    return index, float(expected[index].item()), float(actual[index].item())
+    number = float if expected.dtype.is_floating_point else int  # integers print as integers, exactly
+    return index, number(expected[index].item()), number(actual[index].item())

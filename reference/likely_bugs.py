@@ -1,0 +1,81 @@
+"""Known wrong answers: what a specific, common bug makes an implementation return, so that the
+driver can say which bug a wrong output points to ("it equals the SUM: the division by the group
+size is missing") instead of only that it is wrong. Each function returns candidates
+``(description, tensor, atol)`` in the order they are tried; the first one the wrong output
+matches within ``atol`` (None: the truth's own tolerance) is reported. A match is a strong hint, never a verdict:
+the verdict is the comparison with the truth, made before any of these is consulted.
+
+The bugs come from the mutants under mutants/ and from student code (issue 13): an op ignored, AVG
+without the division, integer AVG with floor instead of truncation, a collective that never ran,
+the chunk of another member, a gradient never all-reduced, summed instead of averaged, taken from
+rank 0, or zeroed.
+
+Never imports torch.distributed.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from reference.collectives import OPS, op_applies, reduce_values
+from reference.tolerance import reduction_atol
+
+Candidate = tuple[str, Tensor, "Tensor | None"]
+
+
+def reduction(inputs: list[Tensor], op: str, index: int) -> list[Candidate]:
+    """Wrong results of a reduction (all_reduce, reduce) of ``inputs`` with ``op``, as seen by the
+    member at ``index``."""
+    candidates: list[Candidate] = []
+    n, dtype = len(inputs), inputs[0].dtype
+    if op == "AVG":
+        candidates.append(("the SUM of the inputs: the division by the group size is missing",
+                           reduce_values(inputs, "SUM"), reduction_atol(inputs, "SUM")))
+        if not dtype.is_floating_point:
+            floor = torch.div(reduce_values(inputs, "SUM"), n, rounding_mode="floor").to(dtype)
+            candidates.append(("the wrapped SUM divided with floor: integer AVG rounds toward zero (trunc)", floor, None))
+    for other in OPS:
+        if other != op and op_applies(other, dtype) and not (op == "AVG" and other == "SUM"):
+            candidates.append((f"the {other} of the inputs: the op argument is not honoured",
+                               reduce_values(inputs, other), reduction_atol(inputs, other)))
+    candidates.append((f"member {index}'s own input: the reduction never reached this rank", inputs[index], None))
+    return candidates
+
+
+def broadcast(inputs: list[Tensor], src_index: int, index: int) -> list[Candidate]:
+    """Wrong results of broadcasting member ``src_index``'s tensor, seen by member ``index``."""
+    candidates: list[Candidate] = []
+    if src_index != 0:
+        candidates.append(("group member 0's tensor: src was read as a group rank, it is a global rank",
+                           inputs[0], None))
+    candidates.append((f"member {index}'s own tensor: nothing was received", inputs[index], None))
+    return candidates
+
+
+def chunk(expected: list[Tensor], index: int, inputs: list[Tensor] | None = None) -> list[Candidate]:
+    """Wrong results of a collective that gives member ``index`` one chunk of ``expected``: another
+    member's chunk (chunks indexed by global rank, or by the wrong rank), or its untouched input."""
+    candidates: list[Candidate] = [(f"the chunk of group member {j}: chunks are indexed wrongly (global rank "
+                                    "instead of group rank?)", chunk, None) for j, chunk in enumerate(expected) if j != index]
+    if inputs is not None:
+        candidates.append((f"member {index}'s own input: nothing was received", inputs[index], None))
+    return candidates
+
+
+def data_parallel_gradient(slice_grads: list[dict[str, Tensor]], name: str, rank: int, atol: Tensor) -> list[Candidate]:
+    """Wrong gradients of parameter ``name`` on ``rank`` after synchronization, from the per-rank
+    gradients grad L_r (``slice_grads[r]``) whose mean is the truth, judged within ``atol`` (the
+    truth's; n times it for the sum)."""
+    local = [g[name] for g in slice_grads]
+    total = local[0].clone()
+    for g in local[1:]:
+        total = total + g
+    candidates: list[Candidate] = []
+    if len(local) > 1:
+        candidates.append(("the rank's own local gradient: it was never all-reduced", local[rank], None))
+        candidates.append(("the SUM over ranks: summed, not averaged (divide by the world size)", total,
+                           atol * len(local)))
+        candidates.append(("rank 0's local gradient: rank 0's gradient was copied instead of averaged", local[0], None))
+    candidates.append(("zero: the gradient was zeroed or never written back from the communication buffer",
+                       torch.zeros_like(local[0]), None))
+    return candidates
