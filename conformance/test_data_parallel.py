@@ -52,6 +52,7 @@ class Example:
     seed: int  # rank 0's model seed (every rank's, unless per_rank_init)
     data_seed: int
     per_rank_init: bool  # rank r builds its model from seed + r: the wrapper must broadcast rank 0's
+    per_rank_buffers: bool = False  # rank r draws its buffers only from seed + r (its parameters are rank 0's)
 
     @property
     def global_batch(self) -> int:
@@ -60,11 +61,16 @@ class Example:
     def seed_of(self, rank: int) -> int:
         return self.seed + rank if self.per_rank_init else self.seed
 
+    def model_of(self, rank: int) -> dict:
+        """The model spec rank ``rank`` builds (its buffers drawn apart under per_rank_buffers)."""
+        return {**self.model, "buffer_seed": self.seed + rank} if self.per_rank_buffers else self.model
+
     def __str__(self) -> str:
         spec, opt = describe_spec(self.model, "kind"), describe_spec(self.optimizer, "name")
         bucket = "None" if self.bucket_size_mb is None else \
             f"{self.bucket_size_mb:.9g} ({round(self.bucket_size_mb * MIB)} bytes)"
         init = f"rank r seeded {self.seed}+r" if self.per_rank_init else f"every rank seeded {self.seed}"
+        init += f", rank r's buffers seeded {self.seed}+r" if self.per_rank_buffers else ""
         return (f"world_size={self.world_size}, global_batch={self.global_batch} ({self.per_rank_batch} per rank), "
                 f"model=({spec}), steps={self.steps}, optimizer=({opt}), bucket_size_mb={bucket}, "
                 f"init: {init}, data_seed={self.data_seed}")
@@ -80,19 +86,34 @@ def bucket_sizes(draw, model: dict):
 
 
 @st.composite
-def examples(draw, max_world_size: int, per_rank_init: bool, min_world_size: int = 1) -> Example:
-    model = draw(model_specs)
+def examples(draw, max_world_size: int, per_rank_init: bool, min_world_size: int = 1, models_drawn=model_specs,
+             per_rank_buffers: bool = False, buckets: str = "any") -> Example:
+    """``buckets``: "any" (None or a size), "none" (bucket_size_mb=None) or "sized" (never None)."""
+    model = draw(models_drawn)
+    bucket = draw(bucket_sizes(model).filter(lambda b: {"any": True, "none": b is None, "sized": b is not None}[buckets]))
     return Example(
         world_size=draw(st.integers(min_world_size, max_world_size)),
         per_rank_batch=draw(st.integers(1, 3)),
         model=model,
         steps=draw(st.integers(1, 5)),
         optimizer=draw(optimizer_specs),
-        bucket_size_mb=draw(bucket_sizes(model)),
+        bucket_size_mb=bucket,
         seed=draw(st.integers(0, 2**16)),
         data_seed=draw(st.integers(0, 2**16)),
         per_rank_init=per_rank_init,
+        per_rank_buffers=per_rank_buffers,
     )
+
+
+def tied_lm_with(**features: bool):
+    """tied_lm specs with exactly the hard cases named on (harness/models.py): one property each."""
+    off = {k: False for k in ("tied", "frozen", "skips", "buffers")}
+    return st.fixed_dictionaries({"kind": st.just("tied_lm"), "vocab": st.integers(2, 12), "width": st.integers(1, 8),
+                                  "hidden": st.integers(1, 12), "context": st.integers(1, 3),
+                                  **{k: st.just(v) for k, v in {**off, **features}.items()}})
+
+
+MLP_SPECS = model_specs.filter(lambda spec: spec["kind"] == "mlp")
 
 
 def run_training(ranks, example: Example) -> tuple[dict, dict, ref.Trajectory, dict]:
@@ -101,9 +122,9 @@ def run_training(ranks, example: Example) -> tuple[dict, dict, ref.Trajectory, d
     batch = models.make_batch(example.model, example.global_batch, example.data_seed)
     slices = ref.split_batch(batch, example.world_size)
     outputs = ranks.run(example.world_size, None, PROGRAM, [
-        {"model": example.model, "seed": example.seed_of(r), "optimizer": example.optimizer, "steps": example.steps,
+        {"model": example.model_of(r), "seed": example.seed_of(r), "optimizer": example.optimizer, "steps": example.steps,
          "batch": slices[r], "bucket_size_mb": example.bucket_size_mb} for r in range(example.world_size)])
-    model = models.build(example.model, example.seed_of(0))
+    model = models.build(example.model_of(0), example.seed_of(0))
     exact = {name: "frozen parameter" for name, p in model.named_parameters() if not p.requires_grad}
     exact.update({name: "buffer" for name, _ in model.named_buffers()})
     return outputs, batch, ref.train(model, example.optimizer, batch, example.steps), exact
@@ -120,7 +141,7 @@ def judge_training(judge: Judge, example: Example, outputs: dict, batch: dict, e
     for r in world:
         what = f"rank {r} right after wrapping"
         check_names(judge, outputs[r]["wrapped"], expected.initial, f"{what}: parameters and buffers")
-        own = ref.state(models.build(example.model, example.seed_of(r))) if r else {}
+        own = ref.state(models.build(example.model_of(r), example.seed_of(r))) if r else {}
         for name, want in expected.initial.items():
             kind = exact.get(name, "parameter")
             judge.tensor(outputs[r]["wrapped"][name], want,
@@ -165,6 +186,65 @@ def judge_training(judge: Judge, example: Example, outputs: dict, batch: dict, e
             judge.bitwise_identical({r: outputs[r]["steps"][s]["state"][name] for r in world},
                                     what=f"'{name}' after {step}")
         before = outputs[0]["steps"][s]["state"]
+
+
+# One test per property, each on a model that has that property alone, so that a capability's
+# points are earned property by property (grading/rubric.toml shares them among these tests): a
+# missing buffer broadcast loses the buffer tests, not the whole of data parallelism.
+def train_and_judge(ranks, target, request, example: Example) -> None:
+    judge = Judge(str(example), target.reproduce(request.node.nodeid))
+    outputs, batch, expected, exact = run_training(ranks, example)
+    judge_training(judge, example, outputs, batch, expected, exact)
+
+
+def needs_two_ranks(target) -> None:
+    if target.max_world_size < 2:
+        pytest.skip("needs a world of at least 2 ranks (--max-world-size)")
+
+
+@pytest.mark.capability("data_parallel")
+@given(data=st.data())
+def test_gradients_are_the_mean_over_ranks(data, ranks, target, request):
+    """An MLP, one bucket setting or none: losses, averaged gradients and the trajectory."""
+    train_and_judge(ranks, target, request, data.draw(examples(target.max_world_size, per_rank_init=False,
+                                                               models_drawn=MLP_SPECS, buckets="none"), label="example"))
+
+
+@pytest.mark.capability("data_parallel")
+@given(data=st.data())
+def test_parameters_start_from_rank_0s(data, ranks, target, request):
+    """An MLP built from seed + r on rank r: right after wrapping every rank holds rank 0's."""
+    needs_two_ranks(target)
+    train_and_judge(ranks, target, request, data.draw(examples(target.max_world_size, per_rank_init=True, min_world_size=2,
+                                                               models_drawn=MLP_SPECS), label="example"))
+
+
+@pytest.mark.capability("data_parallel")
+@given(data=st.data())
+def test_buffers_start_from_rank_0s(data, ranks, target, request):
+    """Parameters alike on every rank, buffers drawn per rank: every rank must hold rank 0's."""
+    needs_two_ranks(target)
+    train_and_judge(ranks, target, request, data.draw(examples(
+        target.max_world_size, per_rank_init=False, min_world_size=2, models_drawn=tied_lm_with(buffers=True),
+        per_rank_buffers=True), label="example"))
+
+
+@pytest.mark.capability("data_parallel")
+@pytest.mark.parametrize("feature", ["tied", "frozen", "skips"])
+@given(data=st.data())
+def test_tied_frozen_and_unused_parameters(feature, data, ranks, target, request):
+    """tied: one parameter in two modules, reduced once; frozen: never gets a gradient nor changes;
+    skips: a parameter no forward used in a step keeps .grad None, as in one process."""
+    train_and_judge(ranks, target, request, data.draw(examples(
+        target.max_world_size, per_rank_init=False, models_drawn=tied_lm_with(**{feature: True})), label="example"))
+
+
+@pytest.mark.capability("data_parallel")
+@given(data=st.data())
+def test_bucketed_gradients_are_the_mean_over_ranks(data, ranks, target, request):
+    """bucket_size_mb from one parameter per bucket to a single bucket, on every model."""
+    train_and_judge(ranks, target, request, data.draw(examples(target.max_world_size, per_rank_init=False,
+                                                               buckets="sized"), label="example"))
 
 
 @pytest.mark.capability("data_parallel")

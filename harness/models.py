@@ -16,6 +16,11 @@ batch's samples, so the mean over ranks of per-rank losses on equal slices is th
     skip it; which calls use it depends only on the ``calls`` counter, the same on every rank;
   - buffers: ``offset`` (a fixed random vector added to the embeddings) and ``calls`` (a counter
     incremented by every forward).
+  Each hard case can be switched off in the spec (``"tied": False``, ``"frozen": False``,
+  ``"skips": False``, ``"buffers": False``, which drops ``offset``, and ``calls`` too unless skips
+  need it; all on by default), so that a test can isolate one
+  property and grade it on its own (partial credit). ``"buffer_seed": k`` draws the buffers from
+  seed k instead of the model's seed (ranks that differ in their buffers only).
 """
 from __future__ import annotations
 
@@ -39,22 +44,31 @@ class MLP(nn.Module):
 
 
 class TiedLM(nn.Module):
-    def __init__(self, vocab: int, width: int, hidden: int):
+    def __init__(self, vocab: int, width: int, hidden: int, tied: bool = True, frozen: bool = True,
+                 skips: bool = True, buffers: bool = True):
         super().__init__()
+        self.skips = skips
         self.embed = nn.Embedding(vocab, width)
         self.aux = nn.Linear(width, width, bias=False)
         self.mlp_in = nn.Linear(width, hidden)
         self.mlp_out = nn.Linear(hidden, width)
-        self.gain = nn.Parameter(torch.ones(width), requires_grad=False)
+        self.gain = nn.Parameter(torch.ones(width), requires_grad=not frozen)
         self.head = nn.Linear(width, vocab, bias=False)
-        self.head.weight = self.embed.weight  # tied: one parameter, two modules
-        self.register_buffer("offset", torch.zeros(width))
-        self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+        if tied:
+            self.head.weight = self.embed.weight  # tied: one parameter, two modules
+        if buffers:
+            self.register_buffer("offset", torch.zeros(width))
+        else:
+            self.offset = 0.0
+        if buffers or skips:  # the counter that decides the skips is state: it travels with the model
+            self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+        else:
+            self.calls = torch.zeros((), dtype=torch.int64)
 
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         self.calls += 1
         h = self.embed(inputs) + self.offset
-        if int(self.calls) % 2 == 1:  # aux gets no gradient on even-numbered calls
+        if not self.skips or int(self.calls) % 2 == 1:  # with skips, aux gets no gradient on even-numbered calls
             h = h + self.aux(h)
         h = h + self.mlp_out(torch.tanh(self.mlp_in(h)))
         logits = self.head(h * self.gain)
@@ -68,13 +82,19 @@ def build(spec: dict, seed: int) -> nn.Module:
     if kind == "mlp":
         model = MLP(spec["inputs"], spec["hidden"], spec["outputs"])
     elif kind == "tied_lm":
-        model = TiedLM(spec["vocab"], spec["width"], spec["hidden"])
+        model = TiedLM(spec["vocab"], spec["width"], spec["hidden"],
+                       **{k: bool(spec[k]) for k in ("tied", "frozen", "skips", "buffers") if k in spec})
     else:
         raise ValueError(f"unknown model kind {kind!r} (known: {', '.join(KINDS)})")
     generator = torch.Generator().manual_seed(seed)
+    buffer_generator = torch.Generator().manual_seed(spec["buffer_seed"]) if "buffer_seed" in spec else generator
+    buffers = {name for name, _ in model.named_buffers()}
     with torch.no_grad():
         for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
             if not tensor.is_floating_point():
+                continue
+            if name in buffers:
+                tensor.copy_(torch.randn(tensor.shape, generator=buffer_generator) / math.sqrt(max(tensor.numel(), 1)))
                 continue
             if name == "gain":
                 tensor.copy_(1.0 + 0.5 * torch.rand(tensor.shape, generator=generator))

@@ -17,7 +17,7 @@ from harness import capabilities, containment
 from harness.backends import BackendChoiceError, BackendPlan, visible_gpus
 from harness.failures import RanksHung
 from harness.pool import Attach, WorldPool
-from harness.reports import DEFAULT_RUBRIC, load_rubric
+from harness.reports import DEFAULT_RUBRIC, Rubric, load_rubric
 from harness.reports import write as write_reports
 from harness.scorecard import Scorecard
 
@@ -182,7 +182,7 @@ class GradingFiles:
     """Writes results.json and summary.txt when the session starts, after every test and at the end
     (harness/reports.py), so that a run stopped from outside still leaves its last state."""
 
-    def __init__(self, config, scorecard: Scorecard, rubric: dict[str, float]):
+    def __init__(self, config, scorecard: Scorecard, rubric: Rubric):
         self.config, self.scorecard, self.rubric = config, scorecard, rubric
         self.started = time.monotonic()
 

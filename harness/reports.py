@@ -21,28 +21,45 @@ from harness.scorecard import Scorecard, TestResult
 DEFAULT_RUBRIC = Path(__file__).resolve().parent.parent / "grading" / "rubric.toml"
 
 
-def load_rubric(path: Path) -> dict[str, float]:
+class Rubric(dict):
+    """{capability: points}, plus ``weights``: {test function name: relative weight within its
+    capability} (default 1), from the optional [weights] table. A capability's points are shared
+    among its tests that ran in proportion to their weights: partial credit property by property."""
+
+    def __init__(self, points: dict[str, float], weights: dict[str, float] | None = None):
+        super().__init__(points)
+        self.weights = dict(weights or {})
+
+    def weight(self, nodeid: str) -> float:
+        function = nodeid.split("::", 1)[-1].split("[", 1)[0]
+        return self.weights.get(function, 1.0)
+
+
+def load_rubric(path: Path) -> Rubric:
     with open(path, "rb") as file:
         data = tomllib.load(file)
-    points = data.get("capabilities")
-    if not isinstance(points, dict) or not all(isinstance(v, (int, float)) and v >= 0 for v in points.values()):
-        raise ValueError(f"{path}: expected a [capabilities] table of non-negative points")
-    return {str(k): float(v) for k, v in points.items()}
+    points, weights = data.get("capabilities"), data.get("weights", {})
+    for table, values in (("capabilities", points), ("weights", weights)):
+        if not isinstance(values, dict) or not all(isinstance(v, (int, float)) and v >= 0 for v in values.values()):
+            raise ValueError(f"{path}: expected a [{table}] table of non-negative points")
+    return Rubric({str(k): float(v) for k, v in points.items()}, {str(k): float(v) for k, v in weights.items()})
 
 
 def score(rows: dict[str, list[TestResult]], rubric: dict[str, float]) -> tuple[list[dict], dict[str, tuple[float, float]]]:
     """Gradescope test entries, and (score, max) per capability, from the scorecard's rows."""
+    weigh = rubric.weight if isinstance(rubric, Rubric) else (lambda nodeid: 1.0)
     tests, totals = [], {}
     for capability, results in rows.items():
         graded = [r for r in results if r.outcome != "skipped"]
         points = rubric.get(capability, 0.0)
-        share = points / len(graded) if graded else 0.0
-        earned = 0.0
+        total_weight = sum(weigh(r.nodeid) for r in graded)
+        earned = maximum = 0.0
         for result in results:
+            share = points * weigh(result.nodeid) / total_weight if result.outcome != "skipped" and total_weight else 0.0
             value = share if result.outcome == "passed" else 0.0
-            earned += value
-            tests.append(_entry(result, value, 0.0 if result.outcome == "skipped" else share))
-        totals[capability] = (earned, share * len(graded))
+            earned, maximum = earned + value, maximum + share
+            tests.append(_entry(result, value, share))
+        totals[capability] = (earned, maximum)
     return tests, totals
 
 
@@ -61,7 +78,7 @@ def _entry(result: TestResult, value: float, maximum: float) -> dict:
     }
 
 
-def write(scorecard: Scorecard, report_dir: Path, rubric: dict[str, float], rubric_path: Path, impl: str, *,
+def write(scorecard: Scorecard, report_dir: Path, rubric: Rubric, rubric_path: Path, impl: str, *,
           seconds: float | None = None, complete: bool = True) -> Path:
     rows = scorecard.by_capability()
     tests, totals = score(rows, rubric)

@@ -45,3 +45,18 @@ def test_a_bad_rubric_is_refused_before_anything_runs(tmp_path):
                "--report-dir", str(tmp_path / "out"), "--rubric", str(rubric), "-k", "broadcast"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 4 and "--rubric" in done.stderr, done.stderr[-2000:]
+
+
+def test_points_are_shared_by_weight_and_skips_by_the_driver_leave_the_maximum(tmp_path):
+    from harness.reports import score
+    from harness.scorecard import TestResult
+
+    rubric = tmp_path / "rubric.toml"
+    rubric.write_text("[capabilities]\ndata_parallel = 20\n[weights]\ntest_mean = 3\n")
+    results = [TestResult("f.py::test_mean", "data_parallel", "passed", "", 1.0),
+               TestResult("f.py::test_buffers[x]", "data_parallel", "failed", "wrong", 1.0),
+               TestResult("f.py::test_tied", "data_parallel", "passed", "", 1.0),
+               TestResult("f.py::test_refused", "data_parallel", "skipped", "backend refuses", 1.0)]
+    tests, totals = score({"data_parallel": results}, load_rubric(rubric))
+    assert totals["data_parallel"] == (16.0, 20.0)  # weights 3 + 1 + 1 share 20 points; the skip is out
+    assert [t["max_score"] for t in tests] == [12.0, 4.0, 4.0, 0.0]
