@@ -5,6 +5,9 @@ The ranks run in an audited world (WorldPool(audit=True)): each joins the proces
 the recording backend of harness/recording.py and reports every call it made during a task, from
 Python or from C++ (DDP's reducer, DTensor). The driver then applies the rules of harness/audit.py:
 
+* accounted for: on every audited task, each rank wrote (as the kernel counted it, read by the
+  driver from /proc/<pid>/io) no more than its records explain plus transport overhead, so a call
+  hidden from the in-rank recorder still shows (harness/audit.py: accounted);
 * point-to-point only: a collective of the implementation under test makes send/recv calls only.
   Required for every implementation except torch.distributed and adapters.* (which are torch's
   own collectives: backend collectives by definition), unless --audit-require-p2p says otherwise;
@@ -75,7 +78,9 @@ class Audited:
         except TASK_FAILURES as failure:
             failure.add_note(f"  example: {judge.example}\n  reproduce: {judge.reproduce}")
             raise
-        return {r: result.outputs[r] for r in layout.ranks}, dict(enumerate(result.records))
+        records = dict(enumerate(result.records))
+        check(judge, audit.accounted(records, dict(enumerate(result.bytes_written))))  # on every audited task
+        return {r: result.outputs[r] for r in layout.ranks}, records
 
 
 @pytest.fixture(scope="session")

@@ -39,6 +39,10 @@ class TaskResult:
     outputs: list  # per rank, what the rank program returned
     logs: list[str]  # per rank, what it printed during the task
     records: list = field(default_factory=list)  # per rank, its communication calls (harness/recording.py); [] unless audited
+    # per rank, the bytes the kernel saw it write during the task (sockets, pipes, files: /proc/<pid>/io
+    # wchar, read by the driver), less its reply to the driver and its captured output; None where
+    # not measured (attached ranks, worlds that do not record). The rank cannot lower this count.
+    bytes_written: list = field(default_factory=list)
 
 
 @dataclass
@@ -48,6 +52,18 @@ class _Rank:
     log_path: str | None  # None for attached ranks: their output goes to their launcher's console
     conn: Connection | None = None
     log_offset: int = 0
+    reply_bytes: int = 0  # the last reply's size on the control connection, framing included
+
+    def bytes_written(self) -> int | None:
+        """The kernel's count of bytes this rank's process has written (write/writev/send on any
+        file or socket), or None where it cannot be read."""
+        if self.process is None:
+            return None
+        try:
+            with open(f"/proc/{self.process.pid}/io") as io:
+                return next(int(line.split()[1]) for line in io if line.startswith("wchar:"))
+        except (OSError, StopIteration, ValueError):
+            return None
 
     @property
     def attached(self) -> bool:
@@ -261,8 +277,11 @@ class World:
         if len(args_per_rank) != self.size:
             raise ValueError(f"{self.name}: {len(args_per_rank)} argument sets for {self.size} ranks")
         task_id = next(self._task_ids)
+        written_before, logged_before = [], []
         for rank in self._ranks:
             rank.read_new_output()  # forget output printed between tasks
+            written_before.append(rank.bytes_written() if self.record_communication else None)
+            logged_before.append(rank.log_offset)
             rank.conn.send_bytes(wire.encode_trusted(("run", task_id, program, args_per_rank[rank.rank], impl)))
         outcome: dict[int, tuple[str, object]] = {}
         deadline = time.monotonic() + timeout_s
@@ -282,14 +301,20 @@ class World:
             if any(status != "ok" for status, _ in outcome.values()):
                 deadline = min(deadline, time.monotonic() + grace_s)  # peers of a failed rank usually hang
         if len(outcome) == self.size and all(status == "ok" for status, _ in outcome.values()):
-            return TaskResult([outcome[r][1][0] for r in range(self.size)], [r.read_new_output() for r in self._ranks],
-                              [outcome[r][1][1] for r in range(self.size)])
+            logs = [r.read_new_output() for r in self._ranks]
+            written = [None if before is None or rank.bytes_written() is None else
+                       rank.bytes_written() - before - rank.reply_bytes - (rank.log_offset - logged)
+                       for rank, before, logged in zip(self._ranks, written_before, logged_before)]
+            return TaskResult([outcome[r][1][0] for r in range(self.size)], logs,
+                              [outcome[r][1][1] for r in range(self.size)], written)
         raise self._fail(program, outcome, timeout_s)
 
     def _collect(self, rank: _Rank, task_id: int) -> tuple[str, object]:
         if rank.conn.poll():
             try:
-                message = wire.decode_untrusted(rank.conn.recv_bytes())
+                raw = rank.conn.recv_bytes()
+                rank.reply_bytes = len(raw) + (4 if len(raw) < 0x7FFFFFFF else 12)  # Connection's length header
+                message = wire.decode_untrusted(raw)
             except (EOFError, OSError):
                 return "exited", rank.describe_exit()
             except Exception as error:  # noqa: BLE001 - refused by the restricted unpickler
