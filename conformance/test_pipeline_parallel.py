@@ -29,6 +29,7 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
+import reference.likely_bugs as likely_bugs
 import reference.pipeline_parallel as ref
 import reference.pipeline_schedules as sched
 from conformance.examples import Layout, schedule_shapes as shapes
@@ -134,6 +135,8 @@ def judge_step(judge: Judge, example: Example, outputs: dict) -> None:
         got = outputs[r]
         if r == p - 1:
             judge.tensor(got["loss"], expected.loss, atol=expected.loss_atol,
+                         suspects=lambda: likely_bugs.pipeline_loss(expected.loss, example.num_microbatches,
+                                                                    expected.loss_atol),
                          what=f"rank {r} (holds the last stage) loss: the mean over the {example.num_microbatches} "
                               f"microbatches of the per-microbatch loss")
         elif got["loss"] is not None:
@@ -145,6 +148,8 @@ def judge_step(judge: Judge, example: Example, outputs: dict) -> None:
                        f"{sorted(got['grads'])} (missing {sorted(want - set(got['grads']))})")
         for name in sorted(want):
             judge.tensor(got["grads"][name], expected.grads[name], atol=expected.grad_atol[name],
+                         suspects=lambda: likely_bugs.pipeline_gradient(expected.microbatch_grads, name,
+                                                                        expected.grad_atol[name]),
                          what=f"rank {r} gradient of '{name}' (of the mean over microbatches of the "
                               f"per-microbatch loss)")
 

@@ -35,6 +35,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import reference.tensor_parallel as ref
+import reference.likely_bugs as likely_bugs
 from conformance.examples import Layout, dense_layers, layouts
 from conformance.verdict import Judge
 
@@ -96,8 +97,10 @@ def examples(draw, max_world_size: int, split: str, min_size: int = 1) -> Exampl
     )
 
 
-def judge_member(judge: Judge, rank: int, got: dict, expected: dict, atol: dict, notes: dict) -> None:
-    """``expected``: {key: tensor or None}; parameter values (no atol entry) must match exactly."""
+def judge_member(judge: Judge, rank: int, got: dict, expected: dict, atol: dict, notes: dict,
+                 suspects: dict | None = None) -> None:
+    """``expected``: {key: tensor or None}; parameter values (no atol entry) must match exactly.
+    ``suspects``: {key: callable returning known wrong answers} (reference/likely_bugs.py)."""
     for key, want in expected.items():
         what = f"rank {rank} {key.replace('_', ' ')}{notes.get(key, '')}"
         if key not in got:
@@ -106,7 +109,7 @@ def judge_member(judge: Judge, rank: int, got: dict, expected: dict, atol: dict,
             if got[key] is not None:
                 judge.fail(f"{what}: expected None (the layer has no bias), got {type(got[key]).__name__}")
             continue
-        judge.tensor(got[key], want, what=what, atol=atol.get(key))
+        judge.tensor(got[key], want, what=what, atol=atol.get(key), suspects=(suspects or {}).get(key))
 
 
 def judge_replicated(judge: Judge, outputs: dict, keys: list[str]) -> None:
@@ -171,7 +174,8 @@ def test_row_parallel_linear(data, ranks, target, request, input_is_parallel):
         expected = {"weight": w, "bias": b, "output": dense["output"], "grad_input": in_of(dense["grad_input"]),
                     "grad_weight": gw, "grad_bias": gb}
         tol = {"output": atol["output"], "grad_input": in_of(atol["grad_input"]), "grad_weight": aw, "grad_bias": ab}
-        judge_member(judge, rank, outputs[rank], expected, tol, notes)
+        judge_member(judge, rank, outputs[rank], expected, tol, notes, suspects={
+            "output": lambda: likely_bugs.row_parallel_output(dense["output"], bias, n, atol["output"])})
     judge_replicated(judge, outputs, ["output", "grad_bias", *([] if input_is_parallel else ["grad_input"])])
 
 
@@ -198,7 +202,9 @@ def check_mlp(judge: Judge, ranks, example: Example, sequence_parallel: bool) ->
             expected["grad_" + prefix + "weight"], expected["grad_" + prefix + "bias"] = gw, gb
             tol["grad_" + prefix + "weight"], tol["grad_" + prefix + "bias"] = split(
                 atol["grad_" + prefix + "weight"], atol.get("grad_" + prefix + "bias"), n, i)
-        judge_member(judge, rank, outputs[rank], expected, tol, notes)
+        judge_member(judge, rank, outputs[rank], expected, tol, notes, suspects={
+            "output": lambda: likely_bugs.row_parallel_output(expected["output"], mine(b2.expand_as(dense["output"]), i)
+                                                              if b2 is not None else None, n, tol["output"])})
     judge_replicated(judge, outputs, ["grad_fc2_bias", *([] if sequence_parallel else ["output", "grad_input"])])
 
 

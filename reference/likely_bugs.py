@@ -79,3 +79,33 @@ def data_parallel_gradient(slice_grads: list[dict[str, Tensor]], name: str, rank
     candidates.append(("zero: the gradient was zeroed or never written back from the communication buffer",
                        torch.zeros_like(local[0]), None))
     return candidates
+
+
+def row_parallel_output(output: Tensor, bias: Tensor | None, n: int, atol: Tensor) -> list[Candidate]:
+    """A row-parallel layer's (or the MLP's) full output, y = x W^T + b, when each of the n ranks
+    adds the bias to its partial sum before the all-reduce: y + (n - 1) b."""
+    if bias is None or n < 2:
+        return []
+    return [(f"the output with the bias added {n} times: every rank adds it before the all-reduce (add it once, "
+             "after)", (output.to(torch.float64) + (n - 1) * bias.to(torch.float64)).to(output.dtype), atol * n)]
+
+
+def pipeline_loss(loss: Tensor, m: int, atol: Tensor) -> list[Candidate]:
+    """The step's loss, the mean over m microbatches, when it is summed instead."""
+    return [(f"{m} times the mean: the microbatch losses were summed, not averaged", loss * m, atol * m)] if m > 1 else []
+
+
+def pipeline_gradient(microbatch_grads: list[dict[str, Tensor]], name: str, atol: Tensor) -> list[Candidate]:
+    """A parameter's gradient, sum_k grad(L_k / m), when the 1/m is missing or .grad is reset
+    between microbatches (only the last, or the first, microbatch's term is left)."""
+    terms = [g[name] for g in microbatch_grads]
+    m = len(terms)
+    if m < 2:
+        return []
+    total = terms[0].clone()
+    for t in terms[1:]:
+        total = total + t
+    return [(f"{m} times the gradient: each microbatch's loss was not divided by m", total * m, atol * m),
+            ("the last microbatch's term alone: .grad is zeroed inside the microbatch loop", terms[-1], atol),
+            ("the first microbatch's term alone: the later microbatches' backward never reached this stage",
+             terms[0], atol)]

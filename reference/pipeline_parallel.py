@@ -55,6 +55,7 @@ class Dense:
     grads: dict[str, Tensor]  # stable name -> dL/dparameter
     loss_atol: Tensor
     grad_atol: dict[str, Tensor]  # stable name -> 0-dim bound for every element
+    microbatch_grads: list[dict[str, Tensor]]  # grad(L_k / m) per microbatch k (to name a wrong answer)
 
 
 def dense_step(stages: list[nn.Module], inputs: Tensor, targets: Tensor, loss_fn, num_microbatches: int) -> Dense:
@@ -84,4 +85,5 @@ def dense_step(stages: list[nn.Module], inputs: Tensor, targets: Tensor, loss_fn
                            + (torch.finfo(dtype).tiny if dtype.is_floating_point else 0))
     stacked = torch.stack(losses)
     loss_atol = ATOL_FACTOR * (m + 2) * u * stacked.abs().to(torch.float64).sum() / m
-    return Dense(stacked.mean(), grads, loss_atol, grad_atol)
+    terms = [{name: g[k] for k, (name, _) in enumerate(named)} for g in per_microbatch]
+    return Dense(stacked.mean(), grads, loss_atol, grad_atol, terms)
