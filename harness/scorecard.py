@@ -85,3 +85,8 @@ class Scorecard:
             count = {k: sum(r.outcome == k for r in results) for k in ("passed", "failed", "skipped")}
             terminalreporter.write_line(
                 f"{name:<{width}}  {count['passed']:>6}  {count['failed']:>6}  {count['skipped']:>7}  {verdict(results)}")
+        verdicts = [verdict(results) for results in rows.values()]
+        terminalreporter.write_line("capabilities: " + ", ".join(
+            f"{verdicts.count(v)} {v}" for v in ("pass", "FAIL", "not implemented", "not tested") if v in verdicts)
+            + ("; --capability names what an implementation claims (unclaimed capabilities are not run)"
+               if "not implemented" in verdicts else ""))
