@@ -53,6 +53,12 @@ class Example:
     data_seed: int
     per_rank_init: bool  # rank r builds its model from seed + r: the wrapper must broadcast rank 0's
     per_rank_buffers: bool = False  # rank r draws its buffers only from seed + r (its parameters are rank 0's)
+    micro_batches: int = 1  # gradient accumulation: backward (and finish) this many times per optimizer step
+    set_to_none: bool = True  # zero_grad(set_to_none=...) at the start of each step
+
+    @property
+    def batch_size(self) -> int:
+        return self.global_batch * self.micro_batches
 
     @property
     def global_batch(self) -> int:
@@ -71,9 +77,11 @@ class Example:
             f"{self.bucket_size_mb:.9g} ({round(self.bucket_size_mb * MIB)} bytes)"
         init = f"rank r seeded {self.seed}+r" if self.per_rank_init else f"every rank seeded {self.seed}"
         init += f", rank r's buffers seeded {self.seed}+r" if self.per_rank_buffers else ""
+        accumulation = (f", {self.micro_batches} micro-batches per step (gradient accumulation)"
+                        if self.micro_batches > 1 else "")
         return (f"world_size={self.world_size}, global_batch={self.global_batch} ({self.per_rank_batch} per rank), "
-                f"model=({spec}), steps={self.steps}, optimizer=({opt}), bucket_size_mb={bucket}, "
-                f"init: {init}, data_seed={self.data_seed}")
+                f"model=({spec}), steps={self.steps}{accumulation}, zero_grad(set_to_none={self.set_to_none}), "
+                f"optimizer=({opt}), bucket_size_mb={bucket}, init: {init}, data_seed={self.data_seed}")
 
 
 @st.composite
@@ -87,8 +95,9 @@ def bucket_sizes(draw, model: dict):
 
 @st.composite
 def examples(draw, max_world_size: int, per_rank_init: bool, min_world_size: int = 1, models_drawn=model_specs,
-             per_rank_buffers: bool = False, buckets: str = "any") -> Example:
-    """``buckets``: "any" (None or a size), "none" (bucket_size_mb=None) or "sized" (never None)."""
+             per_rank_buffers: bool = False, buckets: str = "any", accumulation: bool = True) -> Example:
+    """``buckets``: "any" (None or a size), "none" (bucket_size_mb=None) or "sized" (never None).
+    ``accumulation``: draw 1-3 micro-batches per step and both zero_grad modes (else 1 and None)."""
     model = draw(models_drawn)
     bucket = draw(bucket_sizes(model).filter(lambda b: {"any": True, "none": b is None, "sized": b is not None}[buckets]))
     return Example(
@@ -102,6 +111,8 @@ def examples(draw, max_world_size: int, per_rank_init: bool, min_world_size: int
         data_seed=draw(st.integers(0, 2**16)),
         per_rank_init=per_rank_init,
         per_rank_buffers=per_rank_buffers,
+        micro_batches=draw(st.integers(1, 3)) if accumulation else 1,
+        set_to_none=draw(st.booleans()) if accumulation else True,
     )
 
 
@@ -119,15 +130,17 @@ MLP_SPECS = model_specs.filter(lambda spec: spec["kind"] == "mlp")
 def run_training(ranks, example: Example) -> tuple[dict, dict, ref.Trajectory, dict]:
     """Every rank's outputs, the global batch, the reference trajectory from rank 0's initial
     model, and which names are frozen parameters or buffers (judged exactly)."""
-    batch = models.make_batch(example.model, example.global_batch, example.data_seed)
-    slices = ref.split_batch(batch, example.world_size)
+    batch = models.make_batch(example.model, example.batch_size, example.data_seed)
+    micro = [ref.split_batch(b, example.world_size) for b in ref.split_micro_batches(batch, example.micro_batches)]
     outputs = ranks.run(example.world_size, None, PROGRAM, [
         {"model": example.model_of(r), "seed": example.seed_of(r), "optimizer": example.optimizer, "steps": example.steps,
-         "batch": slices[r], "bucket_size_mb": example.bucket_size_mb} for r in range(example.world_size)])
+         "batches": [slices[r] for slices in micro], "bucket_size_mb": example.bucket_size_mb,
+         "set_to_none": example.set_to_none} for r in range(example.world_size)])
     model = models.build(example.model_of(0), example.seed_of(0))
     exact = {name: "frozen parameter" for name, p in model.named_parameters() if not p.requires_grad}
     exact.update({name: "buffer" for name, _ in model.named_buffers()})
-    return outputs, batch, ref.train(model, example.optimizer, batch, example.steps), exact
+    trajectory = ref.train(model, example.optimizer, batch, example.steps, example.micro_batches, example.set_to_none)
+    return outputs, batch, trajectory, exact
 
 
 def judge_training(judge: Judge, example: Example, outputs: dict, batch: dict, expected: ref.Trajectory,
@@ -150,18 +163,20 @@ def judge_training(judge: Judge, example: Example, outputs: dict, batch: dict, e
                                             own[name], None)] if own else [])
         if len(outputs[r]["steps"]) != example.steps:
             judge.fail(f"rank {r}: the program recorded {len(outputs[r]['steps'])} steps, expected {example.steps}")
-    before = outputs[0]["wrapped"]
+    before, had_grad = outputs[0]["wrapped"], frozenset()
+    kept = ("zero_grad(set_to_none=False) keeps a zero .grad on every parameter that has had one" if not
+            example.set_to_none else "a parameter that no forward used in this step keeps .grad None")
     for s in range(example.steps):
         step = f"step {s + 1}"
-        truth = ref.evaluate(ref.load_state(models.build(example.model, 0), before), batch, example.world_size)
+        truth = ref.evaluate(ref.load_state(models.build(example.model, 0), before), batch, example.world_size,
+                             example.micro_batches, had_grad if not example.set_to_none else frozenset())
         for r in world:
             got = outputs[r]["steps"][s]
             judge.tensor(got["loss"], truth.slice_losses[r], atol=ref.loss_atol(truth, r),
-                         what=f"rank {r} loss at {step} (the mean loss over its own slice of the batch)")
+                         what=f"rank {r} losses at {step} (per micro-batch, the mean loss over its own slice)")
             check_names(judge, got["grads"], truth.grads,
                         f"rank {r} at {step}: parameters with a .grad after finish_gradient_synchronization",
-                        f"; frozen parameters {frozen} never get one, and a parameter that no forward used "
-                        f"in this step keeps .grad None, as in one process")
+                        f"; frozen parameters {frozen} never get one, and {kept}, as in one process")
             wrong = [name for name, want in truth.grads.items()
                      if mismatch(got["grads"][name], want, ref.grad_atol(truth, name))]
             every = f"; every parameter with a wrong gradient, in model order: {', '.join(wrong)}" if len(wrong) > 1 else ""
@@ -169,7 +184,8 @@ def judge_training(judge: Judge, example: Example, outputs: dict, batch: dict, e
                 atol = ref.grad_atol(truth, name)
                 judge.tensor(got["grads"][name], want, atol=atol,
                              what=f"rank {r} gradient of '{name}' after finish_gradient_synchronization at {step} "
-                                  f"(the mean over ranks = the global-batch gradient){every}",
+                                  f"(the mean over ranks = the global-batch gradient"
+                                  f"{', summed over the micro-batches' if example.micro_batches > 1 else ''}){every}",
                              suspects=lambda: likely_bugs.data_parallel_gradient(truth.slice_grads, name, r, atol))
             check_names(judge, got["state"], expected.states[s], f"rank {r} after {step}: parameters and buffers")
             for name, want in expected.states[s].items():
@@ -185,7 +201,7 @@ def judge_training(judge: Judge, example: Example, outputs: dict, batch: dict, e
         for name in expected.states[s]:
             judge.bitwise_identical({r: outputs[r]["steps"][s]["state"][name] for r in world},
                                     what=f"'{name}' after {step}")
-        before = outputs[0]["steps"][s]["state"]
+        before, had_grad = outputs[0]["steps"][s]["state"], had_grad | set(truth.grads)
 
 
 # One test per property, each on a model that has that property alone, so that a capability's
@@ -207,7 +223,19 @@ def needs_two_ranks(target) -> None:
 def test_gradients_are_the_mean_over_ranks(data, ranks, target, request):
     """An MLP, one bucket setting or none: losses, averaged gradients and the trajectory."""
     train_and_judge(ranks, target, request, data.draw(examples(target.max_world_size, per_rank_init=False,
-                                                               models_drawn=MLP_SPECS, buckets="none"), label="example"))
+                                                               models_drawn=MLP_SPECS, buckets="none",
+                                                               accumulation=False), label="example"))
+
+
+@pytest.mark.capability("data_parallel")
+@given(data=st.data())
+def test_gradient_accumulation_and_both_zero_grad_modes(data, ranks, target, request):
+    """1-3 micro-batches per optimizer step (backward and finish_gradient_synchronization after
+    each, .grad accumulating), zero_grad with set_to_none True and False, on every model: a gradient
+    averaged then added to the local .grad of the next micro-batch, or reduced from a tensor autograd
+    has already accumulated, shows up here."""
+    train_and_judge(ranks, target, request, data.draw(examples(target.max_world_size, per_rank_init=False).filter(
+        lambda e: e.micro_batches > 1 or not e.set_to_none), label="example"))
 
 
 @pytest.mark.capability("data_parallel")
@@ -216,7 +244,8 @@ def test_parameters_start_from_rank_0s(data, ranks, target, request):
     """An MLP built from seed + r on rank r: right after wrapping every rank holds rank 0's."""
     needs_two_ranks(target)
     train_and_judge(ranks, target, request, data.draw(examples(target.max_world_size, per_rank_init=True, min_world_size=2,
-                                                               models_drawn=MLP_SPECS), label="example"))
+                                                               models_drawn=MLP_SPECS, accumulation=False),
+                                                      label="example"))
 
 
 @pytest.mark.capability("data_parallel")
@@ -226,7 +255,7 @@ def test_buffers_start_from_rank_0s(data, ranks, target, request):
     needs_two_ranks(target)
     train_and_judge(ranks, target, request, data.draw(examples(
         target.max_world_size, per_rank_init=False, min_world_size=2, models_drawn=tied_lm_with(buffers=True),
-        per_rank_buffers=True), label="example"))
+        per_rank_buffers=True, accumulation=False), label="example"))
 
 
 @pytest.mark.capability("data_parallel")
@@ -236,7 +265,8 @@ def test_tied_frozen_and_unused_parameters(feature, data, ranks, target, request
     """tied: one parameter in two modules, reduced once; frozen: never gets a gradient nor changes;
     skips: a parameter no forward used in a step keeps .grad None, as in one process."""
     train_and_judge(ranks, target, request, data.draw(examples(
-        target.max_world_size, per_rank_init=False, models_drawn=tied_lm_with(**{feature: True})), label="example"))
+        target.max_world_size, per_rank_init=False, models_drawn=tied_lm_with(**{feature: True}), accumulation=False),
+        label="example"))
 
 
 @pytest.mark.capability("data_parallel")
@@ -244,7 +274,7 @@ def test_tied_frozen_and_unused_parameters(feature, data, ranks, target, request
 def test_bucketed_gradients_are_the_mean_over_ranks(data, ranks, target, request):
     """bucket_size_mb from one parameter per bucket to a single bucket, on every model."""
     train_and_judge(ranks, target, request, data.draw(examples(target.max_world_size, per_rank_init=False,
-                                                               buckets="sized"), label="example"))
+                                                               buckets="sized", accumulation=False), label="example"))
 
 
 @pytest.mark.capability("data_parallel")

@@ -112,7 +112,7 @@ def judge_training(judge: Judge, example: Example, outputs: dict, batch: dict, e
         truth = ref.evaluate(ref.load_state(models.build(example.model, 0), before), batch, example.world_size)
         for r in world:
             got = outputs[r]["steps"][s]
-            judge.tensor(got["loss"], truth.slice_losses[r], atol=ref.loss_atol(truth, r),
+            judge.tensor(got["loss"], truth.slice_losses[r][0], atol=ref.loss_atol(truth, r),
                          what=f"rank {r} loss at {step} (the mean loss over its own slice of the batch)")
             check_names(judge, got["state"], expected.states[s], f"rank {r} after {step}: parameters and buffers")
             for name, want in expected.states[s].items():

@@ -8,7 +8,10 @@ With equal slices, (1/n) sum_r L_r = (1/B) sum_i l_i = L, the loss of the global
     g = (1/n) sum_r grad L_r = grad L,
 
 and n ranks that start from rank 0's state follow exactly the trajectory of one process training
-on the global batch, which is what ``train`` computes (up to rounding: the sums are taken in a
+on the global batch, which is what ``train`` computes. With gradient accumulation over k
+micro-steps (k global micro-batches per optimizer step, each split across the ranks, backward after
+each, gradients summed in .grad), the same identity holds term by term:
+(1/n) sum_r sum_j grad L_rj = sum_j grad L_j (up to rounding: the sums are taken in a
 different order; see the tolerances at the end). Torch semantics throughout: a parameter that no
 forward touched keeps .grad None after zero_grad(set_to_none=True) and the optimizer skips it (no
 momentum, no weight decay); a frozen parameter (requires_grad=False) never changes.
@@ -45,10 +48,10 @@ class Evaluation:
     """One step's truth at a given state: each rank's slice loss and the gradient the ranks must
     hold after synchronization, with the magnitudes of its summands for the tolerance."""
 
-    grads: dict[str, Tensor]  # (1/n) sum_r grad L_r = grad L, for parameters that get one
-    slice_losses: list[Tensor]  # L_r, the loss of rank r's slice
-    slice_grad_means: dict[str, Tensor]  # (1/n) sum_r |grad L_r|, elementwise
-    slice_grads: list[dict[str, Tensor]]  # grad L_r per rank (to name a wrong answer: reference/likely_bugs.py)
+    grads: dict[str, Tensor]  # (1/n) sum_r sum_j grad L_rj = sum_j grad L_j, for parameters with a .grad
+    slice_losses: list[Tensor]  # per rank r, the losses L_rj of its slice of each micro-batch j, shape (k,)
+    slice_grad_means: dict[str, Tensor]  # (1/n) sum_r sum_j |grad L_rj|, elementwise
+    slice_grads: list[dict[str, Tensor]]  # sum_j grad L_rj per rank r (to name a wrong answer: reference/likely_bugs.py)
 
 
 def split_batch(batch: dict[str, Tensor], world_size: int) -> list[dict[str, Tensor]]:
@@ -70,6 +73,12 @@ def split_batch(batch: dict[str, Tensor], world_size: int) -> list[dict[str, Ten
     return [{name: t[r * each:(r + 1) * each] for name, t in batch.items()} for r in range(world_size)]
 
 
+def split_micro_batches(batch: dict[str, Tensor], micro_batches: int) -> list[dict[str, Tensor]]:
+    """The k global micro-batches of one optimizer step under gradient accumulation: k equal blocks
+    of rows, in order (each then split across ranks by ``split_batch``)."""
+    return split_batch(batch, micro_batches)
+
+
 def optimizer(spec: dict, params) -> torch.optim.Optimizer:
     """``{"name": "sgd", "lr", "momentum", "weight_decay"}``: torch.optim.SGD;
     ``{"name": "adamw", "lr", "betas", "eps", "weight_decay"}``: torch.optim.AdamW."""
@@ -85,16 +94,20 @@ def state(model: nn.Module) -> dict[str, Tensor]:
     return {name: t.detach().clone() for name, t in [*model.named_parameters(), *model.named_buffers()]}
 
 
-def train(model: nn.Module, optimizer_spec: dict, batch: dict[str, Tensor], steps: int) -> Trajectory:
+def train(model: nn.Module, optimizer_spec: dict, batch: dict[str, Tensor], steps: int, micro_batches: int = 1,
+          set_to_none: bool = True) -> Trajectory:
     """``steps`` optimizer steps of ``model`` (trained in place) on the whole ``batch``:
-    zero_grad(set_to_none=True); loss = model(inputs, targets), the global-batch mean;
-    loss.backward(); optimizer.step()."""
+    zero_grad(set_to_none); for each of the ``micro_batches`` global micro-batches, loss =
+    model(inputs, targets), its mean, and loss.backward() (gradients accumulate); optimizer.step().
+    With set_to_none=False a parameter keeps a zero .grad once it has had one, and the optimizer
+    then steps it (momentum, weight decay) like any other."""
     opt = optimizer(optimizer_spec, model.parameters())
     trajectory = Trajectory(state(model), [], [], [], [])
     for _ in range(steps):
-        opt.zero_grad(set_to_none=True)
-        loss = model(batch["inputs"], batch["targets"])
-        loss.backward()
+        opt.zero_grad(set_to_none=set_to_none)
+        for micro in split_micro_batches(batch, micro_batches):
+            loss = model(micro["inputs"], micro["targets"])
+            loss.backward()
         trajectory.grads.append({name: p.grad.detach().clone() for name, p in model.named_parameters()
                                  if p.grad is not None})
         opt.step()
@@ -124,7 +137,8 @@ def load_state(model: nn.Module, values: dict[str, Tensor]) -> nn.Module:
     return model
 
 
-def evaluate(model: nn.Module, batch: dict[str, Tensor], world_size: int) -> Evaluation:
+def evaluate(model: nn.Module, batch: dict[str, Tensor], world_size: int, micro_batches: int = 1,
+             had_grad: frozenset = frozenset()) -> Evaluation:
     """The next step at ``model``'s current state (on copies: ``model``, buffers included, is left
     alone): the loss L_r and gradient grad L_r of each rank's slice, and their mean over ranks
     (1/n) sum_r grad L_r, summed in rank order. That mean is the global-batch gradient grad L (the
@@ -133,18 +147,34 @@ def evaluate(model: nn.Module, batch: dict[str, Tensor], world_size: int) -> Eva
     average is rounded differently, which ``grad_atol`` bounds tightly. One backward over the whole
     batch rounds the per-sample chain rule differently (other kernel shapes), by an amount that
     cancellation inside a sample's gradient can make large relative to the result; ``train``
-    follows it, and ``param_atol`` covers that."""
-    losses, grads = zip(*(_loss_and_grads(model, s) for s in split_batch(batch, world_size)))
-    names = list(grads[0])  # the model's parameter order: every report lists names in a stable order
-    if any(set(g) != set(names) for g in grads):
-        raise ValueError("the slices use different parameters (data-dependent control flow): "
-                         f"{[sorted(g) for g in grads]}")
-    n = len(grads)
+    follows it, and ``param_atol`` covers that.
+
+    Under gradient accumulation (``micro_batches`` = k > 1) each rank runs its slices of the k
+    micro-batches one after the other on one replica (a buffer such as a call counter advances as
+    on the rank). ``had_grad``: the parameters that already hold a .grad when the step starts
+    (zero_grad(set_to_none=False) keeps them, as zeros): they end the step with one even if no
+    forward of this step used them."""
+    micro = split_micro_batches(batch, micro_batches)
+    per_rank = [_losses_and_grads(model, [split_batch(b, world_size)[r] for b in micro]) for r in range(world_size)]
+    losses = [torch.stack(rank_losses) for rank_losses, _ in per_rank]
+    terms = [rank_terms for _, rank_terms in per_rank]  # terms[r][j]: {name: grad L_rj}
+    used = [[name for name, _ in model.named_parameters() if any(name in t for t in rank_terms)] for rank_terms in terms]
+    if any(u != used[0] for u in used):
+        raise ValueError(f"the slices use different parameters (data-dependent control flow): {used}")
+    shapes = dict(model.named_parameters())
+    names = [name for name, p in model.named_parameters() if name in used[0] or name in had_grad and p.requires_grad]
+    n = world_size
+
+    def total(r, name, magnitude=False):
+        pieces = [t[name].abs() if magnitude else t[name] for t in terms[r] if name in t]
+        return _sum(pieces) if pieces else torch.zeros_like(shapes[name])
+
+    slice_grads = [{name: total(r, name) for name in names} for r in range(n)]
     return Evaluation(
-        grads={name: _sum(g[name] for g in grads) / n for name in names},
-        slice_losses=list(losses),
-        slice_grad_means={name: _sum(g[name].abs() for g in grads) / n for name in names},
-        slice_grads=list(grads),
+        grads={name: _sum(g[name] for g in slice_grads) / n for name in names},
+        slice_losses=losses,
+        slice_grad_means={name: _sum(total(r, name, magnitude=True) for r in range(n)) / n for name in names},
+        slice_grads=slice_grads,
     )
 
 
@@ -156,12 +186,18 @@ def _sum(tensors):
     return total
 
 
-def _loss_and_grads(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-    """Loss and gradients of a copy of ``model`` on ``batch`` (the model itself is left alone)."""
+def _losses_and_grads(model: nn.Module, batches: list[dict[str, Tensor]]) -> tuple[list[Tensor], list[dict[str, Tensor]]]:
+    """One copy of ``model`` (the model itself is left alone) run on ``batches`` in order: each
+    batch's loss and the gradients of that loss alone."""
     replica = copy.deepcopy(model)
-    loss = replica(batch["inputs"], batch["targets"])
-    loss.backward()
-    return loss.detach(), {name: p.grad for name, p in replica.named_parameters() if p.grad is not None}
+    named = [(name, p) for name, p in replica.named_parameters() if p.requires_grad]
+    losses, grads = [], []
+    for batch in batches:
+        loss = replica(batch["inputs"], batch["targets"])
+        found = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+        losses.append(loss.detach())
+        grads.append({name: g for (name, _), g in zip(named, found) if g is not None})
+    return losses, grads
 
 
 # ------------------------------------------------------------------------------------ tolerances
@@ -185,10 +221,10 @@ def grad_atol(evaluation: Evaluation, name: str) -> Tensor:
 
 
 def loss_atol(evaluation: Evaluation, rank: int) -> Tensor:
-    """Rank ``rank``'s slice loss L_r, from the same state: C u |L_r| (a mean of non-negative
-    per-sample losses: no cancellation in the sum)."""
-    loss = evaluation.slice_losses[rank]
-    return _bound(abs(float(loss)), loss.dtype)
+    """Rank ``rank``'s slice losses L_rj, from the same state: C u max_j |L_rj| (each a mean of
+    non-negative per-sample losses: no cancellation in the sum)."""
+    losses = evaluation.slice_losses[rank]
+    return _bound(float(losses.abs().max()), losses.dtype)
 
 
 def param_atol(trajectory: Trajectory, step: int, name: str) -> Tensor:

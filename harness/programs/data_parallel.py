@@ -5,16 +5,19 @@ wrapping, and per step the local loss, the gradients after synchronization, and 
 the optimizer step."""
 from __future__ import annotations
 
+import torch
+
 from harness import models
 from harness.context import RankContext, require
 
 CONTRACT = ("module", "finish_gradient_synchronization")
 
 
-def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps: int, batch: dict,
-          bucket_size_mb: float | None, group=None) -> dict:
-    """Per step: zero_grad(set_to_none=True); loss = wrapped(inputs, targets); loss.backward();
-    wrapped.finish_gradient_synchronization(); optimizer.step()."""
+def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps: int, batches: list,
+          bucket_size_mb: float | None, set_to_none: bool = True, group=None) -> dict:
+    """Per step: zero_grad(set_to_none); for each micro-batch of this rank (gradient accumulation
+    when there are several): loss = wrapped(inputs, targets); loss.backward();
+    wrapped.finish_gradient_synchronization(); then optimizer.step()."""
     if group is not None:
         raise ValueError("data parallelism is tested on the whole world, not a subgroup")
     DataParallel = require(impl, "DataParallel")
@@ -27,13 +30,16 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
     module = wrapped.module
     result = {"wrapped": models.state(module), "steps": []}
     opt = models.build_optimizer(optimizer, module.parameters())
-    inputs, targets = ctx.to_device(batch["inputs"]), ctx.to_device(batch["targets"])
+    micro = [(ctx.to_device(b["inputs"]), ctx.to_device(b["targets"])) for b in batches]
     for _ in range(steps):
-        opt.zero_grad(set_to_none=True)
-        loss = wrapped(inputs, targets)
-        loss.backward()
-        wrapped.finish_gradient_synchronization()
+        opt.zero_grad(set_to_none=set_to_none)
+        losses = []
+        for inputs, targets in micro:
+            loss = wrapped(inputs, targets)
+            loss.backward()
+            wrapped.finish_gradient_synchronization()
+            losses.append(loss.detach())
         grads = {name: p.grad.detach().clone() for name, p in module.named_parameters() if p.grad is not None}
         opt.step()
-        result["steps"].append({"loss": loss.detach(), "grads": grads, "state": models.state(module)})
+        result["steps"].append({"loss": torch.stack(losses), "grads": grads, "state": models.state(module)})
     return ctx.to_cpu(result)
