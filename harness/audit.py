@@ -29,8 +29,12 @@ ALL_GATHERS = ("allgather", "allgather_coalesced", "allgather_into_tensor", "all
 FLOATING = ("float64", "float32", "float16", "bfloat16")
 
 
-def _in_phase(records: list[dict], phase: str | None) -> list[dict]:
-    return records if phase is None else [r for r in records if r.get("phase") == phase]
+def _in_phase(records: list[dict], phase) -> list[dict]:
+    """The records of ``phase``: a name, a tuple of names, or None for all."""
+    if phase is None:
+        return records
+    phases = (phase,) if isinstance(phase, str) else tuple(phase)
+    return [r for r in records if r.get("phase") in phases]
 
 
 def charged_bytes(record: dict) -> int:
@@ -143,6 +147,51 @@ def reduced_once(records_by_rank: dict[int, list[dict]], expected_bytes: int, wh
             sizes = ", ".join(str(r["bytes"]) for r in reductions[:12]) + (", ..." if len(reductions) > 12 else "")
             violations.append(f"rank {rank}{where}: reduced {total} B of floating-point data in {len(reductions)} "
                               f"call(s) ({sizes} B), but {what} total {expected_bytes} B, each to be reduced once ({why})")
+    return violations
+
+
+def starts_during_backward(records_by_rank: dict[int, list[dict]], what: str) -> list[str]:
+    """Some communication of the step starts before backward ends (phase "backward"): gradients
+    are reduced while backward still computes others, the point of bucketed DDP."""
+    violations = []
+    for rank, records in sorted(records_by_rank.items()):
+        during = [r for r in _in_phase(records, "backward") if r["op"] not in NEUTRAL_OPS]
+        later = [r for r in _in_phase(records, "finish") if r["op"] not in NEUTRAL_OPS]
+        if not during:
+            violations.append(f"rank {rank}: no communication started before backward ended ({len(later)} call(s), "
+                              f"all in finish_gradient_synchronization): {what}")
+    return violations
+
+
+def bucket_sizes_allowed(parameter_bytes: list[int], cap_bytes: int) -> set[int]:
+    """The sizes a bucket may have: the total of consecutive parameters (registration order, the
+    order buckets are filled in, either direction) that was still under the cap before its last
+    parameter was added: total - (its first or last parameter) < cap (DDP closes a bucket once it
+    reaches the cap, so a bucket may exceed it by the one parameter that closed it)."""
+    allowed = set()
+    for start in range(len(parameter_bytes)):
+        for end in range(start + 1, len(parameter_bytes) + 1):
+            run = parameter_bytes[start:end]
+            if sum(run) - max(run[0], run[-1]) < cap_bytes:
+                allowed.add(sum(run))
+    return allowed
+
+
+def buckets_within_cap(records_by_rank: dict[int, list[dict]], cap_bytes: int, parameter_bytes: list[int],
+                       phase=("backward", "finish")) -> list[str]:
+    """Every backend reduction of floating-point gradients is one bucket that respects the cap
+    (``bucket_sizes_allowed``; ``parameter_bytes`` in registration order): sending every gradient
+    in one reduction is caught. Bucket boundaries are visible only in backend calls: an
+    implementation that reduces with point-to-point messages is not judged here."""
+    violations = []
+    allowed = bucket_sizes_allowed(parameter_bytes, cap_bytes)
+    for rank, records in sorted(records_by_rank.items()):
+        over = [r for r in _in_phase(records, phase) if r["op"] in REDUCTIONS and r["dtype"] in FLOATING
+                and r["bytes"] > cap_bytes and r["bytes"] not in allowed]
+        if over:
+            violations.append(f"rank {rank}: {len(over)} reduction(s) that are not a bucket of at most bucket_size_mb "
+                              f"= {cap_bytes} B (plus the one parameter that closes it; parameters of "
+                              f"{parameter_bytes} B in registration order): {'; '.join(_call(r) for r in over[:3])}")
     return violations
 
 

@@ -70,6 +70,12 @@ def stop() -> list[dict]:
     return records
 
 
+def count(phase: str) -> int:
+    """How many calls have been recorded under ``phase`` so far (0 unless recording)."""
+    records = _records
+    return sum(1 for r in records if r.get("phase") == phase) if records else 0
+
+
 def recording() -> bool:
     return _records is not None
 

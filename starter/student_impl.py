@@ -73,7 +73,9 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
 # CONTRACT.md, "Data parallelism"
 def DataParallel(module, bucket_size_mb=None):
     """Wrap ``module``: broadcast rank 0's parameters and buffers, and make
-    ``finish_gradient_synchronization()`` leave every gradient averaged over ranks."""
+    ``finish_gradient_synchronization()`` (called after every backward) leave every gradient averaged
+    over ranks. With ``bucket_size_mb`` given: buckets of at most that size, each reduced as soon as
+    it is full, during backward (CONTRACT.md)."""
     raise NotImplementedError("DataParallel")
 
 

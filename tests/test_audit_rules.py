@@ -112,3 +112,29 @@ def test_no_full_all_gather_rule():
     records = {0: [record("allgather_into_tensor", numel=8, out_numel=16)]}
     assert audit.no_full_all_gather(records, 64, "hidden") != []
     assert audit.no_full_all_gather(records, 128, "hidden") == []
+
+
+# ------------------------------------------------------------------ buckets, overlap, accounting
+def test_a_bucket_may_pass_the_cap_only_by_the_parameter_that_closes_it():
+    sizes = [352, 256, 384, 48, 384, 32]  # tied_lm's trainable gradients, bytes, registration order
+    allowed = audit.bucket_sizes_allowed(sizes, 256)
+    assert {352, 256, 384, 48 + 384, 384 + 32} <= allowed  # one parameter, or a small one and the one that closes
+    assert sum(sizes) not in allowed and 352 + 256 + 384 not in allowed
+    one = {0: [record("allreduce", numel=sum(sizes) // 4, phase="finish")]}
+    assert audit.buckets_within_cap(one, 256, sizes)[0].startswith("rank 0: 1 reduction(s) that are not a bucket")
+    fine = {0: [record("allreduce", numel=(48 + 384) // 4, phase="backward")]}
+    assert audit.buckets_within_cap(fine, 256, sizes) == []
+
+
+def test_overlap_needs_communication_before_backward_ends():
+    deferred = {0: [record("allreduce", phase="finish")], 1: [record("send", phase="backward", peer=0)]}
+    violations = audit.starts_during_backward(deferred, "why")
+    assert len(violations) == 1 and violations[0].startswith("rank 0: no communication started before backward ended")
+
+
+def test_bytes_the_kernel_counted_beyond_the_records_are_reported():
+    records = {0: [record("send", numel=1000, peer=1)], 1: []}
+    assert audit.accounted(records, {0: 4000 + 200, 1: 900}) == []  # payload + overhead; idle rank under the floor
+    violations = audit.accounted(records, {0: 4000 + 200 + 8000, 1: 4096})
+    assert [v.split(":")[0] for v in violations] == ["rank 0", "rank 1"]
+    assert "communication that went around the recorder" in violations[1]

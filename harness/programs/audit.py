@@ -5,6 +5,8 @@ Outside an audited world mark() is a no-op. The collectives themselves are audit
 harness.programs.collectives:call."""
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import nn
 
@@ -12,11 +14,21 @@ from harness import models, recording
 from harness.context import RankContext, on_members, require
 
 
+OVERLAP_WAIT_S = 2.0  # how long backward waits, at its last gradient, for a reduction to start
+
+
 def data_parallel_step(ctx: RankContext, impl, model: dict, seed: int, frozen: list[str], batch: dict,
                        bucket_size_mb: float | None, group=None) -> dict:
     """Build ``model`` (harness.models spec) from ``seed``, freeze the parameters named in ``frozen``,
-    wrap it with the implementation's DataParallel ("setup"), then one step: forward, backward,
-    finish_gradient_synchronization ("step"). Returns the loss."""
+    wrap it with the implementation's DataParallel ("setup"), then one step: forward and backward
+    ("backward"), finish_gradient_synchronization ("finish"). Returns the loss.
+
+    With ``bucket_size_mb`` given, backward is held at its last gradient (the first trainable
+    parameter's, registered before the implementation's own hooks, so it runs first) until a
+    communication call has been recorded in this phase, or OVERLAP_WAIT_S: an implementation that
+    overlaps reduces the buckets that are ready by then, one that defers everything to
+    finish_gradient_synchronization shows no call in "backward". Deterministic, not timed: a
+    correct implementation is waited for, never raced."""
     if group is not None:
         raise ValueError("data parallelism is audited on the whole world, not a subgroup")
     recording.mark("setup")
@@ -24,14 +36,25 @@ def data_parallel_step(ctx: RankContext, impl, model: dict, seed: int, frozen: l
     for name, parameter in net.named_parameters():
         if name in frozen:
             parameter.requires_grad_(False)
+    if bucket_size_mb is not None:
+        last = next(p for p in net.parameters() if p.requires_grad)
+        last.register_hook(_wait_for_communication)
     wrapped = require(impl, "DataParallel")(net, bucket_size_mb=bucket_size_mb)
     inputs, targets = ctx.to_device(batch["inputs"]), ctx.to_device(batch["targets"])
-    recording.mark("step")
+    recording.mark("backward")
     loss = wrapped(inputs, targets)
     loss.backward()
+    recording.mark("finish")
     wrapped.finish_gradient_synchronization()
     recording.mark("after")
     return {"loss": loss.detach().cpu()}
+
+
+def _wait_for_communication(grad):
+    deadline = time.monotonic() + OVERLAP_WAIT_S
+    while not recording.count("backward") and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return None
 
 
 def sharded_optimizer_step(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, batch: dict,
