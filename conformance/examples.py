@@ -141,11 +141,15 @@ def schedule_shapes(draw, max_ranks: int, kinds=sched.KINDS, max_v: int = 2) -> 
 
 # ------------------------------------------------------------------ models and optimizers
 # Specs of harness/models.py, drawn for data parallelism and the sharded optimizer.
+# float64 models too: a float32 flatten buffer or all-reduce silently rounds float64 gradients,
+# far beyond float64's tolerance (bfloat16 models are not drawn: its unit roundoff times the
+# bounds' constant, 512 u = 2, would let a gradient summed instead of averaged pass).
+MODEL_DTYPES = st.sampled_from(["float32", "float64"])
 model_specs = st.one_of(
     st.fixed_dictionaries({"kind": st.just("mlp"), "inputs": st.integers(1, 6), "hidden": st.integers(1, 12),
-                           "outputs": st.integers(1, 4)}),
+                           "outputs": st.integers(1, 4), "dtype": MODEL_DTYPES}),
     st.fixed_dictionaries({"kind": st.just("tied_lm"), "vocab": st.integers(2, 12), "width": st.integers(1, 8),
-                           "hidden": st.integers(1, 12), "context": st.integers(1, 3)}),
+                           "hidden": st.integers(1, 12), "context": st.integers(1, 3), "dtype": MODEL_DTYPES}),
 )
 
 optimizer_specs = st.one_of(

@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 
 import reference.data_parallel as ref
 import reference.likely_bugs as likely_bugs
-from conformance.examples import describe_spec, model_specs, optimizer_specs
+from conformance.examples import MODEL_DTYPES, describe_spec, model_specs, optimizer_specs
 from conformance.verdict import Judge, check_names, mismatch
 from harness import models
 
@@ -120,7 +120,7 @@ def tied_lm_with(**features: bool):
     """tied_lm specs with exactly the hard cases named on (harness/models.py): one property each."""
     off = {k: False for k in ("tied", "frozen", "skips", "buffers")}
     return st.fixed_dictionaries({"kind": st.just("tied_lm"), "vocab": st.integers(2, 12), "width": st.integers(1, 8),
-                                  "hidden": st.integers(1, 12), "context": st.integers(1, 3),
+                                  "hidden": st.integers(1, 12), "context": st.integers(1, 3), "dtype": MODEL_DTYPES,
                                   **{k: st.just(v) for k, v in {**off, **features}.items()}})
 
 

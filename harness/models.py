@@ -20,7 +20,8 @@ batch's samples, so the mean over ranks of per-rank losses on equal slices is th
   ``"skips": False``, ``"buffers": False``, which drops ``offset``, and ``calls`` too unless skips
   need it; all on by default), so that a test can isolate one
   property and grade it on its own (partial credit). ``"buffer_seed": k`` draws the buffers from
-  seed k instead of the model's seed (ranks that differ in their buffers only).
+  seed k instead of the model's seed (ranks that differ in their buffers only). ``"dtype":
+  "float64"`` (or another floating dtype) builds every floating parameter, buffer and input in it.
 """
 from __future__ import annotations
 
@@ -86,6 +87,8 @@ def build(spec: dict, seed: int) -> nn.Module:
                        **{k: bool(spec[k]) for k in ("tied", "frozen", "skips", "buffers") if k in spec})
     else:
         raise ValueError(f"unknown model kind {kind!r} (known: {', '.join(KINDS)})")
+    if "dtype" in spec:  # floating parameters and buffers in that dtype (the counter stays int64)
+        model = model.to(getattr(torch, spec["dtype"]))
     generator = torch.Generator().manual_seed(seed)
     buffer_generator = torch.Generator().manual_seed(spec["buffer_seed"]) if "buffer_seed" in spec else generator
     buffers = {name for name, _ in model.named_buffers()}
@@ -104,13 +107,17 @@ def build(spec: dict, seed: int) -> nn.Module:
     return model
 
 
+def _floating(spec: dict) -> torch.dtype:
+    return getattr(torch, spec.get("dtype", "float32"))
+
+
 def make_batch(spec: dict, batch_size: int, seed: int) -> dict:
     """A batch of ``batch_size`` samples for the model ``spec`` describes: {"inputs", "targets"},
     both with the batch as their first dimension."""
     generator = torch.Generator().manual_seed(seed)
     if spec["kind"] == "mlp":
-        inputs = torch.randn((batch_size, spec["inputs"]), generator=generator)
-        targets = torch.randn((batch_size, spec["outputs"]), generator=generator)
+        inputs = torch.randn((batch_size, spec["inputs"]), generator=generator).to(_floating(spec))
+        targets = torch.randn((batch_size, spec["outputs"]), generator=generator).to(_floating(spec))
     elif spec["kind"] == "tied_lm":
         shape = (batch_size, spec["context"])
         inputs = torch.randint(0, spec["vocab"], shape, generator=generator)
