@@ -270,6 +270,21 @@ def test_tied_frozen_and_unused_parameters(feature, data, ranks, target, request
 
 
 @pytest.mark.capability("data_parallel")
+def test_a_single_bucket_of_equal_sized_parameters(ranks, target, request):
+    """One fixed example Hypothesis may not reach: an untied tied_lm with its gain frozen, in one
+    bucket: in reverse registration order the head comes first and the embedding (of the same
+    size) last, so copying a reduced bucket back to the mirror-image parameter of the same size is
+    caught."""
+    needs_two_ranks(target)
+    model = {"kind": "tied_lm", "vocab": 7, "width": 5, "hidden": 3, "context": 2, "tied": False, "frozen": True,
+             "skips": False, "buffers": False}
+    total = sum(models.trainable_bytes(models.build(model, 0)))
+    train_and_judge(ranks, target, request, Example(
+        world_size=2, per_rank_batch=2, model=model, steps=2, bucket_size_mb=total / MIB, seed=3, data_seed=4,
+        optimizer={"name": "sgd", "lr": 0.2, "momentum": 0.9, "weight_decay": 0.0}, per_rank_init=False))
+
+
+@pytest.mark.capability("data_parallel")
 @given(data=st.data())
 def test_bucketed_gradients_are_the_mean_over_ranks(data, ranks, target, request):
     """bucket_size_mb from one parameter per bucket to a single bucket, on every model."""

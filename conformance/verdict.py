@@ -18,6 +18,7 @@ class Judge:
         """Run a rank program on the layout's members; a failure on the ranks (raise, crash, hang)
         comes back annotated with this example and the command that reproduces it."""
         __tracebackhide__ = True
+        self._ranks = ranks
         try:
             return ranks.run(layout.world_size, layout.members, program, per_member)
         except TASK_FAILURES as failure:
@@ -31,7 +32,10 @@ class Judge:
                         [{"function": function, "arguments": arguments} for arguments in per_member])
 
     def fail(self, problem: str):
-        raise AssertionError(f"{problem}\n  example: {self.example}\n  reproduce: {self.reproduce}")
+        ranks = getattr(self, "_ranks", None)
+        told = ranks.disagreements() if ranks is not None and hasattr(ranks, "disagreements") else []
+        also = "".join(f"\n  the ranks disagree: {line}" for line in told)
+        raise AssertionError(f"{problem}{also}\n  example: {self.example}\n  reproduce: {self.reproduce}")
 
     def tensor(self, actual, expected: torch.Tensor, *, what: str, atol: torch.Tensor | None = None,
                suspects=None) -> None:

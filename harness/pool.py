@@ -46,6 +46,7 @@ class WorldPool:
         on_run=None,
         contain: bool = False,
         time_left=None,
+        flight_recorder: bool = True,
     ):
         self.backend = backend  # one backend for every world, or a BackendPlan: a backend per world size
         self.audit = audit  # ranks record their communication; TaskResult.records carries it
@@ -55,6 +56,7 @@ class WorldPool:
         self.threads_per_rank = threads_per_rank  # torch intra-op threads in each rank
         self.rebuilds = 0
         self._time_left = time_left  # () -> seconds left of the run's --time-budget; None: no budget
+        self.flight_recorder = flight_recorder  # ranks keep their last calls for the failure report
         self.contain = contain  # local ranks run as a user of their own (harness/containment.py)
         self._on_run = on_run  # called with the world size of every task (the driver's coverage record)
         self._worlds: dict[int, World] = {}
@@ -108,6 +110,7 @@ class WorldPool:
                 threads_per_rank=self.threads_per_rank,
                 record_communication=self.audit,
                 contain=self.contain,
+                flight_recorder=self.flight_recorder,
                 **options,
             )
         except WorldStartError as error:
@@ -149,6 +152,12 @@ class WorldPool:
                 raise BudgetExhausted(f"not finished: the run's time budget (--time-budget) ran out during this "
                                       f"task, {timeout_s:.3g} s after it started") from None
             raise
+
+    def disagreements(self, size: int) -> list[str]:
+        """The flight recorders' account of the last task on the world of ``size`` ranks, if it is
+        still up (every rank finished it: statuses "ok")."""
+        world = self._worlds.get(size)
+        return [] if world is None else world.disagreements({rank: "ok" for rank in range(size)})
 
     def close_world(self, size: int) -> None:
         world = self._worlds.pop(size, None)

@@ -375,7 +375,15 @@ class Ranks:
         if not program.startswith("harness.programs."):
             program = f"harness.programs.{program}"
         result = self.pool.run(world_size, program, args, impl=self.target.impl, timeout_s=timeout_s)
+        self._last_world = world_size
         return {rank: result.outputs[rank] for rank in ranks}
+
+    def disagreements(self) -> list[str]:
+        """What the flight recorders of the last task's ranks say (harness/disagreement.py), for a
+        verdict that failed on values the ranks returned (a same-size dtype mismatch garbles data
+        silently)."""
+        size = getattr(self, "_last_world", None)
+        return self.pool.disagreements(size) if size is not None else []
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from multiprocessing.connection import Client
 
-from harness import containment, wire
+from harness import containment, flight_recorder, wire
 from harness.context import MissingFunction, RankContext
 from harness.loader import load_implementation
 
@@ -48,6 +48,7 @@ class RankConfig:
     threads: int | None = None  # torch intra-op threads; None keeps torch's default (remote ranks)
     record_communication: bool = False  # the communication audit: see harness/recording.py
     sandbox: containment.Sandbox | None = None  # run as this user, in its directory (harness/containment.py)
+    flight_recorder: bool = True  # keep the last calls in a ring the driver reads (harness/flight_recorder.py)
 
 
 def serve(config: RankConfig) -> None:
@@ -62,6 +63,7 @@ def serve(config: RankConfig) -> None:
         torch.set_num_threads(config.threads)
     if config.log_path:
         _capture_output(config.log_path)
+    flight = _flight_recorder(config)  # opened before containment: the driver owns the file
     faulthandler.enable(all_threads=True)  # segfault/abort: C-level crash prints every Python stack
     faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True)  # the driver asks on a hang
     start_directory = os.getcwd()  # where relative --impl paths point
@@ -80,6 +82,9 @@ def serve(config: RankConfig) -> None:
     conn.send_bytes(wire.encode_untrusted(("ready", config.rank)))
     implementations: dict[str, object] = {}
     recorder = _recorder(config)
+    if flight is not None:
+        flight_recorder.install(flight, classes=[dist_process_group(), *([recorder.RecordingProcessGroup] if recorder
+                                                                          else [])])
     settings = _GlobalSettings.read()
     while True:
         try:
@@ -88,7 +93,12 @@ def serve(config: RankConfig) -> None:
             break
         if message[0] == "exit":
             break
-        _, task_id, program, kwargs, impl_spec = message
+        _, task_id, program, kwargs, impl_spec, record_flight = message
+        if flight is not None:
+            if record_flight:
+                flight.begin_task(task_id)
+            else:  # the harness's own probes are not the implementation's calls: the last task's stay readable
+                flight.paused = True
         raised = ""
         try:
             impl = implementations.get(impl_spec)
@@ -177,6 +187,24 @@ def _join_world(config: RankConfig) -> RankContext:
         device_id=device if config.backend == "nccl" and not config.record_communication else None,
     )
     return RankContext(rank=config.rank, world_size=config.world_size, backend=config.backend, device=device)
+
+
+def _flight_recorder(config: RankConfig):
+    """This rank's flight recorder (harness/flight_recorder.py), in a file next to its log; None for
+    ranks without a log (attached ranks: their files are on another host)."""
+    if not config.log_path or not config.flight_recorder:
+        return None
+    return flight_recorder.Recorder(ring_path(config.log_path), config.rank)
+
+
+def ring_path(log_path: str) -> str:
+    return log_path.removesuffix(".log") + ".ring"
+
+
+def dist_process_group():
+    import torch.distributed as dist
+
+    return dist.ProcessGroup
 
 
 def _recorder(config: RankConfig):

@@ -27,7 +27,8 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from harness import containment, wire
 from harness.failures import (TASK_FAILURES, ImplementationIncomplete, RankFailure, RankReport, RanksCrashed, RanksHung,
                               WorldStartError)
-from harness.rank import STACK_DUMP_SIGNAL, RankConfig, serve
+from harness import disagreement
+from harness.rank import STACK_DUMP_SIGNAL, RankConfig, ring_path, serve
 
 PRELOAD = ["torch", "torch.distributed", "harness.rank", "harness.programs"]
 STRAY_CHECK = "harness.programs.probe:stray_messages"
@@ -119,10 +120,12 @@ class World:
         record_communication: bool = False,
         attach_server: socket.socket | None = None,
         contain: bool = False,
+        flight_recorder: bool = True,
     ):
         self.size = size
         self.backend = backend
         self.record_communication = record_communication
+        self.flight_recorder = flight_recorder
         self.name = f"world{next(self._ids)}-n{size}-{secrets.token_hex(4)}"
         self._authkey = authkey
         self._ranks: list[_Rank] = []
@@ -159,6 +162,7 @@ class World:
                     threads=threads_per_rank,
                     record_communication=self.record_communication,
                     sandbox=self.sandbox,
+                    flight_recorder=self.flight_recorder,
                 )
                 process = context.Process(target=serve, args=(config,), name=f"{self.name}-rank{rank}", daemon=True)
                 process.start()
@@ -265,6 +269,8 @@ class World:
             self.close()
             found = "; ".join(f"rank {peer} -> rank {rank} (first int64 words {words})"
                               for rank, by_peer in leftovers.items() for peer, words in by_peer.items())
+            named = [line for line in self.disagreements({r.rank: "ok" for r in self._ranks}) if "never received" in line]
+            found += "".join(f"\n  {line}" for line in named)
             raise RanksCrashed(RankFailure(
                 f"{what} found messages the implementation sent and nobody received (tag 0): {found}. "
                 "Each would be taken by a later test's receive; this world is rebuilt for the next test.",
@@ -282,7 +288,8 @@ class World:
             rank.read_new_output()  # forget output printed between tasks
             written_before.append(rank.bytes_written() if self.record_communication else None)
             logged_before.append(rank.log_offset)
-            rank.conn.send_bytes(wire.encode_trusted(("run", task_id, program, args_per_rank[rank.rank], impl)))
+            rank.conn.send_bytes(wire.encode_trusted(("run", task_id, program, args_per_rank[rank.rank], impl,
+                                                      program != STRAY_CHECK)))
         outcome: dict[int, tuple[str, object]] = {}
         deadline = time.monotonic() + timeout_s
         owners = {}
@@ -307,7 +314,7 @@ class World:
                        for rank, before, logged in zip(self._ranks, written_before, logged_before)]
             return TaskResult([outcome[r][1][0] for r in range(self.size)], logs,
                               [outcome[r][1][1] for r in range(self.size)], written)
-        raise self._fail(program, outcome, timeout_s)
+        raise self._fail(program, outcome, timeout_s, task_id)
 
     def _collect(self, rank: _Rank, task_id: int) -> tuple[str, object]:
         if rank.conn.poll():
@@ -330,7 +337,21 @@ class World:
             return "raised", f"unexpected message from rank: {message[:2]!r}"
         return "exited", rank.describe_exit()
 
-    def _fail(self, program: str, outcome: dict, timeout_s: float) -> BaseException:
+    def disagreements(self, status: dict[int, str]) -> list[str]:
+        """What the ranks' flight recorders say about the last task they recorded: the first
+        disagreements between their calls (harness/disagreement.py); [] when they agree or cannot
+        be read (attached ranks)."""
+        calls = {}
+        for rank in self._ranks:
+            if rank.log_path is None:
+                return []
+            found = disagreement.read(ring_path(rank.log_path))
+            if found is None:
+                return []
+            calls[rank.rank] = found[1]
+        return disagreement.explain(calls, status)
+
+    def _fail(self, program: str, outcome: dict, timeout_s: float, task_id: int) -> BaseException:
         hung = [r for r in self._ranks if r.rank not in outcome]
         for rank in hung:
             if not rank.attached:
@@ -347,6 +368,10 @@ class World:
             self.close()  # a rank is gone, stuck or without a process group: the owner starts a fresh world
         failed = [r for r in reports if r.status != "ok"]
         causes = ", ".join(f"rank {r.rank} {r.status}" for r in failed)
+        lines = [] if all(r.status == "missing" for r in failed) else self.disagreements(
+            {r.rank: r.status for r in reports})
+        if lines:  # the first disagreement on the first line (the one grading summaries show)
+            causes += f"; the ranks disagree: {lines[0]}" + "".join(f"\n  also: {line}" for line in lines[1:])
         if all(r.status == "missing" for r in failed):
             cause = failed[0].detail.strip().splitlines()[-1] if failed[0].detail.strip() else "?"
             return ImplementationIncomplete(RankFailure(f"the implementation under test is incomplete: {cause}", reports))

@@ -1,0 +1,190 @@
+"""The flight recorder, rank side: every rank keeps its last CAPACITY communication calls in a ring
+of fixed-size slots in a memory-mapped file, so the driver can read them after the rank aborts,
+is killed or hangs (the pages belong to the file, not to the rank's heap). Always on.
+
+What is recorded: every call that reaches a process group's communication methods from Python
+(``ProcessGroup.send``, ``.allreduce``, ...: torch.distributed's functions all end there, so
+``dist.send``, ``dist.isend``, ``dist.batch_isend_irecv`` and ``dist.all_reduce`` are seen whatever
+name the implementation imported them under). :func:`install` wraps those methods on the
+ProcessGroup class (and on the audit's recording group, which overrides them). Per call: the
+operation, the group (a member bitmask), the peer or root as a global rank, dtype, shape, bytes,
+tag, its per-pair (point-to-point) or per-group (collective) sequence number within the task, and
+the implementation's source line that made the call. A call is "posted" when it starts and
+"raised" if it raised; whether it completed is not followed (torch waits on its Work elsewhere),
+so a hang is located by the calls the peers never matched. Calls torch makes from C++ (DDP's
+reducer, DTensor's functional collectives) are not seen.
+
+Slots carry the task number, so the ring is never cleared; the driver reads the slots of the task
+that failed (harness/disagreement.py). Not a grading input: what a rank writes here only explains
+a failure, it cannot change a verdict.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import sys
+
+CAPACITY = 512
+MAGIC = b"CFR1"
+HEADER = struct.Struct("<4sIIQ")  # magic, capacity, task, calls written so far (next slot = calls % capacity)
+# task, index in the task, op, state, dtype, ndim, peer, root, tag, pair/group sequence, group size,
+# members (bitmask), numel, bytes, dims[4], line, file (the tail of its path)
+SLOT = struct.Struct("<IIBBBBhhiIHQQQ4II94s")
+OPS = ("send", "recv", "broadcast", "all_reduce", "reduce", "all_gather",
+       "all_gather_into_tensor", "gather", "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
+       "all_to_all_single", "barrier")
+P2P = frozenset({"send", "recv"})
+STATES = ("empty", "posted", "raised")
+DTYPES = ("", "float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
+          "complex64", "complex128", "other")
+_OP_CODES = {name: i for i, name in enumerate(OPS)}
+_DTYPE_CODES = {name: i for i, name in enumerate(DTYPES)}
+_THIS_FILE = os.path.abspath(__file__).removesuffix("c")  # .py, also when run from a .pyc
+
+
+class Recorder:
+    """One rank's ring. ``begin_task`` starts the numbering of a task; ``pause`` stops recording
+    (the harness's own probes)."""
+
+    def __init__(self, path: str, rank: int, capacity: int = CAPACITY):
+        self.rank = rank
+        self.capacity = capacity
+        size = HEADER.size + capacity * SLOT.size
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            self._map = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.task = 0
+        self.calls = 0
+        self.paused = False
+        self._index = 0
+        self._sequences: dict = {}
+        self._groups: dict = {}
+        self._write_header()
+
+    def _write_header(self) -> None:
+        HEADER.pack_into(self._map, 0, MAGIC, self.capacity, self.task, self.calls)
+
+    def begin_task(self, task: int) -> None:
+        self.task, self._index, self.paused = task, 0, False
+        self._sequences.clear()
+        self._write_header()
+
+    def record(self, op: str, tensors, *, members: tuple[int, ...], peer=None, root=None, tag=0) -> int:
+        """Write a slot in state "posted"; return it for :meth:`finish`."""
+        key = (op, peer) if op in P2P else ("collective", members)
+        sequence = self._sequences[key] = self._sequences.get(key, 0) + 1
+        first = tensors[0] if tensors else None
+        numel = sum(t.numel() for t in tensors)
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        dims = tuple(first.shape)[:4] if first is not None else ()
+        dtype = str(first.dtype).removeprefix("torch.") if first is not None else ""
+        filename, line = _caller()
+        slot = self.calls % self.capacity
+        self._index += 1
+        SLOT.pack_into(self._map, HEADER.size + slot * SLOT.size, self.task, self._index, _OP_CODES[op],
+                       STATES.index("posted"), _DTYPE_CODES.get(dtype, len(DTYPES) - 1), len(dims),
+                       -1 if peer is None else peer, -1 if root is None else root, int(tag or 0), sequence,
+                       len(members), sum(1 << m for m in members if m < 64), numel, nbytes,
+                       *(list(dims) + [0] * (4 - len(dims))), line, filename.encode()[-94:])
+        self.calls += 1
+        HEADER.pack_into(self._map, 0, MAGIC, self.capacity, self.task, self.calls)
+        return slot
+
+    def finish(self, slot: int, state: str) -> None:
+        struct.pack_into("<B", self._map, HEADER.size + slot * SLOT.size + 9, STATES.index(state))
+
+    def members(self, group) -> tuple[int, ...]:
+        """The global ranks of ``group`` (a ProcessGroup), cached."""
+        members = self._groups.get(id(group))
+        if members is None:
+            import torch.distributed as dist
+
+            ranks = getattr(group, "_ranks", None)  # the audit's recording group knows them itself
+            members = tuple(ranks) if ranks is not None else tuple(dist.get_process_group_ranks(group))
+            self._groups[id(group)] = members
+        return members
+
+
+def _caller() -> tuple[str, int]:
+    """The first frame outside torch and this module: the implementation's line (or the rank
+    program's, when the implementation is torch.distributed itself)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if "torch" + os.sep not in filename and filename != _THIS_FILE:
+            return filename, frame.f_lineno
+        frame = frame.f_back
+    return "?", 0
+
+
+# ------------------------------------------------------------------------ the wrapped methods
+# ProcessGroup method -> (recorded op, index of the positional argument holding the input tensors)
+METHODS = {
+    "send": ("send", 0), "recv": ("recv", 0), "recv_anysource": ("recv", 0),
+    "allreduce": ("all_reduce", 0), "allreduce_coalesced": ("all_reduce", 0), "broadcast": ("broadcast", 0),
+    "reduce": ("reduce", 0), "allgather": ("all_gather", 1), "allgather_coalesced": ("all_gather", 1),
+    "_allgather_base": ("all_gather_into_tensor", 1), "all_gather_single": ("all_gather_into_tensor", 1),
+    "allgather_into_tensor_coalesced": ("all_gather_into_tensor", 1), "gather": ("gather", 1),
+    "scatter": ("scatter", 1), "reduce_scatter": ("reduce_scatter", 1),
+    "_reduce_scatter_base": ("reduce_scatter_tensor", 1), "reduce_scatter_single": ("reduce_scatter_tensor", 1),
+    "reduce_scatter_tensor_coalesced": ("reduce_scatter_tensor", 1), "alltoall": ("all_to_all", 1),
+    "alltoall_base": ("all_to_all_single", 1), "all_to_all_single": ("all_to_all_single", 1),
+    "barrier": ("barrier", None), "monitored_barrier": ("barrier", None),
+}
+
+
+def install(recorder: Recorder, classes=None) -> None:
+    """Wrap the communication methods of ``classes`` (default: torch's ProcessGroup) so that every
+    call is recorded by ``recorder`` first. A class's own methods only (a subclass that overrides
+    one, like harness.recording.RecordingProcessGroup, is passed too)."""
+    import torch.distributed as dist
+
+    for cls in classes or (dist.ProcessGroup,):
+        for method, (op, position) in METHODS.items():
+            function = cls.__dict__.get(method)
+            if function is None or getattr(function, "_flight_recorded", False):
+                continue
+            setattr(cls, method, _wrap(recorder, op, position, function))
+
+
+def _tensors(value) -> list:
+    if hasattr(value, "numel"):
+        return [value]
+    out = []
+    for item in value or ():
+        out.extend(_tensors(item))
+    return out
+
+
+def _wrap(recorder: Recorder, op: str, position, function):
+    def recorded(group, *args, **kwargs):
+        if recorder.paused:
+            return function(group, *args, **kwargs)
+        try:
+            members = recorder.members(group)
+            tensors = _tensors(args[position]) if position is not None and len(args) > position else []
+            peer = root = None
+            tag = 0
+            if op in P2P:
+                peer = members[args[1]] if len(args) > 1 and isinstance(args[1], int) else None
+                tag = args[2] if len(args) > 2 else kwargs.get("tag", 0)
+            else:
+                options = next((a for a in args if hasattr(a, "rootRank")), None)
+                root = members[options.rootRank] if options is not None and op in ("broadcast", "reduce", "gather",
+                                                                                    "scatter") else None
+            slot = recorder.record(op, tensors, members=members, peer=peer, root=root, tag=tag)
+        except Exception:  # noqa: BLE001 - the recorder never changes what the call does
+            return function(group, *args, **kwargs)
+        try:
+            return function(group, *args, **kwargs)
+        except BaseException:
+            recorder.finish(slot, "raised")
+            raise
+
+    recorded._flight_recorded = True
+    recorded.__name__ = getattr(function, "__name__", op)
+    return recorded

@@ -1,0 +1,82 @@
+"""The flight recorder and the disagreement report (harness/flight_recorder.py,
+harness/disagreement.py): each kind of disagreement between ranks fails with the ranks, the calls
+and the implementation's source lines named."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.failures import RankFailure, RanksCrashed, RanksHung
+from harness.pool import WorldPool
+
+FIXTURES = Path(__file__).parent / "fixtures"
+CALL = "harness.programs.collectives:call"
+
+
+def line_of(fixture: str, marker: str) -> str:
+    lines = (FIXTURES / f"{fixture}.py").read_text().splitlines()
+    return f"{fixture}.py:{next(i for i, text in enumerate(lines, 1) if marker in text)}"
+
+
+def all_reduce_task(n: int, numel: int = 4) -> list[dict]:
+    return [{"function": "all_reduce", "arguments": {"tensor": torch.ones(numel)}, "group": None}] * n
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with WorldPool("gloo", timeout_s=3.0) as pool:
+        yield pool
+
+
+def failure_text(pool, n: int, fixture: str) -> str:
+    with pytest.raises((RankFailure, RanksHung, RanksCrashed)) as caught:
+        pool.run(n, CALL, all_reduce_task(n), impl=str(FIXTURES / f"{fixture}.py"))
+    return str(caught.value)
+
+
+def test_a_size_disagreement_names_both_calls_and_lines(pool):
+    text = failure_text(pool, 2, "disagree_size")
+    first = text.splitlines()[0]
+    assert "the ranks disagree: size mismatch: " in first
+    assert f"rank 0: send(to 1, 8 x float32 = 32 B) at {line_of('disagree_size', 'SEND_LINE')}" in first
+    assert f"rank 1: recv(from 0, 4 x float32 = 16 B) at {line_of('disagree_size', 'RECV_LINE')}" in first
+
+
+def test_a_tag_disagreement_is_named(pool):
+    text = failure_text(pool, 2, "disagree_tag")
+    assert "tag mismatch: rank 0: send(to 1, 4 x float32 = 16 B, tag 7)" in text.splitlines()[0]
+    assert line_of("disagree_tag", "RECV_LINE") in text.splitlines()[0]
+
+
+def test_a_mistaken_peer_is_named_from_both_sides(pool):
+    text = failure_text(pool, 3, "disagree_peer")
+    assert f"rank 1: recv(from 0, 4 x float32 = 16 B) at {line_of('disagree_peer', 'RECV_LINE')} waits for a message " \
+           f"rank 0 never sent" in text
+    assert f"rank 0: send(to 2, 4 x float32 = 16 B) at {line_of('disagree_peer', 'SEND_LINE')} was never received" in text
+
+
+def test_a_skipped_collective_names_the_rank_that_never_called_it(pool):
+    text = failure_text(pool, 3, "disagree_skipped_collective")
+    assert "rank 2 never called the all_reduce (all_reduce(group [0, 1, 2], 4 x float32 = 16 B) at " \
+           f"{line_of('disagree_skipped_collective', 'COLLECTIVE_LINE')}) that ranks 0, 1 are waiting in" in text
+
+
+def test_a_circular_wait_is_named(pool):
+    text = failure_text(pool, 2, "disagree_circular_wait")
+    line = line_of("disagree_circular_wait", "RECV_LINE")
+    assert (f"ranks 0 and 1 all wait to receive from each other: rank 0: recv(from 1, 4 x float32 = 16 B) at {line}; "
+            f"rank 1: recv(from 0, 4 x float32 = 16 B) at {line}") in text
+
+
+def test_a_silent_dtype_disagreement_is_named_for_the_judge(pool):
+    pool.run(2, CALL, all_reduce_task(2), impl=str(FIXTURES / "disagree_dtype.py"))  # gloo garbles it silently
+    told = pool.disagreements(2)
+    assert told and told[0].startswith("dtype mismatch: rank 0: send(to 1, 2 x float64 = 16 B) at "
+                                       f"{line_of('disagree_dtype', 'SEND_LINE')}; rank 1: recv(from 0, 4 x float32")
+
+
+def test_a_stray_message_names_the_send_nobody_received(pool):
+    text = failure_text(pool, 2, "stray_send_impl")
+    assert "rank 0: send(to 1," in text and "was never received: rank 1 posted no matching receive" in text
