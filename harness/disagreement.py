@@ -63,7 +63,7 @@ def read(path: str) -> tuple[int, list[Call]] | None:
         return None
     rank = _rank_of(path)
     found = []
-    for slot in range(min(capacity, calls)):
+    for slot in range(capacity):  # slots of other tasks, or never written (task 0, index 0), are skipped
         offset = HEADER.size + slot * SLOT.size
         if offset + SLOT.size > len(data):
             break
@@ -103,22 +103,26 @@ def _messages(calls_by_rank, status) -> tuple[list[str], list[str]]:
                 recvs.setdefault((call.peer, rank), []).append(call)
     lines, unmatched = [], []
     for pair in sorted(set(sends) | set(recvs)):
-        out, into = sorted(sends.get(pair, []), key=lambda c: c.sequence), sorted(recvs.get(pair, []), key=lambda c: c.sequence)
-        for send, recv in zip(out, into):
+        # the k-th send from a to b meets the k-th receive on b from a (sequence numbers survive the
+        # ring's wrap-around: a number older than what the other ring still holds is not judged)
+        out = {c.sequence: c for c in sends.get(pair, [])}
+        into = {c.sequence: c for c in recvs.get(pair, [])}
+        for k in sorted(set(out) & set(into)):
+            send, recv = out[k], into[k]
             differs = [what for what, a, b in (("size", send.nbytes, recv.nbytes), ("dtype", send.dtype, recv.dtype),
                                                ("tag", send.tag, recv.tag)) if a != b]
             if differs:
                 lines.append(f"{' and '.join(differs)} mismatch: rank {send.rank}: {send.describe()}; "
                              f"rank {recv.rank}: {recv.describe()}")
         src, dst = pair
-        for send in out[len(into):]:
-            if dst in calls_by_rank:
-                unmatched.append(f"rank {src}: {send.describe()} was never received: rank {dst} posted no matching "
-                             f"receive{_last(calls_by_rank, dst, status)}")
-        for recv in into[len(out):]:
-            if src in calls_by_rank:
-                unmatched.append(f"rank {dst}: {recv.describe()} waits for a message rank {src} never sent"
-                             f"{_last(calls_by_rank, src, status)}")
+        for k in sorted(out):
+            if k not in into and k > max(into, default=0) and dst in calls_by_rank:
+                unmatched.append(f"rank {src}: {out[k].describe()} was never received: rank {dst} posted no matching "
+                                 f"receive{_last(calls_by_rank, dst, status)}")
+        for k in sorted(into):
+            if k not in out and k > max(out, default=0) and src in calls_by_rank:
+                unmatched.append(f"rank {dst}: {into[k].describe()} waits for a message rank {src} never sent"
+                                 f"{_last(calls_by_rank, src, status)}")
     return lines, unmatched
 
 
@@ -138,18 +142,18 @@ def _collectives(calls_by_rank, status) -> list[str]:
                 groups.setdefault(call.members, {}).setdefault(rank, []).append(call)
     for members, by_rank in sorted(groups.items()):
         present = [r for r in members if r in calls_by_rank]
-        longest = max(len(by_rank.get(r, [])) for r in present)
-        for k in range(longest):
-            at = {r: by_rank.get(r, [])[k] for r in present if len(by_rank.get(r, [])) > k}
+        numbered = {r: {c.sequence: c for c in by_rank.get(r, [])} for r in present}
+        for k in sorted(set().union(*(set(n) for n in numbered.values()))):
+            at = {r: numbered[r][k] for r in present if k in numbered[r]}
             kinds = {}
             for r, call in at.items():
                 kinds.setdefault((call.op, call.nbytes, call.root), []).append(r)
             if len(kinds) > 1:
                 parts = [f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))} called {at[rs[0]].describe()}"
                          for rs in kinds.values()]
-                lines.append(f"collective mismatch in group {list(members)} (its call #{k + 1}): " + "; ".join(parts))
+                lines.append(f"collective mismatch in group {list(members)} (its call #{k}): " + "; ".join(parts))
                 break
-            missing = [r for r in present if r not in at]
+            missing = [r for r in present if r not in at and k > max(numbered[r], default=0)]
             if missing:
                 waiting = sorted(at)
                 call = at[waiting[0]]

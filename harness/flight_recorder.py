@@ -39,6 +39,7 @@ STATES = ("empty", "posted", "raised")
 DTYPES = ("", "float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
           "complex64", "complex128", "other")
 _OP_CODES = {name: i for i, name in enumerate(OPS)}
+_POSTED = 1
 _DTYPE_CODES = {name: i for i, name in enumerate(DTYPES)}
 _THIS_FILE = os.path.abspath(__file__).removesuffix("c")  # .py, also when run from a .pyc
 
@@ -63,6 +64,7 @@ class Recorder:
         self._index = 0
         self._sequences: dict = {}
         self._groups: dict = {}
+        self._masks: dict = {}
         self._write_header()
 
     def _write_header(self) -> None:
@@ -75,24 +77,35 @@ class Recorder:
 
     def record(self, op: str, tensors, *, members: tuple[int, ...], peer=None, root=None, tag=0) -> int:
         """Write a slot in state "posted"; return it for :meth:`finish`."""
-        key = (op, peer) if op in P2P else ("collective", members)
+        key = (op, peer) if op in P2P else (None, members)
         sequence = self._sequences[key] = self._sequences.get(key, 0) + 1
-        first = tensors[0] if tensors else None
-        numel = sum(t.numel() for t in tensors)
-        nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        dims = tuple(first.shape)[:4] if first is not None else ()
-        dtype = str(first.dtype).removeprefix("torch.") if first is not None else ""
-        filename, line = _caller()
+        if tensors:
+            first = tensors[0]
+            if len(tensors) == 1:
+                numel = first.numel()
+                nbytes = numel * first.element_size()
+            else:
+                numel = sum(t.numel() for t in tensors)
+                nbytes = sum(t.numel() * t.element_size() for t in tensors)
+            dims = (*first.shape[:4], 0, 0, 0, 0)[:4]
+            ndim, dtype = min(first.dim(), 4), _dtype_code(first.dtype)
+        else:
+            numel = nbytes = ndim = dtype = 0
+            dims = (0, 0, 0, 0)
+        encoded, line = _caller()
         slot = self.calls % self.capacity
         self._index += 1
-        SLOT.pack_into(self._map, HEADER.size + slot * SLOT.size, self.task, self._index, _OP_CODES[op],
-                       STATES.index("posted"), _DTYPE_CODES.get(dtype, len(DTYPES) - 1), len(dims),
-                       -1 if peer is None else peer, -1 if root is None else root, int(tag or 0), sequence,
-                       len(members), sum(1 << m for m in members if m < 64), numel, nbytes,
-                       *(list(dims) + [0] * (4 - len(dims))), line, filename.encode()[-94:])
+        SLOT.pack_into(self._map, HEADER.size + slot * SLOT.size, self.task, self._index, _OP_CODES[op], _POSTED,
+                       dtype, ndim, -1 if peer is None else peer, -1 if root is None else root, tag or 0, sequence,
+                       len(members), self._mask(members), numel, nbytes, *dims, line, encoded)
         self.calls += 1
-        HEADER.pack_into(self._map, 0, MAGIC, self.capacity, self.task, self.calls)
         return slot
+
+    def _mask(self, members: tuple[int, ...]) -> int:
+        mask = self._masks.get(members)
+        if mask is None:
+            mask = self._masks[members] = sum(1 << m for m in members if m < 64)
+        return mask
 
     def finish(self, slot: int, state: str) -> None:
         struct.pack_into("<B", self._map, HEADER.size + slot * SLOT.size + 9, STATES.index(state))
@@ -109,16 +122,36 @@ class Recorder:
         return members
 
 
-def _caller() -> tuple[str, int]:
+_SKIP: dict = {}  # code object -> whether its frames belong to torch or this module (memo, per process)
+_ENCODED: dict = {}  # filename -> the bytes a slot keeps of it
+
+
+def _caller() -> tuple[bytes, int]:
     """The first frame outside torch and this module: the implementation's line (or the rank
-    program's, when the implementation is torch.distributed itself)."""
+    program's, when the implementation is torch.distributed itself), its file as slot bytes."""
     frame = sys._getframe(2)
     while frame is not None:
-        filename = frame.f_code.co_filename
-        if "torch" + os.sep not in filename and filename != _THIS_FILE:
-            return filename, frame.f_lineno
+        code = frame.f_code
+        skip = _SKIP.get(code)
+        if skip is None:
+            skip = _SKIP[code] = "torch" + os.sep in code.co_filename or code.co_filename == _THIS_FILE
+        if not skip:
+            encoded = _ENCODED.get(code.co_filename)
+            if encoded is None:
+                encoded = _ENCODED[code.co_filename] = code.co_filename.encode()[-94:]
+            return encoded, frame.f_lineno
         frame = frame.f_back
-    return "?", 0
+    return b"?", 0
+
+
+_DTYPE_MEMO: dict = {}
+
+
+def _dtype_code(dtype) -> int:
+    code = _DTYPE_MEMO.get(dtype)
+    if code is None:
+        code = _DTYPE_MEMO[dtype] = _DTYPE_CODES.get(str(dtype).removeprefix("torch."), len(DTYPES) - 1)
+    return code
 
 
 # ------------------------------------------------------------------------ the wrapped methods
