@@ -37,7 +37,7 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from conformance.examples import Layout, Values, layouts, mixture_examples, sentinel, shapes
+from conformance.examples import Layout, Values, attention_examples, layouts, mixture_examples, sentinel, shapes
 from conformance.verdict import Judge
 from harness import audit, models
 from harness.failures import TASK_FAILURES
@@ -441,4 +441,35 @@ def test_tensor_parallel_traffic(layer, data, audited, request):
     if layer != "mlp_sp":  # sequence parallelism all-gathers x by design, which may be the hidden's size
         hidden = rows * f * itemsize
         violations += audit.no_full_all_gather(records, hidden, f"hidden activation [{rows} rows, {f}]")
+    check(judge, violations)
+
+
+# -------------------------------------------------------------------------- context parallelism
+@given(data=st.data())
+def test_context_parallel_traffic(data, audited, request):
+    """Ring attention: forward, each rank passes on the K/V blocks it holds except the last it
+    receives ((n-1) blocks); backward, each block's gradient goes back the way it came
+    (cost_model.ring_attention). Gathering every block everywhere, or sending K and V twice, is
+    reported with the numbers."""
+    import reference.context_parallel as attention
+
+    audits(request, "context_parallel")
+    if audited.target.max_world_size < 2:
+        pytest.skip("needs a group of at least 2 ranks (--max-world-size)")
+    example = data.draw(attention_examples(audited.target.max_world_size, min_size=2), label="example")
+    layout, n = example.layout, example.layout.size
+    t = example.tensors()
+    itemsize = t["k"].element_size()
+    rows = [len(attention.positions(example.seq_len, n, i)) for i in range(n)]
+    blocks = [2 * example.heads * r * example.width * itemsize for r in rows]
+    judge = Judge(str(example), audited.target.reproduce(request.node.nodeid))
+    _, records = audited.run(judge, layout, "context_parallel:attention", [
+        {**{name: attention.shard(t[name], n, i) for name in ("q", "k", "v", "grad_output")},
+         "seq_len": example.seq_len, "causal": example.causal} for i in range(n)])
+    budgets = {rank: cost_model.ring_attention(blocks, i) for i, rank in enumerate(layout.ranks)}
+    violations = []
+    for phase in ("forward", "backward"):
+        violations += audit.within_bound(
+            records, {r: b[phase] for r, b in budgets.items()},
+            f"ring attention {phase}: the K/V blocks ({blocks} B by group rank) passed on along the ring", phase=phase)
     check(judge, violations)

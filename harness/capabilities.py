@@ -34,6 +34,8 @@ CAPABILITIES: tuple[Capability, ...] = (
                "conformance/test_tensor_parallel.py", "tensor_parallel"),
     Capability("composition", ("TensorParallelMLP", "all_reduce"), "conformance/test_composition.py", "composition"),
     Capability("expert_parallel", ("ExpertParallelMoE",), "conformance/test_expert_parallel.py", "expert_parallel"),
+    Capability("context_parallel", ("context_parallel_attention",), "conformance/test_context_parallel.py",
+               "context_parallel"),
     Capability("pipeline_parallel", ("pipeline_step",), "conformance/test_pipeline_parallel.py", "pipeline_parallel"),
     Capability("pipeline_schedules", ("generate_schedule",), "conformance/test_pipeline_parallel.py", None),
     Capability("audit", COLLECTIVES, "conformance/test_audit.py", "audit"),

@@ -25,6 +25,7 @@ from .pipeline_parallel import generate_schedule, pipeline_step
 from .data_parallel import BucketedDataParallel, DataParallel, NaiveDataParallel, OverlappedDataParallel
 from .sharded_optimizer import ShardedOptimizer
 from .expert_parallel import ExpertParallelMoE
+from .context_parallel import context_parallel_attention
 
 __all__ = [
     # collectives
@@ -47,6 +48,8 @@ __all__ = [
     "ShardedOptimizer",
     # expert parallelism
     "ExpertParallelMoE",
+    # context parallelism
+    "context_parallel_attention",
     # tensor parallelism
     "ColumnParallelLinear",
     "RowParallelLinear",

@@ -204,6 +204,20 @@ def pipeline_stage(stages: int, stage: int, microbatches: int, activation_bytes:
             "backward": microbatches * gradient_bytes if stage > 0 else 0}
 
 
+def ring_attention(block_bytes: list[int], me: int) -> dict[str, int]:
+    """Ring attention (Liu et al. 2023) on n ranks whose K/V blocks (K and V together) hold
+    ``block_bytes[j]`` bytes at group rank j: forward, group rank ``me`` passes on every block it
+    holds except the last it receives, its successor's, (n-1) blocks in all: sum_{j != me+1} B_j;
+    backward, each block's gradient (the same size) goes back the way it came, one hop per block
+    that passed through: sum_{j != me} B_j. One rank sends nothing."""
+    n = len(block_bytes)
+    _check(n, *block_bytes)
+    if n == 1:
+        return {"forward": 0, "backward": 0}
+    total = sum(block_bytes)
+    return {"forward": total - block_bytes[(me + 1) % n], "backward": total - block_bytes[me]}
+
+
 def collective(name: str, n: int, me: int, *, numel: int, itemsize: int, split_bytes: list[int] | None = None) -> int:
     """The per-rank bound of one call of collective ``name`` (torch.distributed's name) on a group of
     n ranks, for group rank ``me``. ``numel``: the elements of the call's data as this module's

@@ -99,6 +99,14 @@ class ExpertParallelMoE:
         raise NotImplementedError("ExpertParallelMoE")
 
 
+# --------------------------------------------------------------------------- context parallelism
+# CONTRACT.md, "Context parallelism"
+def context_parallel_attention(q, k, v, seq_len, causal=False, group=None):
+    """This rank's rows of attention over the whole sequence (rank i holds chunks i and 2n-1-i of 2n):
+    ring attention, K/V blocks passed around the group, combined by the online-softmax rule."""
+    raise NotImplementedError("context_parallel_attention")
+
+
 # ----------------------------------------------------------------------------- tensor parallelism
 # docs/contract-tensor-parallel.md
 class ColumnParallelLinear:
