@@ -10,7 +10,10 @@ test: k * m + extra, microbatches of unequal sizes). Every rank builds the same 
 the inputs, rank p - 1 the targets. In the driver: the last rank's loss and every rank's
 gradient of every local parameter against the dense model's (the mean over microbatches of the
 per-microbatch loss), within reference.pipeline_parallel's normwise float64 bound, about
-(m + L) * 1e-15 times the gradient's scale; the other ranks return no loss.
+(m + L) * 1e-15 times the gradient's scale; the other ranks return no loss. The schedule asked for
+must be the schedule run: hooks on the stage modules record each rank's order of forwards and
+backwards, which must be a random schedule's compute order exactly, and for the classic kinds must
+never hold more microbatch activations at once than the kind allows.
 
 Graded schedules (capability ``pipeline_schedules``): the implementation's generate_schedule output
 must pass the reference validator, run without deadlock in the simulator, and meet theory exactly
@@ -128,7 +131,66 @@ def dense(example: Example) -> ref.Dense:
                           example.num_microbatches)
 
 
+def expected_order(example: Example) -> sched.Schedule | None:
+    """The schedule the ranks were asked to run: a random one exactly; None for the classic kinds,
+    whose exact interleaving an implementation may vary (only their memory bound is held)."""
+    if example.kind != "random":
+        return None
+    return sched.random_schedule(example.num_ranks, example.num_microbatches, example.stages_per_rank,
+                                 example.schedule_seed).compute_only()
+
+
+def without_warm_up_forwards(executed: list[str], m: int) -> list[str]:
+    """A stage runs m forwards in a step; forwards beyond m that come first are a runtime's own
+    warm-up (torch.distributed.pipelining runs one forward per stage to infer shapes before the
+    first microbatch) and hold no activation of the schedule: they are dropped."""
+    extra = {}
+    for action in executed:
+        if action.startswith("F"):
+            extra[action] = extra.get(action, 0) + 1
+    extra = {action: count - m for action, count in extra.items() if count > m}
+    kept = []
+    for action in executed:
+        if extra.get(action, 0) > 0:
+            extra[action] -= 1
+            continue
+        kept.append(action)
+    return kept
+
+
+def judge_executed_schedule(judge: Judge, example: Example, outputs: dict) -> None:
+    """The schedule asked for is the schedule run (issue 14): each rank's order of stage forwards
+    and backwards, seen by hooks on the stage modules the harness built, must be the given
+    schedule's compute order (random schedules), and no rank may hold more microbatch activations
+    at once than the kind allows (GPipe m, 1F1B min(m, p - r), interleaved min(vm, warm-up + 1)):
+    a runtime asked for 1F1B that runs GPipe gets every number right and holds m, not p."""
+    p, m, v = example.num_ranks, example.num_microbatches, example.stages_per_rank
+    order = expected_order(example)
+    for r in range(p):
+        executed = outputs[r].get("executed")
+        if not isinstance(executed, list):
+            judge.fail(f"rank {r}: the rank program recorded no order of forwards and backwards")
+        executed = without_warm_up_forwards(executed, m)
+        live = peak = 0
+        for action in executed:
+            live += 1 if action.startswith("F") else -1
+            peak = max(peak, live)
+        if order is not None:
+            want = [f"{a.kind}{a.stage}" for a in order.rows[r]]
+            if executed != want:
+                first = next((i for i, (a, b) in enumerate(zip(executed, want)) if a != b), min(len(executed), len(want)))
+                judge.fail(f"rank {r} did not run the schedule it was given: at its compute step {first + 1} it ran "
+                           f"{executed[first] if first < len(executed) else 'nothing'} where the schedule says "
+                           f"{want[first] if first < len(want) else 'nothing more'}; ran {' '.join(executed)}, "
+                           f"schedule {' '.join(want)}")
+        elif peak > sched.theory_peak_live(example.kind, p, m, v, r):
+            judge.fail(f"rank {r} held {peak} microbatch activations at once, more than {example.kind} allows "
+                       f"({sched.theory_peak_live(example.kind, p, m, v, r)}): the schedule run is not the one asked "
+                       f"for; its order of forwards and backwards: {' '.join(executed)}")
+
+
 def judge_step(judge: Judge, example: Example, outputs: dict) -> None:
+    judge_executed_schedule(judge, example, outputs)
     expected = dense(example)
     p = example.num_ranks
     for r in range(p):

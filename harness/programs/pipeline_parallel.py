@@ -7,6 +7,7 @@ local parameter keyed by its stable name ``stage<s>.<name>``; the driver judges 
 reference/pipeline_parallel.py."""
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 
 from harness import pipeline_models
@@ -42,10 +43,30 @@ def train_step(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage:
         raise ValueError("pipeline parallelism is tested on the whole world, not a subgroup")
     pipeline_step = require(impl, "pipeline_step")
     indices, modules = _local_stages(ctx, model, seed, layers_per_stage, stages_per_rank)
+    executed = _watch(indices, modules)
     result = pipeline_step(modules if stages_per_rank > 1 else modules[0], ctx.to_device(inputs),
                            ctx.to_device(targets), pipeline_models.loss_fn(loss), num_microbatches,
                            schedule=_schedule(schedule, schedule_rows))
-    return ctx.to_cpu({"loss": result, "grads": _grads(indices, modules)})
+    return ctx.to_cpu({"loss": result, "grads": _grads(indices, modules), "executed": executed})
+
+
+def _watch(indices: list[int], modules) -> list[str]:
+    """The order in which this rank's stages ran forward and backward, as "F<stage>" / "B<stage>",
+    from hooks on the stage modules the harness built: a forward hook, and a hook on the gradient of the stage's first parameter (the last one its
+    backward reaches, once per microbatch)."""
+    events: list[str] = []
+    for stage, module in zip(indices, modules):
+        def forward(module, inputs, output, stage=stage):
+            # a forward without autograd (torch.distributed.pipelining's shape inference) or on the
+            # meta device holds no activation for a backward: it is not a step of the schedule
+            if torch.is_grad_enabled() and getattr(output, "device", None) is not None and output.device.type != "meta":
+                events.append(f"F{stage}")
+
+        module.register_forward_hook(forward)
+        first = next(module.parameters(), None)
+        if first is not None:
+            first.register_post_accumulate_grad_hook(lambda parameter, stage=stage: events.append(f"B{stage}"))
+    return events
 
 
 def timed_steps(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage: list[int], stages_per_rank: int,
