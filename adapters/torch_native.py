@@ -29,3 +29,4 @@ from adapters.torch_ddp import DataParallel  # noqa: F401
 from adapters.torch_pipelining import generate_schedule, pipeline_step  # noqa: F401
 from adapters.torch_zero import ShardedOptimizer  # noqa: F401
 from adapters.torch_moe import ExpertParallelMoE  # noqa: F401
+from adapters.torch_fsdp import full_parameters, fully_shard  # noqa: F401

@@ -30,6 +30,8 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability("equivalences", COLLECTIVES, "conformance/test_collectives.py", "collectives", "collectives"),
     Capability("data_parallel", ("DataParallel",), "conformance/test_data_parallel.py", "data_parallel"),
     Capability("sharded_optimizer", ("ShardedOptimizer",), "conformance/test_sharded_optimizer.py", "sharded_optimizer"),
+    Capability("fully_sharded", ("fully_shard", "full_parameters"), "conformance/test_fully_sharded.py",
+               "fully_sharded"),
     Capability("tensor_parallel", ("ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP"),
                "conformance/test_tensor_parallel.py", "tensor_parallel"),
     Capability("composition", ("TensorParallelMLP", "all_reduce"), "conformance/test_composition.py", "composition"),

@@ -26,6 +26,7 @@ from .data_parallel import BucketedDataParallel, DataParallel, NaiveDataParallel
 from .sharded_optimizer import ShardedOptimizer
 from .expert_parallel import ExpertParallelMoE
 from .context_parallel import context_parallel_attention
+from .fully_sharded import full_parameters, fully_shard
 
 __all__ = [
     # collectives
@@ -48,6 +49,9 @@ __all__ = [
     "ShardedOptimizer",
     # expert parallelism
     "ExpertParallelMoE",
+    # fully sharded data parallelism
+    "fully_shard",
+    "full_parameters",
     # context parallelism
     "context_parallel_attention",
     # tensor parallelism

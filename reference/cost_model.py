@@ -204,6 +204,20 @@ def pipeline_stage(stages: int, stage: int, microbatches: int, activation_bytes:
             "backward": microbatches * gradient_bytes if stage > 0 else 0}
 
 
+def fully_sharded_step(n: int, unit_numels: list[list[tuple[int, int]]], itemsize: int) -> int:
+    """One forward and backward of a model whose units hold the trainable parameters
+    ``unit_numels[u]`` = [(numel, rows), ...]: each unit's parameters all-gathered at most twice
+    (before forward, again before backward after resharding) and their gradients reduce-scattered
+    once (Zhao et al., "PyTorch FSDP", 2023, sec. 3; ZeRO-3's 1.5x DP traffic, Rajbhandari et al.
+    2020, sec. 7). A parameter is padded to a multiple of n elements, or of n rows (dim-0 sharding,
+    as FSDP2 does), whichever is larger."""
+    total = 0
+    for unit in unit_numels:
+        padded = sum(max(-(-numel // n) * n, -(-rows // n) * n * (numel // max(rows, 1))) for numel, rows in unit)
+        total += 2 * all_gather(n, padded, itemsize) + reduce_scatter(n, padded, itemsize)
+    return total
+
+
 def ring_attention(block_bytes: list[int], me: int) -> dict[str, int]:
     """Ring attention (Liu et al. 2023) on n ranks whose K/V blocks (K and V together) hold
     ``block_bytes[j]`` bytes at group rank j: forward, group rank ``me`` passes on every block it

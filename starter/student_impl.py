@@ -89,6 +89,19 @@ class ShardedOptimizer:
         raise NotImplementedError("ShardedOptimizer")
 
 
+# ------------------------------------------------------------------ fully sharded data parallelism
+# CONTRACT.md, "Fully sharded data parallelism"
+def fully_shard(module, group=None):
+    """ZeRO-3 / FSDP2-style: shard ``module``'s parameters not held by an inner unit (units first,
+    then the root); gather them for forward and backward, reduce-scatter their gradients; return it."""
+    raise NotImplementedError("fully_shard")
+
+
+def full_parameters(module):
+    """{name: full parameter} of a fully sharded module (its pieces all-gathered)."""
+    raise NotImplementedError("full_parameters")
+
+
 # ----------------------------------------------------------------------------- expert parallelism
 # CONTRACT.md, "Expert parallelism"
 class ExpertParallelMoE:

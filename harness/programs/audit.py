@@ -127,3 +127,27 @@ def tensor_parallel(ctx: RankContext, impl, process_group, layer: str, dense: di
     local.backward(ctx.to_device(grad_output))
     recording.mark("after")
     return {"shape": list(local.shape)}
+
+
+def fully_sharded_step(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, batch: dict, group=None) -> dict:
+    """Shard every unit, then the root ("setup", harness/programs/fully_sharded.py's units), then one
+    step: forward and backward ("step"), the optimizer's step ("optimizer"). Returns the loss."""
+    from harness.programs.fully_sharded import units
+
+    if group is not None:
+        raise ValueError("fully sharded data parallelism is audited on the whole world, not a subgroup")
+    recording.mark("setup")
+    fully_shard = require(impl, "fully_shard")
+    net = models.build(model, seed).to(ctx.device)
+    for unit in units(net):
+        fully_shard(unit)
+    net = fully_shard(net)
+    opt = models.build_optimizer(optimizer, net.parameters())
+    inputs, targets = ctx.to_device(batch["inputs"]), ctx.to_device(batch["targets"])
+    recording.mark("step")
+    loss = net(inputs, targets)
+    loss.backward()
+    recording.mark("optimizer")
+    opt.step()
+    recording.mark("after")
+    return {"loss": loss.detach().cpu()}

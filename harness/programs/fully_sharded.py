@@ -1,0 +1,56 @@
+"""Rank program for fully sharded data parallelism (CONTRACT.md, "Fully sharded data parallelism"):
+build the model from its spec and seed (every rank the same), ``fully_shard`` each unit (every direct
+child module with parameters that shares none with another child), then the root; train with an
+optimizer over the sharded ``module.parameters()`` on this rank's slice of the global batch; after
+every step report the loss, the full parameters (the implementation's ``full_parameters``) and
+buffers, and how many elements this rank holds: its trainable parameters, their gradients and the
+optimizer state, local pieces only (a DTensor counts its local shard)."""
+from __future__ import annotations
+
+import torch
+
+from harness import models
+from harness.context import RankContext, require
+
+
+def _local_numel(tensor) -> int:
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return local.numel()
+
+
+def units(net) -> list:
+    """The units the harness shards first: direct children with parameters, except children that
+    share a parameter with another child (tied weights stay with the root)."""
+    owners: dict[int, set] = {}
+    for child_name, child in net.named_children():
+        for parameter in child.parameters():
+            owners.setdefault(id(parameter), set()).add(child_name)
+    shared = {name for names in owners.values() if len(names) > 1 for name in names}
+    return [child for name, child in net.named_children() if name not in shared and any(True for _ in child.parameters())]
+
+
+def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps: int, batch: dict, group=None) -> dict:
+    if group is not None:
+        raise ValueError("fully sharded data parallelism is tested on the whole world, not a subgroup")
+    fully_shard, full_parameters = require(impl, "fully_shard"), require(impl, "full_parameters")
+    net = models.build(model, seed).to(ctx.device)
+    for unit in units(net):
+        fully_shard(unit)
+    net = fully_shard(net)
+    opt = models.build_optimizer(optimizer, net.parameters())
+    inputs, targets = ctx.to_device(batch["inputs"]), ctx.to_device(batch["targets"])
+    result = {"steps": []}
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = net(inputs, targets)
+        loss.backward()
+        opt.step()
+        trainable = [p for p in net.parameters() if p.requires_grad]
+        held = {"parameters": sum(_local_numel(p) for p in trainable),
+                "gradients": sum(_local_numel(p.grad) for p in trainable if p.grad is not None),
+                "optimizer_state": sum(_local_numel(v) for state in opt.state.values() for v in state.values()
+                                       if torch.is_tensor(v) and v.dim() > 0)}
+        state = {name: tensor.detach() for name, tensor in full_parameters(net).items()}
+        state.update({name: b.detach().clone() for name, b in net.named_buffers()})
+        result["steps"].append({"loss": loss.detach(), "state": state, "held": held})
+    return ctx.to_cpu(result)
