@@ -116,3 +116,41 @@ def test_sharded_optimizer_memory_and_step_time(world_pool, pytestconfig, benchm
             failures.append(f"n={n}: a rank holds {fraction:.3f} of the unsharded state, goal <= {ZERO_MEMORY_GOAL}/{n}")
     print("\n".join(lines))
     assert not failures, "; ".join(failures)
+
+
+FSDP_MEMORY_GOAL = 1.15  # parameters + gradients + AdamW state per rank at most 1.15/n of DP's (plus one layer)
+
+
+def test_fully_sharded_memory_and_step_time(world_pool, pytestconfig, benchmark):
+    """FSDP (impls.fully_shard, every layer a unit) against ZeRO-1 and DP, side by side in one run:
+    what a rank holds (parameters, gradients and AdamW state, counted exactly) as a fraction of
+    DP's, and the step time. DP holds 4 copies of the model's size (parameters, gradients, two
+    moments), ZeRO-1 2 + 2/n, FSDP 4/n (plus one layer's padding). Gate: FSDP at most 1.15/n of DP's,
+    plus one layer; times are printed (FSDP gathers every layer twice and recomputes its forward)."""
+    sizes = [n for n in world_sizes(pytestconfig) if DP_BATCH % n == 0]
+    runs = {}
+
+    def sweep():
+        for n in sizes:
+            for strategy in ("dp", "zero1", "fsdp"):
+                result = world_pool.run(n, f"{TIMING}:time_memory_strategies", [
+                    {"width": DP_WIDTH, "depth": ZERO_DEPTH, "global_batch": DP_BATCH, "strategy": strategy,
+                     "iters": 3}] * n, impl="impls")
+                runs[(strategy, n)] = (max(out["seconds"] for out in result.outputs),
+                                       max(out["held_numel"] for out in result.outputs))
+
+    benchmark.pedantic(sweep, rounds=1, iterations=1)
+    layer = DP_WIDTH * DP_WIDTH + DP_WIDTH
+    lines = [f"\nAdamW step, MLP {ZERO_DEPTH}x{DP_WIDTH}, global batch {DP_BATCH}: elements a rank holds "
+             f"(parameters + gradients + state) and step time, DP / ZeRO-1 / FSDP (impls)"]
+    failures = []
+    for n in sizes:
+        (dp_t, dp_m), (z_t, z_m), (f_t, f_m) = (runs[(s, n)] for s in ("dp", "zero1", "fsdp"))
+        lines.append(f"  n={n}: held {dp_m * 4 / 2**20:6.1f} / {z_m * 4 / 2**20:6.1f} / {f_m * 4 / 2**20:6.1f} MiB "
+                     f"(ZeRO-1 {z_m / dp_m:.3f}, FSDP {f_m / dp_m:.3f} = {f_m / dp_m * n:.2f}/n of DP); step "
+                     f"{dp_t * 1e3:6.1f} / {z_t * 1e3:6.1f} / {f_t * 1e3:6.1f} ms (FSDP {f_t / dp_t:.2f}x DP)")
+        benchmark.extra_info.update({f"n={n} fsdp fraction": f_m / dp_m, f"n={n} fsdp time ratio": f_t / dp_t})
+        if f_m > FSDP_MEMORY_GOAL * dp_m / n + 4 * layer:
+            failures.append(f"n={n}: FSDP holds {f_m / dp_m:.3f} of DP's, goal <= {FSDP_MEMORY_GOAL}/{n} + one layer")
+    print("\n".join(lines))
+    assert not failures, "; ".join(failures)

@@ -140,3 +140,54 @@ def time_sharded_optimizer_step(ctx: RankContext, impl, width: int, depth: int, 
 
     timing = _seconds_per_call(ctx, step, iters, warmup)
     return {**timing, "state_numel": local_state_numel(local_optimizer)}
+
+
+def time_memory_strategies(ctx: RankContext, impl, width: int, depth: int, global_batch: int, strategy: str,
+                           iters: int, warmup: int = 2) -> dict:
+    """One AdamW step over an MLP of ``depth`` Linear(width, width) layers on this rank's slice of a
+    fixed global batch, under ``strategy``: "dp" (impl.DataParallel, AdamW on every rank), "zero1"
+    (impl.ShardedOptimizer) or "fsdp" (impl.fully_shard on every layer, then the root). Returns the
+    time and the elements this rank holds after the steps: trainable parameters, gradients and
+    optimizer state (a DTensor counts its local shard)."""
+    from torch import nn
+
+    from harness.programs.fully_sharded import _local_numel
+
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.Tanh()]
+    net = nn.Sequential(*layers).to(ctx.device)
+    finish = (lambda: None)
+    if strategy == "dp":
+        model = require(impl, "DataParallel")(net, bucket_size_mb=None)
+        optimizer = local = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        finish = model.finish_gradient_synchronization
+        parameters = list(net.parameters())
+    elif strategy == "zero1":
+        model = net
+        optimizer = require(impl, "ShardedOptimizer")(net.parameters(), torch.optim.AdamW, lr=1e-3)
+        local, parameters = optimizer.optim, list(net.parameters())
+    elif strategy == "fsdp":
+        fully_shard = require(impl, "fully_shard")
+        for layer in net:
+            if any(True for _ in layer.parameters()):
+                fully_shard(layer)
+        model = fully_shard(net)
+        optimizer = local = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        parameters = list(model.parameters())
+    else:
+        raise ValueError(f"unknown strategy {strategy!r}")
+    x = torch.randn(global_batch // ctx.world_size, width, device=ctx.device)
+
+    def step():
+        optimizer.zero_grad(set_to_none=False)  # keep the gradients: they count
+        model(x).square().mean().backward()
+        finish()
+        optimizer.step()
+
+    timing = _seconds_per_call(ctx, step, iters, warmup)
+    held = (sum(_local_numel(p) for p in parameters) + sum(_local_numel(p.grad) for p in parameters if p.grad is not None)
+            + sum(_local_numel(v) for state in local.state.values() for v in state.values()
+                  if torch.is_tensor(v) and v.dim() > 0))
+    return {**timing, "held_numel": held}
