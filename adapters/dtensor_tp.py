@@ -1,5 +1,5 @@
 """torch.distributed's own tensor parallelism (DTensor, torch.distributed.tensor.parallel) through
-the suite's tensor-parallel contract (docs/contract-tensor-parallel.md); adapters/torch_native.py
+the suite's tensor-parallel contract (CONTRACT.md, "Tensor parallelism"); adapters/torch_native.py
 combines it with torch's other capabilities.
 
 Each from_dense copies the dense layer(s) and calls ``parallelize_module`` over a 1-D DeviceMesh of

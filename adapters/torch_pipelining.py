@@ -1,4 +1,4 @@
-"""torch.distributed.pipelining through the suite's pipeline contract (docs/contract-pipeline-parallel.md);
+"""torch.distributed.pipelining through the suite's pipeline contract (CONTRACT.md, "Pipeline parallelism");
 adapters/torch_native.py combines it with torch's other capabilities.
 
 ``pipeline_step`` wraps each local stage in a ``PipelineStage`` (stage index c * p + rank for the

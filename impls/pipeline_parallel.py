@@ -3,7 +3,7 @@ given as data, and the schedules it ships (GPipe, 1F1B, interleaved 1F1B).
 
 Stage s of S = p * v lives on rank s % p (rank r holds the v chunks r, r + p, ...). A schedule is
 one list per rank of compact actions ``<stage><kind><microbatch>`` (kinds F, B, SEND_F, RECV_F,
-SEND_B, RECV_B; see docs/contract-pipeline-parallel.md). The runtime walks its rank's list:
+SEND_B, RECV_B; see CONTRACT.md, "Pipeline parallelism"). The runtime walks its rank's list:
 
 * F: run the stage on microbatch i (stage 0: the i-th slice of ``inputs``; else the activations
   received or, for a stage on the same rank, handed over locally); on the last stage also the loss
@@ -170,7 +170,7 @@ class _Peers:
 
 def pipeline_step(stages, inputs, targets, loss_fn: Callable, num_microbatches: int, schedule="1f1b", group=None,
                   trace: list | None = None):
-    """One forward and backward of a batch through the pipeline; see docs/contract-pipeline-parallel.md.
+    """One forward and backward of a batch through the pipeline; see CONTRACT.md, "Pipeline parallelism".
 
     ``stages``: this rank's stage module, or its v chunks in stage order (stages r, r + p, ...).
     ``inputs``: the whole batch on rank 0 (None elsewhere); ``targets``: on the rank holding the

@@ -121,7 +121,7 @@ def context_parallel_attention(q, k, v, seq_len, causal=False, group=None):
 
 
 # ----------------------------------------------------------------------------- tensor parallelism
-# docs/contract-tensor-parallel.md
+# CONTRACT.md, "Tensor parallelism"
 class ColumnParallelLinear:
     """Keeps rows r of the dense weight (output features split); optional all-gather of the output."""
 
@@ -147,7 +147,7 @@ class TensorParallelMLP:
 
 
 # --------------------------------------------------------------------------- pipeline parallelism
-# docs/contract-pipeline-parallel.md
+# CONTRACT.md, "Pipeline parallelism"
 def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="1f1b", group=None):
     """Run one training step of the pipeline; every stage parameter ends with the gradient of the
     mean over microbatches of the loss; the rank holding the last stage returns that loss."""

@@ -3,7 +3,7 @@
 run forward on this rank's input and backward with this rank's upstream gradient (the driver
 slices both per layout and sends each rank only its part), and return what the driver judges.
 
-The contract (docs/contract-tensor-parallel.md), for a group of n ranks (``group=None``: the world):
+The contract (CONTRACT.md, "Tensor parallelism"), for a group of n ranks (``group=None``: the world):
 
 * ``ColumnParallelLinear.from_dense(linear, group=None, gather_output=False)``: every rank passes
   the same dense ``nn.Linear(in, out)`` and keeps rows r of its weight (out_features split in n
