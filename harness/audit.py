@@ -246,3 +246,33 @@ def accounted(records_by_rank: dict[int, list[dict]], written_by_rank: dict[int,
                               f"than its recorded calls explain ({describe(records)}; {explained} B with transport "
                               f"overhead): communication that went around the recorder")
     return violations
+
+
+# ------------------------------------------------------------------------------- link classes
+def bytes_by_link(records_by_rank: dict[int, list[dict]], layout, phase=None) -> dict[int, dict[str, int]]:
+    """{rank: {link class: bytes}} on a reference.topology.HostLayout: a send is charged to the
+    link to its peer, exactly; a backend collective's charged bytes to "within a host" when its
+    whole group sits on one host, else to "across hosts" (its algorithm is not visible)."""
+    from reference.topology import ACROSS, WITHIN
+
+    result = {}
+    for rank, records in sorted(records_by_rank.items()):
+        totals = {WITHIN: 0, ACROSS: 0}
+        for record in _in_phase(records, phase):
+            charged = charged_bytes(record)
+            if not charged:
+                continue
+            if record["op"] == "send":
+                totals[layout.link(rank, record["peer"])] += charged
+            else:
+                totals[ACROSS if layout.spans_hosts(record["group"]) else WITHIN] += charged
+        result[rank] = totals
+    return result
+
+
+def groups_within_hosts(groups: list[list[int]], layout, what: str) -> list[str]:
+    """Each group that spans hosts although a group of its size fits on one host: ``what`` (e.g.
+    tensor parallelism, which communicates in every layer) belongs on the fast links."""
+    return [f"{what} group {list(group)} spans hosts {sorted({layout.host_of(r) for r in group})} on {layout}, "
+            f"though {len(group)} ranks fit on one host: it belongs on the fast links within a host"
+            for group in groups if layout.spans_hosts(group) and layout.could_fit_one_host(group)]

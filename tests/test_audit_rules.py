@@ -138,3 +138,20 @@ def test_bytes_the_kernel_counted_beyond_the_records_are_reported():
     violations = audit.accounted(records, {0: 4000 + 200 + 8000, 1: 4096})
     assert [v.split(":")[0] for v in violations] == ["rank 0", "rank 1"]
     assert "communication that went around the recorder" in violations[1]
+
+
+def test_bytes_are_attributed_to_link_classes_and_a_tp_group_across_hosts_is_named():
+    from reference.topology import ACROSS, WITHIN, HostLayout
+
+    layout = HostLayout.parse("2x4")
+    assert layout.host_of(3) == 0 and layout.host_of(4) == 1 and layout.link(1, 5) == ACROSS
+    records = {0: [record("send", numel=10, peer=1), record("send", numel=5, peer=4),
+                   record("allreduce", group=(0, 4), numel=8)]}
+    by_link = audit.bytes_by_link(records, layout)
+    assert by_link[0] == {WITHIN: 40, ACROSS: 20 + cost_model.all_reduce(2, 8, 4)}
+    violations = audit.groups_within_hosts([[0, 1, 2, 3], [0, 4]], layout, "tensor-parallel")
+    assert violations == ["tensor-parallel group [0, 4] spans hosts [0, 1] on 2 hosts x 4 ranks, though 2 ranks fit "
+                          "on one host: it belongs on the fast links within a host"]
+    assert audit.groups_within_hosts([list(range(8))], layout, "tensor-parallel") == []  # cannot fit one host
+    with pytest.raises(ValueError, match="HOSTSxRANKS_PER_HOST"):
+        HostLayout.parse("2-4")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from torch.distributed import ReduceOp
 
+from harness import recording
 from harness.context import RankContext, require
 from harness.programs.tensor_parallel import _dense, _local, _parameters
 
@@ -20,6 +21,7 @@ def dp_tp_mlp(ctx: RankContext, impl, tensor_parallel_groups: list[list[int]], d
     data-parallel group (keys as harness.programs.tensor_parallel's MLP)."""
     if group is not None:
         raise ValueError("a mesh spans the whole world")
+    recording.mark("setup")  # phases for the audit (no-ops outside an audited world)
     for members in [*tensor_parallel_groups, *data_parallel_groups]:
         ctx.group(members)
     tp = ctx.group(next(g for g in tensor_parallel_groups if ctx.rank in g))
@@ -29,12 +31,16 @@ def dp_tp_mlp(ctx: RankContext, impl, tensor_parallel_groups: list[list[int]], d
     module = require(impl, "TensorParallelMLP").from_dense(fc1, fc2, group=tp)
     all_reduce = require(impl, "all_reduce")
     x = ctx.to_device(x).requires_grad_(True)
+    recording.mark("forward")
     y = module(x)
+    recording.mark("backward")
     y.backward(ctx.to_device(grad_output))
+    recording.mark("data_parallel")
     result = _parameters(module, "mlp")
     for key, value in result.items():
         if key.startswith("grad_") and value is not None:
             summed = value.contiguous().clone()
             all_reduce(summed, op=ReduceOp.SUM, group=dp)
             result[key] = summed
+    recording.mark("after")
     return ctx.to_cpu({"output": _local(y), "grad_input": x.grad, **result})
