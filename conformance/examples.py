@@ -268,3 +268,35 @@ def attention_examples(draw, max_world_size: int, min_size: int = 1) -> Attentio
                    draw(st.integers(2 * n, 6 * n + 5), label="seq_len"), draw(st.booleans(), label="causal"),
                    draw(st.sampled_from([torch.float64, torch.float32]), label="dtype"),
                    draw(st.sampled_from([0.5, 3.0]), label="scale"), draw(st.integers(0, 2**16), label="seed"))
+
+
+@dataclass(frozen=True)
+class TrainingExample:
+    """A few optimizer steps of a model on n ranks, each with its slice of the global batch
+    (conformance/test_sharded_optimizer.py, conformance/test_fully_sharded.py)."""
+
+    world_size: int
+    per_rank_batch: int
+    model: dict
+    steps: int
+    optimizer: dict
+    seed: int
+    data_seed: int
+
+    def __str__(self) -> str:
+        return (f"world_size={self.world_size}, global_batch={self.world_size * self.per_rank_batch} "
+                f"({self.per_rank_batch} per rank), model=({describe_spec(self.model, 'kind')}), steps={self.steps}, "
+                f"optimizer=({describe_spec(self.optimizer, 'name')}), seed={self.seed}, data_seed={self.data_seed}")
+
+
+@st.composite
+def training_examples(draw, max_world_size: int, min_world_size: int = 1, max_steps: int = 5) -> TrainingExample:
+    return TrainingExample(
+        world_size=draw(st.integers(min_world_size, max_world_size)),
+        per_rank_batch=draw(st.integers(1, 3)),
+        model=draw(model_specs),
+        steps=draw(st.integers(1, max_steps)),
+        optimizer=draw(optimizer_specs),
+        seed=draw(st.integers(0, 2**16)),
+        data_seed=draw(st.integers(0, 2**16)),
+    )

@@ -17,43 +17,20 @@ and rank by rank:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 import reference.data_parallel as ref
-from conformance.examples import Layout, describe_spec, model_specs, optimizer_specs
+from conformance.examples import Layout, training_examples
+from conformance.examples import TrainingExample as Example
 from conformance.verdict import Judge, check_names
 from harness import models
 from harness.programs.fully_sharded import units
 
 PROGRAM = "fully_sharded:train"
 STATE_TENSORS = {"sgd": 1, "adamw": 2}  # momentum buffer; exp_avg and exp_avg_sq
-
-
-@dataclass(frozen=True)
-class Example:
-    world_size: int
-    per_rank_batch: int
-    model: dict
-    steps: int
-    optimizer: dict
-    seed: int
-    data_seed: int
-
-    def __str__(self) -> str:
-        return (f"world_size={self.world_size}, {self.per_rank_batch} samples per rank, "
-                f"model=({describe_spec(self.model, 'kind')}), steps={self.steps}, "
-                f"optimizer=({describe_spec(self.optimizer, 'name')}), seed={self.seed}, data_seed={self.data_seed}")
-
-
-@st.composite
-def examples(draw, max_world_size: int, min_world_size: int = 1) -> Example:
-    return Example(draw(st.integers(min_world_size, max_world_size)), draw(st.integers(1, 3)), draw(model_specs),
-                   draw(st.integers(1, 4)), draw(optimizer_specs), draw(st.integers(0, 2**16)),
-                   draw(st.integers(0, 2**16)))
 
 
 def memory_bound(example: Example) -> tuple[int, int, str]:
@@ -76,7 +53,7 @@ def memory_bound(example: Example) -> tuple[int, int, str]:
 @pytest.mark.capability("fully_sharded")
 @given(data=st.data())
 def test_training_matches_one_process_and_memory_is_sharded(data, ranks, target, request):
-    example = data.draw(examples(target.max_world_size), label="example")
+    example = data.draw(training_examples(target.max_world_size, max_steps=4), label="example")
     judge = Judge(str(example), target.reproduce(request.node.nodeid))
     n = example.world_size
     batch = models.make_batch(example.model, n * example.per_rank_batch, example.data_seed)

@@ -26,48 +26,19 @@ rank by rank:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 import reference.data_parallel as ref
-from conformance.examples import describe_spec, model_specs, optimizer_specs
+from conformance.examples import TrainingExample as Example
+from conformance.examples import training_examples as examples
 from conformance.verdict import Judge, check_names
 from harness import models
 
 PROGRAM = "sharded_optimizer:train"
 STATE_TENSORS = {"sgd": 1, "adamw": 2}  # K: state tensors per parameter element
-
-
-@dataclass(frozen=True)
-class Example:
-    world_size: int
-    per_rank_batch: int
-    model: dict
-    steps: int
-    optimizer: dict
-    seed: int
-    data_seed: int
-
-    def __str__(self) -> str:
-        return (f"world_size={self.world_size}, global_batch={self.world_size * self.per_rank_batch} "
-                f"({self.per_rank_batch} per rank), model=({describe_spec(self.model, 'kind')}), steps={self.steps}, "
-                f"optimizer=({describe_spec(self.optimizer, 'name')}), seed={self.seed}, data_seed={self.data_seed}")
-
-
-@st.composite
-def examples(draw, max_world_size: int, min_world_size: int = 1) -> Example:
-    return Example(
-        world_size=draw(st.integers(min_world_size, max_world_size)),
-        per_rank_batch=draw(st.integers(1, 3)),
-        model=draw(model_specs),
-        steps=draw(st.integers(1, 5)),
-        optimizer=draw(optimizer_specs),
-        seed=draw(st.integers(0, 2**16)),
-        data_seed=draw(st.integers(0, 2**16)),
-    )
 
 
 def run_training(ranks, example: Example) -> tuple[dict, dict, ref.Trajectory]:

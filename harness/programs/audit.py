@@ -132,16 +132,12 @@ def tensor_parallel(ctx: RankContext, impl, process_group, layer: str, dense: di
 def fully_sharded_step(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, batch: dict, group=None) -> dict:
     """Shard every unit, then the root ("setup", harness/programs/fully_sharded.py's units), then one
     step: forward and backward ("step"), the optimizer's step ("optimizer"). Returns the loss."""
-    from harness.programs.fully_sharded import units
+    from harness.programs.fully_sharded import sharded_model
 
     if group is not None:
         raise ValueError("fully sharded data parallelism is audited on the whole world, not a subgroup")
     recording.mark("setup")
-    fully_shard = require(impl, "fully_shard")
-    net = models.build(model, seed).to(ctx.device)
-    for unit in units(net):
-        fully_shard(unit)
-    net = fully_shard(net)
+    net = sharded_model(ctx, impl, model, seed)
     opt = models.build_optimizer(optimizer, net.parameters())
     inputs, targets = ctx.to_device(batch["inputs"]), ctx.to_device(batch["targets"])
     recording.mark("step")

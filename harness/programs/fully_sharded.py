@@ -29,14 +29,20 @@ def units(net) -> list:
     return [child for name, child in net.named_children() if name not in shared and any(True for _ in child.parameters())]
 
 
-def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps: int, batch: dict, group=None) -> dict:
-    if group is not None:
-        raise ValueError("fully sharded data parallelism is tested on the whole world, not a subgroup")
-    fully_shard, full_parameters = require(impl, "fully_shard"), require(impl, "full_parameters")
+def sharded_model(ctx: RankContext, impl, model: dict, seed: int):
+    """The model of ``model`` (harness/models.py) from ``seed``, every unit fully sharded, then the root."""
+    fully_shard = require(impl, "fully_shard")
     net = models.build(model, seed).to(ctx.device)
     for unit in units(net):
         fully_shard(unit)
-    net = fully_shard(net)
+    return fully_shard(net)
+
+
+def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps: int, batch: dict, group=None) -> dict:
+    if group is not None:
+        raise ValueError("fully sharded data parallelism is tested on the whole world, not a subgroup")
+    full_parameters = require(impl, "full_parameters")
+    net = sharded_model(ctx, impl, model, seed)
     opt = models.build_optimizer(optimizer, net.parameters())
     inputs, targets = ctx.to_device(batch["inputs"]), ctx.to_device(batch["targets"])
     result = {"steps": []}
