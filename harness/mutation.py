@@ -21,6 +21,7 @@ from harness.capabilities import CAPABILITIES, conformance_file_of_mutants
 
 ROOT = Path(__file__).resolve().parent.parent
 MUTANTS = ROOT / "mutants"
+MUTANT_RANK_TIMEOUT_S = 20
 
 
 @dataclass(frozen=True)
@@ -95,8 +96,9 @@ def main(argv=None) -> int:
     print("\n=== known-buggy implementations (each must fail)")
     killed, survived = [], []
 
-    def run_mutant(mutant: Mutant):
-        return pytest(str(mutant.path.relative_to(ROOT)), [mutant.test_file, "-x", "-k", mutant.targets],
+    def run_mutant(mutant: Mutant):  # a mutant that hangs is killed by its first deadline: 20 s is plenty here
+        return pytest(str(mutant.path.relative_to(ROOT)), [mutant.test_file, "-x", "-k", mutant.targets,
+                                                           "--rank-timeout", str(MUTANT_RANK_TIMEOUT_S)],
                       options.mutant_profile)
 
     with ThreadPoolExecutor(max_workers=options.jobs) as pool:

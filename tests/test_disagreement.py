@@ -12,11 +12,12 @@ from harness.failures import RankFailure, RanksCrashed, RanksHung
 from harness.pool import WorldPool
 
 FIXTURES = Path(__file__).parent / "fixtures"
+MUTANTS = Path(__file__).parent.parent / "mutants" / "collectives"  # the disagreement mutants
 CALL = "harness.programs.collectives:call"
 
 
 def line_of(fixture: str, marker: str) -> str:
-    lines = (FIXTURES / f"{fixture}.py").read_text().splitlines()
+    lines = (MUTANTS / f"{fixture}.py").read_text().splitlines()
     return f"{fixture}.py:{next(i for i, text in enumerate(lines, 1) if marker in text)}"
 
 
@@ -32,7 +33,8 @@ def pool():
 
 def failure_text(pool, n: int, fixture: str) -> str:
     with pytest.raises((RankFailure, RanksHung, RanksCrashed)) as caught:
-        pool.run(n, CALL, all_reduce_task(n), impl=str(FIXTURES / f"{fixture}.py"))
+        pool.run(n, CALL, all_reduce_task(n), impl=str((MUTANTS if fixture.startswith("disagree") else FIXTURES)
+                                                         / f"{fixture}.py"))
     return str(caught.value)
 
 
@@ -71,7 +73,7 @@ def test_a_circular_wait_is_named(pool):
 
 
 def test_a_silent_dtype_disagreement_is_named_for_the_judge(pool):
-    pool.run(2, CALL, all_reduce_task(2), impl=str(FIXTURES / "disagree_dtype.py"))  # gloo garbles it silently
+    pool.run(2, CALL, all_reduce_task(2), impl=str(MUTANTS / "disagree_dtype.py"))  # gloo garbles it silently
     told = pool.disagreements(2)
     assert told and told[0].startswith("dtype mismatch: rank 0: send(to 1, 2 x float64 = 16 B) at "
                                        f"{line_of('disagree_dtype', 'SEND_LINE')}; rank 1: recv(from 0, 4 x float32")
