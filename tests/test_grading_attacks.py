@@ -102,3 +102,22 @@ def test_an_audit_of_a_claimed_strategy_is_not_skipped_because_the_ranks_say_it_
     result = run_suite(str(FIXTURES / "declining_impl.py"), "-k", "test_data_parallel_step and 2-mlp_frozen_fc1-default",
                        "--capability", "collectives,audit", test_file="conformance/test_audit.py")
     assert result.returncode == 0 and "1 skipped" in result.stdout, result.stdout[-3000:]
+
+
+def test_a_crash_on_a_case_the_backend_refuses_is_not_a_decline():
+    result = run_suite(str(FIXTURES / "crashing_on_refused_impl.py"), "-k", "test_cases_the_backend_refuses and all_reduce",
+                       "--rank-timeout", "5")
+    assert result.returncode == 1 and "1 failed" in result.stdout, result.stdout[-3000:]
+    assert "SIGABRT" in result.stdout
+
+
+def test_a_rubric_rewritten_during_the_run_does_not_change_the_grade(tmp_path):
+    rubric = tmp_path / "rubric.toml"
+    rubric.write_text("[capabilities]\nall_reduce = 8\n")
+    result = run_suite(str(FIXTURES / "rubric_rewriting_impl.py"), "-k", "test_all_reduce and SUM", "--rubric", str(rubric),
+                       "--report-dir", str(tmp_path / "out"), "--contain-ranks", "no",
+                       env={"RUBRIC_TO_REWRITE": str(rubric)})
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert "1000" in rubric.read_text()  # the rank did rewrite it
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["score"] == 0 and results["max_score"] == 8  # read once, before any rank ran
