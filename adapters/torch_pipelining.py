@@ -142,9 +142,10 @@ def _runtime(stages: list, m: int, loss_fn, rows) -> _ir._PipelineScheduleRuntim
     return runtime
 
 
-def _batch_size(inputs, group) -> int:
-    """Rank 0's batch size, on every rank (only rank 0 holds the inputs)."""
-    size = torch.tensor([inputs.shape[0] if inputs is not None else 0], dtype=torch.int64)
+def _batch_size(inputs, group, device) -> int:
+    """Rank 0's batch size, on every rank (only rank 0 holds the inputs); on the stages' device
+    (NCCL communicates CUDA tensors only)."""
+    size = torch.tensor([inputs.shape[0] if inputs is not None else 0], dtype=torch.int64, device=device)
     dist.broadcast(size, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
     return int(size)
 
@@ -157,14 +158,14 @@ def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="
     chunks = list(stages) if isinstance(stages, (list, tuple)) else [stages]
     p, rank = dist.get_world_size(group), dist.get_rank(group)
     m, v = num_microbatches, len(chunks)
-    batch = _batch_size(inputs, group)
+    device = next((t.device for chunk in chunks for t in chunk.parameters()), torch.device("cpu"))
+    batch = _batch_size(inputs, group, device)
     if batch < m:
         raise ValueError(f"a batch of {batch} samples cannot be cut into {m} microbatches")
     if batch % m:
         raise NotImplementedError(
             f"torch.distributed.pipelining cannot run microbatches of unequal sizes on gloo (batch {batch}, m={m}): "
             f"PipelineStage infers shapes from microbatch 0 and sizes every receive buffer from it")
-    device = next((t.device for chunk in chunks for t in chunk.parameters()), torch.device("cpu"))
     staged = [PipelineStage(chunk, c * p + rank, p * v, device, group=group) for c, chunk in enumerate(chunks)]
     if callable(schedule):
         runner = _runtime(staged, m, loss_fn, schedule(p, m, v))

@@ -65,8 +65,12 @@ class Audited:
     """Runs a rank program on the members of a layout in an audited world; returns the members'
     outputs and every rank's records (non-members too: they must send nothing)."""
 
-    def __init__(self, pool: WorldPool, target, require_p2p: bool):
+    def __init__(self, pool: WorldPool, target, require_p2p: bool, refusals=None):
         self.pool, self.target, self.require_p2p = pool, target, require_p2p
+        self.refusals = refusals  # what the backends' own collectives refuse (probed): not drawn
+
+    def refused_dtypes(self, name: str, op: str | None) -> frozenset:
+        return self.refusals.dtypes(name, op) if self.refusals is not None else frozenset()
 
     def run(self, judge: Judge, layout: Layout, program: str, per_member: list[dict]):
         __tracebackhide__ = True
@@ -84,8 +88,9 @@ class Audited:
 
 
 @pytest.fixture(scope="session")
-def audited(audited_pool, target, pytestconfig):
-    return Audited(audited_pool, target, p2p_required(target.impl, pytestconfig.getoption("--audit-require-p2p")))
+def audited(audited_pool, target, pytestconfig, backend_refusals):
+    return Audited(audited_pool, target, p2p_required(target.impl, pytestconfig.getoption("--audit-require-p2p")),
+                   backend_refusals)
 
 
 def check(judge: Judge, violations: list[str]) -> None:
@@ -97,14 +102,23 @@ def check(judge: Judge, violations: list[str]) -> None:
 COLLECTIVES = cost_model.COLLECTIVES
 
 
-def collective_case(name: str, draw, layout: Layout) -> tuple[str, list[dict], dict[int, int], str]:
+def collective_case(name: str, draw, layout: Layout, refused_for=None) -> tuple[str, list[dict], dict[int, int], str]:
     """Draw one call of collective ``name`` on ``layout``: (function, per-member arguments, per-rank
-    bound in bytes, what the bound is). ``draw(label, strategy)`` draws."""
+    bound in bytes, what the bound is). ``draw(label, strategy)`` draws. ``refused_for(name, op)``
+    gives the dtypes the backend's own collective refuses (probed, as test_collectives.py does):
+    they are not drawn, and a collective refused for every dtype is skipped with the reason."""
     n = layout.size
-    dtype = draw("dtype", st.sampled_from(DTYPES))
-    itemsize = torch.empty((), dtype=dtype).element_size()
     op = draw("op", st.sampled_from(OPS)) if name in ("all_reduce", "reduce", "reduce_scatter",
                                                       "reduce_scatter_tensor") else None
+    refused = refused_for(name, op) if refused_for is not None else frozenset()
+    allowed = [d for d in DTYPES if d not in refused]
+    if not allowed:
+        pytest.skip(f"the backend refuses {name}{f' op={op}' if op else ''} for every dtype (probed with "
+                    f"torch.distributed's own {name}), so it is not drawn")
+    dtype = draw("dtype", st.sampled_from(allowed))
+    if dtype in refused:  # a fixed example asking for what the backend refuses
+        pytest.skip(f"the backend refuses {name} for {dtype} (probed), so it is not drawn")
+    itemsize = torch.empty((), dtype=dtype).element_size()
     seed = draw("seed", st.integers(0, 2**16))
     shape = draw("shape", shapes(multiple_of=n) if name == "reduce_scatter_tensor" else shapes())
     vals = Values(dtype, tuple(shape), seed, op=op)
@@ -186,7 +200,7 @@ def run_collective(audited: Audited, request, data, name: str):
     layout = data.draw(layouts(audited.target.max_world_size, min_size=2), label="layout")
     if layout.size < 2:
         pytest.skip("needs a group of at least 2 ranks (--max-world-size)")
-    function, args, bounds, what = collective_case(name, draw, layout)
+    function, args, bounds, what = collective_case(name, draw, layout, refused_for=audited.refused_dtypes)
     judge = Judge(f"{layout}, " + ", ".join(labels), audited.target.reproduce(request.node.nodeid))
     per_member = [{"function": function, "arguments": a} for a in args]
     _, records = audited.run(judge, layout, "collectives:call", per_member)
@@ -205,7 +219,8 @@ def test_point_to_point_only(name, audited, request):
         pytest.skip("needs a world of at least 2 ranks (--max-world-size)")
     fixed = {"dtype": torch.float32, "op": "SUM", "seed": 0, "shape": (1024,), "root": 0,
              "input_split_sizes": [[512, 512], [512, 512]]}
-    function, args, bounds, what = collective_case(name, lambda label, _: fixed[label], layout)
+    function, args, bounds, what = collective_case(name, lambda label, _: fixed[label], layout,
+                                                   refused_for=audited.refused_dtypes)
     judge = Judge(f"{layout}, 1024 x float32", audited.target.reproduce(request.node.nodeid))
     _, records = audited.run(judge, layout, "collectives:call", [{"function": function, "arguments": a} for a in args])
     seen = "; ".join(f"rank {r}: {audit.describe(rs)}" for r, rs in sorted(records.items()))
@@ -239,7 +254,8 @@ def test_bytes_sent_within_bound_at_the_largest_world(name, audited, request):
     fixed = {"dtype": torch.float32, "op": "SUM", "seed": 0, "root": n - 1,
              "shape": (251 * n,) if name == "reduce_scatter_tensor" else (1001,),
              "input_split_sizes": [[(3 * i + 5 * j) % 17 for j in range(n)] for i in range(n)]}
-    function, args, bounds, what = collective_case(name, lambda label, _: fixed[label], layout)
+    function, args, bounds, what = collective_case(name, lambda label, _: fixed[label], layout,
+                                                   refused_for=audited.refused_dtypes)
     judge = Judge(f"{layout}, {fixed['shape']} float32, root {n - 1}", audited.target.reproduce(request.node.nodeid))
     _, records = audited.run(judge, layout, "collectives:call", [{"function": function, "arguments": a} for a in args])
     check(judge, audit.within_bound(records, bounds, what))

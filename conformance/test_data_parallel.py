@@ -144,7 +144,7 @@ def run_training(ranks, example: Example) -> tuple[dict, dict, ref.Trajectory, d
 
 
 def judge_training(judge: Judge, example: Example, outputs: dict, batch: dict, expected: ref.Trajectory,
-                   exact: dict) -> None:
+                   exact: dict, device: str = "cpu") -> None:
     """The state right after wrapping, then step by step: every rank's loss and gradients against
     one step of the reference from the state the ranks held before the step (rank 0's, already
     judged), every rank's state after the step against the reference trajectory, and bitwise
@@ -169,7 +169,8 @@ def judge_training(judge: Judge, example: Example, outputs: dict, batch: dict, e
     for s in range(example.steps):
         step = f"step {s + 1}"
         truth = ref.evaluate(ref.load_state(models.build(example.model, 0), before), batch, example.world_size,
-                             example.micro_batches, had_grad if not example.set_to_none else frozenset())
+                             example.micro_batches, had_grad if not example.set_to_none else frozenset(),
+                             device=device)
         for r in world:
             got = outputs[r]["steps"][s]
             judge.tensor(got["loss"], truth.slice_losses[r], atol=ref.loss_atol(truth, r),
@@ -210,7 +211,7 @@ def judge_training(judge: Judge, example: Example, outputs: dict, batch: dict, e
 def train_and_judge(ranks, target, request, example: Example) -> None:
     judge = Judge(str(example), target.reproduce(request.node.nodeid))
     outputs, batch, expected, exact = run_training(ranks, example)
-    judge_training(judge, example, outputs, batch, expected, exact)
+    judge_training(judge, example, outputs, batch, expected, exact, target.plan.device_type(example.world_size))
 
 
 def needs_two_ranks(target) -> None:
@@ -298,7 +299,7 @@ def test_training_matches_one_process_on_the_global_batch(data, ranks, target, r
     example = data.draw(examples(target.max_world_size, per_rank_init=False), label="example")
     judge = Judge(str(example), target.reproduce(request.node.nodeid))
     outputs, batch, expected, exact = run_training(ranks, example)
-    judge_training(judge, example, outputs, batch, expected, exact)
+    judge_training(judge, example, outputs, batch, expected, exact, target.plan.device_type(example.world_size))
 
 
 @pytest.mark.capability("data_parallel")
@@ -311,4 +312,4 @@ def test_ranks_start_from_rank_0s_parameters(data, ranks, target, request):
     example = data.draw(examples(target.max_world_size, per_rank_init=True, min_world_size=2), label="example")
     judge = Judge(str(example), target.reproduce(request.node.nodeid))
     outputs, batch, expected, exact = run_training(ranks, example)
-    judge_training(judge, example, outputs, batch, expected, exact)
+    judge_training(judge, example, outputs, batch, expected, exact, target.plan.device_type(example.world_size))

@@ -68,7 +68,8 @@ def test_training_matches_one_process_and_memory_is_sharded(data, ranks, target,
     before = expected.initial
     for s in range(example.steps):
         step = f"step {s + 1}"
-        truth = ref.evaluate(ref.load_state(models.build(example.model, 0), before), batch, n)
+        truth = ref.evaluate(ref.load_state(models.build(example.model, 0), before), batch, n,
+                             device=target.plan.device_type(n))
         for r in range(n):
             got = outputs[r]["steps"][s]
             judge.tensor(got["loss"].reshape(1), truth.slice_losses[r], atol=ref.loss_atol(truth, r),

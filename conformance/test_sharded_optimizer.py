@@ -69,7 +69,8 @@ def judge_state_sharding(judge: Judge, example: Example, held: dict[int, int], u
                    f"largest parameter's state) + {k} = {bound}")
 
 
-def judge_training(judge: Judge, example: Example, outputs: dict, batch: dict, expected: ref.Trajectory) -> None:
+def judge_training(judge: Judge, example: Example, outputs: dict, batch: dict, expected: ref.Trajectory,
+                   device: str = "cpu") -> None:
     world = range(example.world_size)
     model = models.build(example.model, example.seed)
     exact = {name: "frozen parameter" for name, p in model.named_parameters() if not p.requires_grad}
@@ -80,7 +81,8 @@ def judge_training(judge: Judge, example: Example, outputs: dict, batch: dict, e
     before = expected.initial
     for s in range(example.steps):
         step = f"step {s + 1}"
-        truth = ref.evaluate(ref.load_state(models.build(example.model, 0), before), batch, example.world_size)
+        truth = ref.evaluate(ref.load_state(models.build(example.model, 0), before), batch, example.world_size,
+                             device=device)
         for r in world:
             got = outputs[r]["steps"][s]
             judge.tensor(got["loss"], truth.slice_losses[r][0], atol=ref.loss_atol(truth, r),
@@ -107,4 +109,4 @@ def test_sharded_training_matches_one_process_with_the_whole_state(data, ranks, 
     example = data.draw(examples(target.max_world_size), label="example")
     judge = Judge(str(example), target.reproduce(request.node.nodeid))
     outputs, batch, expected = run_training(ranks, example)
-    judge_training(judge, example, outputs, batch, expected)
+    judge_training(judge, example, outputs, batch, expected, target.plan.device_type(example.world_size))

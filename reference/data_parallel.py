@@ -138,7 +138,7 @@ def load_state(model: nn.Module, values: dict[str, Tensor]) -> nn.Module:
 
 
 def evaluate(model: nn.Module, batch: dict[str, Tensor], world_size: int, micro_batches: int = 1,
-             had_grad: frozenset = frozenset()) -> Evaluation:
+             had_grad: frozenset = frozenset(), device: str = "cpu") -> Evaluation:
     """The next step at ``model``'s current state (on copies: ``model``, buffers included, is left
     alone): the loss L_r and gradient grad L_r of each rank's slice, and their mean over ranks
     (1/n) sum_r grad L_r, summed in rank order. That mean is the global-batch gradient grad L (the
@@ -153,9 +153,14 @@ def evaluate(model: nn.Module, batch: dict[str, Tensor], world_size: int, micro_
     micro-batches one after the other on one replica (a buffer such as a call counter advances as
     on the rank). ``had_grad``: the parameters that already hold a .grad when the step starts
     (zero_grad(set_to_none=False) keeps them, as zeros): they end the step with one even if no
-    forward of this step used them."""
+    forward of this step used them.
+
+    ``device``: where each slice's forward and backward run ("cuda" when the ranks compute on
+    GPUs): the same kernels as the ranks', so that the identity above holds to the last bit there
+    too; the results come back to the CPU, where the average is taken."""
     micro = split_micro_batches(batch, micro_batches)
-    per_rank = [_losses_and_grads(model, [split_batch(b, world_size)[r] for b in micro]) for r in range(world_size)]
+    per_rank = [_losses_and_grads(model, [split_batch(b, world_size)[r] for b in micro], device)
+                for r in range(world_size)]
     losses = [torch.stack(rank_losses) for rank_losses, _ in per_rank]
     terms = [rank_terms for _, rank_terms in per_rank]  # terms[r][j]: {name: grad L_rj}
     used = [[name for name, _ in model.named_parameters() if any(name in t for t in rank_terms)] for rank_terms in terms]
@@ -186,17 +191,18 @@ def _sum(tensors):
     return total
 
 
-def _losses_and_grads(model: nn.Module, batches: list[dict[str, Tensor]]) -> tuple[list[Tensor], list[dict[str, Tensor]]]:
-    """One copy of ``model`` (the model itself is left alone) run on ``batches`` in order: each
-    batch's loss and the gradients of that loss alone."""
-    replica = copy.deepcopy(model)
+def _losses_and_grads(model: nn.Module, batches: list[dict[str, Tensor]],
+                      device: str = "cpu") -> tuple[list[Tensor], list[dict[str, Tensor]]]:
+    """One copy of ``model`` (the model itself is left alone) run on ``batches`` in order, on
+    ``device``: each batch's loss and the gradients of that loss alone, back on the CPU."""
+    replica = copy.deepcopy(model).to(device)
     named = [(name, p) for name, p in replica.named_parameters() if p.requires_grad]
     losses, grads = [], []
     for batch in batches:
-        loss = replica(batch["inputs"], batch["targets"])
+        loss = replica(batch["inputs"].to(device), batch["targets"].to(device))
         found = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
-        losses.append(loss.detach())
-        grads.append({name: g for (name, _), g in zip(named, found) if g is not None})
+        losses.append(loss.detach().cpu())
+        grads.append({name: g.cpu() for (name, _), g in zip(named, found) if g is not None})
     return losses, grads
 
 

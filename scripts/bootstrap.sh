@@ -19,6 +19,13 @@ if [ ! -x "$VENV/bin/python" ]; then
     venv_options=(--system-site-packages)
   fi
   python3 -m venv "${venv_options[@]}" "$VENV"
+  if [ "${#venv_options[@]}" -gt 0 ]; then
+    # When python3 is itself a virtual environment (/opt/torch/.venv on the GPU image we measured),
+    # --system-site-packages shows the base interpreter's packages, not python3's: a .pth file adds
+    # python3's own site-packages, where its torch is.
+    python3 -c "import site, sys; sys.prefix != sys.base_prefix and print('\n'.join(site.getsitepackages()))" \
+      > "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/conformance-parent-site.pth"
+  fi
 fi
 # shellcheck disable=SC1091
 source "$VENV/bin/activate"

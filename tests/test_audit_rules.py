@@ -5,11 +5,15 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from conformance.examples import Layout
+from conformance.test_audit import collective_case
 from harness import audit
 from reference import cost_model
+from reference.collectives import DTYPES
 
 
 def record(op, rank=0, group=(0, 1), numel=10, itemsize=4, out_numel=None, peer=None, root=None, dtype="float32",
@@ -155,3 +159,18 @@ def test_bytes_are_attributed_to_link_classes_and_a_tp_group_across_hosts_is_nam
     assert audit.groups_within_hosts([list(range(8))], layout, "tensor-parallel") == []  # cannot fit one host
     with pytest.raises(ValueError, match="HOSTSxRANKS_PER_HOST"):
         HostLayout.parse("2-4")
+
+
+@given(data=st.data(), name=st.sampled_from(["all_reduce", "all_to_all", "broadcast"]))
+def test_the_audit_never_draws_what_the_backend_refuses(data, name):
+    """Measured on torch 2.11 (an H200 runner's image): gloo refuses all_to_all for every dtype, and
+    the audit drew it anyway, failing torch.distributed. The audit draws as test_collectives does:
+    refused dtypes are never drawn, and a collective refused for every dtype is skipped with why."""
+    draw = lambda label, strategy: data.draw(strategy, label=label)  # noqa: E731
+    refused = frozenset({torch.int64, torch.float64})
+    _, args, _, _ = collective_case(name, draw, Layout(2), refused_for=lambda n, op: refused if n == name else frozenset())
+    values = [v for a in args for v in a.values()]
+    drawn = {t.dtype for v in values for t in (v if isinstance(v, list) else [v]) if isinstance(t, torch.Tensor)}
+    assert drawn and not drawn & refused
+    with pytest.raises(pytest.skip.Exception, match=f"refuses {name}"):
+        collective_case(name, draw, Layout(2), refused_for=lambda n, op: frozenset(DTYPES))
