@@ -41,7 +41,14 @@ KINDS = ("gpipe", "1f1b", "interleaved")
 
 
 # -------------------------------------------------------------------------------------- schedules
+ZERO_BUBBLE_REFUSAL = ("torch.distributed.pipelining cannot run or generate ZB-H1 with one stage per rank: its "
+                       "zero-bubble schedule classes are ScheduleInterleavedZeroBubble and ScheduleZBVZeroBubble, "
+                       "several stages per rank (callable schedules with I and W run through its schedule-IR runtime)")
+
+
 def _check(kind: str, p: int, m: int, v: int) -> None:
+    if kind == "zb-h1":
+        raise NotImplementedError(ZERO_BUBBLE_REFUSAL)
     if kind not in KINDS:
         raise ValueError(f"unknown schedule kind {kind!r} (known: {', '.join(KINDS)})")
     if p < 1 or m < 1 or v < 1:
@@ -123,8 +130,9 @@ def _refuse_what_the_runtime_cannot_run(rows, p: int, num_stages: int) -> None:
 
 
 def _runtime(stages: list, m: int, loss_fn, rows) -> _ir._PipelineScheduleRuntime:
-    """torch's schedule-IR runtime on ``rows`` (compute and communication, as given); a
-    REDUCE_GRAD (the 1/m scaling) follows each stage's last backward."""
+    """torch's schedule-IR runtime on ``rows`` (compute and communication, as given; I and W are
+    its BACKWARD_INPUT and BACKWARD_WEIGHT); a REDUCE_GRAD (the 1/m scaling) follows each stage's
+    last backward (B, or W when split)."""
     _refuse_what_the_runtime_cannot_run(rows, stages[0].group_size, stages[0].num_stages)
     runtime = _ir._PipelineScheduleRuntime(stages, m, loss_fn=loss_fn, scale_grads=True)
     actions = {}
@@ -133,7 +141,7 @@ def _runtime(stages: list, m: int, loss_fn, rows) -> _ir._PipelineScheduleRuntim
         for text in row:
             action = _ir._Action.from_str(str(text))
             out.append(action)
-            if action.computation_type == _ir.FULL_BACKWARD:
+            if action.computation_type in (_ir.FULL_BACKWARD, _ir.BACKWARD_WEIGHT):
                 done[action.stage_index] += 1
                 if done[action.stage_index] == m:
                     out.append(_ir._Action(action.stage_index, _ir.REDUCE_GRAD, None))

@@ -49,7 +49,8 @@ LOSS = "mse"
 # ------------------------------------------------------------------------------------ strategies
 @dataclass(frozen=True)
 class Example:
-    kind: str  # gpipe, 1f1b, interleaved, or random (a random valid schedule, passed as a callable)
+    kind: str  # gpipe, 1f1b, interleaved, zb-h1, or random / random-split (a random valid schedule, with
+    # whole backwards or backwards split into I and W, passed as a callable)
     num_ranks: int
     num_microbatches: int
     stages_per_rank: int
@@ -65,7 +66,7 @@ class Example:
         return {"widths": list(self.widths), "dtype": "float64"}
 
     def __str__(self) -> str:
-        kind = self.kind if self.kind != "random" else f"random (seed {self.schedule_seed})"
+        kind = self.kind if not self.kind.startswith("random") else f"{self.kind} (seed {self.schedule_seed})"
         return (f"p={self.num_ranks}, v={self.stages_per_rank}, schedule={kind}, m={self.num_microbatches}, "
                 f"layers per stage={list(self.layers_per_stage)}, widths={list(self.widths)}, "
                 f"batch={self.batch_size}, seed={self.seed}, data_seed={self.data_seed}")
@@ -113,9 +114,9 @@ def run_step(judge: Judge, ranks, example: Example) -> dict:
     p = example.num_ranks
     common = {"model": example.model, "seed": example.seed, "layers_per_stage": list(example.layers_per_stage),
               "stages_per_rank": example.stages_per_rank, "num_microbatches": example.num_microbatches, "loss": LOSS}
-    if example.kind == "random":
-        rows = sched.random_schedule(p, example.num_microbatches, example.stages_per_rank,
-                                     example.schedule_seed).to_strings()
+    if example.kind.startswith("random"):
+        rows = sched.random_schedule(p, example.num_microbatches, example.stages_per_rank, example.schedule_seed,
+                                     split_backward=example.kind == "random-split").to_strings()
         common.update(schedule=None, schedule_rows=rows)
     else:
         common.update(schedule=example.kind)
@@ -132,12 +133,25 @@ def dense(example: Example) -> ref.Dense:
 
 
 def expected_order(example: Example) -> sched.Schedule | None:
-    """The schedule the ranks were asked to run: a random one exactly; None for the classic kinds,
-    whose exact interleaving an implementation may vary (only their memory bound is held)."""
-    if example.kind != "random":
+    """The schedule the ranks were asked to run, exactly: a random one, or ZB-H1 (whose point is its
+    order: its W passes deferred into the bubbles); None for the classic kinds, whose exact
+    interleaving an implementation may vary (only their memory bound is held)."""
+    p, m, v = example.num_ranks, example.num_microbatches, example.stages_per_rank
+    if example.kind in sched.ZERO_BUBBLE_KINDS:
+        return sched.generate(example.kind, p, m, v).compute_only()
+    if not example.kind.startswith("random"):
         return None
-    return sched.random_schedule(example.num_ranks, example.num_microbatches, example.stages_per_rank,
-                                 example.schedule_seed).compute_only()
+    return sched.random_schedule(p, m, v, example.schedule_seed,
+                                 split_backward=example.kind == "random-split").compute_only()
+
+
+def observed(action: sched.Action) -> str | None:
+    """What the harness's hooks see of an action: a stage's forward ("F<s>"), and the moment its
+    parameters' gradients are accumulated ("B<s>": the end of a B, or a W); an I touches no
+    parameter gradient and is not seen."""
+    if action.kind == sched.F:
+        return f"F{action.stage}"
+    return f"B{action.stage}" if action.kind in sched.RELEASES else None
 
 
 def without_warm_up_forwards(executed: list[str], m: int) -> list[str]:
@@ -176,13 +190,14 @@ def judge_executed_schedule(judge: Judge, example: Example, outputs: dict) -> No
             live += 1 if action.startswith("F") else -1
             peak = max(peak, live)
         if order is not None:
-            want = [f"{a.kind}{a.stage}" for a in order.rows[r]]
+            want = [seen for seen in map(observed, order.rows[r]) if seen is not None]
             if executed != want:
                 first = next((i for i, (a, b) in enumerate(zip(executed, want)) if a != b), min(len(executed), len(want)))
                 judge.fail(f"rank {r} did not run the schedule it was given: at its compute step {first + 1} it ran "
                            f"{executed[first] if first < len(executed) else 'nothing'} where the schedule says "
                            f"{want[first] if first < len(want) else 'nothing more'}; ran {' '.join(executed)}, "
-                           f"schedule {' '.join(want)}")
+                           f"schedule {' '.join(want)} (F<s>: a forward of stage s; B<s>: stage s's parameter "
+                           f"gradients accumulated, by a B or a W; an I is not seen)")
         elif peak > sched.theory_peak_live(example.kind, p, m, v, r):
             judge.fail(f"rank {r} held {peak} microbatch activations at once, more than {example.kind} allows "
                        f"({sched.theory_peak_live(example.kind, p, m, v, r)}): the schedule run is not the one asked "

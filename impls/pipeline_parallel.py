@@ -1,5 +1,5 @@
 """Pipeline parallelism on torch.distributed point-to-point: a runtime that executes a schedule
-given as data, and the schedules it ships (GPipe, 1F1B, interleaved 1F1B).
+given as data, and the schedules it ships (GPipe, 1F1B, interleaved 1F1B, ZB-H1).
 
 Stage s of S = p * v lives on rank s % p (rank r holds the v chunks r, r + p, ...). A schedule is
 one list per rank of compact actions ``<stage><kind><microbatch>`` (kinds F, B, SEND_F, RECV_F,
@@ -11,6 +11,11 @@ SEND_B, RECV_B; see CONTRACT.md, "Pipeline parallelism"). The runtime walks its 
 * B: backward of that forward: on the last stage of loss_i / m (so the gradients are those of the
   mean over microbatches of the per-microbatch loss), elsewhere of the output with the gradient
   received; the gradient of the stage's input is kept for SEND_B (or handed over locally).
+* I and W (zero-bubble schedules, Qi et al. 2024): the two halves of B. I computes only the gradient
+  of the stage's input (``torch.autograd.grad``, keeping the graph), handed over as B's is; W then
+  accumulates the stage parameters' gradients (``torch.autograd.backward(..., inputs=params)``) and
+  frees the graph. The graph is walked twice here, where an operator-level split would share the
+  common part; the numbers are B's.
 * SEND_F / SEND_B: ``dist.isend`` (never blocks; every send is waited for at the end of the step).
   An activation goes with a small header (dtype, ndim, shape) so the receiver allocates without
   knowing the model; a gradient has the shape of the activation it answers, which the receiver
@@ -33,8 +38,8 @@ import torch.distributed as dist
 
 __all__ = ["pipeline_step", "generate_schedule"]
 
-KINDS = ("gpipe", "1f1b", "interleaved")
-_COMPACT = re.compile(r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B)(\d+)$")
+KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1")
+_COMPACT = re.compile(r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B|I|W)(\d+)$")
 _DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int8,
            torch.uint8, torch.bool)
 _MAX_DIMS = 8
@@ -48,7 +53,9 @@ def generate_schedule(kind: str, num_ranks: int, num_microbatches: int, stages_p
     * 1f1b: rank r runs min(p - 1 - r, m) warm-up forwards, then one forward one backward, then the
       remaining backwards;
     * interleaved (m a multiple of p): Megatron's schedule over v chunks per rank, warm-up
-      min((v - 1) p + 2 (p - 1 - r), v m) virtual microbatches; v = 1 is 1f1b.
+      min((v - 1) p + 2 (p - 1 - r), v m) virtual microbatches; v = 1 is 1f1b;
+    * zb-h1: 1f1b with every backward split into I and W, rank r running the W of microbatch k - r
+      after the I of microbatch k, and the deferred W passes in the cool-down (Qi et al. 2024).
     Receives come right before the compute that needs them, sends right after the compute that
     produced them; none between stages on the same rank."""
     p, m, v = num_ranks, num_microbatches, stages_per_rank
@@ -63,6 +70,8 @@ def generate_schedule(kind: str, num_ranks: int, num_microbatches: int, stages_p
                          f"ranks: m={m} is not a multiple of p={p}")
     if kind == "gpipe":
         compute = [[(r, "F", i) for i in range(m)] + [(r, "B", i) for i in range(m)] for r in range(p)]
+    elif kind == "zb-h1":
+        compute = [_zb_h1(r, p, m) for r in range(p)]
     elif kind == "1f1b" or v == 1:
         compute = [_one_f_one_b(m, min(p - 1 - r, m), lambda k, kind, r=r: (r, kind, k)) for r in range(p)]
     else:
@@ -76,6 +85,20 @@ def generate_schedule(kind: str, num_ranks: int, num_microbatches: int, stages_p
     return [_with_communication(row, r, p, p * v) for r, row in enumerate(compute)]
 
 
+def _zb_h1(r: int, p: int, m: int) -> list:
+    warmup = min(p - 1 - r, m)
+    row, deferred = [(r, "F", i) for i in range(warmup)], list(range(m))
+    for k in range(warmup, m):
+        row += [(r, "F", k), (r, "I", k - warmup)]
+        if k - warmup >= r:
+            row.append((r, "W", deferred.pop(0)))
+    for k in range(m - warmup, m):
+        row.append((r, "I", k))
+        if deferred and deferred[0] <= k:
+            row.append((r, "W", deferred.pop(0)))
+    return row + [(r, "W", i) for i in deferred]
+
+
 def _one_f_one_b(total: int, warmup: int, action) -> list:
     row = [action(k, "F") for k in range(warmup)]
     for k in range(total - warmup):
@@ -87,13 +110,13 @@ def _with_communication(row, rank: int, p: int, num_stages: int) -> list[str]:
     out = []
     for stage, kind, i in row:
         needs_input = kind == "F" and stage > 0 and (stage - 1) % p != rank
-        needs_grad = kind == "B" and stage < num_stages - 1 and (stage + 1) % p != rank
+        needs_grad = kind in ("B", "I") and stage < num_stages - 1 and (stage + 1) % p != rank
         if needs_input or needs_grad:
             out.append(f"{stage}{'RECV_F' if kind == 'F' else 'RECV_B'}{i}")
         out.append(f"{stage}{kind}{i}")
         if kind == "F" and stage < num_stages - 1 and (stage + 1) % p != rank:
             out.append(f"{stage}SEND_F{i}")
-        if kind == "B" and stage > 0 and (stage - 1) % p != rank:
+        if kind in ("B", "I") and stage > 0 and (stage - 1) % p != rank:
             out.append(f"{stage}SEND_B{i}")
     return out
 
@@ -117,11 +140,14 @@ def _my_actions(schedule, p: int, rank: int, m: int, v: int) -> list[tuple[int, 
         raise ValueError(f"the schedule has {len(rows)} rows for {p} ranks")
     mine = [_parse(a) for a in rows[rank]]
     local = set(range(rank, p * v, p))
-    for kind in ("F", "B"):
-        seen = sorted((s, i) for s, k, i in mine if k == kind)
-        if seen != sorted((s, i) for s in local for i in range(m)):
-            raise ValueError(f"rank {rank}'s schedule must run {kind} exactly once for each of its stages "
-                             f"{sorted(local)} and microbatches 0..{m - 1}: {list(map(str, rows[rank]))}")
+    every = sorted((s, i) for s in local for i in range(m))
+    whole = sorted((s, i) for s, k, i in mine if k == "B")
+    halves = [sorted((s, i) for s, k, i in mine if k == kind) for kind in ("I", "W")]
+    if sorted((s, i) for s, k, i in mine if k == "F") != every or halves[0] != halves[1] \
+            or sorted(whole + halves[0]) != every:
+        raise ValueError(f"rank {rank}'s schedule must run F exactly once and a backward (B, or I then W) exactly once "
+                         f"for each of its stages {sorted(local)} and microbatches 0..{m - 1}: "
+                         f"{list(map(str, rows[rank]))}")
     return mine
 
 
@@ -193,7 +219,7 @@ def pipeline_step(stages, inputs, targets, loss_fn: Callable, num_microbatches: 
     if x_mb is not None and inputs.shape[0] < m:
         raise ValueError(f"a batch of {inputs.shape[0]} samples cannot be cut into {m} microbatches")
     peers = _Peers(group, p, m)
-    stage_input, stage_output, output_grad, input_grad, losses = {}, {}, {}, {}, {}
+    stage_input, stage_output, output_grad, input_grad, losses, weight_pending = {}, {}, {}, {}, {}, {}
     local = lambda stage: stage % p == rank  # noqa: E731
 
     for stage, kind, i in mine:
@@ -222,6 +248,23 @@ def pipeline_step(stages, inputs, targets, loss_fn: Callable, num_microbatches: 
                     output_grad[(stage - 1, i)] = g
                 else:
                     input_grad[key] = g
+        elif kind == "I":
+            y = stage_output.pop(key)
+            target, grad = (y / m, None) if stage == last else (y, output_grad.pop(key))
+            weight_pending[key] = (target, grad)
+            if stage > 0:
+                x = stage_input.pop(key)
+                (g,) = torch.autograd.grad(target, [x], grad, retain_graph=True, allow_unused=True)
+                g = g if g is not None else torch.zeros_like(x)
+                if local(stage - 1):
+                    output_grad[(stage - 1, i)] = g
+                else:
+                    input_grad[key] = g
+        elif kind == "W":
+            target, grad = weight_pending.pop(key)
+            params = [t for t in module[stage].parameters() if t.requires_grad]
+            if params and target.requires_grad:
+                torch.autograd.backward(target, grad, inputs=params)
         elif kind == "SEND_F":
             peers.send_activation(stage_output[key].detach(), stage, i)
         elif kind == "RECV_F":

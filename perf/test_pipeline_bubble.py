@@ -46,6 +46,7 @@ CHART = ("1f1b", 4, 8, 1)
 def configurations() -> list[tuple[str, int, int, int]]:
     configs = [(kind, p, m, 1) for kind in ("gpipe", "1f1b") for p in range(2, 5) for m in range(1, 9)]
     configs += [("interleaved", p, m, 2) for p in range(2, 5) for m in range(p, 9, p)]
+    configs += [("zb-h1", p, m, 1) for p in range(2, 5) for m in range(p, 9)]  # its theory needs m >= p
     return configs
 
 
@@ -89,14 +90,15 @@ def communication_costs(timelines: list[list]) -> dict:
 
 
 def predicted(schedule: sched.Schedule, durations: list[list], timelines: list[list]):
-    """The simulator on ``schedule`` with each stage's measured mean F and B and the measured
-    communication costs."""
-    forward, backward = {}, {}
+    """The simulator on ``schedule`` with each stage's measured mean F and B (or I and W: the
+    backward is their sum, the weight pass W) and the measured communication costs."""
+    by_kind: dict[str, dict] = {kind: {} for kind in sched.COMPUTE}
     for per_rank in durations:
         for action, seconds in per_rank:
-            (forward if action.kind == sched.F else backward).setdefault(action.stage, []).append(seconds)
-    costs = Costs({s: statistics.mean(v) for s, v in forward.items()},
-                  {s: statistics.mean(v) for s, v in backward.items()}, **communication_costs(timelines))
+            by_kind[action.kind].setdefault(action.stage, []).append(seconds)
+    mean = {kind: {s: statistics.mean(v) for s, v in stages.items()} for kind, stages in by_kind.items()}
+    backward = mean[sched.B] or {s: mean[sched.I][s] + mean[sched.W][s] for s in mean[sched.I]}
+    costs = Costs(mean[sched.F], backward, weight=mean[sched.W] or None, **communication_costs(timelines))
     return simulate(schedule, costs)
 
 

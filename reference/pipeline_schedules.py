@@ -5,6 +5,12 @@ rank s; v > 1: Megatron's interleaving, rank r holds stages r, r + p, r + 2p, ..
 into m microbatches. A schedule is, for each rank, the ordered list of what it does:
 
 * ``F``: forward of microbatch i on stage s;  ``B``: backward of microbatch i on stage s;
+* ``I`` and ``W``: the two halves of a backward, as torch.distributed.pipelining names them and as
+  zero-bubble pipelines split it (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024): ``I``
+  computes the gradient of the stage's input (on the critical path: the previous stage waits for
+  it), ``W`` the gradients of the stage's weights (needed by nobody until the optimizer step, so it
+  can be deferred to fill bubbles). A stage's backward of a microbatch is either one ``B`` or an
+  ``I`` followed later by its ``W``;
 * ``SEND_F`` (stage s sends the activations of microbatch i to stage s + 1), ``RECV_F`` (stage s
   receives them from stage s - 1), ``SEND_B`` (stage s sends the gradient of its input for
   microbatch i to stage s - 1), ``RECV_B`` (stage s receives the gradient of its output from stage
@@ -24,6 +30,11 @@ that needs it, each send right after the compute that produced it):
 * 1F1B, PipeDream-Flush (Narayanan et al. 2021): rank r runs min(p - 1 - r, m) warm-up forwards,
   then alternates one forward and one backward, then drains the remaining backwards. Same bubble
   as GPipe, but rank r holds at most min(m, p - r) live activations.
+* ZB-H1 (Qi et al. 2024, section 3.1): 1F1B's warm-up and steady state with every backward split
+  into I and W, rank r deferring its W passes by r microbatches (its steady state runs F, I, then
+  the W of r microbatches earlier; the deferred W passes fill the cool-down). Rank r then holds at
+  most min(m, p) activations (freed at W), 1F1B's peak, and with T_W <= T_F and T_W <= T_I the
+  bubble is (p - 1)(T_F + T_I - T_W) per rank for m >= p: a third of 1F1B's when T_F = T_I = T_W.
 * Interleaved 1F1B (Megatron-LM, Narayanan et al. 2021, section 2.2.2), v stages per rank, m a
   multiple of p: rank r runs virtual microbatches k = 0 .. v*m - 1; forward k is stage
   ((k mod pv) div p) * p + r on microbatch (k div pv) * p + k mod p; backward k walks the chunks in
@@ -45,13 +56,17 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import NamedTuple
 
-F, B = "F", "B"
+F, B, I, W = "F", "B", "I", "W"
 SEND_F, RECV_F, SEND_B, RECV_B = "SEND_F", "RECV_F", "SEND_B", "RECV_B"
-COMPUTE = (F, B)
+COMPUTE = (F, B, I, W)
+BACKWARD_INPUT = (B, I)  # what produces the gradient a stage sends to the previous one
+RELEASES = (B, W)  # what frees a microbatch's activations on its stage
 COMMUNICATION = (SEND_F, RECV_F, SEND_B, RECV_B)
-KINDS = ("gpipe", "1f1b", "interleaved")
+KINDS = ("gpipe", "1f1b", "interleaved")  # the capability pipeline_parallel
+ZERO_BUBBLE_KINDS = ("zb-h1",)  # the capability zero_bubble_pipeline: backward split into I and W
+ALL_KINDS = (*KINDS, *ZERO_BUBBLE_KINDS)
 
-_COMPACT = re.compile(r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B)(\d+)$")
+_COMPACT = re.compile(r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B|I|W)(\d+)$")
 _PEER_OFFSET = {SEND_F: +1, RECV_F: -1, SEND_B: -1, RECV_B: +1}
 # The send that a receive waits for, and the receive that a send feeds: (kind, stage offset).
 _MATCH = {RECV_F: (SEND_F, -1), SEND_F: (RECV_F, +1), RECV_B: (SEND_B, +1), SEND_B: (RECV_B, -1)}
@@ -59,7 +74,7 @@ _MATCH = {RECV_F: (SEND_F, -1), SEND_F: (RECV_F, +1), RECV_B: (SEND_B, +1), SEND
 
 class Action(NamedTuple):
     stage: int
-    kind: str  # F, B, SEND_F, RECV_F, SEND_B, RECV_B
+    kind: str  # F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B
     microbatch: int
 
     def __str__(self) -> str:
@@ -71,7 +86,7 @@ class Action(NamedTuple):
 
     @property
     def peer_stage(self) -> int | None:
-        """The stage at the other end of a send or receive; None for F and B."""
+        """The stage at the other end of a send or receive; None for compute."""
         offset = _PEER_OFFSET.get(self.kind)
         return None if offset is None else self.stage + offset
 
@@ -143,8 +158,8 @@ class ScheduleError(ValueError):
 # -------------------------------------------------------------------------------------- generators
 def check_arguments(kind: str, num_ranks: int, num_microbatches: int, stages_per_rank: int = 1) -> None:
     """The ValueError a generator raises for arguments it cannot schedule."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown schedule kind {kind!r} (known: {', '.join(KINDS)})")
+    if kind not in ALL_KINDS:
+        raise ValueError(f"unknown schedule kind {kind!r} (known: {', '.join(ALL_KINDS)})")
     if num_ranks < 1 or num_microbatches < 1 or stages_per_rank < 1:
         raise ValueError(f"num_ranks, num_microbatches and stages_per_rank must be at least 1, got "
                          f"{num_ranks}, {num_microbatches}, {stages_per_rank}")
@@ -167,6 +182,30 @@ def one_f_one_b_compute(p: int, m: int) -> list[list[Action]]:
         for k in range(m - warmup):
             row += [Action(r, F, warmup + k), Action(r, B, k)]
         row += [Action(r, B, k) for k in range(m - warmup, m)]
+        rows.append(row)
+    return rows
+
+
+def zb_h1_compute(p: int, m: int) -> list[list[Action]]:
+    """ZB-H1: rank r runs 1F1B's min(p - 1 - r, m) warm-up forwards, then F, I pairs, each followed
+    by the W of the microbatch r earlier once there is one; the cool-down alternates the remaining
+    I passes with deferred W passes, then runs the W passes left."""
+    rows = []
+    for r in range(p):
+        warmup = min(p - 1 - r, m)
+        row = [Action(r, F, i) for i in range(warmup)]
+        next_w = 0
+        for k in range(m - warmup):
+            row += [Action(r, F, warmup + k), Action(r, I, k)]
+            if k - r >= 0:
+                row.append(Action(r, W, k - r))
+                next_w = k - r + 1
+        for k in range(m - warmup, m):
+            row.append(Action(r, I, k))
+            if next_w <= k:
+                row.append(Action(r, W, next_w))
+                next_w += 1
+        row += [Action(r, W, i) for i in range(next_w, m)]
         rows.append(row)
     return rows
 
@@ -206,41 +245,48 @@ def add_communication(compute: Schedule) -> Schedule:
         for a in row:
             if a.kind == F and a.stage > 0 and compute.rank_of(a.stage - 1) != r:
                 out.append(Action(a.stage, RECV_F, a.microbatch))
-            if a.kind == B and a.stage < last and compute.rank_of(a.stage + 1) != r:
+            if a.kind in BACKWARD_INPUT and a.stage < last and compute.rank_of(a.stage + 1) != r:
                 out.append(Action(a.stage, RECV_B, a.microbatch))
             out.append(a)
             if a.kind == F and a.stage < last and compute.rank_of(a.stage + 1) != r:
                 out.append(Action(a.stage, SEND_F, a.microbatch))
-            if a.kind == B and a.stage > 0 and compute.rank_of(a.stage - 1) != r:
+            if a.kind in BACKWARD_INPUT and a.stage > 0 and compute.rank_of(a.stage - 1) != r:
                 out.append(Action(a.stage, SEND_B, a.microbatch))
         rows.append(out)
     return compute.with_rows(rows)
 
 
 def generate(kind: str, num_ranks: int, num_microbatches: int, stages_per_rank: int = 1) -> Schedule:
-    """The reference schedule of ``kind`` (gpipe, 1f1b, interleaved), with its communication."""
+    """The reference schedule of ``kind`` (gpipe, 1f1b, interleaved, zb-h1), with its communication."""
     check_arguments(kind, num_ranks, num_microbatches, stages_per_rank)
     p, m, v = num_ranks, num_microbatches, stages_per_rank
     compute = {"gpipe": lambda: gpipe_compute(p, m), "1f1b": lambda: one_f_one_b_compute(p, m),
-               "interleaved": lambda: interleaved_compute(p, m, v)}[kind]()
+               "interleaved": lambda: interleaved_compute(p, m, v), "zb-h1": lambda: zb_h1_compute(p, m)}[kind]()
     return add_communication(Schedule(p, p * v, m, tuple(tuple(row) for row in compute)))
 
 
-def random_schedule(num_ranks: int, num_microbatches: int, stages_per_rank: int, seed: int) -> Schedule:
+def random_schedule(num_ranks: int, num_microbatches: int, stages_per_rank: int, seed: int,
+                    split_backward: bool = False) -> Schedule:
     """A valid, deadlock-free schedule in no classic shape: compute actions are taken one at a time,
     each a random pick among those whose inputs are ready, then communication is inserted. Every
-    rank's list follows one global order, so every receive's send comes earlier in it."""
+    rank's list follows one global order, so every receive's send comes earlier in it. With
+    ``split_backward`` every backward is an I and a W, the W anywhere after its I."""
     rng = random.Random(seed)
     p, m, v = num_ranks, num_microbatches, stages_per_rank
     last = p * v - 1
     done: set[Action] = set()
     rows: list[list[Action]] = [[] for _ in range(p)]
-    pending = {Action(s, k, i) for s in range(last + 1) for k in COMPUTE for i in range(m)}
+    kinds = (F, I, W) if split_backward else (F, B)
+    pending = {Action(s, k, i) for s in range(last + 1) for k in kinds for i in range(m)}
+    gradient = I if split_backward else B
 
     def ready(a: Action) -> bool:
         if a.kind == F:
             return a.stage == 0 or Action(a.stage - 1, F, a.microbatch) in done
-        return Action(a.stage, F, a.microbatch) in done and (a.stage == last or Action(a.stage + 1, B, a.microbatch) in done)
+        if a.kind == W:
+            return Action(a.stage, I, a.microbatch) in done
+        return Action(a.stage, F, a.microbatch) in done and (
+            a.stage == last or Action(a.stage + 1, gradient, a.microbatch) in done)
 
     while pending:
         choice = rng.choice(sorted(a for a in pending if ready(a)))
@@ -251,19 +297,32 @@ def random_schedule(num_ranks: int, num_microbatches: int, stages_per_rank: int,
 
 
 # ---------------------------------------------------------------------------------------- theory
-def theory_bubble_fraction(kind: str, num_ranks: int, num_microbatches: int, stages_per_rank: int = 1) -> Fraction:
-    """Idle time over p * makespan when every stage(-chunk) costs the same t_f and t_b and messages
-    are free: (p - 1) / (m + p - 1) for GPipe and 1F1B, (p - 1) / (v m + p - 1) interleaved."""
+def theory_bubble_fraction(kind: str, num_ranks: int, num_microbatches: int, stages_per_rank: int = 1,
+                           t_f=1, t_i=1, t_w=1) -> Fraction:
+    """Idle time over p * makespan when every stage(-chunk) costs the same and messages are free:
+    (p - 1) / (m + p - 1) for GPipe and 1F1B, (p - 1) / (v m + p - 1) interleaved (any t_f, t_b).
+    ZB-H1, with a backward split into I (t_i) and W (t_w), t_w <= t_f, t_w <= t_i, m >= p (Qi et
+    al. 2024, section 3.1): each rank idles (p - 1)(t_f + t_i - t_w) of a makespan
+    m (t_f + t_i + t_w) + (p - 1)(t_f + t_i - t_w): (p - 1) / (3m + p - 1) when all three are equal."""
     p, m, v = num_ranks, num_microbatches, stages_per_rank
+    if kind == "zb-h1":
+        if m < p or t_w > t_f or t_w > t_i:
+            raise ValueError(f"ZB-H1's bubble is derived for m >= p and t_w <= min(t_f, t_i); got p={p}, m={m}, "
+                             f"t_f={t_f}, t_i={t_i}, t_w={t_w}")
+        idle = (p - 1) * (t_f + t_i - t_w)
+        return Fraction(idle) / Fraction(m * (t_f + t_i + t_w) + idle)
     return Fraction(p - 1, (v if kind == "interleaved" else 1) * m + p - 1)
 
 
 def theory_peak_live(kind: str, num_ranks: int, num_microbatches: int, stages_per_rank: int, rank: int) -> int:
-    """Most forwards (stage-chunk activations) rank ``rank`` holds before their backward ran:
-    GPipe m; 1F1B min(m, p - r); interleaved (v > 1) min(v m, warm-up + 1)."""
+    """Most forwards (stage-chunk activations) rank ``rank`` holds before their backward (B, or W
+    when split) ran: GPipe m; 1F1B min(m, p - r); interleaved (v > 1) min(v m, warm-up + 1); ZB-H1
+    min(m, p), 1F1B's largest, on every rank (rank r's r deferred W passes add to its p - r)."""
     p, m, v = num_ranks, num_microbatches, stages_per_rank
     if kind == "gpipe":
         return m
+    if kind == "zb-h1":
+        return min(m, p)
     if kind == "1f1b" or v == 1:
         return min(m, p - rank)
     return min(v * m, interleaved_warmup(p, m, v, rank) + 1)
@@ -291,10 +350,13 @@ RULES = {
     "shape": "the schedule has one list per rank and S = p * v stages",
     "placement": "stage s runs on rank s % p, 0 <= stage < S and 0 <= microbatch < m",
     "communication": "sends and receives cross a stage boundary between different ranks",
-    "exactly once": "every forward and backward runs exactly once per stage and microbatch, every send or receive at most once",
-    "backward after forward": "on each stage a microbatch's backward follows its forward",
+    "exactly once": "every forward and backward runs exactly once per stage and microbatch (a backward as one B, or as "
+                    "an I and a W), every send or receive at most once",
+    "backward after forward": "on each stage a microbatch's backward (B, or I) follows its forward",
+    "weight after input": "a split backward's W comes after its I (the weights' gradient needs the output's gradient)",
     "forward dependency": "F of stage s > 0 needs F of stage s - 1: its receive (or the local forward) comes earlier on its rank",
-    "backward dependency": "B of stage s < S - 1 needs B of stage s + 1: its receive (or the local backward) comes earlier on its rank",
+    "backward dependency": "B or I of stage s < S - 1 needs the input gradient of stage s + 1 (its B or I): its receive "
+                           "(or the local backward) comes earlier on its rank",
     "send after compute": "a send comes after the compute that produced what it sends",
     "matching send and receive": "every send has its receive on the peer's rank and every receive its send",
 }
@@ -351,29 +413,54 @@ def problems(schedule: Schedule) -> list[Problem]:
     def at(a: Action):
         return position.get(a, (None, None))[1]
 
+    def input_gradient(stage: int, i: int) -> Action:
+        """The action that makes stage ``stage``'s input gradient of microbatch i: its I if split, else its B."""
+        return Action(stage, I, i) if Action(stage, I, i) in position else Action(stage, B, i)
+
     for s in range(S):
         r = schedule.rank_of(s)
         for i in range(m):
-            for kind in COMPUTE:
-                if Action(s, kind, i) not in position:
-                    what = "forward" if kind == F else "backward"
-                    found.append(Problem("exactly once", r, None, Action(s, kind, i),
-                                         f"the {what} of microbatch {i} on stage {s} never runs (rank {r} has no {s}{kind}{i})"))
-            f, b = at(Action(s, F, i)), at(Action(s, B, i))
+            if Action(s, F, i) not in position:
+                found.append(Problem("exactly once", r, None, Action(s, F, i),
+                                     f"the forward of microbatch {i} on stage {s} never runs (rank {r} has no {s}F{i})"))
+            whole, half_i, half_w = (Action(s, k, i) in position for k in (B, I, W))
+            if whole and (half_i or half_w):
+                split = Action(s, I if half_i else W, i)
+                found.append(Problem("exactly once", r, at(split), split,
+                                     f"the backward of microbatch {i} on stage {s} runs whole ({s}B{i}, step "
+                                     f"{at(Action(s, B, i))}) and split too"))
+            elif not (whole or half_i or half_w):
+                found.append(Problem("exactly once", r, None, Action(s, B, i),
+                                     f"the backward of microbatch {i} on stage {s} never runs (rank {r} has no {s}B{i}, "
+                                     f"nor {s}I{i} and {s}W{i})"))
+            elif not whole and not half_w:
+                found.append(Problem("exactly once", r, None, Action(s, W, i),
+                                     f"the weight gradient of microbatch {i} on stage {s} is never computed: rank {r} "
+                                     f"has {s}I{i} but no {s}W{i}"))
+            elif not whole and not half_i:
+                found.append(Problem("exactly once", r, at(Action(s, W, i)), Action(s, W, i),
+                                     f"{s}W{i} has no {s}I{i}: the input gradient of microbatch {i} on stage {s} is "
+                                     f"never computed"))
+            grad = input_gradient(s, i)
+            f, b = at(Action(s, F, i)), at(grad)
             if f is not None and b is not None and b < f:
-                found.append(Problem("backward after forward", r, b, Action(s, B, i),
+                found.append(Problem("backward after forward", r, b, grad,
                                      f"the backward of microbatch {i} on stage {s} comes before its forward (step {f})"))
+            w = at(Action(s, W, i))
+            if w is not None and half_i and w < at(Action(s, I, i)):
+                found.append(Problem("weight after input", r, w, Action(s, W, i),
+                                     f"{s}W{i} comes before {s}I{i} (step {at(Action(s, I, i))})"))
             if f is not None and s > 0:
                 found += _needs(schedule, position, r, f, Action(s, F, i), Action(s - 1, F, i), Action(s, RECV_F, i),
                                 "forward dependency")
             if b is not None and s < S - 1:
-                found += _needs(schedule, position, r, b, Action(s, B, i), Action(s + 1, B, i), Action(s, RECV_B, i),
+                found += _needs(schedule, position, r, b, grad, input_gradient(s + 1, i), Action(s, RECV_B, i),
                                 "backward dependency")
     for a, (r, t) in sorted(position.items(), key=lambda item: item[1]):
         if a.is_compute:
             continue
         if a.kind in (SEND_F, SEND_B):
-            source = Action(a.stage, F if a.kind == SEND_F else B, a.microbatch)
+            source = Action(a.stage, F, a.microbatch) if a.kind == SEND_F else input_gradient(a.stage, a.microbatch)
             if at(source) is not None and at(source) > t:
                 found.append(Problem("send after compute", r, t, a,
                                      f"it sends the result of {source}, which runs later (step {at(source)})"))
@@ -393,7 +480,7 @@ def problems(schedule: Schedule) -> list[Problem]:
 def _needs(schedule, position, r, step, action, local_input, receive, rule) -> list[Problem]:
     """``action`` at ``step`` on rank ``r`` needs ``local_input`` earlier on the same rank when that
     stage is local, else ``receive`` earlier."""
-    what = "activations" if action.kind == F else "gradient"
+    what = "activations" if action.kind == F else "input gradient"
     if schedule.rank_of(local_input.stage) == r:
         before = position.get(local_input)
         if before is not None and before[1] > step:

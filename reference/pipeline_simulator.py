@@ -2,17 +2,19 @@
 and deadlocks.
 
 Semantics (those of the bundled runtime, impls/pipeline_parallel.py): every rank executes its list
-in order, starting at time 0. F and B of stage s take ``forward(s)`` and ``backward(s)``; a send
+in order, starting at time 0. F and B of stage s take ``forward(s)`` and ``backward(s)``; a split
+backward's W takes ``weight(s)`` (default half the backward) and its I the rest; a send
 never blocks (isend): it occupies its rank for ``send`` (default 0) and its message is available
 ``latency`` (default 0) after that; a receive blocks its rank until the matching message is
 available, then occupies it for ``receive`` more (default 0: the receiving side's own cost, paid
-even when the message was sent long before). A rank is busy only in F and B; everything else,
+even when the message was sent long before). A rank is busy only in F, B, I and W; everything else,
 communication included, is idle time:
 
     bubble fraction = sum over ranks of (makespan - busy time) / (p * makespan).
 
 With integer or Fraction costs every time is exact, and the bubble is a Fraction. The live
-activations of a rank are the forwards whose backward has not run yet (counted per stage-chunk);
+activations of a rank are the forwards whose backward (B, or W when split: the weights' gradient
+needs the stored input) has not run yet (counted per stage-chunk);
 their peak depends only on the order of the rank's list.
 
 A receive whose send is behind a receive of the sender's that can never complete is a deadlock:
@@ -23,13 +25,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from reference.pipeline_schedules import (B, COMPUTE, F, RECV_B, RECV_F, SEND_B, SEND_F, Action, Schedule,
-                                          ScheduleError, render_grid, validate)
+from reference.pipeline_schedules import (B, COMPUTE, F, RECV_B, RECV_F, RELEASES, SEND_B, SEND_F, W, Action,
+                                          Schedule, ScheduleError, render_grid, validate)
 
 
 @dataclass(frozen=True)
 class Costs:
-    """Time of a forward and a backward (a number, or {stage: number}); of a message in flight
+    """Time of a forward and a backward (a number, or {stage: number}); of a split backward's W
+    (``weight``, default half the backward; its I takes the rest); of a message in flight
     (``latency``); and the time a send and a receive occupy their rank (``send``, ``receive``)."""
 
     forward: object = 1
@@ -37,10 +40,20 @@ class Costs:
     latency: object = 0
     send: object = 0
     receive: object = 0
+    weight: object = None
 
     def of(self, action: Action):
-        cost = self.forward if action.kind == F else self.backward
-        return cost[action.stage] if isinstance(cost, dict) else cost
+        def at(cost):
+            return cost[action.stage] if isinstance(cost, dict) else cost
+
+        if action.kind == F:
+            return at(self.forward)
+        backward = at(self.backward)
+        if action.kind == B:
+            return backward
+        weight = at(self.weight) if self.weight is not None else (
+            Fraction(backward) / 2 if _exact(backward) else backward / 2)
+        return weight if action.kind == W else backward - weight
 
 
 @dataclass(frozen=True)
@@ -65,7 +78,8 @@ class Simulation:
     costs: Costs = field(default_factory=Costs, repr=False)
 
     def render(self, width: int = 100) -> str:
-        """A text Gantt chart: one row per rank, '.' idle, 'F'/'B' busy (stage digit at the start)."""
+        """A text Gantt chart: one row per rank, '.' idle, 'F', 'b' (B or I), 'w' (W) busy, the
+        microbatch's last digit at the start of each."""
         if not self.makespan:
             return ""
         scale = width / self.makespan
@@ -77,7 +91,7 @@ class Simulation:
                     continue
                 a, b = int(start * scale), max(int(start * scale) + 1, int(end * scale))
                 for x in range(a, min(b, width)):
-                    row[x] = action.kind if action.kind == F else "b"
+                    row[x] = {F: "F", W: "w"}.get(action.kind, "b")
                 row[a] = str(action.microbatch % 10)
             lines.append(f"rank {r} |{''.join(row)}|")
         return "\n".join(lines)
@@ -106,7 +120,7 @@ def peak_live(row) -> int:
         if a.kind == F:
             live += 1
             peak = max(peak, live)
-        elif a.kind == B:
+        elif a.kind in RELEASES:
             live -= 1
     return peak
 

@@ -150,12 +150,15 @@ class TensorParallelMLP:
 # CONTRACT.md, "Pipeline parallelism"
 def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="1f1b", group=None):
     """Run one training step of the pipeline; every stage parameter ends with the gradient of the
-    mean over microbatches of the loss; the rank holding the last stage returns that loss."""
+    mean over microbatches of the loss; the rank holding the last stage returns that loss. Zero
+    bubble (capability zero_bubble): schedule="zb-h1", and callable schedules whose backward is
+    split into I (input gradient) and W (weight gradient)."""
     raise NotImplementedError("pipeline_step")
 
 
 def generate_schedule(kind, num_ranks, num_microbatches, stages_per_rank=1):
-    """One list of compact actions ("0F3", "1SEND_B2", ...) per rank, for "gpipe", "1f1b" or "interleaved"."""
+    """One list of compact actions ("0F3", "1SEND_B2", ...) per rank, for "gpipe", "1f1b" or
+    "interleaved" (capability pipeline_schedules), and "zb-h1" with "0I3", "0W3" (capability zero_bubble)."""
     raise NotImplementedError("generate_schedule")
 
 

@@ -30,12 +30,64 @@ def test_reference_schedules_are_valid_and_meet_theory(shape, forward, backward)
         assert all(peak <= p - r for r, peak in enumerate(result.peak_live))
 
 
-@given(shape=shapes(6), seed=st.integers(0, 2**16))
-def test_random_schedules_are_valid_and_never_deadlock(shape, seed):
+@given(shape=shapes(6), seed=st.integers(0, 2**16), split=st.booleans())
+def test_random_schedules_are_valid_and_never_deadlock(shape, seed, split):
     _, p, m, v = shape
-    schedule = sched.random_schedule(p, m, v, seed)
+    schedule = sched.random_schedule(p, m, v, seed, split_backward=split)
     sched.validate(schedule)
     simulate(schedule)
+
+
+# ---------------------------------------------------------------------- zero bubble (I and W)
+@given(p=st.integers(1, 8), data=st.data(), t_f=st.integers(1, 6), t_i=st.integers(1, 6), t_w=st.integers(1, 6))
+def test_zb_h1_is_valid_and_reproduces_the_papers_bubble_and_memory(p, data, t_f, t_i, t_w):
+    """Qi et al. 2024, section 3.1: with T_W <= T_F and T_W <= T_B (the input-gradient half, I
+    here) and m >= p, ZB-H1 idles (p - 1)(T_F + T_B - T_W) per rank and holds 1F1B's peak memory."""
+    m = data.draw(st.integers(p, 3 * p), label="m")
+    t_w = min(t_w, t_f, t_i)
+    schedule = sched.generate("zb-h1", p, m)
+    sched.validate(schedule)
+    assert sched.Schedule.from_strings(schedule.to_strings(), m) == schedule
+    result = simulate(schedule, Costs(t_f, t_i + t_w, weight=t_w))
+    assert result.bubble_fraction == sched.theory_bubble_fraction("zb-h1", p, m, t_f=t_f, t_i=t_i, t_w=t_w)
+    assert result.makespan == m * (t_f + t_i + t_w) + (p - 1) * (t_f + t_i - t_w)
+    assert result.peak_live == [sched.theory_peak_live("zb-h1", p, m, 1, r) for r in range(p)]
+    assert max(result.peak_live) == max(simulate(sched.generate("1f1b", p, m)).peak_live)
+    one_f_one_b = simulate(sched.generate("1f1b", p, m), Costs(t_f, t_i + t_w)).bubble_fraction
+    assert result.bubble_fraction <= one_f_one_b and (p == 1 or result.bubble_fraction < one_f_one_b)
+
+
+@given(p=st.integers(1, 5), m=st.integers(1, 8))
+def test_zb_h1_with_fewer_microbatches_than_ranks_is_still_valid(p, m):
+    schedule = sched.generate("zb-h1", p, m)
+    sched.validate(schedule)
+    assert simulate(schedule).peak_live == [sched.theory_peak_live("zb-h1", p, m, 1, r) for r in range(p)]
+
+
+@given(p=st.integers(2, 4), data=st.data())
+def test_the_validator_knows_the_rules_of_a_split_backward(p, data):
+    m = data.draw(st.integers(1, 5), label="m")
+    schedule = sched.generate("zb-h1", p, m)
+    rows = _rows(schedule)
+    r = data.draw(st.integers(0, p - 1), label="rank")
+    i = data.draw(st.integers(0, m - 1), label="microbatch")
+    weight, grad = sched.Action(r, sched.W, i), sched.Action(r, sched.I, i)
+    broken = data.draw(st.sampled_from(["W before I", "no W", "B and I", "no I"]), label="broken")
+    if broken == "W before I":
+        rows[r].remove(weight)
+        rows[r].insert(rows[r].index(grad), weight)
+        rule = "weight after input"
+    elif broken == "no W":
+        rows[r].remove(weight)
+        rule = "exactly once"
+    elif broken == "B and I":
+        rows[r].append(sched.Action(r, sched.B, i))
+        rule = "exactly once"
+    else:
+        rows[r][rows[r].index(grad)] = sched.Action(r, sched.F, i)  # also a duplicate forward
+        rule = "exactly once"
+    error = _rejected(schedule, rows)
+    assert error.rule == rule and (error.action.stage, error.action.microbatch) == (r, i)
 
 
 def _rows(schedule):

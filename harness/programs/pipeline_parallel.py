@@ -52,8 +52,12 @@ def train_step(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage:
 
 def _watch(indices: list[int], modules) -> list[str]:
     """The order in which this rank's stages ran forward and backward, as "F<stage>" / "B<stage>",
-    from hooks on the stage modules the harness built: a forward hook, and a hook on the gradient of the stage's first parameter (the last one its
-    backward reaches, once per microbatch)."""
+    from hooks on the stage modules the harness built: a forward hook, and a tensor hook on the
+    stage's first parameter (the last one its backward reaches, once per microbatch), which fires
+    whenever that parameter's gradient is computed: by a whole backward, or by a W however it is
+    made (``backward(inputs=...)``, or torch.distributed.pipelining's ``autograd.grad`` on gradient
+    edges, which assigns ``.grad`` without accumulating and so runs no post-accumulate hook); an I
+    (the input's gradient only) does not fire it."""
     events: list[str] = []
     for stage, module in zip(indices, modules):
         def forward(module, inputs, output, stage=stage):
@@ -65,7 +69,7 @@ def _watch(indices: list[int], modules) -> list[str]:
         module.register_forward_hook(forward)
         first = next(module.parameters(), None)
         if first is not None:
-            first.register_post_accumulate_grad_hook(lambda parameter, stage=stage: events.append(f"B{stage}"))
+            first.register_hook(lambda grad, stage=stage: events.append(f"B{stage}"))
     return events
 
 

@@ -1,0 +1,12 @@
+"""generate_schedule("zb-h1") returns plain 1F1B, backward unsplit: valid, right, and none of the bubble removed.
+targets: generated_zb_h1
+
+A student who has not read the paper maps the new name to the schedule they already have.
+"""
+from impls import *  # noqa: F401,F403
+from impls import pipeline_parallel as _bundled
+from impls.pipeline_parallel import *  # noqa: F401,F403
+
+
+def generate_schedule(kind, num_ranks, num_microbatches, stages_per_rank=1):
+    return _bundled.generate_schedule("1f1b" if kind == "zb-h1" else kind, num_ranks, num_microbatches, stages_per_rank)
