@@ -211,6 +211,7 @@ def run_collective(audited: Audited, request, data, name: str):
 def test_point_to_point_only(name, audited, request):
     """The collective makes send/recv calls only, on every rank. Where the rule is not required
     (--audit-require-p2p), one representative call is made and what it sent is the skip's reason."""
+    audits(request, name)
     if audited.require_p2p:
         _point_to_point_only_examples(name=name, audited=audited, request=request)
         return
@@ -238,6 +239,7 @@ def _point_to_point_only_examples(data, name, audited, request):
 @given(data=st.data())
 def test_bytes_sent_within_bound(name, data, audited, request):
     """Every rank sends at most the cost model's per-rank bound for the call; non-members nothing."""
+    audits(request, name)
     judge, layout, records, bounds, what = run_collective(audited, request, data, name)
     check(judge, audit.within_bound(records, bounds, what))
 
@@ -247,6 +249,7 @@ def test_bytes_sent_within_bound_at_the_largest_world(name, audited, request):
     """The same rule on one fixed example that Hypothesis may not reach: the whole of the largest
     world (where a linear broadcast or a gather-everything all-reduce costs the most), 1001
     float32 elements (divisible by none of 2..8 but 7), a non-zero root, uneven all-to-all splits."""
+    audits(request, name)
     n = audited.target.max_world_size
     if n < 2:
         pytest.skip("needs a world of at least 2 ranks (--max-world-size)")
@@ -271,7 +274,7 @@ DP_MODELS = {
 }
 
 
-STEP = ("backward", "finish")  # the phases of a data-parallel step (harness/programs/audit.py)
+STEP = ("backward", "last_gradient", "finish")  # the phases of a data-parallel step (harness/programs/audit.py)
 
 
 def audits(request, capability: str) -> None:
@@ -464,9 +467,9 @@ def test_tensor_parallel_traffic(layer, data, audited, request):
 @given(data=st.data())
 def test_context_parallel_traffic(data, audited, request):
     """Ring attention: forward, each rank passes on the K/V blocks it holds except the last it
-    receives ((n-1) blocks); backward, each block's gradient goes back the way it came
-    (cost_model.ring_attention). Gathering every block everywhere, or sending K and V twice, is
-    reported with the numbers."""
+    receives ((n-1) blocks); backward, the blocks' gradients go back, with the blocks passed around
+    again where they were not kept (cost_model.ring_attention). Gathering every block everywhere,
+    or sending K and V twice forward, is reported with the numbers."""
     import reference.context_parallel as attention
 
     audits(request, "context_parallel")

@@ -121,6 +121,7 @@ def tied_lm_with(**features: bool):
     off = {k: False for k in ("tied", "frozen", "skips", "buffers")}
     return st.fixed_dictionaries({"kind": st.just("tied_lm"), "vocab": st.integers(2, 12), "width": st.integers(1, 8),
                                   "hidden": st.integers(1, 12), "context": st.integers(1, 3), "dtype": MODEL_DTYPES,
+                                  "skips_first": st.booleans(),
                                   **{k: st.just(v) for k, v in {**off, **features}.items()}})
 
 

@@ -151,15 +151,19 @@ def reduced_once(records_by_rank: dict[int, list[dict]], expected_bytes: int, wh
 
 
 def starts_during_backward(records_by_rank: dict[int, list[dict]], what: str) -> list[str]:
-    """Some communication of the step starts before backward ends (phase "backward"): gradients
-    are reduced while backward still computes others, the point of bucketed DDP."""
+    """Some communication of the step starts while backward still computes gradients (phase
+    "backward", before the last gradient; what the last gradient's hook or
+    finish_gradient_synchronization launches is "last_gradient" or "finish"): the point of
+    bucketed DDP."""
     violations = []
     for rank, records in sorted(records_by_rank.items()):
         during = [r for r in _in_phase(records, "backward") if r["op"] not in NEUTRAL_OPS]
+        at_end = [r for r in _in_phase(records, "last_gradient") if r["op"] not in NEUTRAL_OPS]
         later = [r for r in _in_phase(records, "finish") if r["op"] not in NEUTRAL_OPS]
         if not during:
-            violations.append(f"rank {rank}: no communication started before backward ended ({len(later)} call(s), "
-                              f"all in finish_gradient_synchronization): {what}")
+            violations.append(f"rank {rank}: no communication started while backward still computed gradients "
+                              f"({len(at_end)} call(s) launched at the last gradient, {len(later)} in "
+                              f"finish_gradient_synchronization): {what}")
     return violations
 
 
@@ -178,7 +182,7 @@ def bucket_sizes_allowed(parameter_bytes: list[int], cap_bytes: int) -> set[int]
 
 
 def buckets_within_cap(records_by_rank: dict[int, list[dict]], cap_bytes: int, parameter_bytes: list[int],
-                       phase=("backward", "finish")) -> list[str]:
+                       phase=("backward", "last_gradient", "finish")) -> list[str]:
     """Every backend reduction of floating-point gradients is one bucket that respects the cap
     (``bucket_sizes_allowed``; ``parameter_bytes`` in registration order): sending every gradient
     in one reduction is caught. Bucket boundaries are visible only in backend calls: an

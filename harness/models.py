@@ -13,7 +13,9 @@ batch's samples, so the mean over ranks of per-rank losses on equal slices is th
   - a frozen parameter: ``gain`` (requires_grad=False), multiplies the features before the head;
   - a parameter with no gradient in some steps: ``aux`` is used on odd-numbered calls of forward
     only (1st, 3rd, ...), so on the 2nd, 4th, ... step its .grad stays None and torch's optimizers
-    skip it; which calls use it depends only on the ``calls`` counter, the same on every rank;
+    skip it; which calls use it depends only on the ``calls`` counter, the same on every rank.
+    ``"skips_first": True`` uses it on even-numbered calls instead: no gradient in the first step
+    (an optimizer that partitions or allocates state lazily at its first step never sees it);
   - buffers: ``offset`` (a fixed random vector added to the embeddings) and ``calls`` (a counter
     incremented by every forward).
   Each hard case can be switched off in the spec (``"tied": False``, ``"frozen": False``,
@@ -46,9 +48,9 @@ class MLP(nn.Module):
 
 class TiedLM(nn.Module):
     def __init__(self, vocab: int, width: int, hidden: int, tied: bool = True, frozen: bool = True,
-                 skips: bool = True, buffers: bool = True):
+                 skips: bool = True, buffers: bool = True, skips_first: bool = False):
         super().__init__()
-        self.skips = skips
+        self.skips, self.used_on = skips, 0 if skips_first else 1
         self.embed = nn.Embedding(vocab, width)
         self.aux = nn.Linear(width, width, bias=False)
         self.mlp_in = nn.Linear(width, hidden)
@@ -69,7 +71,7 @@ class TiedLM(nn.Module):
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         self.calls += 1
         h = self.embed(inputs) + self.offset
-        if not self.skips or int(self.calls) % 2 == 1:  # with skips, aux gets no gradient on even-numbered calls
+        if not self.skips or int(self.calls) % 2 == self.used_on:  # with skips, aux is left out on every other call
             h = h + self.aux(h)
         h = h + self.mlp_out(torch.tanh(self.mlp_in(h)))
         logits = self.head(h * self.gain)
@@ -84,7 +86,7 @@ def build(spec: dict, seed: int) -> nn.Module:
         model = MLP(spec["inputs"], spec["hidden"], spec["outputs"])
     elif kind == "tied_lm":
         model = TiedLM(spec["vocab"], spec["width"], spec["hidden"],
-                       **{k: bool(spec[k]) for k in ("tied", "frozen", "skips", "buffers") if k in spec})
+                       **{k: bool(spec[k]) for k in ("tied", "frozen", "skips", "buffers", "skips_first") if k in spec})
     else:
         raise ValueError(f"unknown model kind {kind!r} (known: {', '.join(KINDS)})")
     if "dtype" in spec:  # floating parameters and buffers in that dtype (the counter stays int64)

@@ -5,6 +5,16 @@ every mutant is killed and no known-good implementation fails.
 
 A mutant is never imported here: its docstring is read with ast. Its first line states the bug; a
 'targets:' line gives the pytest -k expression that selects the tests expected to catch it.
+
+The suite's own mutants are necessary, not sufficient: outsiders/ holds implementations written
+from CONTRACT.md and the starter alone, by authors who never read the tests, each with a
+'verdict: pass' (a correct one: it must pass) or 'verdict: fail' (one realistic bug: the suite must
+catch it) and the 'capability:' it claims. They run against that capability's whole conformance
+file and the communication audit of what they claim, and the kill rate on them is reported apart.
+'survives:' on a buggy one names a bug the suite is known to miss: it is reported as missed and
+does not fail the run. 'audit:' on a correct one says why its communication exceeds the audit's
+bounds by its author's design (e.g. an all-reduce that sends whole tensors): its values must pass
+and its audit must fail.
 """
 from __future__ import annotations
 
@@ -17,10 +27,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.capabilities import CAPABILITIES, conformance_file_of_mutants
+from harness.capabilities import BY_NAME, CAPABILITIES, GROUPS, conformance_file_of_mutants
 
 ROOT = Path(__file__).resolve().parent.parent
 MUTANTS = ROOT / "mutants"
+OUTSIDERS = ROOT / "outsiders"
 MUTANT_RANK_TIMEOUT_S = 20
 
 
@@ -39,6 +50,48 @@ class Mutant:
         if not lines or not targets:
             raise ValueError(f"{path}: the docstring must state the bug in its first line and have a 'targets:' line")
         return cls(path, lines[0], targets, conformance_file_of_mutants(path.parent.name))
+
+
+@dataclass(frozen=True)
+class Outsider:
+    path: Path
+    summary: str  # the docstring's first line: the bug, or "Correct: ..."
+    verdict: str  # "pass" or "fail": what the suite must say
+    capability: str  # what it claims (a capability or a group of harness/capabilities.py)
+    survives: str  # for a buggy one the suite is known to miss: why ('' otherwise)
+    audit: str  # for a correct one whose communication exceeds the audit's bounds: why ('' otherwise)
+
+    @classmethod
+    def read(cls, path: Path) -> "Outsider":
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        lines = doc.splitlines()
+        fields = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:]) if k.strip() in
+                  ("verdict", "capability", "survives", "audit")}
+        verdict, capability = fields.get("verdict", ""), fields.get("capability", "")
+        if not lines or verdict not in ("pass", "fail") or not (capability in BY_NAME or capability in GROUPS):
+            raise ValueError(f"{path}: the docstring needs a first line, 'verdict: pass|fail' and 'capability: NAME' "
+                             f"(a capability or group of harness/capabilities.py), got verdict={verdict!r}, "
+                             f"capability={capability!r}")
+        return cls(path, lines[0], verdict, capability, fields.get("survives", ""), fields.get("audit", ""))
+
+    def pytest_args(self) -> list[str]:
+        """Its capability's conformance file and the communication audit of what it claims (the
+        audit of a capability runs only when that capability is claimed)."""
+        spec = BY_NAME.get(self.capability)
+        test_file = spec.conformance if spec else next(c.conformance for c in CAPABILITIES if c.group == self.capability)
+        if self.audit:  # its values alone; audit_args() holds its audit, which must fail
+            return [test_file, "--capability", self.capability]
+        args = [test_file, "conformance/test_audit.py", "--capability", f"{self.capability},audit"]
+        return args if self.verdict == "pass" else [*args, "-x", "--rank-timeout", str(MUTANT_RANK_TIMEOUT_S)]
+
+
+    def audit_args(self) -> list[str]:
+        return ["conformance/test_audit.py", "--capability", f"{self.capability},audit", "-x", "--rank-timeout",
+                str(MUTANT_RANK_TIMEOUT_S)]
+
+
+def outsiders() -> list[Outsider]:
+    return [Outsider.read(p) for p in sorted(OUTSIDERS.glob("*/*.py")) if p.name != "__init__.py"]
 
 
 def known_good() -> list[tuple[str, list[str]]]:
@@ -81,12 +134,14 @@ def main(argv=None) -> int:
     parser.add_argument("--mutant-profile", default="mutation",
                         help="Hypothesis profile of the mutant runs (default: mutation, which does not shrink)")
     parser.add_argument("--mutants-only", action="store_true", help="skip the known-good runs")
+    parser.add_argument("--outsiders-only", action="store_true",
+                        help="only the implementations under outsiders/ (no known-good runs, no mutants)")
     parser.add_argument("--jobs", type=int, default=2, help="pytest runs at a time (default 2)")
     options = parser.parse_args(argv)
 
     # Two runs at a time: each spends seconds importing torch on one core before its ranks start.
     false_failures = []
-    goods = [] if options.mutants_only else known_good()
+    goods = [] if options.mutants_only or options.outsiders_only else known_good()
     with ThreadPoolExecutor(max_workers=options.jobs) as pool:
         for (impl, args), (code, output, seconds) in zip(goods, pool.map(lambda run: pytest(*run, options.profile), goods)):
             print(f"\n=== known good: {impl} ({' '.join(args)}), {seconds:.0f} s\n{output.rstrip()}", flush=True)
@@ -102,7 +157,7 @@ def main(argv=None) -> int:
                       options.mutant_profile)
 
     with ThreadPoolExecutor(max_workers=options.jobs) as pool:
-        every = mutants()
+        every = [] if options.outsiders_only else mutants()
         for mutant, (code, output, seconds) in zip(every, pool.map(run_mutant, every)):
             name = f"{mutant.path.parent.name}/{mutant.path.stem}"
             if code == 1:
@@ -114,12 +169,61 @@ def main(argv=None) -> int:
                 survived.append(name)
                 print(f"SURVIVED {name:<50} {seconds:5.1f} s  {mutant.bug}\n         ({why})", flush=True)
 
+    print("\n=== implementations written from the contract alone (outsiders/): correct ones must pass, "
+          "buggy ones must fail")
+    caught, missed, known_missed, outside_false = [], [], [], []
+
+    def run_outsider(outsider: Outsider):
+        impl = str(outsider.path.relative_to(ROOT))
+        profile = options.profile if outsider.verdict == "pass" else options.mutant_profile
+        code, output, seconds = pytest(impl, outsider.pytest_args(), profile)
+        if outsider.audit and code == 0:  # right values; the audit must then find what its author chose
+            audit_code, audit_output, audit_seconds = pytest(impl, outsider.audit_args(), options.mutant_profile)
+            if audit_code != 1:
+                return audit_code or 2, f"its audit was expected to fail ({outsider.audit}), exit code {audit_code}\n" \
+                    + audit_output, seconds + audit_seconds
+            return code, output, seconds + audit_seconds
+        return code, output, seconds
+
+    with ThreadPoolExecutor(max_workers=options.jobs) as pool:
+        every = outsiders()
+        for outsider, (code, output, seconds) in zip(every, pool.map(run_outsider, every)):
+            name = f"{outsider.path.parent.name}/{outsider.path.stem}"
+            if outsider.verdict == "pass":
+                ok = code == 0
+                if not ok:
+                    outside_false.append(name)
+                print(f"{'passes  ' if ok else 'FAILS   '} {name:<50} {seconds:5.1f} s  {outsider.summary}"
+                      + (f"\n         (values pass; the audit fails it, as its author chose: {outsider.audit})"
+                         if ok and outsider.audit else "")
+                      + ("" if ok else f"\n         (pytest exit code {code}: {failing_line(output)})"), flush=True)
+                continue
+            if code == 1:
+                caught.append(name)
+                print(f"caught   {name:<50} {seconds:5.1f} s  {outsider.summary}\n         by: {failing_line(output)}",
+                      flush=True)
+            elif outsider.survives:
+                known_missed.append(name)
+                print(f"missed   {name:<50} {seconds:5.1f} s  {outsider.summary}\n         (known: {outsider.survives})",
+                      flush=True)
+            else:
+                missed.append(name)
+                why = {0: "every test passed", 5: "no test selected"}.get(code, f"pytest exit code {code}")
+                print(f"MISSED   {name:<50} {seconds:5.1f} s  {outsider.summary}\n         ({why})", flush=True)
+
     total = len(killed) + len(survived)
     rate = 100.0 * len(killed) / total if total else 0.0
+    buggy = len(caught) + len(missed) + len(known_missed)
+    correct = len(every) - buggy
     print(f"\n=== kill rate: {len(killed)}/{total} mutants killed ({rate:.0f}%); "
           f"false failures: {len(false_failures)}/{len(goods)} known-good implementations"
           + (f" ({', '.join(false_failures)})" if false_failures else ""))
-    return 0 if total and not survived and not false_failures else 1
+    print(f"=== written from the contract alone: {len(caught)}/{buggy} buggy ones caught"
+          + (f" (missed: {', '.join(missed + known_missed)})" if missed or known_missed else "")
+          + f"; false failures: {len(outside_false)}/{correct} correct ones"
+          + (f" ({', '.join(outside_false)})" if outside_false else ""))
+    ran = total or options.outsiders_only
+    return 0 if ran and not survived and not false_failures and not missed and not outside_false else 1
 
 
 if __name__ == "__main__":

@@ -221,15 +221,20 @@ def fully_sharded_step(n: int, unit_numels: list[list[tuple[int, int]]], itemsiz
 def ring_attention(block_bytes: list[int], me: int) -> dict[str, int]:
     """Ring attention (Liu et al. 2023) on n ranks whose K/V blocks (K and V together) hold
     ``block_bytes[j]`` bytes at group rank j: forward, group rank ``me`` passes on every block it
-    holds except the last it receives, its successor's, (n-1) blocks in all: sum_{j != me+1} B_j;
-    backward, each block's gradient (the same size) goes back the way it came, one hop per block
-    that passed through: sum_{j != me} B_j. One rank sends nothing."""
+    holds except the last it receives, its successor's, (n-1) blocks in all: sum_{j != me+1} B_j.
+    Backward, the larger of two designs: blocks kept from forward, each block's gradient (the same
+    size) going back the way it came, sum_{j != me} B_j; or one block held at a time (the paper's
+    memory-efficient backward, and ring-flash-attention's), the K/V blocks passed around the ring
+    again, (n-1) blocks, with their gradients riding along and taking one more hop home, n blocks:
+    sum_{j != me+1} B_j + sum_j B_j. (An implementation written from the contract alone took the
+    second, and the first bound failed it.)"""
     n = len(block_bytes)
     _check(n, *block_bytes)
     if n == 1:
         return {"forward": 0, "backward": 0}
     total = sum(block_bytes)
-    return {"forward": total - block_bytes[(me + 1) % n], "backward": total - block_bytes[me]}
+    forward = total - block_bytes[(me + 1) % n]
+    return {"forward": forward, "backward": max(total - block_bytes[me], forward + total)}
 
 
 def collective(name: str, n: int, me: int, *, numel: int, itemsize: int, split_bytes: list[int] | None = None) -> int:

@@ -131,9 +131,13 @@ def test_a_bucket_may_pass_the_cap_only_by_the_parameter_that_closes_it():
 
 
 def test_overlap_needs_communication_before_backward_ends():
-    deferred = {0: [record("allreduce", phase="finish")], 1: [record("send", phase="backward", peer=0)]}
+    deferred = {0: [record("allreduce", phase="finish")], 1: [record("send", phase="backward", peer=0)],
+                2: [record("allreduce", phase="last_gradient")]}  # every bucket launched by the last gradient's hook
     violations = audit.starts_during_backward(deferred, "why")
-    assert len(violations) == 1 and violations[0].startswith("rank 0: no communication started before backward ended")
+    assert len(violations) == 2
+    assert violations[0].startswith("rank 0: no communication started while backward still computed gradients")
+    assert violations[1].startswith("rank 2: no communication started while backward still computed gradients "
+                                    "(1 call(s) launched at the last gradient")
 
 
 def test_bytes_the_kernel_counted_beyond_the_records_are_reported():

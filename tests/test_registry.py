@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from harness import capabilities
 from harness.capabilities import CAPABILITIES, COLLECTIVES
-from harness.mutation import mutants
+from harness.mutation import mutants, outsiders
 from harness.reports import DEFAULT_RUBRIC, load_rubric
 
 ROOT = Path(__file__).parent.parent
@@ -39,6 +39,15 @@ def test_every_mutants_folder_belongs_to_a_capability_and_every_mutant_is_run():
     folders = {p.name for p in (ROOT / "mutants").iterdir() if p.is_dir() and not p.name.startswith("_")}
     assert folders == {c.mutants for c in CAPABILITIES if c.mutants}
     assert len(mutants()) == sum(1 for p in (ROOT / "mutants").glob("*/*.py") if p.name != "__init__.py")
+
+
+def test_every_implementation_written_from_the_contract_alone_says_what_it_claims_and_is_run():
+    """outsiders/: each file's docstring states its bug (or that it is correct), the verdict the
+    suite must give and a registered capability (Outsider.read raises otherwise)."""
+    every = outsiders()
+    assert len(every) == sum(1 for p in (ROOT / "outsiders").glob("*/*.py") if p.name != "__init__.py")
+    assert {o.verdict for o in every} == {"pass", "fail"}
+    assert all(capabilities.BY_NAME.get(o.capability) or o.capability in capabilities.GROUPS for o in every)
 
 
 def _top_level_names(path: Path) -> set[str]:

@@ -27,8 +27,9 @@ def data_parallel_step(ctx: RankContext, impl, model: dict, seed: int, frozen: l
     parameter's, registered before the implementation's own hooks, so it runs first) until a
     communication call has been recorded in this phase, or OVERLAP_WAIT_S: an implementation that
     overlaps reduces the buckets that are ready by then, one that defers everything to
-    finish_gradient_synchronization shows no call in "backward". Deterministic, not timed: a
-    correct implementation is waited for, never raced."""
+    finish_gradient_synchronization, or to the last gradient's own hook, shows no call in
+    "backward" (what follows the wait is "last_gradient"). Deterministic, not timed: a correct
+    implementation is waited for, never raced."""
     if group is not None:
         raise ValueError("data parallelism is audited on the whole world, not a subgroup")
     recording.mark("setup")
@@ -51,9 +52,14 @@ def data_parallel_step(ctx: RankContext, impl, model: dict, seed: int, frozen: l
 
 
 def _wait_for_communication(grad):
+    """At the last gradient, before the implementation's own hooks see it: wait for a reduction to
+    have started, then label what follows "last_gradient", so that a reduction launched only now
+    (every bucket at once, from the last gradient's hook: no overlap with the rest of backward) is
+    told apart from one launched while backward still had gradients to compute."""
     deadline = time.monotonic() + OVERLAP_WAIT_S
     while not recording.count("backward") and time.monotonic() < deadline:
         time.sleep(0.001)
+    recording.mark("last_gradient")
     return None
 
 
