@@ -41,6 +41,8 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability("pipeline_parallel", ("pipeline_step",), "conformance/test_pipeline_parallel.py", "pipeline_parallel"),
     Capability("pipeline_schedules", ("generate_schedule",), "conformance/test_pipeline_parallel.py", None),
     Capability("zero_bubble", ("pipeline_step", "generate_schedule"), "conformance/test_zero_bubble.py", "zero_bubble"),
+    Capability("pipeline_composition", ("pipeline_step", "all_reduce"), "conformance/test_pipeline_composition.py",
+               "pipeline_composition"),
     Capability("audit", COLLECTIVES, "conformance/test_audit.py", "audit"),
 )
 BY_NAME = {c.name: c for c in CAPABILITIES}

@@ -32,6 +32,8 @@ PROFILES = {
     "grading": dict(max_examples=50, derandomize=True, print_blob=True),
     # For harness.mutation: like ci, but a mutant is killed by its first failure; no time spent shrinking.
     "mutation": dict(max_examples=25, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate]),
+    # For harness.mutation's correct implementations under outsiders/: a whole conformance file each.
+    "brief": dict(max_examples=10, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate]),
 }
 for _name, _options in PROFILES.items():
     settings.register_profile(_name, **_options, **_COMMON)

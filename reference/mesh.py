@@ -29,3 +29,13 @@ def tensor_parallel_groups(dp: int, tp: int) -> list[list[int]]:
 def data_parallel_groups(dp: int, tp: int) -> list[list[int]]:
     """The columns of the mesh: [[d tp + t for d in range(dp)] for t in range(tp)]."""
     return [[d * tp + t for d in range(dp)] for t in range(tp)]
+
+
+def pipeline_mesh(pp: int, dp: int) -> tuple[list[list[int]], list[list[int]]]:
+    """A pp x dp mesh for data parallelism over pipelines, the pipeline axis outermost (it crosses
+    the slowest links: one activation per microbatch and boundary; the lecture's rule): rank
+    s dp + d holds stage s of replica d. Returns (pipeline groups, one per replica d:
+    [s dp + d for s in range(pp)], in stage order; data-parallel groups, one per stage s:
+    [s dp + d for d in range(dp)]). A pipeline group's members are not consecutive ranks when dp > 1,
+    so a stage placed by global rank instead of group rank shows."""
+    return ([[s * dp + d for s in range(pp)] for d in range(dp)], [[s * dp + d for d in range(dp)] for s in range(pp)])

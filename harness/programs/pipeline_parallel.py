@@ -102,3 +102,37 @@ def generate_schedule(ctx: RankContext, impl, kind: str, num_ranks: int, num_mic
     except ValueError as error:
         return {"refused": f"{type(error).__name__}: {error}"}
     return {"rows": [[a if isinstance(a, str) else str(a) for a in row] for row in rows]}
+
+
+def dp_pp_step(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage: list[int], num_microbatches: int,
+               loss: str, pipeline_groups: list[list[int]], data_parallel_groups: list[list[int]], inputs=None,
+               targets=None, schedule: str = "1f1b", group=None) -> dict:
+    """Data parallelism over pipelines on a pp x dp mesh (reference/mesh.py, ``pipeline_mesh``):
+    the implementation's ``pipeline_step`` on this rank's pipeline group (its replica's batch goes
+    to the group's first rank, the targets to its last), then every stage gradient summed over
+    this rank's data-parallel group with the implementation's ``all_reduce`` and divided by its
+    size. Returns the loss (None off the last stage), the averaged gradients and the order run."""
+    from torch.distributed import ReduceOp
+
+    if group is not None:
+        raise ValueError("a mesh spans the whole world")
+    for members in [*pipeline_groups, *data_parallel_groups]:
+        ctx.group(members)
+    mine = next(g for g in pipeline_groups if ctx.rank in g)
+    pp, dp = ctx.group(mine), ctx.group(next(g for g in data_parallel_groups if ctx.rank in g))
+    replicas = len(data_parallel_groups[0])
+    stage = sorted(mine).index(ctx.rank)
+    stages = pipeline_models.split(pipeline_models.build(model, seed).to(ctx.device), layers_per_stage)
+    module = stages[stage]
+    executed = _watch([stage], [module])
+    pipeline_step, all_reduce = require(impl, "pipeline_step"), require(impl, "all_reduce")
+    result = pipeline_step(module, ctx.to_device(inputs), ctx.to_device(targets), pipeline_models.loss_fn(loss),
+                           num_microbatches, schedule=schedule, group=pp)
+    grads = {}
+    for name, parameter in module.named_parameters():
+        if parameter.grad is None:
+            continue
+        summed = parameter.grad.detach().clone().contiguous()
+        all_reduce(summed, op=ReduceOp.SUM, group=dp)
+        grads[f"stage{stage}.{name}"] = summed / replicas
+    return ctx.to_cpu({"loss": result, "grads": grads, "executed": executed, "stage": stage})
