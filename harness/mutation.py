@@ -147,36 +147,10 @@ def main(argv=None) -> int:
     # Two runs at a time: each spends seconds importing torch on one core before its ranks start.
     false_failures = []
     goods = [] if options.mutants_only or options.outsiders_only else known_good()
-    with ThreadPoolExecutor(max_workers=options.jobs) as pool:
-        for (impl, args), (code, output, seconds) in zip(goods, pool.map(lambda run: pytest(*run, options.profile), goods)):
-            print(f"\n=== known good: {impl} ({' '.join(args)}), {seconds:.0f} s\n{output.rstrip()}", flush=True)
-            if code != 0:
-                false_failures.append(f"{impl} (exit code {code})")
-
-    print("\n=== known-buggy implementations (each must fail)")
-    killed, survived = [], []
-
     def run_mutant(mutant: Mutant):  # a mutant that hangs is killed by its first deadline
         return pytest(str(mutant.path.relative_to(ROOT)), [mutant.test_file, "-x", "-k", mutant.targets,
                                                            "--rank-timeout", str(MUTANT_RANK_TIMEOUT_S)],
                       options.mutant_profile)
-
-    with ThreadPoolExecutor(max_workers=options.jobs) as pool:
-        every = [] if options.outsiders_only else mutants()
-        for mutant, (code, output, seconds) in zip(every, pool.map(run_mutant, every)):
-            name = f"{mutant.path.parent.name}/{mutant.path.stem}"
-            if code == 1:
-                killed.append(name)
-                print(f"killed   {name:<50} {seconds:5.1f} s  {mutant.bug}\n         caught by: {failing_line(output)}",
-                      flush=True)
-            else:
-                why = {0: "every selected test passed", 5: "its targets select no test"}.get(code, f"pytest exit code {code}")
-                survived.append(name)
-                print(f"SURVIVED {name:<50} {seconds:5.1f} s  {mutant.bug}\n         ({why})", flush=True)
-
-    print("\n=== implementations written from the contract alone (outsiders/): correct ones must pass, "
-          "buggy ones must fail")
-    caught, missed, known_missed, outside_false = [], [], [], []
 
     def run_outsider(outsider: Outsider):
         impl = str(outsider.path.relative_to(ROOT))
@@ -190,36 +164,69 @@ def main(argv=None) -> int:
             return code, output, seconds + audit_seconds
         return code, output, seconds
 
-    with ThreadPoolExecutor(max_workers=options.jobs) as pool:
-        every = outsiders()
-        for outsider, (code, output, seconds) in zip(every, pool.map(run_outsider, every)):
-            name = f"{outsider.path.parent.name}/{outsider.path.stem}"
-            if outsider.verdict == "pass":
-                ok = code == 0
-                if not ok:
-                    outside_false.append(name)
-                print(f"{'passes  ' if ok else 'FAILS   '} {name:<50} {seconds:5.1f} s  {outsider.summary}"
-                      + (f"\n         (values pass; the audit fails it, as its author chose: {outsider.audit})"
-                         if ok and outsider.audit else "")
-                      + ("" if ok else f"\n         (pytest exit code {code}: {failing_line(output)})"), flush=True)
-                continue
-            if code == 1:
-                caught.append(name)
-                print(f"caught   {name:<50} {seconds:5.1f} s  {outsider.summary}\n         by: {failing_line(output)}",
-                      flush=True)
-            elif outsider.survives:
-                known_missed.append(name)
-                print(f"missed   {name:<50} {seconds:5.1f} s  {outsider.summary}\n         (known: {outsider.survives})",
-                      flush=True)
-            else:
-                missed.append(name)
-                why = {0: "every test passed", 5: "no test selected"}.get(code, f"pytest exit code {code}")
-                print(f"MISSED   {name:<50} {seconds:5.1f} s  {outsider.summary}\n         ({why})", flush=True)
+    # One pool for every run, the longest kinds first (known-good runs, then the whole-file runs of
+    # outsiders/, then the mutants' targeted runs), so that no phase waits for its last straggler
+    # while cores idle; results are printed section by section, in order.
+    every_mutant = [] if options.outsiders_only else mutants()
+    every_outsider = outsiders()
+    pool = ThreadPoolExecutor(max_workers=options.jobs)
+    good_runs = [pool.submit(pytest, impl, args, options.profile) for impl, args in goods]
+    outsider_runs = [pool.submit(run_outsider, outsider) for outsider in every_outsider]
+    mutant_runs = [pool.submit(run_mutant, mutant) for mutant in every_mutant]
+    for (impl, args), run in zip(goods, good_runs):
+        code, output, seconds = run.result()
+        print(f"\n=== known good: {impl} ({' '.join(args)}), {seconds:.0f} s\n{output.rstrip()}", flush=True)
+        if code != 0:
+            false_failures.append(f"{impl} (exit code {code})")
+
+    print("\n=== known-buggy implementations (each must fail)")
+    killed, survived = [], []
+    for mutant, run in zip(every_mutant, mutant_runs):
+        code, output, seconds = run.result()
+        name = f"{mutant.path.parent.name}/{mutant.path.stem}"
+        if code == 1:
+            killed.append(name)
+            print(f"killed   {name:<50} {seconds:5.1f} s  {mutant.bug}\n         caught by: {failing_line(output)}",
+                  flush=True)
+        else:
+            why = {0: "every selected test passed", 5: "its targets select no test"}.get(code, f"pytest exit code {code}")
+            survived.append(name)
+            print(f"SURVIVED {name:<50} {seconds:5.1f} s  {mutant.bug}\n         ({why})", flush=True)
+
+    print("\n=== implementations written from the contract alone (outsiders/): correct ones must pass, "
+          "buggy ones must fail")
+    caught, missed, known_missed, outside_false = [], [], [], []
+
+    for outsider, run in zip(every_outsider, outsider_runs):
+        code, output, seconds = run.result()
+        name = f"{outsider.path.parent.name}/{outsider.path.stem}"
+        if outsider.verdict == "pass":
+            ok = code == 0
+            if not ok:
+                outside_false.append(name)
+            print(f"{'passes  ' if ok else 'FAILS   '} {name:<50} {seconds:5.1f} s  {outsider.summary}"
+                  + (f"\n         (values pass; the audit fails it, as its author chose: {outsider.audit})"
+                     if ok and outsider.audit else "")
+                  + ("" if ok else f"\n         (pytest exit code {code}: {failing_line(output)})"), flush=True)
+            continue
+        if code == 1:
+            caught.append(name)
+            print(f"caught   {name:<50} {seconds:5.1f} s  {outsider.summary}\n         by: {failing_line(output)}",
+                  flush=True)
+        elif outsider.survives:
+            known_missed.append(name)
+            print(f"missed   {name:<50} {seconds:5.1f} s  {outsider.summary}\n         (known: {outsider.survives})",
+                  flush=True)
+        else:
+            missed.append(name)
+            why = {0: "every test passed", 5: "no test selected"}.get(code, f"pytest exit code {code}")
+            print(f"MISSED   {name:<50} {seconds:5.1f} s  {outsider.summary}\n         ({why})", flush=True)
 
     total = len(killed) + len(survived)
     rate = 100.0 * len(killed) / total if total else 0.0
     buggy = len(caught) + len(missed) + len(known_missed)
-    correct = len(every) - buggy
+    correct = len(every_outsider) - buggy
+    pool.shutdown()
     print(f"\n=== kill rate: {len(killed)}/{total} mutants killed ({rate:.0f}%); "
           f"false failures: {len(false_failures)}/{len(goods)} known-good implementations"
           + (f" ({', '.join(false_failures)})" if false_failures else ""))
