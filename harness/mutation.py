@@ -10,9 +10,9 @@ The suite's own mutants are necessary, not sufficient: outsiders/ holds implemen
 from CONTRACT.md and the starter alone, by authors who never read the tests, each with a
 'verdict: pass' (a correct one: it must pass) or 'verdict: fail' (one realistic bug: the suite must
 catch it) and the 'capability:' it claims. They run against that capability's whole conformance
-file and the communication audit of what they claim, and the kill rate on them is reported apart.
-'survives:' on a buggy one names a bug the suite is known to miss: it is reported as missed and
-does not fail the run. 'audit:' on a correct one says why its communication exceeds the audit's
+file and the communication audit of what they claim, and the kill rate on them is reported apart;
+a bug that gets through fails the run (the suite then gets the check that catches it). 'audit:' on
+a correct one says why its communication exceeds the audit's
 bounds by its author's design (e.g. an all-reduce that sends whole tensors): its values must pass
 and its audit must fail.
 """
@@ -58,7 +58,6 @@ class Outsider:
     summary: str  # the docstring's first line: the bug, or "Correct: ..."
     verdict: str  # "pass" or "fail": what the suite must say
     capability: str  # what it claims (a capability or a group of harness/capabilities.py)
-    survives: str  # for a buggy one the suite is known to miss: why ('' otherwise)
     audit: str  # for a correct one whose communication exceeds the audit's bounds: why ('' otherwise)
 
     @classmethod
@@ -66,13 +65,13 @@ class Outsider:
         doc = ast.get_docstring(ast.parse(path.read_text())) or ""
         lines = doc.splitlines()
         fields = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:]) if k.strip() in
-                  ("verdict", "capability", "survives", "audit")}
+                  ("verdict", "capability", "audit")}
         verdict, capability = fields.get("verdict", ""), fields.get("capability", "")
         if not lines or verdict not in ("pass", "fail") or not (capability in BY_NAME or capability in GROUPS):
             raise ValueError(f"{path}: the docstring needs a first line, 'verdict: pass|fail' and 'capability: NAME' "
                              f"(a capability or group of harness/capabilities.py), got verdict={verdict!r}, "
                              f"capability={capability!r}")
-        return cls(path, lines[0], verdict, capability, fields.get("survives", ""), fields.get("audit", ""))
+        return cls(path, lines[0], verdict, capability, fields.get("audit", ""))
 
     def pytest_args(self) -> list[str]:
         """Its capability's conformance file and the communication audit of what it claims (the
@@ -195,7 +194,7 @@ def main(argv=None) -> int:
 
     print("\n=== implementations written from the contract alone (outsiders/): correct ones must pass, "
           "buggy ones must fail")
-    caught, missed, known_missed, outside_false = [], [], [], []
+    caught, missed, outside_false = [], [], []
 
     for outsider, run in zip(every_outsider, outsider_runs):
         code, output, seconds = run.result()
@@ -213,10 +212,6 @@ def main(argv=None) -> int:
             caught.append(name)
             print(f"caught   {name:<50} {seconds:5.1f} s  {outsider.summary}\n         by: {failing_line(output)}",
                   flush=True)
-        elif outsider.survives:
-            known_missed.append(name)
-            print(f"missed   {name:<50} {seconds:5.1f} s  {outsider.summary}\n         (known: {outsider.survives})",
-                  flush=True)
         else:
             missed.append(name)
             why = {0: "every test passed", 5: "no test selected"}.get(code, f"pytest exit code {code}")
@@ -224,14 +219,14 @@ def main(argv=None) -> int:
 
     total = len(killed) + len(survived)
     rate = 100.0 * len(killed) / total if total else 0.0
-    buggy = len(caught) + len(missed) + len(known_missed)
+    buggy = len(caught) + len(missed)
     correct = len(every_outsider) - buggy
     pool.shutdown()
     print(f"\n=== kill rate: {len(killed)}/{total} mutants killed ({rate:.0f}%); "
           f"false failures: {len(false_failures)}/{len(goods)} known-good implementations"
           + (f" ({', '.join(false_failures)})" if false_failures else ""))
     print(f"=== written from the contract alone: {len(caught)}/{buggy} buggy ones caught"
-          + (f" (missed: {', '.join(missed + known_missed)})" if missed or known_missed else "")
+          + (f" (missed: {', '.join(missed)})" if missed else "")
           + f"; false failures: {len(outside_false)}/{correct} correct ones"
           + (f" ({', '.join(outside_false)})" if outside_false else ""))
     ran = total or options.outsiders_only
