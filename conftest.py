@@ -1,2 +1,2 @@
 """Top-level pytest configuration: the harness's options, fixtures and scorecard."""
-pytest_plugins = ["harness.pytest_plugin"]
+pytest_plugins = ["harness.driver.pytest_plugin"]

@@ -151,7 +151,7 @@ def schedule_shapes(draw, max_ranks: int, kinds=sched.KINDS, max_v: int = 2) -> 
 
 
 # ------------------------------------------------------------------ models and optimizers
-# Specs of harness/models.py, drawn for data parallelism and the sharded optimizer.
+# Specs of harness/rank/models.py, drawn for data parallelism and the sharded optimizer.
 # float64 models too: a float32 flatten buffer or all-reduce silently rounds float64 gradients,
 # far beyond float64's tolerance (bfloat16 models are not drawn: its unit roundoff times the
 # bounds' constant, 512 u = 2, would let a gradient summed instead of averaged pass).

@@ -2,12 +2,12 @@
 cost model of reference/cost_model.py (CS336 lecture 7: "how many bytes move?").
 
 The ranks run in an audited world (WorldPool(audit=True)): each joins the process group through
-the recording backend of harness/recording.py and reports every call it made during a task, from
-Python or from C++ (DDP's reducer, DTensor). The driver then applies the rules of harness/audit.py:
+the recording backend of harness/rank/recording.py and reports every call it made during a task, from
+Python or from C++ (DDP's reducer, DTensor). The driver then applies the rules of harness/driver/audit.py:
 
 * accounted for: on every audited task, each rank wrote (as the kernel counted it, read by the
   driver from /proc/<pid>/io) no more than its records explain plus transport overhead, so a call
-  hidden from the in-rank recorder still shows (harness/audit.py: accounted);
+  hidden from the in-rank recorder still shows (harness/driver/audit.py: accounted);
 * point-to-point only: a collective of the implementation under test makes send/recv calls only.
   Required for every implementation except torch.distributed and adapters.* (which are torch's
   own collectives: backend collectives by definition), unless --audit-require-p2p says otherwise;
@@ -39,14 +39,15 @@ from hypothesis import strategies as st
 
 from conformance.examples import Layout, Values, attention_examples, layouts, mixture_examples, sentinel, shapes
 from conformance.verdict import Judge
-from harness import audit, models
-from harness.failures import TASK_FAILURES
-from harness.pytest_plugin import claimed
-from harness.pool import WorldPool
+from harness.driver import audit
+from harness.rank import models
+from harness.driver.failures import TASK_FAILURES
+from harness.driver.pytest_plugin import claimed
+from harness.driver.pool import WorldPool
 from reference import cost_model
 from reference.collectives import DTYPES, output_split_sizes
 
-CALL = "harness.programs.collectives:call"
+CALL = "harness.rank.programs.collectives:call"
 OPS = ("SUM", "MAX")  # the reduction does not change the traffic; both apply to every dtype
 EXEMPT_FROM_P2P = ("torch.distributed", "adapters")  # torch's own collectives, and modules built on them
 
@@ -78,7 +79,7 @@ class Audited:
         for rank, kwargs in zip(layout.ranks, per_member):
             args[rank] = {**kwargs, "group": layout.group}
         try:
-            result = self.pool.run(layout.world_size, f"harness.programs.{program}", args, impl=self.target.impl)
+            result = self.pool.run(layout.world_size, f"harness.rank.programs.{program}", args, impl=self.target.impl)
         except TASK_FAILURES as failure:
             failure.add_note(f"  example: {judge.example}\n  reproduce: {judge.reproduce}")
             raise
@@ -274,7 +275,7 @@ DP_MODELS = {
 }
 
 
-STEP = ("backward", "last_gradient", "finish")  # the phases of a data-parallel step (harness/programs/audit.py)
+STEP = ("backward", "last_gradient", "finish")  # the phases of a data-parallel step (harness/rank/programs/audit.py)
 
 
 def audits(request, capability: str) -> None:
@@ -500,7 +501,7 @@ def test_context_parallel_traffic(data, audited, request):
 def test_fully_sharded_step(n, model_name, audited, request):
     """One forward and backward gathers each unit's parameters at most twice and reduce-scatters
     their gradients once (cost_model.fully_sharded_step); the optimizer's step sends nothing."""
-    from harness.programs.fully_sharded import units
+    from harness.rank.programs.fully_sharded import units
 
     audits(request, "fully_sharded")
     if n > audited.target.max_world_size:

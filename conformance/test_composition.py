@@ -7,7 +7,7 @@ off, float32 or float64), rows per replica and 0-1 extra leading dims. The drive
 the dense weights, its replica's rows of the input and of the upstream gradient, and the mesh's
 groups; the ranks run the implementation's TensorParallelMLP on their row's group and sum each
 gradient shard over their column's group with the implementation's all_reduce
-(harness/programs/composition.py). In the driver, rank by rank at mesh position (d, t):
+(harness/rank/programs/composition.py). In the driver, rank by rank at mesh position (d, t):
 
 * the shards are exactly tensor-parallel index t's chunks of the dense weights;
 * output and input gradient are replica d's rows of the dense ones; every gradient shard is shard t

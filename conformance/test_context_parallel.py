@@ -5,7 +5,7 @@ Each test draws an example (a world size, half the time a subgroup of it; 1-3 he
 1-8; a sequence of 2n to 6n + 5 positions, so it rarely divides into 2n equal chunks; causal or
 not; float64 or float32; values at two magnitudes), builds Q, K, V and the upstream gradient in the
 driver, and sends each member only its load-balanced rows (chunks i and 2n-1-i of 2n). The ranks
-run the implementation's attention and backward (harness/programs/context_parallel.py). In the
+run the implementation's attention and backward (harness/rank/programs/context_parallel.py). In the
 driver, member by member, within reference.context_parallel.atol: the output rows and dQ, dK, dV of
 the member's rows equal those of dense attention over the whole sequence, computed in float64.
 """

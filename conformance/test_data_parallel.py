@@ -2,9 +2,9 @@
 reference/data_parallel.py.
 
 Each test draws an example (world size n, global batch B = n * per-rank batch, a model from
-harness/models.py and its widths, 1-5 steps, SGD with momentum or AdamW, and a bucket size between
+harness/rank/models.py and its widths, 1-5 steps, SGD with momentum or AdamW, and a bucket size between
 "one bucket per parameter" and "a single bucket", or None), sends every rank its slice of the
-global batch, and has the ranks train the wrapped model (harness/programs/data_parallel.py). In
+global batch, and has the ranks train the wrapped model (harness/rank/programs/data_parallel.py). In
 the driver, step by step and rank by rank, it judges against one process training on the whole
 global batch (reference/data_parallel.py, whose tolerances document their formulas):
 
@@ -35,7 +35,7 @@ import reference.data_parallel as ref
 import reference.likely_bugs as likely_bugs
 from conformance.examples import MODEL_DTYPES, describe_spec, model_specs, optimizer_specs
 from conformance.verdict import Judge, check_names, mismatch
-from harness import models
+from harness.rank import models
 
 PROGRAM = "data_parallel:train"
 MIB = 2**20
@@ -117,7 +117,7 @@ def examples(draw, max_world_size: int, per_rank_init: bool, min_world_size: int
 
 
 def tied_lm_with(**features: bool):
-    """tied_lm specs with exactly the hard cases named on (harness/models.py): one property each."""
+    """tied_lm specs with exactly the hard cases named on (harness/rank/models.py): one property each."""
     off = {k: False for k in ("tied", "frozen", "skips", "buffers")}
     return st.fixed_dictionaries({"kind": st.just("tied_lm"), "vocab": st.integers(2, 12), "width": st.integers(1, 8),
                                   "hidden": st.integers(1, 12), "context": st.integers(1, 3), "dtype": MODEL_DTYPES,

@@ -1,12 +1,12 @@
 """Conformance of expert parallelism (``ExpertParallelMoE.from_dense(router, experts, group=None)``,
-the contract in harness/programs/expert_parallel.py), against reference/expert_parallel.py.
+the contract in harness/rank/programs/expert_parallel.py), against reference/expert_parallel.py.
 Examples: conformance.examples.MixtureExample.
 
 Each test draws an example (a world size, half the time a subgroup of it; E = n k experts of
 width h -> f -> h; each member's own number of tokens, 0-6, so the all-to-alls carry unequal
 splits and some experts get no token; float64), builds the router, the experts, every member's
 tokens and upstream gradient in the driver, and sends each member the dense weights and its own
-tokens. The ranks route, exchange, run their experts and return (harness/programs/expert_parallel.py).
+tokens. The ranks route, exchange, run their experts and return (harness/rank/programs/expert_parallel.py).
 In the driver, member by member, within reference.expert_parallel.atol:
 
 * the output and the input gradient of its own tokens equal those of one process running the

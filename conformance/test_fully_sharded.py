@@ -1,10 +1,10 @@
 """Conformance of fully sharded data parallelism (``fully_shard(module, group=None)`` and
 ``full_parameters(module)``, CONTRACT.md), against reference/data_parallel.py.
 
-Each test draws an example (world size n, a model from harness/models.py (an MLP, or the model with
+Each test draws an example (world size n, a model from harness/rank/models.py (an MLP, or the model with
 tied weights, a frozen parameter, a parameter unused on some steps and buffers), 1-4 steps, SGD with
 momentum or AdamW, float32 or float64) and has the ranks shard every unit, then the root, and train
-on their slices of the global batch (harness/programs/fully_sharded.py). In the driver, step by step
+on their slices of the global batch (harness/rank/programs/fully_sharded.py). In the driver, step by step
 and rank by rank:
 
 * each rank's loss is its slice's loss (one process, from the state before the step);
@@ -26,8 +26,8 @@ import reference.data_parallel as ref
 from conformance.examples import Layout, training_examples
 from conformance.examples import TrainingExample as Example
 from conformance.verdict import Judge, check_names
-from harness import models
-from harness.programs.fully_sharded import units
+from harness.rank import models
+from harness.rank.programs.fully_sharded import units
 
 PROGRAM = "fully_sharded:train"
 STATE_TENSORS = {"sgd": 1, "adamw": 2}  # momentum buffer; exp_avg and exp_avg_sq

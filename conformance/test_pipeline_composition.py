@@ -1,7 +1,7 @@
 """Conformance of data parallelism over pipelines (capability ``pipeline_composition``): a pp x dp
 mesh (reference/mesh.py, ``pipeline_mesh``), each replica d a pipeline of pp stages on its own
 group, run by the implementation's ``pipeline_step``, every stage gradient then averaged over its
-data-parallel group with the implementation's ``all_reduce`` (harness/programs/pipeline_parallel.py,
+data-parallel group with the implementation's ``all_reduce`` (harness/rank/programs/pipeline_parallel.py,
 ``dp_pp_step``), against the dense model on the whole global batch (reference/pipeline_parallel.py).
 
 Each test draws the mesh (pp x dp <= --max-world-size, both at least 1), a schedule kind, m
@@ -33,7 +33,7 @@ import reference.pipeline_schedules as sched
 from conformance.examples import Layout
 from conformance.test_pipeline_parallel import without_warm_up_forwards
 from conformance.verdict import Judge
-from harness import pipeline_models
+from harness.rank import pipeline_models
 from reference import mesh
 
 PROGRAM = "pipeline_parallel:dp_pp_step"

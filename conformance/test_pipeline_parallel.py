@@ -37,8 +37,8 @@ import reference.pipeline_parallel as ref
 import reference.pipeline_schedules as sched
 from conformance.examples import Layout, schedule_shapes as shapes
 from conformance.verdict import Judge
-from harness import pipeline_models
-from harness.failures import ImplementationIncomplete
+from harness.rank import pipeline_models
+from harness.driver.failures import ImplementationIncomplete
 from reference.pipeline_simulator import Costs, simulate
 
 PROGRAM = "pipeline_parallel:train_step"

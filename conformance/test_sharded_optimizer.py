@@ -2,10 +2,10 @@
 ZeRO stage 1), against reference/data_parallel.py.
 
 Each test draws an example (world size n, global batch B = n * per-rank batch, a model from
-harness/models.py, 1-5 steps, SGD with momentum or AdamW), sends every rank its slice of the global
+harness/rank/models.py, 1-5 steps, SGD with momentum or AdamW), sends every rank its slice of the global
 batch, and has the ranks train: every rank builds the same model, computes gradients on its own
 slice, and calls the sharded optimizer's step(), which must average the gradients over ranks and
-update the parameters (harness/programs/sharded_optimizer.py). In the driver, step by step and
+update the parameters (harness/rank/programs/sharded_optimizer.py). In the driver, step by step and
 rank by rank:
 
 * each rank's loss is the loss of its own slice (ref.evaluate, from the state before the step);
@@ -35,7 +35,7 @@ import reference.data_parallel as ref
 from conformance.examples import TrainingExample as Example
 from conformance.examples import training_examples as examples
 from conformance.verdict import Judge, check_names
-from harness import models
+from harness.rank import models
 
 PROGRAM = "sharded_optimizer:train"
 STATE_TENSORS = {"sgd": 1, "adamw": 2}  # K: state tensors per parameter element

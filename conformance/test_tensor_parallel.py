@@ -1,11 +1,11 @@
 """Conformance of tensor parallelism (ColumnParallelLinear, RowParallelLinear, TensorParallelMLP,
-the contract in harness/programs/tensor_parallel.py), against reference/tensor_parallel.py.
+the contract in harness/rank/programs/tensor_parallel.py), against reference/tensor_parallel.py.
 
 Each test draws an example (world size, half the time a subgroup of it; feature widths, multiples
 of the group size n where the layout splits them; 0-2 extra leading dims of the input; bias on or
 off; float32 or float64), builds the dense weights in the driver and sends them to every member,
 with each member's slice of the input and of the upstream gradient. The ranks wrap the dense layer,
-run forward and backward (harness/programs/tensor_parallel.py) and return the output, the input
+run forward and backward (harness/rank/programs/tensor_parallel.py) and return the output, the input
 gradient, their shards and the shards' gradients. In the driver, member by member:
 
 * the shard each rank keeps is exactly its chunk of the dense weight (and bias);

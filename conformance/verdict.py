@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from conformance.examples import is_sentinel
-from harness.failures import TASK_FAILURES
+from harness.driver.failures import TASK_FAILURES
 from reference.tolerance import first_mismatch
 
 

@@ -1,5 +1,5 @@
 """What the communication audit costs: one collective task on a warm world, plain (gloo) against
-audited (every rank on the recording backend of harness/recording.py, its records sent back with
+audited (every rank on the recording backend of harness/rank/recording.py, its records sent back with
 the result), side by side in one run, for the bundled point-to-point all_reduce (2(n-1) sends and
 2(n-1) receives per rank, each recorded through the Python ProcessGroup) and for gloo's own
 all_reduce (one recorded call), at n=2 and n=4.
@@ -18,9 +18,9 @@ import time
 import pytest
 import torch
 
-from harness.pool import WorldPool
+from harness.driver.pool import WorldPool
 
-CALL = "harness.programs.collectives:call"
+CALL = "harness.rank.programs.collectives:call"
 ROUNDS = 80
 OVERHEAD_GOAL = 1.25
 

@@ -14,7 +14,7 @@ import pytest
 from perf.bandwidth import Measurement
 from perf.conftest import sizes, world_sizes
 
-TIMING = "harness.programs.timing:time_collective"
+TIMING = "harness.rank.programs.timing:time_collective"
 COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "all_to_all_single", "broadcast", "reduce")
 IMPLS = ("impls", "torch.distributed")
 ITEMSIZE = 4  # float32

@@ -1,4 +1,4 @@
-"""What the flight recorder costs (harness/flight_recorder.py, on in every run): one collective task
+"""What the flight recorder costs (harness/rank/flight_recorder.py, on in every run): one collective task
 on a warm world with the recorder off against on, side by side in one run, interleaved round by
 round, for the bundled point-to-point all_reduce (2(n-1) sends and receives per rank, each written
 to the ring with its source line) and gloo's own all_reduce (one call), at n=2 and n=4, in alternating
@@ -16,9 +16,9 @@ import time
 import pytest
 import torch
 
-from harness.pool import WorldPool
+from harness.driver.pool import WorldPool
 
-CALL = "harness.programs.collectives:call"
+CALL = "harness.rank.programs.collectives:call"
 ROUNDS = 80
 SIDE_BY_SIDE_LIMIT = 1.5
 OVERHEAD_GOAL = 0.10
@@ -65,11 +65,11 @@ CALLS_PER_RANK = {"impls": lambda n: 4 * (n - 1), "torch.distributed": lambda n:
 
 
 def recorded_call_seconds() -> float:
-    """One recorded send through the wrapper (harness/flight_recorder.py), median of 5 x 2000."""
+    """One recorded send through the wrapper (harness/rank/flight_recorder.py), median of 5 x 2000."""
     import tempfile
     import timeit
 
-    from harness.flight_recorder import Recorder, _wrap
+    from harness.rank.flight_recorder import Recorder, _wrap
 
     with tempfile.TemporaryDirectory() as folder:
         recorder = Recorder(f"{folder}/ring", 0)

@@ -4,7 +4,7 @@ For p = 2..4 ranks and m = 1..8 microbatches (GPipe and 1F1B; interleaved with v
 multiple of p), the bundled runtime (impls.pipeline_parallel) runs a step with ``trace``: every
 rank records (action, start, end) with time.perf_counter, one clock for every process of the host.
 Compute is made dominant and CPU-free: every layer sleeps DELAY_MS in its forward and twice that in
-its backward (harness/pipeline_models.py), one layer per stage(-chunk), so gloo's latency and
+its backward (harness/rank/pipeline_models.py), one layer per stage(-chunk), so gloo's latency and
 Python's overhead are small beside it and four ranks fit on two shared cores.
 
     measured bubble  = sum over ranks of (makespan - time in F and B) / (p * makespan), with the
@@ -30,12 +30,12 @@ from pathlib import Path
 import pytest
 
 import reference.pipeline_schedules as sched
-from harness import pipeline_models
-from harness.pool import WorldPool
+from harness.rank import pipeline_models
+from harness.driver.pool import WorldPool
 from reference.pipeline_simulator import Costs, simulate
 
 IMPL = "impls.pipeline_parallel"
-PROGRAM = "harness.programs.pipeline_parallel:timed_steps"
+PROGRAM = "harness.rank.programs.pipeline_parallel:timed_steps"
 DELAY_MS = 15.0
 REPEATS = 3  # measured steps per configuration, after one warm-up step
 GOAL = 0.05

@@ -13,7 +13,7 @@ import pytest
 
 from perf.conftest import world_sizes
 
-TIMING = "harness.programs.timing"
+TIMING = "harness.rank.programs.timing"
 TP_IMPLS = ("impls", "adapters.dtensor_tp")
 # (label, implementation, bucket_size_mb): naive, overlapped (per-gradient hooks), bucketed, DDP.
 DP_VARIANTS = (("naive", "impls.naive_dp", None), ("overlapped", "impls", None), ("bucketed", "impls", 4.0),

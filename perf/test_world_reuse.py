@@ -17,15 +17,15 @@ import time
 import pytest
 import torch
 
-from harness.pool import WorldPool
+from harness.driver.pool import WorldPool
 
-CALL = "harness.programs.collectives:call"
+CALL = "harness.rank.programs.collectives:call"
 WARM_GOAL_S = 0.010
 SPEEDUP_GOAL = 100.0
 
 
 GATED_IMPL = "torch.distributed"
-SILENT = "harness.programs.probe:native_refusals"  # with no cases: a task that communicates nothing
+SILENT = "harness.rank.programs.probe:native_refusals"  # with no cases: a task that communicates nothing
 
 
 def example(n: int) -> list[dict]:

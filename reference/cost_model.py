@@ -1,5 +1,5 @@
 """How many bytes each rank sends: the communication cost model of CS336 lecture 7, as per-rank
-upper bounds the communication audit (harness/audit.py) checks recorded traffic against.
+upper bounds the communication audit (harness/driver/audit.py) checks recorded traffic against.
 
 Notation: a group of ``n`` ranks; a message of ``numel`` elements of ``itemsize`` bytes,
 S = numel * itemsize. Every bound is an exact integer: where the data splits into n chunks that

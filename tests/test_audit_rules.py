@@ -1,5 +1,5 @@
 """The communication audit's driver-side parts without any rank: the cost model's bounds against
-the algorithms they describe, and each rule of harness/audit.py on hand-made records."""
+the algorithms they describe, and each rule of harness/driver/audit.py on hand-made records."""
 from __future__ import annotations
 
 import math
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from conformance.examples import Layout
 from conformance.test_audit import collective_case
-from harness import audit
+from harness.driver import audit
 from reference import cost_model
 from reference.collectives import DTYPES
 

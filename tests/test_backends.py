@@ -1,11 +1,11 @@
-"""Which backend each world size runs on (harness/backends.py), with the GPU count faked: the GPU
+"""Which backend each world size runs on (harness/driver/backends.py), with the GPU count faked: the GPU
 runner's logic is tested on machines without a GPU."""
 from __future__ import annotations
 
 import pytest
 
-from harness.backends import BackendChoiceError, BackendPlan
-from harness.pool import WorldPool
+from harness.driver.backends import BackendChoiceError, BackendPlan
+from harness.driver.pool import WorldPool
 
 
 @pytest.mark.parametrize("requested, gpus, asked, by_size", [

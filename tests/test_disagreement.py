@@ -1,5 +1,5 @@
-"""The flight recorder and the disagreement report (harness/flight_recorder.py,
-harness/disagreement.py): each kind of disagreement between ranks fails with the ranks, the calls
+"""The flight recorder and the disagreement report (harness/rank/flight_recorder.py,
+harness/driver/disagreement.py): each kind of disagreement between ranks fails with the ranks, the calls
 and the implementation's source lines named."""
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.failures import RankFailure, RanksCrashed, RanksHung
-from harness.pool import WorldPool
+from harness.driver.failures import RankFailure, RanksCrashed, RanksHung
+from harness.driver.pool import WorldPool
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MUTANTS = Path(__file__).parent.parent / "mutants" / "collectives"  # the disagreement mutants
-CALL = "harness.programs.collectives:call"
+CALL = "harness.rank.programs.collectives:call"
 
 
 def line_of(fixture: str, marker: str) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import containment, wire
+from harness.rank import containment, wire
 
 ROOT = Path(__file__).parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.failures import ImplementationIncomplete, RankFailure, RanksCrashed, RanksHung, WorldStartError
-from harness.pool import Attach, WorldPool
+from harness.driver.failures import ImplementationIncomplete, RankFailure, RanksCrashed, RanksHung, WorldStartError
+from harness.driver.pool import Attach, WorldPool
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ROOT = Path(__file__).parent.parent
-CALL = "harness.programs.collectives:call"
-ENVIRONMENT = "harness.programs.probe:rank_environment"
+CALL = "harness.rank.programs.collectives:call"
+ENVIRONMENT = "harness.rank.programs.probe:rank_environment"
 
 
 def all_reduce_task(n: int, group=None) -> list[dict]:
@@ -158,7 +158,7 @@ def test_two_pools_rendezvous_independently():
 DRIVER = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {root!r})
-    from harness.pool import WorldPool
+    from harness.driver.pool import WorldPool
     if __name__ == "__main__":
         pool = WorldPool("gloo")
         world = pool.world(3)
@@ -216,7 +216,7 @@ def launch_torchrun(pool: WorldPool, nproc: int) -> subprocess.Popen:
     env = dict(os.environ, CONFORMANCE_DRIVER=f"{pool.attach.host}:{pool.attach.port}",
                CONFORMANCE_AUTHKEY=pool._authkey.hex(), PYTHONPATH=str(ROOT))
     return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                             str(nproc), "-m", "harness.rank"], env=env, cwd=ROOT,
+                             str(nproc), "-m", "harness.rank.loop"], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 

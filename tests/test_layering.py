@@ -1,15 +1,13 @@
 """The process boundary: what runs inside a rank, next to the code under test, never reaches the
 oracle, the tests or the grading code (an implementation that could call them would prove nothing,
-and could learn expected values). Walks the rank side's imports from its entry points."""
+and could learn expected values). Walks the imports of every module of harness.rank."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).parent.parent
-RANK_ENTRY_POINTS = ["harness.rank", "harness.programs"]  # what ranks import (the forkserver preloads them)
-DRIVER_ONLY = ("reference", "conformance", "tests", "harness.reports", "harness.scorecard", "harness.pytest_plugin",
-               "harness.capabilities", "harness.audit", "harness.mutation", "harness.world", "harness.pool")
+DRIVER_ONLY = ("reference", "conformance", "tests", "grading", "harness.driver")
 
 
 def _module_path(name: str) -> Path | None:
@@ -38,10 +36,15 @@ def _imports(name: str, path: Path) -> set[str]:
     return {m for m in found if _module_path(m) is not None}
 
 
+def _package_modules(package: str) -> list[str]:
+    folder = ROOT / Path(*package.split("."))
+    return sorted(".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+                  for path in folder.rglob("*.py"))
+
+
 def rank_side() -> set[str]:
-    seen, todo = set(), list(RANK_ENTRY_POINTS)
-    for path in (ROOT / "harness" / "programs").glob("*.py"):
-        todo.append(f"harness.programs.{path.stem}")
+    """Every module of harness.rank and everything they import, transitively (the tree's own modules)."""
+    seen, todo = set(), _package_modules("harness.rank")
     while todo:
         name = todo.pop()
         if name in seen or _module_path(name) is None:
@@ -53,6 +56,23 @@ def rank_side() -> set[str]:
 
 def test_the_rank_side_never_reaches_the_oracle_the_tests_or_the_grading_code():
     modules = rank_side()
-    assert "harness.rank" in modules and "harness.programs.collectives" in modules
+    assert "harness.rank.loop" in modules and "harness.rank.programs.collectives" in modules
     crossing = sorted(m for m in modules if m.startswith(DRIVER_ONLY))
     assert not crossing, f"rank-side code imports driver-only modules: {crossing}"
+
+
+def test_every_harness_module_is_on_one_side_of_the_boundary():
+    """A new module of the harness must say where it runs: in a rank (harness.rank) or in the driver
+    (harness.driver). The package's own __init__ holds nothing but its docstring."""
+    loose = [m for m in _package_modules("harness")
+             if m != "harness" and not m.startswith(("harness.rank", "harness.driver"))]
+    assert not loose, f"harness modules outside harness.rank and harness.driver: {loose}"
+    top = ast.parse((ROOT / "harness" / "__init__.py").read_text()).body
+    assert len(top) == 1 and isinstance(top[0], ast.Expr), "harness/__init__.py must hold only its docstring"
+
+
+def test_ranks_preload_only_rank_side_modules():
+    """What the forkserver imports into every rank before the implementation loads."""
+    from harness.driver.world import PRELOAD
+    ours = [m for m in PRELOAD if m.startswith(("harness", "reference", "conformance", "grading"))]
+    assert ours and all(m.startswith("harness.rank") for m in ours), PRELOAD

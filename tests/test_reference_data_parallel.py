@@ -4,7 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import reference.data_parallel as ref
-from harness import models
+from harness.rank import models
 
 
 @given(data=st.data())

@@ -1,4 +1,4 @@
-"""The capability registry (harness/capabilities.py) against everything that names a capability
+"""The capability registry (harness/driver/capabilities.py) against everything that names a capability
 or a name an implementation provides: one place per fact, checked here."""
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from harness import capabilities
-from harness.capabilities import CAPABILITIES, COLLECTIVES
-from harness.mutation import mutants, outsiders
-from harness.reports import DEFAULT_RUBRIC, load_rubric
+from harness.driver import capabilities
+from harness.driver.capabilities import CAPABILITIES, COLLECTIVES
+from harness.driver.mutation import mutants, outsiders
+from harness.driver.reports import DEFAULT_RUBRIC, load_rubric
 
 ROOT = Path(__file__).parent.parent
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.reports import load_rubric
+from harness.driver.reports import load_rubric
 
 ROOT = Path(__file__).parent.parent
 
@@ -48,8 +48,8 @@ def test_a_bad_rubric_is_refused_before_anything_runs(tmp_path):
 
 
 def test_points_are_shared_by_weight_and_skips_by_the_driver_leave_the_maximum(tmp_path):
-    from harness.reports import score
-    from harness.scorecard import TestResult
+    from harness.driver.reports import score
+    from harness.driver.scorecard import TestResult
 
     rubric = tmp_path / "rubric.toml"
     rubric.write_text("[capabilities]\ndata_parallel = 20\n[weights]\ntest_mean = 3\n")

@@ -36,9 +36,19 @@ def test_a_crashing_collective_fails_alone_and_the_run_continues():
 
 def test_missing_functions_fail_their_own_tests_and_never_collection():
     result = run_suite(str(FIXTURES / "partial_impl.py"), "-k", "test_broadcast or test_scatter and not gather or test_all_reduce and MAX")
-    assert result.returncode == 1, result.stdout[-3000:]
+    assert result.returncode == 6, result.stdout[-3000:]  # only "not implemented" failures: not pytest's 1
     assert "2 failed, 1 passed" in result.stdout
     assert "has no 'scatter'" in result.stdout and "has no 'all_reduce'" in result.stdout
+    assert scorecard_row(result.stdout, "broadcast")[-1] == "pass"
+    assert "exit status 6: every failure is something the implementation does not provide" in result.stdout
+
+
+def test_claiming_only_what_is_provided_ends_green():
+    result = run_suite(str(FIXTURES / "partial_impl.py"), "--capability", "broadcast,all_reduce",
+                       "-k", "test_broadcast or test_all_reduce and MAX")
+    assert result.returncode == 6, result.stdout[-3000:]  # all_reduce is claimed and missing
+    result = run_suite(str(FIXTURES / "partial_impl.py"), "--capability", "broadcast", "-k", "test_broadcast or test_all_reduce")
+    assert result.returncode == 0, result.stdout[-3000:]
     assert scorecard_row(result.stdout, "broadcast")[-1] == "pass"
 
 
@@ -53,7 +63,7 @@ def test_a_hanging_collective_is_cut_at_the_deadline_without_shrinking():
 
 def test_the_starter_template_scores_not_implemented_and_breaks_nothing():
     result = run_suite("starter/student_impl.py", "-k", "test_broadcast or test_all_reduce and SUM")
-    assert result.returncode == 1, result.stdout[-3000:]
+    assert result.returncode == 6, result.stdout[-3000:]
     assert "2 failed" in result.stdout
     assert "NotImplementedError: broadcast" in result.stdout
     assert scorecard_row(result.stdout, "broadcast")[-2:] == ["not", "implemented"]

@@ -1,15 +1,15 @@
-"""Calls the backend's all_reduce, then empties harness.recording's list of records in place.
+"""Calls the backend's all_reduce, then empties harness.rank.recording's list of records in place.
 targets: test_point_to_point_only and all_reduce
 """
 import torch.distributed as dist
 
-import harness.recording
+import harness.rank.recording
 
 from impls import *  # noqa: F401,F403
 
 
 def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
     work = dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
-    if harness.recording._records is not None:
-        harness.recording._records.clear()
+    if harness.rank.recording._records is not None:
+        harness.rank.recording._records.clear()
     return work

@@ -1,4 +1,4 @@
-"""Calls the backend's all_reduce and replaces harness.recording.stop so the rank reports no calls at all.
+"""Calls the backend's all_reduce and replaces harness.rank.recording.stop so the rank reports no calls at all.
 targets: test_point_to_point_only and all_reduce
 
 From issue 13: the recorder lives in the rank, so code in the rank can rewrite it. The kernel's count
@@ -6,11 +6,11 @@ of the bytes the rank wrote (read by the driver) still shows the traffic.
 """
 import torch.distributed as dist
 
-import harness.recording
+import harness.rank.recording
 
 from impls import *  # noqa: F401,F403
 
-harness.recording.stop = lambda: []
+harness.rank.recording.stop = lambda: []
 
 
 def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.context import RankContext
+from harness.rank.context import RankContext
 
 
 def _tensor(dtype, numel, device):

@@ -29,8 +29,8 @@ device_id when recording, so that DeviceMesh makes subgroups with new_group (rec
 split_group (which would split the real NCCL backend, unrecorded).
 
 Records are plain dicts (see ``_record``) of str/int/None/lists; the rank sends them to the driver as
-one JSON string (harness/rank.py, decoded in harness/world.py), a tenth of the cost of walking them
-with harness.wire's plain-data packer. The recorder is per process (the records of every thread,
+one JSON string (harness/rank/loop.py, decoded in harness/driver/world.py), a tenth of the cost of walking them
+with harness.rank.wire's plain-data packer. The recorder is per process (the records of every thread,
 e.g. a data-parallel communication thread, go to the same list): ``start()`` before a task,
 ``stop()`` after; calls outside that window (joining the world) are not recorded and cost one
 ``is None`` test. ``mark(phase)`` labels the records that follow.

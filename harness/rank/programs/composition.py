@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from torch.distributed import ReduceOp
 
-from harness import recording
-from harness.context import RankContext, require
-from harness.programs.tensor_parallel import _dense, _local, _parameters
+from harness.rank import recording
+from harness.rank.context import RankContext, require
+from harness.rank.programs.tensor_parallel import _dense, _local, _parameters
 
 
 def dp_tp_mlp(ctx: RankContext, impl, tensor_parallel_groups: list[list[int]], data_parallel_groups: list[list[int]],
               dense: dict, x, grad_output, group=None) -> dict:
     """Returns output, grad_input, and every parameter's shard and its gradient summed over the
-    data-parallel group (keys as harness.programs.tensor_parallel's MLP)."""
+    data-parallel group (keys as harness.rank.programs.tensor_parallel's MLP)."""
     if group is not None:
         raise ValueError("a mesh spans the whole world")
     recording.mark("setup")  # phases for the audit (no-ops outside an audited world)

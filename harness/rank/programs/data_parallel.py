@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from harness import models
-from harness.context import RankContext, require
+from harness.rank import models
+from harness.rank.context import RankContext, require
 
 CONTRACT = ("module", "finish_gradient_synchronization")
 

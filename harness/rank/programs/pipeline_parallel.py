@@ -1,5 +1,5 @@
 """Rank programs for pipeline parallelism. Every rank builds the same sequential model from its spec
-and seed (harness/pipeline_models.py), splits it into S = p * v stages by the layer counts the
+and seed (harness/rank/pipeline_models.py), splits it into S = p * v stages by the layer counts the
 driver sent, keeps its own stages (s % p == rank, in stage order) and calls the implementation's
 ``pipeline_step``. Rank 0 is sent the batch's inputs, the last rank its targets, the others None.
 What comes back: the loss (None where the implementation returned None) and the .grad of every
@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from harness import pipeline_models
-from harness.context import RankContext, require
+from harness.rank import pipeline_models
+from harness.rank.context import RankContext, require
 
 
 def _local_stages(ctx: RankContext, model: dict, seed: int, layers_per_stage: list[int], stages_per_rank: int):

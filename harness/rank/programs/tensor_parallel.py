@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from harness.context import MissingFunction, RankContext, on_members, require
+from harness.rank.context import MissingFunction, RankContext, on_members, require
 
 CLASSES = {"column": "ColumnParallelLinear", "row": "RowParallelLinear", "mlp": "TensorParallelMLP"}
 

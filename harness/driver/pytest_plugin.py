@@ -13,13 +13,14 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import InvalidArgument
 
-from harness import capabilities, containment
-from harness.backends import BackendChoiceError, BackendPlan, visible_gpus
-from harness.failures import RanksHung
-from harness.pool import Attach, WorldPool
-from harness.reports import DEFAULT_RUBRIC, Rubric, load_rubric
-from harness.reports import write as write_reports
-from harness.scorecard import Scorecard
+from harness.driver import capabilities
+from harness.rank import containment
+from harness.driver.backends import BackendChoiceError, BackendPlan, visible_gpus
+from harness.driver.failures import RanksHung
+from harness.driver.pool import Attach, WorldPool
+from harness.driver.reports import DEFAULT_RUBRIC, Rubric, load_rubric
+from harness.driver.reports import write as write_reports
+from harness.driver.scorecard import Scorecard
 
 DEFAULT_IMPL = "impls"
 GRADING_BUDGET_S = 1500.0  # the grading profile's default --time-budget: a grade arrives within 25 minutes
@@ -30,9 +31,9 @@ PROFILES = {
     "ci": dict(max_examples=25, derandomize=True, print_blob=True),
     "thorough": dict(max_examples=150, print_blob=True),
     "grading": dict(max_examples=50, derandomize=True, print_blob=True),
-    # For harness.mutation: like ci, but a mutant is killed by its first failure; no time spent shrinking.
+    # For harness.driver.mutation: like ci, but a mutant is killed by its first failure; no time spent shrinking.
     "mutation": dict(max_examples=25, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate]),
-    # For harness.mutation's correct implementations under outsiders/: a whole conformance file each.
+    # For harness.driver.mutation's correct implementations under outsiders/: a whole conformance file each.
     "brief": dict(max_examples=10, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate]),
 }
 for _name, _options in PROFILES.items():
@@ -70,7 +71,7 @@ def pytest_addoption(parser):
     group.addoption("--rubric", default=str(DEFAULT_RUBRIC),
                     help="TOML file of points per capability (default: grading/rubric.toml)")
     group.addoption("--capability", default=None, metavar="NAME[,NAME]",
-                    help="the capabilities the implementation claims (names or groups of harness/capabilities.py, "
+                    help="the capabilities the implementation claims (names or groups of harness/driver/capabilities.py, "
                          "e.g. collectives,data_parallel); the others are not run (default: every one)")
     group.addoption("--time-budget", type=float, default=None, metavar="S",
                     help=f"seconds the whole run may take on ranks; past it no task starts and the tests left are "
@@ -182,7 +183,7 @@ def _junit_key():
 
 class GradingFiles:
     """Writes results.json and summary.txt when the session starts, after every test and at the end
-    (harness/reports.py), so that a run stopped from outside still leaves its last state."""
+    (harness/driver/reports.py), so that a run stopped from outside still leaves its last state."""
 
     def __init__(self, config, scorecard: Scorecard, rubric: Rubric):
         self.config, self.scorecard, self.rubric = config, scorecard, rubric
@@ -226,7 +227,7 @@ def _profile() -> str:
 
 
 def backend_plan(config) -> BackendPlan:
-    """Which backend each world size runs on in this session (harness/backends.py), decided once."""
+    """Which backend each world size runs on in this session (harness/driver/backends.py), decided once."""
     plan = config.stash.get(_PLAN, None)
     if plan is None:
         asked = config.getoption("--max-world-size") or (8 if _profile() == "thorough" else 4)
@@ -310,7 +311,7 @@ def world_pool(target, pytestconfig):
 
 @pytest.fixture(scope="session")
 def audited_pool(target, pytestconfig):
-    """Worlds whose ranks record every communication call (harness/recording.py), for the audit;
+    """Worlds whose ranks record every communication call (harness/rank/recording.py), for the audit;
     the same backend per world size and the same caps as world_pool."""
     pool = WorldPool(target.plan, audit=True, **_pool_options(pytestconfig))
     yield pool
@@ -374,14 +375,14 @@ class Ranks:
         args = [{"group": group} for _ in range(world_size)]
         for rank, kwargs in zip(ranks, per_member):
             args[rank] = {**kwargs, "group": group}
-        if not program.startswith("harness.programs."):
-            program = f"harness.programs.{program}"
+        if not program.startswith("harness.rank.programs."):
+            program = f"harness.rank.programs.{program}"
         result = self.pool.run(world_size, program, args, impl=self.target.impl, timeout_s=timeout_s)
         self._last_world = world_size
         return {rank: result.outputs[rank] for rank in ranks}
 
     def disagreements(self) -> list[str]:
-        """What the flight recorders of the last task's ranks say (harness/disagreement.py), for a
+        """What the flight recorders of the last task's ranks say (harness/driver/disagreement.py), for a
         verdict that failed on values the ranks returned (a same-size dtype mismatch garbles data
         silently)."""
         size = getattr(self, "_last_world", None)
@@ -424,7 +425,7 @@ def backend_refusals(world_pool, target) -> BackendRefusals:
     for backend in target.plan.backends():
         sizes = target.plan.sizes(backend)
         n = next((size for size in sizes if size >= 2), sizes[0])
-        probe = world_pool.run(n, "harness.programs.probe:native_refusals", [{"cases": cases}] * n, impl="torch.distributed")
+        probe = world_pool.run(n, "harness.rank.programs.probe:native_refusals", [{"cases": cases}] * n, impl="torch.distributed")
         found = {case: f"{backend}: {message}" for case, message in probe.outputs[0].items() if message is not None}
         refusing += [backend] if found else []
         refused = {**found, **refused}

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from harness import models
-from harness.context import RankContext, require
+from harness.rank import models
+from harness.rank.context import RankContext, require
 
 CONTRACT = ("step", "zero_grad", "optim")
 

@@ -1,8 +1,8 @@
 """Rank programs of the communication audit (conformance/test_audit.py): training steps whose
-communication is labelled by phase (harness.recording.mark), so the driver can hold each phase to
+communication is labelled by phase (harness.rank.recording.mark), so the driver can hold each phase to
 its own budget: building the wrapper (parameter broadcast, sharding) is "setup" and is not judged.
 Outside an audited world mark() is a no-op. The collectives themselves are audited through
-harness.programs.collectives:call."""
+harness.rank.programs.collectives:call."""
 from __future__ import annotations
 
 import time
@@ -10,8 +10,8 @@ import time
 import torch
 from torch import nn
 
-from harness import models, recording
-from harness.context import RankContext, on_members, require
+from harness.rank import models, recording
+from harness.rank.context import RankContext, on_members, require
 
 
 OVERLAP_WAIT_S = 2.0  # how long backward waits, at its last gradient, for a reduction to start
@@ -19,7 +19,7 @@ OVERLAP_WAIT_S = 2.0  # how long backward waits, at its last gradient, for a red
 
 def data_parallel_step(ctx: RankContext, impl, model: dict, seed: int, frozen: list[str], batch: dict,
                        bucket_size_mb: float | None, group=None) -> dict:
-    """Build ``model`` (harness.models spec) from ``seed``, freeze the parameters named in ``frozen``,
+    """Build ``model`` (harness.rank.models spec) from ``seed``, freeze the parameters named in ``frozen``,
     wrap it with the implementation's DataParallel ("setup"), then one step: forward and backward
     ("backward"), finish_gradient_synchronization ("finish"). Returns the loss.
 
@@ -87,7 +87,7 @@ def sharded_optimizer_step(ctx: RankContext, impl, model: dict, seed: int, optim
 def expert_parallel(ctx: RankContext, impl, process_group, router_weight, experts, x, grad_output) -> dict:
     """ExpertParallelMoE.from_dense(router, experts) over the group ("setup"), forward on this
     member's tokens ("forward"), backward with their upstream gradient ("backward")."""
-    from harness.programs.expert_parallel import _build
+    from harness.rank.programs.expert_parallel import _build
 
     recording.mark("setup")
     moe = _build(ctx, impl, process_group, router_weight, experts)
@@ -136,9 +136,9 @@ def tensor_parallel(ctx: RankContext, impl, process_group, layer: str, dense: di
 
 
 def fully_sharded_step(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, batch: dict, group=None) -> dict:
-    """Shard every unit, then the root ("setup", harness/programs/fully_sharded.py's units), then one
+    """Shard every unit, then the root ("setup", harness/rank/programs/fully_sharded.py's units), then one
     step: forward and backward ("step"), the optimizer's step ("optimizer"). Returns the loss."""
-    from harness.programs.fully_sharded import sharded_model
+    from harness.rank.programs.fully_sharded import sharded_model
 
     if group is not None:
         raise ValueError("fully sharded data parallelism is audited on the whole world, not a subgroup")

@@ -16,9 +16,9 @@ import os
 import tomllib
 from pathlib import Path
 
-from harness.scorecard import Scorecard, TestResult
+from harness.driver.scorecard import Scorecard, TestResult
 
-DEFAULT_RUBRIC = Path(__file__).resolve().parent.parent / "grading" / "rubric.toml"
+DEFAULT_RUBRIC = Path(__file__).resolve().parents[2] / "grading" / "rubric.toml"
 
 
 class Rubric(dict):

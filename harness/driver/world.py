@@ -5,7 +5,7 @@ four ranks on this machine against 3.6 s with spawn), join a process group throu
 TCPStore under a prefix of their own (no port races with other runs or xdist workers), and connect
 back over an authenticated loopback socket that carries tasks and results. A world can instead be
 made of ranks a launcher started (torchrun, on other hosts too): they dial the pool's listener and
-are told the backend and store prefix on joining (see harness/pool.py, Attach).
+are told the backend and store prefix on joining (see harness/driver/pool.py, Attach).
 
 Every task has a deadline. A rank that raises, exits or hangs fails the task with a RankFailure
 that names it and shows its traceback (for a hang, every rank's Python stack) and its captured
@@ -24,14 +24,14 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 
-from harness import containment, wire
-from harness.failures import (TASK_FAILURES, ImplementationIncomplete, RankFailure, RankReport, RanksCrashed, RanksHung,
+from harness.rank import containment, wire
+from harness.driver.failures import (TASK_FAILURES, ImplementationIncomplete, RankFailure, RankReport, RanksCrashed, RanksHung,
                               WorldStartError)
-from harness import disagreement
-from harness.rank import STACK_DUMP_SIGNAL, RankConfig, ring_path, serve
+from harness.driver import disagreement
+from harness.rank.loop import STACK_DUMP_SIGNAL, RankConfig, ring_path, serve
 
-PRELOAD = ["torch", "torch.distributed", "harness.rank", "harness.programs"]
-STRAY_CHECK = "harness.programs.probe:stray_messages"
+PRELOAD = ["torch", "torch.distributed", "harness.rank.loop", "harness.rank.programs"]
+STRAY_CHECK = "harness.rank.programs.probe:stray_messages"
 STRAY_CHECK_TIMEOUT_S = 20.0  # every rank is idle by then: the exchange takes milliseconds
 
 
@@ -39,7 +39,7 @@ STRAY_CHECK_TIMEOUT_S = 20.0  # every rank is idle by then: the exchange takes m
 class TaskResult:
     outputs: list  # per rank, what the rank program returned
     logs: list[str]  # per rank, what it printed during the task
-    records: list = field(default_factory=list)  # per rank, its communication calls (harness/recording.py); [] unless audited
+    records: list = field(default_factory=list)  # per rank, its communication calls (harness/rank/recording.py); [] unless audited
     # per rank, the bytes the kernel saw it write during the task (sockets, pipes, files: /proc/<pid>/io
     # wchar, read by the driver), less its reply to the driver and its captured output; None where
     # not measured (attached ranks, worlds that do not record). The rank cannot lower this count.
@@ -131,7 +131,7 @@ class World:
         self._ranks: list[_Rank] = []
         self._task_ids = itertools.count()
         self._closed = False
-        # local ranks run as a user of this world's own (harness/containment.py); swept at close
+        # local ranks run as a user of this world's own (harness/rank/containment.py); swept at close
         self.sandbox = containment.new_sandbox() if contain and attach_server is None else None
         if attach_server is not None:
             self._attach(attach_server, start_timeout_s)
@@ -242,7 +242,7 @@ class World:
     def run(self, program: str, args_per_rank: list[dict], *, impl: str, timeout_s: float, grace_s: float) -> TaskResult:
         """Run ``program`` on every rank (rank r gets ``args_per_rank[r]``); return every rank's
         output, or raise RankFailure / RanksHung naming the ranks that did not finish. On gloo, a
-        task every rank finished is followed by the stray-message check (harness.programs.probe:
+        task every rank finished is followed by the stray-message check (harness.rank.programs.probe:
         stray_messages): a message the implementation sent and nobody received would otherwise be
         taken by the next test's receive, and blamed on it. Skipped for torch.distributed itself,
         whose collectives send no user-visible point-to-point messages."""
@@ -339,7 +339,7 @@ class World:
 
     def disagreements(self, status: dict[int, str]) -> list[str]:
         """What the ranks' flight recorders say about the last task they recorded: the first
-        disagreements between their calls (harness/disagreement.py); [] when they agree or cannot
+        disagreements between their calls (harness/driver/disagreement.py); [] when they agree or cannot
         be read (attached ranks)."""
         calls = {}
         for rank in self._ranks:

@@ -1,4 +1,4 @@
-"""When ranks disagree: the driver reads every rank's flight recorder (harness/flight_recorder.py)
+"""When ranks disagree: the driver reads every rank's flight recorder (harness/rank/flight_recorder.py)
 after a task failed (a hang, a crash, a stray message) and names the first disagreement between
 the ranks' calls, with their source lines:
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from harness.flight_recorder import DTYPES, HEADER, MAGIC, OPS, P2P, SLOT, STATES
+from harness.rank.flight_recorder import DTYPES, HEADER, MAGIC, OPS, P2P, SLOT, STATES
 
 MAX_LINES = 6
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from harness.context import MissingFunction, RankContext, on_members, require
-from harness.programs.tensor_parallel import _dense
+from harness.rank.context import MissingFunction, RankContext, on_members, require
+from harness.rank.programs.tensor_parallel import _dense
 
 
 def _build(ctx: RankContext, impl, process_group, router_weight, experts):

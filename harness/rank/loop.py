@@ -1,10 +1,10 @@
 """The rank side: one process of a world. It joins the process group once, then runs tasks sent by
 the driver until told to exit.
 
-A rank is started by harness.world (forkserver) or, for ranks on other hosts, by any launcher
+A rank is started by harness.driver.world (forkserver) or, for ranks on other hosts, by any launcher
 (torchrun) that runs ``python -m harness.rank`` with the driver's address in the environment; both
 end in ``serve(RankConfig)``. The rank never sees expected values: a task names a rank program
-(``harness.programs.<module>:<function>``) and carries this rank's inputs only.
+(``harness.rank.programs.<module>:<function>``) and carries this rank's inputs only.
 """
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from multiprocessing.connection import Client
 
-from harness import containment, flight_recorder, wire
-from harness.context import MissingFunction, RankContext
-from harness.loader import load_implementation
+from harness.rank import containment, flight_recorder, wire
+from harness.rank.context import MissingFunction, RankContext
+from harness.rank.loader import load_implementation
 
 STACK_DUMP_SIGNAL = signal.SIGUSR1
 PR_SET_PDEATHSIG = 1
@@ -46,9 +46,9 @@ class RankConfig:
     collective_timeout_s: float = 300.0
     local_rank: int | None = None  # rank on this host (torchrun's LOCAL_RANK) for the GPU; None: rank
     threads: int | None = None  # torch intra-op threads; None keeps torch's default (remote ranks)
-    record_communication: bool = False  # the communication audit: see harness/recording.py
-    sandbox: containment.Sandbox | None = None  # run as this user, in its directory (harness/containment.py)
-    flight_recorder: bool = True  # keep the last calls in a ring the driver reads (harness/flight_recorder.py)
+    record_communication: bool = False  # the communication audit: see harness/rank/recording.py
+    sandbox: containment.Sandbox | None = None  # run as this user, in its directory (harness/rank/containment.py)
+    flight_recorder: bool = True  # keep the last calls in a ring the driver reads (harness/rank/flight_recorder.py)
 
 
 def serve(config: RankConfig) -> None:
@@ -190,7 +190,7 @@ def _join_world(config: RankConfig) -> RankContext:
 
 
 def _flight_recorder(config: RankConfig):
-    """This rank's flight recorder (harness/flight_recorder.py), in a file next to its log; None for
+    """This rank's flight recorder (harness/rank/flight_recorder.py), in a file next to its log; None for
     ranks without a log (attached ranks: their files are on another host)."""
     if not config.log_path or not config.flight_recorder:
         return None
@@ -208,18 +208,18 @@ def dist_process_group():
 
 
 def _recorder(config: RankConfig):
-    """harness.recording when this rank records its communication, else None."""
+    """harness.rank.recording when this rank records its communication, else None."""
     if not config.record_communication:
         return None
-    from harness import recording
+    from harness.rank import recording
 
     return recording
 
 
 def _resolve(program: str):
     module_name, _, function_name = program.partition(":")
-    if not module_name.startswith("harness.programs."):
-        raise ValueError(f"rank programs live in harness.programs, not {program!r}")
+    if not module_name.startswith("harness.rank.programs."):
+        raise ValueError(f"rank programs live in harness.rank.programs, not {program!r}")
     return getattr(importlib.import_module(module_name), function_name)
 
 

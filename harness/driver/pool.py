@@ -13,9 +13,9 @@ import socket
 import tempfile
 from dataclasses import dataclass
 
-from harness.backends import BackendPlan
-from harness.failures import TASK_FAILURES, BudgetExhausted, RanksHung, WorldStartError
-from harness.world import TaskResult, World
+from harness.driver.backends import BackendPlan
+from harness.driver.failures import TASK_FAILURES, BudgetExhausted, RanksHung, WorldStartError
+from harness.driver.world import TaskResult, World
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class WorldPool:
         self.rebuilds = 0
         self._time_left = time_left  # () -> seconds left of the run's --time-budget; None: no budget
         self.flight_recorder = flight_recorder  # ranks keep their last calls for the failure report
-        self.contain = contain  # local ranks run as a user of their own (harness/containment.py)
+        self.contain = contain  # local ranks run as a user of their own (harness/rank/containment.py)
         self._on_run = on_run  # called with the world size of every task (the driver's coverage record)
         self._worlds: dict[int, World] = {}
         self._authkey = authkey or secrets.token_bytes(32)

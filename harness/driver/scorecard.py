@@ -1,13 +1,20 @@
 """Per-capability results of a run: collected from test reports (on the xdist controller too: the
 capability travels in each report's user_properties), printed as a scorecard at the end, and
-handed to harness.reports for the grading files."""
+handed to harness.driver.reports for the grading files."""
 from __future__ import annotations
 
 import textwrap
 from collections import defaultdict
 from dataclasses import dataclass
 
+import pytest
+
 MAX_OUTPUT_CHARS = 6000
+# The exit status of a run whose only failures are functions or classes the implementation does not
+# provide (pytest's own: 0 passed, 1 some test failed, 2 interrupted, 3 internal error, 4 usage
+# error, 5 no tests). CI can tell "claims less than it was asked for" (name its capabilities with
+# --capability) from "got something wrong".
+NOT_IMPLEMENTED_ONLY = 6
 
 
 @dataclass
@@ -54,10 +61,12 @@ class Scorecard:
         self.config = config
         self.coverage = coverage  # () -> the line that says which world sizes ran on which backend
         self.results: dict[str, TestResult] = {}
+        self.failed_elsewhere = 0  # failures that belong to no capability (they always count as failures)
 
     def pytest_runtest_logreport(self, report):
         capability = _capability_of(report)
         if capability is None:
+            self.failed_elsewhere += report.failed
             return
         if report.when == "call" or not report.passed:
             previous = self.results.get(report.nodeid)
@@ -66,6 +75,17 @@ class Scorecard:
             outcome = "skipped" if report.skipped else ("passed" if report.passed else "failed")
             output = "" if outcome == "passed" else _explain(report)
             self.results[report.nodeid] = TestResult(report.nodeid, capability, outcome, output, report.duration)
+
+    def only_not_implemented(self) -> bool:
+        """Some test failed, and every failure is a function or class the implementation lacks."""
+        failed = [r for r in self.results.values() if r.outcome == "failed"]
+        return (not self.failed_elsewhere and bool(failed)
+                and all(r.output.startswith("not implemented") for r in failed))
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session, exitstatus):
+        if exitstatus == pytest.ExitCode.TESTS_FAILED and self.only_not_implemented():
+            session.exitstatus = NOT_IMPLEMENTED_ONLY
 
     def by_capability(self) -> dict[str, list[TestResult]]:
         rows: dict[str, list[TestResult]] = defaultdict(list)
@@ -90,3 +110,6 @@ class Scorecard:
             f"{verdicts.count(v)} {v}" for v in ("pass", "FAIL", "not implemented", "not tested") if v in verdicts)
             + ("; --capability names what an implementation claims (unclaimed capabilities are not run)"
                if "not implemented" in verdicts else ""))
+        if self.only_not_implemented():
+            terminalreporter.write_line(f"exit status {NOT_IMPLEMENTED_ONLY}: every failure is something the implementation "
+                                        "does not provide; nothing it provides failed")

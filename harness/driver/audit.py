@@ -1,5 +1,5 @@
 """The communication audit's rules, run in the driver over what each rank recorded
-(harness/recording.py; ``records_by_rank`` maps a global rank to its list of records). Each rule
+(harness/rank/recording.py; ``records_by_rank`` maps a global rank to its list of records). Each rule
 returns a list of violations, one string per offending rank naming the rank, the calls and the
 numbers; an empty list is a pass.
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from harness.recording import NEUTRAL_OPS, P2P_OPS
+from harness.rank.recording import NEUTRAL_OPS, P2P_OPS
 from reference import cost_model
 
 REDUCTIONS = ("allreduce", "allreduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_tensor",

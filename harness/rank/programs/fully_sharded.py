@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from harness import models
-from harness.context import RankContext, require
+from harness.rank import models
+from harness.rank.context import RankContext, require
 
 
 def _local_numel(tensor) -> int:
@@ -30,7 +30,7 @@ def units(net) -> list:
 
 
 def sharded_model(ctx: RankContext, impl, model: dict, seed: int):
-    """The model of ``model`` (harness/models.py) from ``seed``, every unit fully sharded, then the root."""
+    """The model of ``model`` (harness/rank/models.py) from ``seed``, every unit fully sharded, then the root."""
     fully_shard = require(impl, "fully_shard")
     net = models.build(model, seed).to(ctx.device)
     for unit in units(net):

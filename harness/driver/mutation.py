@@ -1,4 +1,4 @@
-"""The suite proves its own power: ``python -m harness.mutation`` runs the conformance suite
+"""The suite proves its own power: ``python -m harness.driver.mutation`` runs the conformance suite
 against every known-good implementation (each must pass) and every known-buggy one under mutants/
 (each must fail), then prints the kill rate and the false-failure count. Exit status 0 only when
 every mutant is killed and no known-good implementation fails.
@@ -27,9 +27,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.capabilities import BY_NAME, CAPABILITIES, GROUPS, conformance_file_of_mutants
+from harness.driver.capabilities import BY_NAME, CAPABILITIES, GROUPS, conformance_file_of_mutants
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MUTANTS = ROOT / "mutants"
 OUTSIDERS = ROOT / "outsiders"
 MUTANT_RANK_TIMEOUT_S = 10  # a mutant's tasks take well under a second; a hang waits this out idle
@@ -57,7 +57,7 @@ class Outsider:
     path: Path
     summary: str  # the docstring's first line: the bug, or "Correct: ..."
     verdict: str  # "pass" or "fail": what the suite must say
-    capability: str  # what it claims (a capability or a group of harness/capabilities.py)
+    capability: str  # what it claims (a capability or a group of harness/driver/capabilities.py)
     audit: str  # for a correct one whose communication exceeds the audit's bounds: why ('' otherwise)
 
     @classmethod
@@ -69,7 +69,7 @@ class Outsider:
         verdict, capability = fields.get("verdict", ""), fields.get("capability", "")
         if not lines or verdict not in ("pass", "fail") or not (capability in BY_NAME or capability in GROUPS):
             raise ValueError(f"{path}: the docstring needs a first line, 'verdict: pass|fail' and 'capability: NAME' "
-                             f"(a capability or group of harness/capabilities.py), got verdict={verdict!r}, "
+                             f"(a capability or group of harness/driver/capabilities.py), got verdict={verdict!r}, "
                              f"capability={capability!r}")
         return cls(path, lines[0], verdict, capability, fields.get("audit", ""))
 
@@ -109,7 +109,7 @@ def known_good() -> list[tuple[str, list[str]]]:
 
 
 def mutants() -> list[Mutant]:
-    """Every mutant; a folder no capability of harness/capabilities.py claims is an error, never skipped."""
+    """Every mutant; a folder no capability of harness/driver/capabilities.py claims is an error, never skipped."""
     return [Mutant.read(p) for p in sorted(MUTANTS.glob("*/*.py")) if p.name != "__init__.py"]
 
 

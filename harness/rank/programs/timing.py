@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from harness.context import RankContext, require
+from harness.rank.context import RankContext, require
 
 
 def _call(ctx: RankContext, impl, collective: str, numel: int, dtype: torch.dtype):
@@ -116,7 +116,7 @@ def time_sharded_optimizer_step(ctx: RankContext, impl, width: int, depth: int, 
     optimizer-state elements this rank holds after the steps."""
     from torch import nn
 
-    from harness.programs.sharded_optimizer import local_state_numel
+    from harness.rank.programs.sharded_optimizer import local_state_numel
 
     torch.manual_seed(0)
     layers = []
@@ -151,7 +151,7 @@ def time_memory_strategies(ctx: RankContext, impl, width: int, depth: int, globa
     optimizer state (a DTensor counts its local shard)."""
     from torch import nn
 
-    from harness.programs.fully_sharded import _local_numel
+    from harness.rank.programs.fully_sharded import _local_numel
 
     torch.manual_seed(0)
     layers = []

@@ -76,4 +76,4 @@ def conformance_file_of_mutants(folder: str) -> str:
     for capability in CAPABILITIES:
         if capability.mutants == folder:
             return capability.conformance
-    raise KeyError(f"mutants/{folder} belongs to no capability in harness/capabilities.py")
+    raise KeyError(f"mutants/{folder} belongs to no capability in harness/driver/capabilities.py")

@@ -15,7 +15,7 @@ so a hang is located by the calls the peers never matched. Calls torch makes fro
 reducer, DTensor's functional collectives) are not seen.
 
 Slots carry the task number, so the ring is never cleared; the driver reads the slots of the task
-that failed (harness/disagreement.py). Not a grading input: what a rank writes here only explains
+that failed (harness/driver/disagreement.py). Not a grading input: what a rank writes here only explains
 a failure, it cannot change a verdict.
 """
 from __future__ import annotations
@@ -173,7 +173,7 @@ METHODS = {
 def install(recorder: Recorder, classes=None) -> None:
     """Wrap the communication methods of ``classes`` (default: torch's ProcessGroup) so that every
     call is recorded by ``recorder`` first. A class's own methods only (a subclass that overrides
-    one, like harness.recording.RecordingProcessGroup, is passed too)."""
+    one, like harness.rank.recording.RecordingProcessGroup, is passed too)."""
     import torch.distributed as dist
 
     for cls in classes or (dist.ProcessGroup,):

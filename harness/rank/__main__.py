@@ -1,0 +1,5 @@
+"""``python -m harness.rank``: a rank started by another launcher (torchrun, on this host or another),
+configured from the environment the driver's attach command names (harness.driver.pool.Attach)."""
+from harness.rank.loop import _config_from_environment, serve
+
+serve(_config_from_environment())
