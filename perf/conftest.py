@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from perf import figures as measured_table
 from perf.bandwidth import Measurement, plot, table
 
 MEASUREMENTS = pytest.StashKey[list]()
+FIGURES = pytest.StashKey[measured_table.Figures]()
 UNITS = {"K": 1024, "M": 1024**2, "G": 1024**3}
 
 
@@ -28,10 +30,13 @@ def pytest_addoption(parser):
     group.addoption("--perf-world-sizes", default="1,2,3,4", help="world sizes to sweep (default 1,2,3,4; 8 on request)")
     group.addoption("--perf-full", action="store_true", help="sweep 4 KiB to 64 MiB in steps of 4x")
     group.addoption("--perf-out", default=str(Path(__file__).parent / "out"), help="where the plots go")
+    group.addoption("--write-measured", default=None, metavar="FILE",
+                    help="write the figures of this run into FILE's measured table (scripts/bench: docs/measured.md)")
 
 
 def pytest_configure(config):
     config.stash[MEASUREMENTS] = []
+    config.stash[FIGURES] = measured_table.Figures()
 
 
 def sizes(config) -> list[int]:
@@ -49,7 +54,22 @@ def measurements(pytestconfig) -> list[Measurement]:
     return pytestconfig.stash[MEASUREMENTS]
 
 
+@pytest.fixture(scope="session")
+def figures(pytestconfig) -> measured_table.Figures:
+    """Where a benchmark records the figure it is judged on (perf/figures.py)."""
+    return pytestconfig.stash[FIGURES]
+
+
 def pytest_terminal_summary(terminalreporter, config):
+    recorded = config.stash.get(FIGURES, None)
+    if recorded is not None and recorded.recorded:
+        terminalreporter.section("figures of this run")
+        for line in recorded.lines():
+            terminalreporter.write_line(line)
+        target = config.getoption("--write-measured")
+        if target:
+            measured_table.write(Path(target), recorded)
+            terminalreporter.write_line(f"written to {target}")
     measured = config.stash.get(MEASUREMENTS, [])
     if not measured:
         return

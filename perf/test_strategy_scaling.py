@@ -30,7 +30,7 @@ def ranks_time(world_pool, program: str, impl: str, n: int, **arguments) -> floa
     return max(out["seconds"] for out in result.outputs)
 
 
-def test_tensor_parallel_mlp_scaling(world_pool, pytestconfig, benchmark):
+def test_tensor_parallel_mlp_scaling(world_pool, pytestconfig, benchmark, figures):
     """TP MLP forward+backward at fixed dimensions: bundled against DTensor, n = the perf world sizes."""
     sizes = [n for n in world_sizes(pytestconfig) if FFN % n == 0]
     times = {}
@@ -51,9 +51,11 @@ def test_tensor_parallel_mlp_scaling(world_pool, pytestconfig, benchmark):
         lines.append(f"  n={n}: bundled / DTensor = {times[('impls', n)] / times[('adapters.dtensor_tp', n)]:.2f}")
     print("\n".join(lines))
     benchmark.extra_info.update({f"{impl} n={n}": t for (impl, n), t in times.items()})
+    figures.record(f"bundled TP MLP fwd+bwd against DTensor ({HIDDEN}/{FFN}, {TOKENS} tokens)", ", ".join(
+        f"n={n}: {times[('impls', n)] / times[('adapters.dtensor_tp', n)]:.2f}x" for n in sizes))
 
 
-def test_data_parallel_step_scaling(world_pool, pytestconfig, benchmark):
+def test_data_parallel_step_scaling(world_pool, pytestconfig, benchmark, figures):
     """DP step time for a fixed global batch: naive, overlapped, bucketed and torch DDP side by side,
     as ratios to DDP; gate: bucketed within 1.2x of DDP at the largest world size (4 by default)."""
     sizes = [n for n in world_sizes(pytestconfig) if DP_BATCH % n == 0]
@@ -77,10 +79,14 @@ def test_data_parallel_step_scaling(world_pool, pytestconfig, benchmark):
     benchmark.extra_info.update({f"{label} n={n}": t for (label, n), t in times.items()})
     largest = sizes[-1]
     ratio = times[("bucketed", largest)] / times[("torch DDP", largest)]
+    figures.record(f"bundled bucketed DP step against torch DDP, n={largest} (MLP {DP_DEPTH}x{DP_WIDTH}, batch {DP_BATCH})",
+                   f"{ratio:.2f}x (" + ", ".join(f"{label} {times[(label, largest)] / times[('torch DDP', largest)]:.2f}x"
+                                             for label, _, _ in DP_VARIANTS if label not in ("bucketed", "torch DDP")) + ")",
+                   f"<= {DP_GOAL}x", ratio <= DP_GOAL)
     assert ratio <= DP_GOAL, f"bucketed DP takes {ratio:.2f}x torch DDP's step time at n={largest}, goal <= {DP_GOAL}x"
 
 
-def test_sharded_optimizer_memory_and_step_time(world_pool, pytestconfig, benchmark):
+def test_sharded_optimizer_memory_and_step_time(world_pool, pytestconfig, benchmark, figures):
     """ZeRO stage 1 against data parallelism with a whole AdamW per rank, side by side in one run:
     the optimizer state each rank holds (max over ranks, counted exactly) as a fraction of the
     unsharded state, and the step time ratio. Gate: state at most 1.1/n of unsharded at every n;
@@ -114,6 +120,9 @@ def test_sharded_optimizer_memory_and_step_time(world_pool, pytestconfig, benchm
         benchmark.extra_info.update({f"n={n} state fraction": fraction, f"n={n} time ratio": zero_time / dp_time})
         if fraction > ZERO_MEMORY_GOAL / n:
             failures.append(f"n={n}: a rank holds {fraction:.3f} of the unsharded state, goal <= {ZERO_MEMORY_GOAL}/{n}")
+    figures.record(f"ZeRO-1 optimizer state per rank against unsharded, AdamW, MLP {ZERO_DEPTH}x{DP_WIDTH} (step time against DP)",
+                   ", ".join(f"n={n}: {runs[(True, n)][1] / runs[(False, n)][1]:.3f} ({runs[(True, n)][0] / runs[(False, n)][0]:.2f}x)"
+                             for n in sizes), f"<= {ZERO_MEMORY_GOAL}/n", not failures)
     print("\n".join(lines))
     assert not failures, "; ".join(failures)
 
@@ -121,7 +130,7 @@ def test_sharded_optimizer_memory_and_step_time(world_pool, pytestconfig, benchm
 FSDP_MEMORY_GOAL = 1.15  # parameters + gradients + AdamW state per rank at most 1.15/n of DP's (plus one layer)
 
 
-def test_fully_sharded_memory_and_step_time(world_pool, pytestconfig, benchmark):
+def test_fully_sharded_memory_and_step_time(world_pool, pytestconfig, benchmark, figures):
     """FSDP (impls.fully_shard, every layer a unit) against ZeRO-1 and DP, side by side in one run:
     what a rank holds (parameters, gradients and AdamW state, counted exactly) as a fraction of
     DP's, and the step time. DP holds 4 copies of the model's size (parameters, gradients, two
@@ -152,5 +161,10 @@ def test_fully_sharded_memory_and_step_time(world_pool, pytestconfig, benchmark)
         benchmark.extra_info.update({f"n={n} fsdp fraction": f_m / dp_m, f"n={n} fsdp time ratio": f_t / dp_t})
         if f_m > FSDP_MEMORY_GOAL * dp_m / n + 4 * layer:
             failures.append(f"n={n}: FSDP holds {f_m / dp_m:.3f} of DP's, goal <= {FSDP_MEMORY_GOAL}/{n} + one layer")
+    figures.record(f"FSDP held per rank (parameters + gradients + state) against DP, and ZeRO-1's; AdamW, MLP {ZERO_DEPTH}x{DP_WIDTH} "
+                   "(step time against DP)", ", ".join(
+                       f"n={n}: {runs[('fsdp', n)][1] / runs[('dp', n)][1]:.3f} / {runs[('zero1', n)][1] / runs[('dp', n)][1]:.3f} "
+                       f"({runs[('fsdp', n)][0] / runs[('dp', n)][0]:.2f}x)" for n in sizes),
+                   f"FSDP <= {FSDP_MEMORY_GOAL}/n + one layer", not failures)
     print("\n".join(lines))
     assert not failures, "; ".join(failures)

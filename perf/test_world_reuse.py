@@ -54,7 +54,7 @@ def fresh_world_seconds(start_method: str, n: int, repeats: int) -> float:
 
 
 @pytest.mark.parametrize("n", [2, 4])
-def test_warm_world_against_a_fresh_world_per_example(benchmark, n):
+def test_warm_world_against_a_fresh_world_per_example(benchmark, figures, n):
     with WorldPool("gloo") as pool:
         args = example(n)
         for impl in ("impls", GATED_IMPL):
@@ -72,6 +72,12 @@ def test_warm_world_against_a_fresh_world_per_example(benchmark, n):
     print(f"\nn={n}: warm {warm * 1e3:.2f} ms/example (harness alone {harness_only * 1e3:.2f} ms, "
           f"with the bundled ring all-reduce {bundled * 1e3:.2f} ms); fresh world per example: spawn {spawn:.2f} s "
           f"({ratio:.0f}x), forkserver+preload {forkserver * 1e3:.0f} ms ({forkserver / warm:.1f}x)")
+    figures.record(f"a fresh world per example (spawn) against a warm one, n={n}",
+                   f"{ratio:.0f}x (spawn {spawn:.2f} s, forkserver+preload {forkserver * 1e3:.0f} ms)",
+                   f">= {SPEEDUP_GOAL:.0f}x", ratio >= SPEEDUP_GOAL)
+    figures.record(f"one example on a warm world, n={n} (gloo all_reduce of 1024 floats)",
+                   f"{warm * 1e3:.2f} ms (harness alone {harness_only * 1e3:.2f} ms, bundled ring {bundled * 1e3:.2f} ms)",
+                   *((f"< {WARM_GOAL_S * 1e3:.0f} ms", warm < WARM_GOAL_S) if n == 4 else ()))
     if n == 4:
         assert warm < WARM_GOAL_S, f"warm example {warm * 1e3:.2f} ms at n=4, goal < {WARM_GOAL_S * 1e3:.0f} ms"
     assert ratio >= SPEEDUP_GOAL, f"warm world only {ratio:.0f}x faster than spawning, goal {SPEEDUP_GOAL:.0f}x"

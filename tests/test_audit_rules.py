@@ -178,3 +178,38 @@ def test_the_audit_never_draws_what_the_backend_refuses(data, name):
     assert drawn and not drawn & refused
     with pytest.raises(pytest.skip.Exception, match=f"refuses {name}"):
         collective_case(name, draw, Layout(2), refused_for=lambda n, op: frozenset(DTYPES))
+
+
+def test_bytes_are_charged_to_the_mesh_axis_they_travel_along_and_the_link_they_cross():
+    """pp=2 x tp=2 on 2 hosts of 2 (reference.mesh.Mesh): rank 0's tensor-parallel peer is 1 (same
+    host), its pipeline peer 2 (other host); a send to 3 belongs to no axis of rank 0; a backend
+    all-reduce on exactly the tensor-parallel group is tensor-parallel traffic."""
+    from reference.mesh import Mesh
+    from reference.topology import ACROSS, WITHIN, HostLayout
+
+    grid, layout = Mesh(2, 1, 2), HostLayout(2, 2)
+    axes = {axis: grid.groups(axis) for axis in ("tp", "pp", "dp")}
+    records = {0: [record("send", peer=1, numel=3, group=(0, 1, 2, 3)), record("send", peer=2, numel=5, group=(0, 2)),
+                   record("send", peer=3, numel=7, group=(0, 1, 2, 3)), record("allreduce", group=(0, 1), numel=8),
+                   record("recv", peer=2, numel=100, group=(0, 2))]}
+    by_axis = audit.bytes_by_axis(records, layout, axes)
+    assert by_axis[0]["tp"] == {WITHIN: 3 * 4 + cost_model.all_reduce(2, 8, 4), ACROSS: 0}
+    assert by_axis[0]["pp"] == {WITHIN: 0, ACROSS: 20}
+    assert by_axis[0]["other"] == {WITHIN: 0, ACROSS: 28} and by_axis[0]["dp"] == {WITHIN: 0, ACROSS: 0}
+    assert audit.link_report(by_axis) == (f"tp: {12 + cost_model.all_reduce(2, 8, 4)} B {WITHIN}, 0 B {ACROSS}; "
+                                          f"pp: 0 B {WITHIN}, 20 B {ACROSS}; dp: 0 B {WITHIN}, 0 B {ACROSS}; "
+                                          f"other: 0 B {WITHIN}, 28 B {ACROSS}")
+
+
+def test_a_mesh_lays_out_pp_outermost_and_tp_innermost():
+    from reference.mesh import Mesh, data_parallel_groups, pipeline_mesh, tensor_parallel_groups
+
+    grid = Mesh(2, 2, 2)
+    assert grid.groups("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert grid.groups("dp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert grid.groups("pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert [grid.coordinates(r) for r in (0, 5, 7)] == [(0, 0, 0), (1, 0, 1), (1, 1, 1)]
+    assert all(grid.rank(*grid.coordinates(r)) == r for r in range(8))
+    assert Mesh(3, 2, 1).groups("pp") == pipeline_mesh(3, 2)[0] and Mesh(3, 2, 1).groups("dp") == pipeline_mesh(3, 2)[1]
+    assert Mesh(1, 3, 2).groups("tp") == tensor_parallel_groups(3, 2)
+    assert Mesh(1, 3, 2).groups("dp") == data_parallel_groups(3, 2)

@@ -280,3 +280,45 @@ def groups_within_hosts(groups: list[list[int]], layout, what: str) -> list[str]
     return [f"{what} group {list(group)} spans hosts {sorted({layout.host_of(r) for r in group})} on {layout}, "
             f"though {len(group)} ranks fit on one host: it belongs on the fast links within a host"
             for group in groups if layout.spans_hosts(group) and layout.could_fit_one_host(group)]
+
+
+def bytes_by_axis(records_by_rank: dict[int, list[dict]], layout, axes: dict[str, list[list[int]]],
+                  phase=None) -> dict[int, dict[str, dict[str, int]]]:
+    """{rank: {axis: {link class: bytes}}}: every byte a rank sends charged to the mesh axis it
+    travels along (``axes``: {"tp": groups, "pp": groups, "dp": groups}, e.g. reference.mesh.Mesh's)
+    and to the link it crosses on ``layout``. A send belongs to the axis whose group of this rank
+    holds its peer; a backend collective to the axis whose group is exactly its group; anything else
+    to "other" (traffic along no axis of the mesh: a strategy talking to the wrong ranks)."""
+    from reference.topology import ACROSS, WITHIN
+
+    result = {}
+    for rank, records in sorted(records_by_rank.items()):
+        mine = {axis: next((g for g in groups if rank in g), []) for axis, groups in axes.items()}
+        totals = {axis: {WITHIN: 0, ACROSS: 0} for axis in [*axes, "other"]}
+        for record in _in_phase(records, phase):
+            charged = charged_bytes(record)
+            if not charged:
+                continue
+            if record["op"] == "send":
+                axis = next((a for a, g in mine.items() if record["peer"] in g and record["peer"] != rank), "other")
+                totals[axis][layout.link(rank, record["peer"])] += charged
+            else:
+                members = sorted(record["group"])
+                axis = next((a for a, g in mine.items() if sorted(g) == members), "other")
+                totals[axis][ACROSS if layout.spans_hosts(members) else WITHIN] += charged
+        result[rank] = totals
+    return result
+
+
+def link_report(by_axis: dict[int, dict[str, dict[str, int]]]) -> str:
+    """One line per axis: bytes sent within a host and across hosts, summed over ranks."""
+    from reference.topology import ACROSS, WITHIN
+
+    axes = next(iter(by_axis.values())).keys() if by_axis else []
+    lines = []
+    for axis in axes:
+        within = sum(r[axis][WITHIN] for r in by_axis.values())
+        across = sum(r[axis][ACROSS] for r in by_axis.values())
+        if within or across or axis != "other":
+            lines.append(f"{axis}: {within} B {WITHIN}, {across} B {ACROSS}")
+    return "; ".join(lines)

@@ -43,6 +43,8 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability("zero_bubble", ("pipeline_step", "generate_schedule"), "conformance/test_zero_bubble.py", "zero_bubble"),
     Capability("pipeline_composition", ("pipeline_step", "all_reduce"), "conformance/test_pipeline_composition.py",
                "pipeline_composition"),
+    Capability("mesh_composition", ("TensorParallelMLP", "pipeline_step", "all_reduce"),
+               "conformance/test_mesh_composition.py", "mesh_composition"),
     Capability("audit", COLLECTIVES, "conformance/test_audit.py", "audit"),
 )
 BY_NAME = {c.name: c for c in CAPABILITIES}

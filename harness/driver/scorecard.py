@@ -62,8 +62,12 @@ class Scorecard:
         self.coverage = coverage  # () -> the line that says which world sizes ran on which backend
         self.results: dict[str, TestResult] = {}
         self.failed_elsewhere = 0  # failures that belong to no capability (they always count as failures)
+        self.link_reports: dict[str, str] = {}  # test id -> bytes per mesh axis and link class (the audit's)
 
     def pytest_runtest_logreport(self, report):
+        for key, value in getattr(report, "user_properties", ()):
+            if key == "link_report":
+                self.link_reports[report.nodeid] = value
         capability = _capability_of(report)
         if capability is None:
             self.failed_elsewhere += report.failed
@@ -97,6 +101,10 @@ class Scorecard:
         rows = self.by_capability()
         if not rows:
             return
+        if self.link_reports:
+            terminalreporter.section("communication by mesh axis and link class (the audit)")
+            for nodeid, text in sorted(self.link_reports.items()):
+                terminalreporter.write_line(f"{nodeid.split('::')[-1]}: {text}")
         terminalreporter.section(f"conformance scorecard: {self.config.getoption('--impl')}")
         terminalreporter.write_line(f"coverage: {self.coverage()}")
         width = max(len(name) for name in rows)

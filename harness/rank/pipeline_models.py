@@ -91,3 +91,39 @@ def loss_fn(name: str):
         return LOSSES[name]
     except KeyError:
         raise ValueError(f"unknown loss {name!r} (known: {', '.join(LOSSES)})") from None
+
+
+class Block(nn.Module):
+    """One transformer-style MLP block, y = GELU(x W1^T + b1) W2^T + b2 (h -> ffn -> h; exact GELU,
+    reference.tensor_parallel.mlp's formula): the unit a tensor-parallel MLP shards (fc1 by columns,
+    fc2 by rows) and the pipeline stacks into stages."""
+
+    def __init__(self, h: int, ffn: int, bias: bool):
+        super().__init__()
+        self.fc1 = nn.Linear(h, ffn, bias=bias)
+        self.fc2 = nn.Linear(ffn, h, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+def build_blocks(spec: dict, seed: int) -> nn.Sequential:
+    """Spec ``{"h": h, "ffn": ffn, "blocks": L, "bias": True, "dtype": "float64"}``: L blocks, every
+    parameter drawn from ``seed`` in named order from a private generator (as ``build``)."""
+    dtype = getattr(torch, spec.get("dtype", "float64"))
+    if spec["blocks"] < 1 or spec["h"] < 1 or spec["ffn"] < 1:
+        raise ValueError(f"a block stack needs h, ffn and blocks of at least 1, got {spec}")
+    model = nn.Sequential(*[Block(spec["h"], spec["ffn"], spec.get("bias", True))
+                            for _ in range(spec["blocks"])]).to(dtype)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, tensor in model.named_parameters():
+            fan_in = tensor.shape[-1] if tensor.dim() > 1 else max(tensor.numel(), 1)
+            tensor.copy_(torch.randn(tensor.shape, generator=generator, dtype=torch.float64).to(dtype)
+                         / math.sqrt(fan_in))
+    return model
+
+
+def make_block_batch(spec: dict, batch_size: int, seed: int) -> dict:
+    """{"inputs": [batch, h], "targets": [batch, h]} in the spec's dtype."""
+    return make_batch({"widths": [spec["h"], spec["h"]], "dtype": spec.get("dtype", "float64")}, batch_size, seed)

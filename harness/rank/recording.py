@@ -144,6 +144,20 @@ def _dtype_name(dtype) -> str:
     return name
 
 
+
+def _unwrapped(value):
+    """Tensor subclasses that stand for a functional collective still in flight
+    (AsyncCollectiveTensor, e.g. a DTensor's output after its all-reduce) reach this Python backend
+    as themselves: the dispatcher that waits and unwraps them on the way to a C++ backend is not on
+    this path, and gloo would read the wrapper, which holds no data (measured: "writev ... Bad
+    address" when torch.distributed.pipelining sent a tensor-parallel stage's output in an audited
+    world). Wait for them and hand the backend the plain tensor."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_unwrapped(v) for v in value)
+    if isinstance(value, torch.Tensor) and type(value) is not torch.Tensor and hasattr(value, "trigger_wait"):
+        return value.trigger_wait()
+    return value
+
 class RecordingProcessGroup(dist.ProcessGroup):
     """A group whose every communication call is recorded, then run by ``real`` (a c10d Backend)."""
 
@@ -202,7 +216,7 @@ class RecordingProcessGroup(dist.ProcessGroup):
     # ------------------------------------------------------------------------- point-to-point
     def send(self, tensors, dstRank, tag=0):
         self._record("send", tensors, peer=dstRank, tag=tag)
-        return self._real.send(tensors, dstRank, tag)
+        return self._real.send(_unwrapped(tensors), dstRank, tag)
 
     def recv(self, tensors, srcRank, tag=0):
         self._record("recv", (), tensors, peer=srcRank, tag=tag)
@@ -216,37 +230,37 @@ class RecordingProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceOptions()
         self._record("allreduce", tensors, tensors, opts=opts)
-        return self._real.allreduce(tensors, opts)
+        return self._real.allreduce(_unwrapped(tensors), opts)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
         self._record("allreduce_coalesced", tensors, tensors, opts=opts)
-        return self._real.allreduce_coalesced(tensors, opts)
+        return self._real.allreduce_coalesced(_unwrapped(tensors), opts)
 
     def broadcast(self, tensors, opts=None):
         opts = opts if opts is not None else dist.BroadcastOptions()
         self._record("broadcast", tensors, tensors, root=opts.rootRank)
-        return self._real.broadcast(tensors, opts)
+        return self._real.broadcast(_unwrapped(tensors), opts)
 
     def reduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.ReduceOptions()
         self._record("reduce", tensors, tensors, root=opts.rootRank, opts=opts)
-        return self._real.reduce(tensors, opts)
+        return self._real.reduce(_unwrapped(tensors), opts)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         opts = opts if opts is not None else AllgatherOptions()
         self._record("allgather", input_tensors, output_tensors)
-        return self._real.allgather(output_tensors, input_tensors, opts)
+        return self._real.allgather(output_tensors, _unwrapped(input_tensors), opts)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         opts = opts if opts is not None else AllgatherOptions()
         self._record("allgather_coalesced", input_list, output_lists)
-        return self._real.allgather_coalesced(output_lists, input_list, opts)
+        return self._real.allgather_coalesced(output_lists, _unwrapped(input_list), opts)
 
     def _allgather_base(self, output, input, opts=None):
         opts = opts if opts is not None else AllgatherOptions()
         self._record("allgather_into_tensor", input, output)
-        return self._real._allgather_base(output, input, opts)
+        return self._real._allgather_base(output, _unwrapped(input), opts)
 
     all_gather_single = _allgather_base  # the Python API's name (dist.all_gather_into_tensor)
 
@@ -260,12 +274,12 @@ class RecordingProcessGroup(dist.ProcessGroup):
     def reduce_scatter(self, output_tensors, input_lists, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         self._record("reduce_scatter", input_lists, output_tensors, opts=opts)
-        return self._real.reduce_scatter(output_tensors, input_lists, opts)
+        return self._real.reduce_scatter(output_tensors, _unwrapped(input_lists), opts)
 
     def _reduce_scatter_base(self, output, input, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         self._record("reduce_scatter_tensor", input, output, opts=opts)
-        return self._real._reduce_scatter_base(output, input, opts)
+        return self._real._reduce_scatter_base(output, _unwrapped(input), opts)
 
     reduce_scatter_single = _reduce_scatter_base  # the Python API's name (dist.reduce_scatter_tensor)
 
@@ -280,7 +294,7 @@ class RecordingProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else dist.AllToAllOptions()
         splits = [t.numel() * t.element_size() for t in input_tensors]
         self._record("alltoall", input_tensors, output_tensors, splits=splits)
-        return self._real.alltoall(output_tensors, input_tensors, opts)
+        return self._real.alltoall(output_tensors, _unwrapped(input_tensors), opts)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         opts = opts if opts is not None else dist.AllToAllOptions()
@@ -289,19 +303,19 @@ class RecordingProcessGroup(dist.ProcessGroup):
             splits = [int(s) for s in input_split_sizes] or [rows // n] * n
             row_bytes = input.numel() * input.element_size() // rows if rows else 0
             self._record("alltoall_base", input, output, splits=[s * row_bytes for s in splits])
-        return self._real.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+        return self._real.alltoall_base(output, _unwrapped(input), output_split_sizes, input_split_sizes, opts)
 
     all_to_all_single = alltoall_base  # the Python API's name (dist.all_to_all_single)
 
     def gather(self, output_lists, input_tensors, opts=None):
         opts = opts if opts is not None else dist.GatherOptions()
         self._record("gather", input_tensors, output_lists, root=opts.rootRank)
-        return self._real.gather(output_lists, input_tensors, opts)
+        return self._real.gather(output_lists, _unwrapped(input_tensors), opts)
 
     def scatter(self, output_tensors, input_lists, opts=None):
         opts = opts if opts is not None else dist.ScatterOptions()
         self._record("scatter", input_lists, output_tensors, root=opts.rootRank)
-        return self._real.scatter(output_tensors, input_lists, opts)
+        return self._real.scatter(output_tensors, _unwrapped(input_lists), opts)
 
     def barrier(self, opts=None):
         opts = opts if opts is not None else dist.BarrierOptions()

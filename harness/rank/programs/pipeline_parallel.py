@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from harness.rank import pipeline_models
+from harness.rank import pipeline_models, recording
 from harness.rank.context import RankContext, require
 
 
@@ -135,4 +135,53 @@ def dp_pp_step(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage:
         summed = parameter.grad.detach().clone().contiguous()
         all_reduce(summed, op=ReduceOp.SUM, group=dp)
         grads[f"stage{stage}.{name}"] = summed / replicas
+    return ctx.to_cpu({"loss": result, "grads": grads, "executed": executed, "stage": stage})
+
+
+def mesh_step(ctx: RankContext, impl, model: dict, seed: int, blocks_per_stage: list[int], num_microbatches: int,
+              loss: str, mesh: dict, inputs=None, targets=None, schedule: str = "1f1b", group=None) -> dict:
+    """Data, tensor and pipeline parallelism on one pp x dp x tp mesh (reference/mesh.py, ``Mesh``;
+    ``mesh`` carries its groups: {"pp": [...], "dp": [...], "tp": [...]}, every rank creates all of
+    them in that order). This rank's stage s is its pipeline group position; its blocks
+    (harness/rank/pipeline_models.py, ``build_blocks``) become the implementation's
+    ``TensorParallelMLP`` on its tensor-parallel group, and that stack runs in the implementation's
+    ``pipeline_step`` on its pipeline group (its replica's inputs on the first stage, targets on the
+    last, whole on every tensor-parallel rank); then every gradient shard is summed over its
+    data-parallel group with the implementation's ``all_reduce`` and divided by its size. Returns
+    the loss (None off the last stage), the gradient shards keyed ``stage<s>.<block>.<fc>.<weight|bias>``,
+    the order run and the stage."""
+    from torch import nn
+    from torch.distributed import ReduceOp
+
+    if group is not None:
+        raise ValueError("a mesh spans the whole world")
+    recording.mark("setup")  # phases for the audit (no-ops outside an audited world)
+    for axis in ("tp", "dp", "pp"):
+        for members in mesh[axis]:
+            ctx.group(members)
+    mine = {axis: next(g for g in mesh[axis] if ctx.rank in g) for axis in ("pp", "dp", "tp")}
+    pp, dp, tp = (ctx.group(mine[axis]) for axis in ("pp", "dp", "tp"))
+    stage = mine["pp"].index(ctx.rank)
+    stages = pipeline_models.split(pipeline_models.build_blocks(model, seed).to(ctx.device), blocks_per_stage)
+    mlp = require(impl, "TensorParallelMLP")
+    blocks = [mlp.from_dense(block.fc1, block.fc2, group=tp) for block in stages[stage]]
+    module = nn.Sequential(*blocks)
+    executed = _watch([stage], [module])
+    pipeline_step, all_reduce = require(impl, "pipeline_step"), require(impl, "all_reduce")
+    recording.mark("pipeline")
+    result = pipeline_step(module, ctx.to_device(inputs), ctx.to_device(targets), pipeline_models.loss_fn(loss),
+                           num_microbatches, schedule=schedule, group=pp)
+    recording.mark("data_parallel")
+    grads = {}
+    for b, block in enumerate(blocks):
+        for fc in ("fc1", "fc2"):
+            for kind in ("weight", "bias"):
+                parameter = getattr(getattr(block, fc), kind, None)
+                if parameter is None or parameter.grad is None:
+                    continue
+                shard = parameter.grad.detach()
+                shard = (shard.to_local() if hasattr(shard, "to_local") else shard).clone().contiguous()
+                all_reduce(shard, op=ReduceOp.SUM, group=dp)
+                grads[f"stage{stage}.{b}.{fc}.{kind}"] = shard / len(mine["dp"])
+    recording.mark("after")
     return ctx.to_cpu({"loss": result, "grads": grads, "executed": executed, "stage": stage})

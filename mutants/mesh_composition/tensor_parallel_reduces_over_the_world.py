@@ -1,0 +1,19 @@
+"""TensorParallelMLP's all-reduces (f's backward, g's forward) run on the default group, not on the tensor-parallel group it was given: right when tensor parallelism spans the world, wrong on any mesh with another dimension.
+targets: pp_dp_tp_mesh
+
+Only the sum over the tp shards of one stage of one replica is the row layer's output; over the world
+it also adds the other replicas' and stages' partial sums (or waits for ranks busy elsewhere).
+"""
+from impls import *  # noqa: F401,F403
+from impls import tensor_parallel as _bundled
+from impls.collectives import all_reduce as _all_reduce
+from impls.tensor_parallel import *  # noqa: F401,F403
+
+
+def _world_all_reduce(x, group):
+    out = x.contiguous().clone()
+    _all_reduce(out, group=None)
+    return out
+
+
+_bundled._all_reduce = _world_all_reduce
