@@ -1,7 +1,7 @@
 """torch's FSDP2 (``torch.distributed.fsdp.fully_shard``) behind the suite's fully sharded contract:
 ``fully_shard(module, group=None)`` builds a one-dimensional DeviceMesh over the group (on the
 parameters' device type: CPU with gloo, CUDA with NCCL) and calls torch's ``fully_shard`` with its
-defaults (parameters sharded along dim 0 as DTensors, all-gathered before each unit's forward and
+defaults (``reshard_after_forward`` passed through; parameters sharded along dim 0 as DTensors, all-gathered before each unit's forward and
 backward, gradients reduce-scattered; the root not resharded after forward).
 ``full_parameters(module)`` gathers each DTensor parameter with ``full_tensor()``."""
 from __future__ import annotations
@@ -10,14 +10,15 @@ import torch.distributed as dist
 from torch import nn
 
 
-def fully_shard(module: nn.Module, group=None) -> nn.Module:
+def fully_shard(module: nn.Module, group=None, reshard_after_forward: bool = True) -> nn.Module:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard as torch_fully_shard
 
     device = next((p.device for p in module.parameters()), None)
     device_type = device.type if device is not None else "cpu"
     mesh = DeviceMesh.from_group(group or dist.group.WORLD, device_type)
-    torch_fully_shard(module, mesh=mesh)
+    options = {} if reshard_after_forward else {"reshard_after_forward": False}  # True: torch's default (root kept)
+    torch_fully_shard(module, mesh=mesh, **options)
     return module
 
 

@@ -8,7 +8,8 @@ capability (``--impl adapters.torch_native``).
   (adapters/torch_moe.py; torch has no MoE layer);
 * ``ColumnParallelLinear``, ``RowParallelLinear``, ``TensorParallelMLP``: DTensor's
   parallelize_module (adapters/dtensor_tp.py);
-* ``pipeline_step``, ``generate_schedule``: torch.distributed.pipelining (adapters/torch_pipelining.py).
+* ``pipeline_step``, ``generate_schedule``: torch.distributed.pipelining (adapters/torch_pipelining.py);
+* ``context_parallel_attention``: not adapted; it raises why (adapters/torch_context_parallel.py).
 """
 from torch.distributed import (  # noqa: F401 - re-exported: the contract's collectives
     all_gather,
@@ -30,3 +31,4 @@ from adapters.torch_pipelining import generate_schedule, pipeline_step  # noqa: 
 from adapters.torch_zero import ShardedOptimizer  # noqa: F401
 from adapters.torch_moe import ExpertParallelMoE  # noqa: F401
 from adapters.torch_fsdp import full_parameters, fully_shard  # noqa: F401
+from adapters.torch_context_parallel import context_parallel_attention  # noqa: F401 - raises: not adapted, why

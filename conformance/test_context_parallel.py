@@ -18,14 +18,14 @@ from hypothesis import strategies as st
 import reference.context_parallel as ref
 from conformance.examples import AttentionExample as Example
 from conformance.examples import attention_examples as examples
-from conformance.verdict import Judge
+from conformance.verdict import Judge, run_or_skip
 
 PROGRAM = "context_parallel:attention"
 
 
 def run(judge: Judge, ranks, example: Example) -> dict:
     t, n = example.tensors(), example.layout.size
-    return judge.run(ranks, example.layout, PROGRAM, [
+    return run_or_skip(judge, ranks, example.layout, PROGRAM, [
         {**{name: ref.shard(t[name], n, i) for name in ("q", "k", "v", "grad_output")},
          "seq_len": example.seq_len, "causal": example.causal} for i in range(n)])
 

@@ -36,9 +36,8 @@ import reference.likely_bugs as likely_bugs
 import reference.pipeline_parallel as ref
 import reference.pipeline_schedules as sched
 from conformance.examples import Layout, schedule_shapes as shapes
-from conformance.verdict import Judge
+from conformance.verdict import Judge, run_or_skip
 from harness.rank import pipeline_models
-from harness.driver.failures import ImplementationIncomplete
 from reference.pipeline_simulator import Costs, simulate
 
 PROGRAM = "pipeline_parallel:train_step"
@@ -88,27 +87,6 @@ def examples(draw, max_ranks: int, kinds=sched.KINDS, unequal: bool = False) -> 
 
 
 # ------------------------------------------------------------------------------------- on ranks
-TRUSTED_ADAPTERS = ("adapters.",)  # the project's own adapters of torch's libraries, chosen by --impl
-
-
-def run_or_skip(judge: Judge, ranks, layout: Layout, program: str, per_member: list[dict]) -> dict:
-    """judge.run. For the project's own adapters (--impl adapters.*, a choice of the driver's
-    options, never of the ranks) a NotImplementedError("... cannot ...") on every rank says what
-    torch's library cannot do on this backend, and the test is skipped with that reason. For any
-    other implementation the same error is "not implemented": it scores 0."""
-    try:
-        return judge.run(ranks, layout, program, per_member)
-    except ImplementationIncomplete as incomplete:
-        if not ranks.target.impl.startswith(TRUSTED_ADAPTERS):
-            raise
-        reports = incomplete.failure.ranks
-        last_lines = {r.detail.strip().splitlines()[-1] for r in reports if r.detail.strip()}
-        if all(r.status == "missing" for r in reports) and last_lines and all(
-                line.startswith("NotImplementedError") and "cannot" in line for line in last_lines):
-            pytest.skip(sorted(last_lines)[0].removeprefix("NotImplementedError: "))
-        raise
-
-
 def run_step(judge: Judge, ranks, example: Example) -> dict:
     batch = pipeline_models.make_batch(example.model, example.batch_size, example.data_seed)
     p = example.num_ranks

@@ -2,10 +2,11 @@
 and how they differ (example, rank, element, expected against actual, and a command to rerun)."""
 from __future__ import annotations
 
+import pytest
 import torch
 
-from conformance.examples import is_sentinel
-from harness.driver.failures import TASK_FAILURES
+from conformance.examples import Layout, is_sentinel
+from harness.driver.failures import TASK_FAILURES, ImplementationIncomplete
 from reference.tolerance import first_mismatch
 
 
@@ -104,3 +105,33 @@ def check_names(judge: Judge, actual, expected: dict, what: str, why: str = "") 
         missing = sorted(set(expected) - set(actual)) if isinstance(actual, dict) else sorted(expected)
         extra = sorted(set(actual) - set(expected)) if isinstance(actual, dict) else []
         judge.fail(f"{what}: expected {sorted(expected)}, got {got} (missing {missing}, unexpected {extra}){why}")
+
+
+TRUSTED_ADAPTERS = ("adapters.",)  # the project's own adapters of torch's libraries, chosen by --impl
+
+
+def run_or_skip(judge: Judge, ranks, layout: Layout, program: str, per_member: list[dict]) -> dict:
+    """judge.run. For the project's own adapters (--impl adapters.*, a choice of the driver's
+    options, never of the ranks) a NotImplementedError("... cannot ...") on every rank says what
+    torch's library cannot do on this backend, and the test is skipped with that reason. For any
+    other implementation the same error is "not implemented": it scores 0."""
+    try:
+        return judge.run(ranks, layout, program, per_member)
+    except ImplementationIncomplete as incomplete:
+        reason = adapter_cannot(ranks.target.impl, incomplete)
+        if reason:
+            pytest.skip(reason)
+        raise
+
+
+def adapter_cannot(impl: str, incomplete: ImplementationIncomplete) -> str | None:
+    """What torch's library cannot do, when ``impl`` is one of the project's own adapters and every
+    rank raised NotImplementedError("... cannot ..."); else None (a failure: "not implemented")."""
+    if not impl.startswith(TRUSTED_ADAPTERS):
+        return None
+    reports = incomplete.failure.ranks
+    last_lines = {r.detail.strip().splitlines()[-1] for r in reports if r.detail.strip()}
+    if all(r.status == "missing" for r in reports) and last_lines and all(
+            line.startswith("NotImplementedError") and "cannot" in line for line in last_lines):
+        return sorted(last_lines)[0].removeprefix("NotImplementedError: ")
+    return None

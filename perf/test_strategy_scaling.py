@@ -141,7 +141,7 @@ def test_fully_sharded_memory_and_step_time(world_pool, pytestconfig, benchmark,
 
     def sweep():
         for n in sizes:
-            for strategy in ("dp", "zero1", "fsdp"):
+            for strategy in ("dp", "zero1", "fsdp", "zero2"):
                 result = world_pool.run(n, f"{TIMING}:time_memory_strategies", [
                     {"width": DP_WIDTH, "depth": ZERO_DEPTH, "global_batch": DP_BATCH, "strategy": strategy,
                      "iters": 3}] * n, impl="impls")
@@ -154,17 +154,21 @@ def test_fully_sharded_memory_and_step_time(world_pool, pytestconfig, benchmark,
              f"(parameters + gradients + state) and step time, DP / ZeRO-1 / FSDP (impls)"]
     failures = []
     for n in sizes:
-        (dp_t, dp_m), (z_t, z_m), (f_t, f_m) = (runs[(s, n)] for s in ("dp", "zero1", "fsdp"))
+        (dp_t, dp_m), (z_t, z_m), (f_t, f_m), (z2_t, z2_m) = (runs[(s, n)] for s in ("dp", "zero1", "fsdp", "zero2"))
         lines.append(f"  n={n}: held {dp_m * 4 / 2**20:6.1f} / {z_m * 4 / 2**20:6.1f} / {f_m * 4 / 2**20:6.1f} MiB "
                      f"(ZeRO-1 {z_m / dp_m:.3f}, FSDP {f_m / dp_m:.3f} = {f_m / dp_m * n:.2f}/n of DP); step "
-                     f"{dp_t * 1e3:6.1f} / {z_t * 1e3:6.1f} / {f_t * 1e3:6.1f} ms (FSDP {f_t / dp_t:.2f}x DP)")
+                     f"{dp_t * 1e3:6.1f} / {z_t * 1e3:6.1f} / {f_t * 1e3:6.1f} ms (FSDP {f_t / dp_t:.2f}x DP); "
+                     f"ZeRO-2 (reshard_after_forward=False) held {z2_m / dp_m:.3f}, step {z2_t * 1e3:6.1f} ms "
+                     f"({z2_t / dp_t:.2f}x DP)")
         benchmark.extra_info.update({f"n={n} fsdp fraction": f_m / dp_m, f"n={n} fsdp time ratio": f_t / dp_t})
-        if f_m > FSDP_MEMORY_GOAL * dp_m / n + 4 * layer:
-            failures.append(f"n={n}: FSDP holds {f_m / dp_m:.3f} of DP's, goal <= {FSDP_MEMORY_GOAL}/{n} + one layer")
+        for label, held in (("FSDP", f_m), ("ZeRO-2", z2_m)):
+            if held > FSDP_MEMORY_GOAL * dp_m / n + 4 * layer:
+                failures.append(f"n={n}: {label} holds {held / dp_m:.3f} of DP's, goal <= {FSDP_MEMORY_GOAL}/{n} + one layer")
     figures.record(f"FSDP held per rank (parameters + gradients + state) against DP, and ZeRO-1's; AdamW, MLP {ZERO_DEPTH}x{DP_WIDTH} "
                    "(step time against DP)", ", ".join(
                        f"n={n}: {runs[('fsdp', n)][1] / runs[('dp', n)][1]:.3f} / {runs[('zero1', n)][1] / runs[('dp', n)][1]:.3f} "
-                       f"({runs[('fsdp', n)][0] / runs[('dp', n)][0]:.2f}x)" for n in sizes),
+                       f"({runs[('fsdp', n)][0] / runs[('dp', n)][0]:.2f}x; ZeRO-2 "
+                       f"{runs[('zero2', n)][0] / runs[('dp', n)][0]:.2f}x)" for n in sizes),
                    f"FSDP <= {FSDP_MEMORY_GOAL}/n + one layer", not failures)
     print("\n".join(lines))
     assert not failures, "; ".join(failures)

@@ -204,17 +204,27 @@ def pipeline_stage(stages: int, stage: int, microbatches: int, activation_bytes:
             "backward": microbatches * gradient_bytes if stage > 0 else 0}
 
 
-def fully_sharded_step(n: int, unit_numels: list[list[tuple[int, int]]], itemsize: int) -> int:
+def fully_sharded_step(n: int, unit_numels: list[list[tuple[int, int]]], itemsize: int, gathers: int = 2,
+                       frozen_numels: list[list[tuple[int, int]]] | None = None) -> int:
     """One forward and backward of a model whose units hold the trainable parameters
     ``unit_numels[u]`` = [(numel, rows), ...]: each unit's parameters all-gathered at most twice
     (before forward, again before backward after resharding) and their gradients reduce-scattered
     once (Zhao et al., "PyTorch FSDP", 2023, sec. 3; ZeRO-3's 1.5x DP traffic, Rajbhandari et al.
     2020, sec. 7). A parameter is padded to a multiple of n elements, or of n rows (dim-0 sharding,
-    as FSDP2 does), whichever is larger."""
+    as FSDP2 does), whichever is larger. ``gathers=1``: units not resharded after forward
+    (FSDP2's ``reshard_after_forward=False``, ZeRO-2's traffic: the all-gather and reduce-scatter
+    halves of one all-reduce, Rajbhandari et al. 2020, sec. 7). ``frozen_numels[u]``: unit u's
+    frozen parameters, which an implementation may shard too (FSDP2 does: they are all-gathered
+    with the rest, never reduce-scattered)."""
+    def padded(numel: int, rows: int) -> int:
+        return max(-(-numel // n) * n, -(-rows // n) * n * (numel // max(rows, 1)))
+
+    frozen_numels = frozen_numels or [[] for _ in unit_numels]
     total = 0
-    for unit in unit_numels:
-        padded = sum(max(-(-numel // n) * n, -(-rows // n) * n * (numel // max(rows, 1))) for numel, rows in unit)
-        total += 2 * all_gather(n, padded, itemsize) + reduce_scatter(n, padded, itemsize)
+    for unit, frozen in zip(unit_numels, frozen_numels, strict=True):
+        trainable = sum(padded(numel, rows) for numel, rows in unit)
+        gathered = trainable + sum(padded(numel, rows) for numel, rows in frozen)
+        total += gathers * all_gather(n, gathered, itemsize) + reduce_scatter(n, trainable, itemsize)
     return total
 
 

@@ -91,9 +91,10 @@ class ShardedOptimizer:
 
 # ------------------------------------------------------------------ fully sharded data parallelism
 # CONTRACT.md, "Fully sharded data parallelism"
-def fully_shard(module, group=None):
+def fully_shard(module, group=None, reshard_after_forward=True):
     """ZeRO-3 / FSDP2-style: shard ``module``'s parameters not held by an inner unit (units first,
-    then the root); gather them for forward and backward, reduce-scatter their gradients; return it."""
+    then the root); gather them for forward and backward, reduce-scatter their gradients; return it.
+    ``reshard_after_forward=False``: keep what forward gathered until backward (gather once)."""
     raise NotImplementedError("fully_shard")
 
 

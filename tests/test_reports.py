@@ -22,7 +22,7 @@ def test_reports_under_xdist(tmp_path):
                "--report-dir", str(tmp_path / "out"), "--rubric", str(rubric),
                "-k", "test_broadcast or test_scatter and not gather or test_gather and not scatter"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 1, done.stdout[-3000:]
+    assert done.returncode == 6, done.stdout[-3000:]  # only "not implemented" failures, under xdist too
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     by_name = {t["name"]: t for t in results["tests"]}
     assert by_name["test_broadcast"]["score"] == 10 and by_name["test_broadcast"]["status"] == "passed"

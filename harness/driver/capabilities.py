@@ -32,6 +32,7 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability("sharded_optimizer", ("ShardedOptimizer",), "conformance/test_sharded_optimizer.py", "sharded_optimizer"),
     Capability("fully_sharded", ("fully_shard", "full_parameters"), "conformance/test_fully_sharded.py",
                "fully_sharded"),
+    Capability("zero2", ("fully_shard", "full_parameters"), "conformance/test_fully_sharded.py", None),
     Capability("tensor_parallel", ("ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP"),
                "conformance/test_tensor_parallel.py", "tensor_parallel"),
     Capability("composition", ("TensorParallelMLP", "all_reduce"), "conformance/test_composition.py", "composition"),

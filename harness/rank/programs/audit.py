@@ -135,7 +135,8 @@ def tensor_parallel(ctx: RankContext, impl, process_group, layer: str, dense: di
     return {"shape": list(local.shape)}
 
 
-def fully_sharded_step(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, batch: dict, group=None) -> dict:
+def fully_sharded_step(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, batch: dict,
+                       reshard_after_forward: bool = True, group=None) -> dict:
     """Shard every unit, then the root ("setup", harness/rank/programs/fully_sharded.py's units), then one
     step: forward and backward ("step"), the optimizer's step ("optimizer"). Returns the loss."""
     from harness.rank.programs.fully_sharded import sharded_model
@@ -143,7 +144,7 @@ def fully_sharded_step(ctx: RankContext, impl, model: dict, seed: int, optimizer
     if group is not None:
         raise ValueError("fully sharded data parallelism is audited on the whole world, not a subgroup")
     recording.mark("setup")
-    net = sharded_model(ctx, impl, model, seed)
+    net = sharded_model(ctx, impl, model, seed, reshard_after_forward)
     opt = models.build_optimizer(optimizer, net.parameters())
     inputs, targets = ctx.to_device(batch["inputs"]), ctx.to_device(batch["targets"])
     recording.mark("step")

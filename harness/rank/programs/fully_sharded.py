@@ -29,20 +29,24 @@ def units(net) -> list:
     return [child for name, child in net.named_children() if name not in shared and any(True for _ in child.parameters())]
 
 
-def sharded_model(ctx: RankContext, impl, model: dict, seed: int):
-    """The model of ``model`` (harness/rank/models.py) from ``seed``, every unit fully sharded, then the root."""
+def sharded_model(ctx: RankContext, impl, model: dict, seed: int, reshard_after_forward: bool = True):
+    """The model of ``model`` (harness/rank/models.py) from ``seed``, every unit fully sharded, then
+    the root; ``reshard_after_forward`` is passed only when False (ZeRO-2), so an implementation of
+    ZeRO-3 alone need not accept it."""
     fully_shard = require(impl, "fully_shard")
+    options = {} if reshard_after_forward else {"reshard_after_forward": False}
     net = models.build(model, seed).to(ctx.device)
     for unit in units(net):
-        fully_shard(unit)
-    return fully_shard(net)
+        fully_shard(unit, **options)
+    return fully_shard(net, **options)
 
 
-def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps: int, batch: dict, group=None) -> dict:
+def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps: int, batch: dict,
+          reshard_after_forward: bool = True, group=None) -> dict:
     if group is not None:
         raise ValueError("fully sharded data parallelism is tested on the whole world, not a subgroup")
     full_parameters = require(impl, "full_parameters")
-    net = sharded_model(ctx, impl, model, seed)
+    net = sharded_model(ctx, impl, model, seed, reshard_after_forward)
     opt = models.build_optimizer(optimizer, net.parameters())
     inputs, targets = ctx.to_device(batch["inputs"]), ctx.to_device(batch["targets"])
     result = {"steps": []}

@@ -146,7 +146,8 @@ def time_memory_strategies(ctx: RankContext, impl, width: int, depth: int, globa
                            iters: int, warmup: int = 2) -> dict:
     """One AdamW step over an MLP of ``depth`` Linear(width, width) layers on this rank's slice of a
     fixed global batch, under ``strategy``: "dp" (impl.DataParallel, AdamW on every rank), "zero1"
-    (impl.ShardedOptimizer) or "fsdp" (impl.fully_shard on every layer, then the root). Returns the
+    (impl.ShardedOptimizer), "fsdp" (impl.fully_shard on every layer, then the root) or "zero2" (the
+same with reshard_after_forward=False: gathered once per step). Returns the
     time and the elements this rank holds after the steps: trainable parameters, gradients and
     optimizer state (a DTensor counts its local shard)."""
     from torch import nn
@@ -168,12 +169,13 @@ def time_memory_strategies(ctx: RankContext, impl, width: int, depth: int, globa
         model = net
         optimizer = require(impl, "ShardedOptimizer")(net.parameters(), torch.optim.AdamW, lr=1e-3)
         local, parameters = optimizer.optim, list(net.parameters())
-    elif strategy == "fsdp":
+    elif strategy in ("fsdp", "zero2"):
         fully_shard = require(impl, "fully_shard")
+        options = {"reshard_after_forward": False} if strategy == "zero2" else {}
         for layer in net:
             if any(True for _ in layer.parameters()):
-                fully_shard(layer)
-        model = fully_shard(net)
+                fully_shard(layer, **options)
+        model = fully_shard(net, **options)
         optimizer = local = torch.optim.AdamW(model.parameters(), lr=1e-3)
         parameters = list(model.parameters())
     else:
