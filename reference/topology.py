@@ -5,7 +5,9 @@ layer, inside a host; data parallelism, once per step, across hosts (Megatron-LM
 Narayanan et al. 2021, sec. 3.3).
 
 ``HostLayout(hosts, ranks_per_host)`` places rank r on host r // ranks_per_host (launchers number
-ranks host by host). Never imports torch.distributed.
+ranks host by host); ``round_robin=True`` places it on host r % hosts instead (a launcher that deals
+ranks out to hosts in turn: the placement the lecture's rule warns against, for comparison).
+Never imports torch.distributed.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ ACROSS = "across hosts"
 class HostLayout:
     hosts: int
     ranks_per_host: int
+    round_robin: bool = False
 
     @classmethod
     def parse(cls, text: str) -> "HostLayout":
@@ -35,7 +38,7 @@ class HostLayout:
     def host_of(self, rank: int) -> int:
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} is not on {self.hosts} hosts x {self.ranks_per_host} ranks")
-        return rank // self.ranks_per_host
+        return rank % self.hosts if self.round_robin else rank // self.ranks_per_host
 
     def link(self, a: int, b: int) -> str:
         """The class of the link between ranks a and b."""
@@ -49,4 +52,4 @@ class HostLayout:
         return len(group) <= self.ranks_per_host
 
     def __str__(self) -> str:
-        return f"{self.hosts} hosts x {self.ranks_per_host} ranks"
+        return f"{self.hosts} hosts x {self.ranks_per_host} ranks{' (ranks dealt round-robin)' if self.round_robin else ''}"
