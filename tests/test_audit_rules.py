@@ -213,3 +213,12 @@ def test_a_mesh_lays_out_pp_outermost_and_tp_innermost():
     assert Mesh(3, 2, 1).groups("pp") == pipeline_mesh(3, 2)[0] and Mesh(3, 2, 1).groups("dp") == pipeline_mesh(3, 2)[1]
     assert Mesh(1, 3, 2).groups("tp") == tensor_parallel_groups(3, 2)
     assert Mesh(1, 3, 2).groups("dp") == data_parallel_groups(3, 2)
+
+
+def test_a_round_robin_placement_deals_ranks_out_to_hosts_in_turn():
+    from reference.topology import ACROSS, WITHIN, HostLayout
+
+    blocked, dealt = HostLayout(2, 2), HostLayout(2, 2, round_robin=True)
+    assert [blocked.host_of(r) for r in range(4)] == [0, 0, 1, 1]
+    assert [dealt.host_of(r) for r in range(4)] == [0, 1, 0, 1]
+    assert blocked.link(0, 1) == WITHIN and dealt.link(0, 1) == ACROSS and dealt.link(0, 2) == WITHIN
