@@ -65,6 +65,8 @@ COMMUNICATION = (SEND_F, RECV_F, SEND_B, RECV_B)
 KINDS = ("gpipe", "1f1b", "interleaved")  # the capability pipeline_parallel
 ZERO_BUBBLE_KINDS = ("zb-h1",)  # the capability zero_bubble_pipeline: backward split into I and W
 ALL_KINDS = (*KINDS, *ZERO_BUBBLE_KINDS)
+# generated, validated and simulated here, not yet asked of an implementation's pipeline_step
+REFERENCE_ONLY_KINDS = ("zb-h2",)
 
 _COMPACT = re.compile(r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B|I|W)(\d+)$")
 _PEER_OFFSET = {SEND_F: +1, RECV_F: -1, SEND_B: -1, RECV_B: +1}
@@ -158,8 +160,8 @@ class ScheduleError(ValueError):
 # -------------------------------------------------------------------------------------- generators
 def check_arguments(kind: str, num_ranks: int, num_microbatches: int, stages_per_rank: int = 1) -> None:
     """The ValueError a generator raises for arguments it cannot schedule."""
-    if kind not in ALL_KINDS:
-        raise ValueError(f"unknown schedule kind {kind!r} (known: {', '.join(ALL_KINDS)})")
+    if kind not in (*ALL_KINDS, *REFERENCE_ONLY_KINDS):
+        raise ValueError(f"unknown schedule kind {kind!r} (known: {', '.join((*ALL_KINDS, *REFERENCE_ONLY_KINDS))})")
     if num_ranks < 1 or num_microbatches < 1 or stages_per_rank < 1:
         raise ValueError(f"num_ranks, num_microbatches and stages_per_rank must be at least 1, got "
                          f"{num_ranks}, {num_microbatches}, {stages_per_rank}")
@@ -210,6 +212,45 @@ def zb_h1_compute(p: int, m: int) -> list[list[Action]]:
     return rows
 
 
+def zb_h2_compute(p: int, m: int) -> list[list[Action]]:
+    """ZB-H2 (Qi et al. 2024, sec. 2.2): up to 2p - 1 microbatches in flight on every rank, so the
+    warm-up runs more forwards and the W passes fill the tail, and back-to-back iterations (no
+    synchronization between them: the paper's optimizer post-validation) leave no bubble. Built by
+    list scheduling at unit costs (F = I = W = 1, free messages): whenever a rank is free it runs,
+    among what it may start then, an I (the critical path) before an F (while fewer than 2p - 1
+    forwards await their W) before a W; the rank that can start earliest goes first, ties by rank."""
+    cap = 2 * p - 1
+    free = [0] * p
+    f_end = [[None] * m for _ in range(p)]
+    i_end = [[None] * m for _ in range(p)]
+    done = {F: [0] * p, I: [0] * p, W: [0] * p}
+    rows: list[list[Action]] = [[] for _ in range(p)]
+
+    def candidates(r: int):
+        if done[I][r] < done[F][r]:
+            ready = f_end[r][done[I][r]] if r == p - 1 else i_end[r + 1][done[I][r]]
+            if ready is not None:
+                yield max(free[r], ready), 0, I
+        if done[F][r] < m and done[F][r] - done[W][r] < cap:
+            ready = 0 if r == 0 else f_end[r - 1][done[F][r]]
+            if ready is not None:
+                yield max(free[r], ready), 1, F
+        if done[W][r] < done[I][r]:
+            yield free[r], 2, W
+
+    while any(done[W][r] < m for r in range(p)):
+        start, _, r, kind = min((start, priority, r, kind) for r in range(p) for start, priority, kind in candidates(r))
+        k = done[kind][r]
+        done[kind][r] += 1
+        free[r] = start + 1
+        if kind == F:
+            f_end[r][k] = start + 1
+        elif kind == I:
+            i_end[r][k] = start + 1
+        rows[r].append(Action(r, kind, k))
+    return rows
+
+
 def interleaved_warmup(p: int, m: int, v: int, rank: int) -> int:
     """Megatron's warm-up forwards of rank ``rank``: (v - 1) p + 2 (p - 1 - rank), at most v m."""
     return min((v - 1) * p + 2 * (p - 1 - rank), v * m)
@@ -257,11 +298,12 @@ def add_communication(compute: Schedule) -> Schedule:
 
 
 def generate(kind: str, num_ranks: int, num_microbatches: int, stages_per_rank: int = 1) -> Schedule:
-    """The reference schedule of ``kind`` (gpipe, 1f1b, interleaved, zb-h1), with its communication."""
+    """The reference schedule of ``kind`` (gpipe, 1f1b, interleaved, zb-h1, zb-h2), with its communication."""
     check_arguments(kind, num_ranks, num_microbatches, stages_per_rank)
     p, m, v = num_ranks, num_microbatches, stages_per_rank
     compute = {"gpipe": lambda: gpipe_compute(p, m), "1f1b": lambda: one_f_one_b_compute(p, m),
-               "interleaved": lambda: interleaved_compute(p, m, v), "zb-h1": lambda: zb_h1_compute(p, m)}[kind]()
+               "interleaved": lambda: interleaved_compute(p, m, v), "zb-h1": lambda: zb_h1_compute(p, m),
+               "zb-h2": lambda: zb_h2_compute(p, m)}[kind]()
     return add_communication(Schedule(p, p * v, m, tuple(tuple(row) for row in compute)))
 
 
@@ -314,13 +356,33 @@ def theory_bubble_fraction(kind: str, num_ranks: int, num_microbatches: int, sta
     return Fraction(p - 1, (v if kind == "interleaved" else 1) * m + p - 1)
 
 
+def theory_steady_period(kind: str, num_ranks: int, num_microbatches: int) -> int:
+    """The time one more step adds when steps run back to back with no synchronization between them
+    (reference.pipeline_simulator.steady_period), at unit costs F = I = W = 1 and free messages;
+    the busy time per rank and step is 3m. ZB-H1: 3m + p - 1 for m >= p (its bubble stays, one
+    (p - 1) per step). ZB-H2: max(3m, 2m + 2p - 1), so no bubble at all once m >= 2p - 1 (Qi et al.
+    2024, sec. 2.2: "zero bubble" under post-validation). Derived from the simulator and checked
+    exactly by Hypothesis (tests/test_reference_pipeline_schedules.py) over p <= 6, m <= 20."""
+    p, m = num_ranks, num_microbatches
+    if kind == "zb-h1":
+        if m < p:
+            raise ValueError(f"ZB-H1's steady period is derived for m >= p; got p={p}, m={m}")
+        return 3 * m + p - 1
+    if kind == "zb-h2":
+        return max(3 * m, 2 * m + 2 * p - 1)
+    raise ValueError(f"no steady-state period derived for {kind!r} (known: zb-h1, zb-h2)")
+
+
 def theory_peak_live(kind: str, num_ranks: int, num_microbatches: int, stages_per_rank: int, rank: int) -> int:
     """Most forwards (stage-chunk activations) rank ``rank`` holds before their backward (B, or W
     when split) ran: GPipe m; 1F1B min(m, p - r); interleaved (v > 1) min(v m, warm-up + 1); ZB-H1
-    min(m, p), 1F1B's largest, on every rank (rank r's r deferred W passes add to its p - r)."""
+    min(m, p), 1F1B's largest, on every rank (rank r's r deferred W passes add to its p - r); ZB-H2
+    min(m, 2p - 1) on every rank (the paper's (2p - 1) M_B)."""
     p, m, v = num_ranks, num_microbatches, stages_per_rank
     if kind == "gpipe":
         return m
+    if kind == "zb-h2":
+        return min(m, 2 * p - 1)
     if kind == "zb-h1":
         return min(m, p)
     if kind == "1f1b" or v == 1:

@@ -167,6 +167,26 @@ def simulate(schedule: Schedule, costs: Costs = Costs(), *, check: bool = True) 
     return Simulation(timelines, makespan, busy, idle, bubble, [peak_live(row) for row in rows], schedule, costs)
 
 
+
+def back_to_back(schedule: Schedule, iterations: int) -> Schedule:
+    """``iterations`` steps of ``schedule`` run one after the other with no synchronization between
+    them (each rank starts its next step when it has finished its own part of this one, as with
+    the zero-bubble paper's optimizer post-validation): every rank's list repeated, step k's
+    microbatches renumbered k m .. k m + m - 1."""
+    if iterations < 1:
+        raise ValueError(f"iterations must be at least 1, got {iterations}")
+    m = schedule.num_microbatches
+    rows = tuple(tuple(Action(a.stage, a.kind, a.microbatch + k * m) for k in range(iterations) for a in row)
+                 for row in schedule.rows)
+    return Schedule(schedule.num_ranks, schedule.num_stages, m * iterations, rows)
+
+
+def steady_period(schedule: Schedule, costs: Costs = Costs()) -> object:
+    """The time one more step adds when steps run back to back (``back_to_back``): the makespan of
+    three steps minus that of two. Busy time per step is a lower bound; a schedule whose period
+    equals it has no bubble in steady state."""
+    return simulate(back_to_back(schedule, 3), costs).makespan - simulate(back_to_back(schedule, 2), costs).makespan
+
 def _deadlock(schedule: Schedule, stuck: dict) -> DeadlockError:
     waits_for = {}
     for r, (_, a) in stuck.items():

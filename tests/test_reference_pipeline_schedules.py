@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import reference.pipeline_schedules as sched
 from conformance.examples import schedule_shapes as shapes
-from reference.pipeline_simulator import Costs, DeadlockError, simulate
+from reference.pipeline_simulator import Costs, DeadlockError, back_to_back, simulate, steady_period
 
 
 @given(shape=shapes(8, max_v=3), forward=st.integers(1, 5), backward=st.integers(1, 5))
@@ -62,6 +62,40 @@ def test_zb_h1_with_fewer_microbatches_than_ranks_is_still_valid(p, m):
     schedule = sched.generate("zb-h1", p, m)
     sched.validate(schedule)
     assert simulate(schedule).peak_live == [sched.theory_peak_live("zb-h1", p, m, 1, r) for r in range(p)]
+
+
+@given(p=st.integers(1, 6), m=st.integers(1, 20))
+def test_zb_h2_is_valid_and_has_no_bubble_in_steady_state_once_m_reaches_2p_minus_1(p, m):
+    """Qi et al. 2024, section 2.2, at their unit costs (F = I = W): ZB-H2 holds up to 2p - 1
+    microbatches on every rank and, with steps back to back (no synchronization between them, the
+    paper's post-validation), adds exactly its busy time 3m per step once m >= 2p - 1, where ZB-H1
+    adds 3m + p - 1; a single step alone still takes ZB-H1's 3m + p - 1 (the last stage cannot
+    start before p - 1 forwards have run)."""
+    unit = Costs(1, 2, weight=1)
+    schedule = sched.generate("zb-h2", p, m)
+    sched.validate(schedule)
+    assert sched.Schedule.from_strings(schedule.to_strings(), m) == schedule
+    result = simulate(schedule, unit)
+    assert result.peak_live == [sched.theory_peak_live("zb-h2", p, m, 1, r) for r in range(p)]
+    assert steady_period(schedule, unit) == sched.theory_steady_period("zb-h2", p, m)
+    if m >= 2 * p - 1:
+        assert steady_period(schedule, unit) == 3 * m  # the busy time: no bubble
+    if m >= p:
+        assert result.makespan == 3 * m + p - 1
+        zb_h1 = sched.generate("zb-h1", p, m)
+        assert steady_period(zb_h1, unit) == sched.theory_steady_period("zb-h1", p, m)
+        assert simulate(zb_h1, unit).makespan == 3 * m + p - 1
+
+
+def test_steps_back_to_back_renumber_microbatches_and_keep_each_ranks_order():
+    schedule = sched.generate("1f1b", 2, 2)
+    twice = back_to_back(schedule, 2)
+    sched.validate(twice)
+    assert twice.num_microbatches == 4
+    assert [str(a) for a in twice.rows[0]][:len(schedule.rows[0])] == [str(a) for a in schedule.rows[0]]
+    assert [a.microbatch for a in twice.rows[0][len(schedule.rows[0]):] if a.kind == sched.F] == [2, 3]
+    with pytest.raises(ValueError, match="iterations must be at least 1"):
+        back_to_back(schedule, 0)
 
 
 @given(p=st.integers(2, 4), data=st.data())
