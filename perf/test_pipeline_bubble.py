@@ -15,7 +15,10 @@ Python's overhead are small beside it and four ranks fit on two shared cores.
                        small beside F and B but paid on every hop of the critical path).
 
 Goal: |measured - predicted| <= 0.05 for every configuration (median of REPEATS measured steps,
-after one warm-up step). Theory, (p-1)/(m+p-1) and (p-1)/(vm+p-1), is printed beside them.
+after one warm-up step). Theory, (p-1)/(m+p-1) and (p-1)/(vm+p-1), is printed beside them. The
+zero-bubble rows split backward into I and W: ZB-H1 (a kind the runtime is asked for) and ZB-H2
+(its rows handed over as a callable schedule: the reference generates it; see
+reference.pipeline_schedules.theory_steady_period for what it gains when steps run back to back).
 A Gantt chart of one measured and one simulated step, side by side, is written as a PNG into
 $PIPELINE_GANTT_DIR (or --perf-out, perf/out by default) and its path printed.
 
@@ -47,6 +50,8 @@ def configurations() -> list[tuple[str, int, int, int]]:
     configs = [(kind, p, m, 1) for kind in ("gpipe", "1f1b") for p in range(2, 5) for m in range(1, 9)]
     configs += [("interleaved", p, m, 2) for p in range(2, 5) for m in range(p, 9, p)]
     configs += [("zb-h1", p, m, 1) for p in range(2, 5) for m in range(p, 9)]  # its theory needs m >= p
+    # ZB-H2 is not a kind pipeline_step is asked for: its rows go to the runtime as a callable schedule
+    configs += [("zb-h2", p, m, 1) for p in range(2, 5) for m in range(p, 9)]
     return configs
 
 
@@ -110,7 +115,9 @@ def measurements():
             spec = {"widths": [WIDTH] * (p * v + 1), "dtype": "float32", "delay_ms": DELAY_MS}
             batch = pipeline_models.make_batch(spec, 2 * m, seed=0)
             common = {"model": spec, "seed": 0, "layers_per_stage": [1] * (p * v), "stages_per_rank": v,
-                      "num_microbatches": m, "loss": "mse", "repeats": REPEATS + 1, "schedule": kind, "group": None}
+                      "num_microbatches": m, "loss": "mse", "repeats": REPEATS + 1, "group": None,
+                      **({"schedule": None, "schedule_rows": sched.generate(kind, p, m, v).to_strings()}
+                         if kind in sched.REFERENCE_ONLY_KINDS else {"schedule": kind})}
             args = [{**common, "inputs": batch["inputs"] if r == 0 else None,
                      "targets": batch["targets"] if r == p - 1 else None} for r in range(p)]
             outputs = pool.run(p, PROGRAM, args, impl=IMPL).outputs

@@ -347,6 +347,11 @@ def theory_bubble_fraction(kind: str, num_ranks: int, num_microbatches: int, sta
     al. 2024, section 3.1): each rank idles (p - 1)(t_f + t_i - t_w) of a makespan
     m (t_f + t_i + t_w) + (p - 1)(t_f + t_i - t_w): (p - 1) / (3m + p - 1) when all three are equal."""
     p, m, v = num_ranks, num_microbatches, stages_per_rank
+    if kind == "zb-h2":  # one step alone, at the unit costs it is built for (see theory_steady_period)
+        if m < p or not t_f == t_i == t_w:
+            raise ValueError(f"ZB-H2's single-step bubble is derived for m >= p and t_f = t_i = t_w; got p={p}, m={m}, "
+                             f"t_f={t_f}, t_i={t_i}, t_w={t_w}")
+        return Fraction(p - 1, 3 * m + p - 1)
     if kind == "zb-h1":
         if m < p or t_w > t_f or t_w > t_i:
             raise ValueError(f"ZB-H1's bubble is derived for m >= p and t_w <= min(t_f, t_i); got p={p}, m={m}, "

@@ -74,10 +74,11 @@ def _watch(indices: list[int], modules) -> list[str]:
 
 
 def timed_steps(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage: list[int], stages_per_rank: int,
-                num_microbatches: int, loss: str, repeats: int, inputs=None, targets=None, schedule: str = "1f1b",
-                group=None) -> dict:
+                num_microbatches: int, loss: str, repeats: int, inputs=None, targets=None, schedule: str | None = "1f1b",
+                schedule_rows: list | None = None, group=None) -> dict:
     """``repeats`` steps, each after a barrier, with ``trace``: per step, this rank's
-    [action, start, end] in time.perf_counter seconds (one clock for every process on a host)."""
+    [action, start, end] in time.perf_counter seconds (one clock for every process on a host).
+    ``schedule_rows`` (one list of compact actions per rank) is handed over as a callable schedule."""
     pipeline_step = require(impl, "pipeline_step")
     _, modules = _local_stages(ctx, model, seed, layers_per_stage, stages_per_rank)
     traces = []
@@ -87,7 +88,8 @@ def timed_steps(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage
         trace: list = []
         dist.barrier()
         pipeline_step(modules if stages_per_rank > 1 else modules[0], ctx.to_device(inputs), ctx.to_device(targets),
-                      pipeline_models.loss_fn(loss), num_microbatches, schedule=schedule, trace=trace)
+                      pipeline_models.loss_fn(loss), num_microbatches, schedule=_schedule(schedule, schedule_rows),
+                      trace=trace)
         traces.append([[str(a), float(start), float(end)] for a, start, end in trace])
     return {"traces": traces}
 
