@@ -1,7 +1,8 @@
-"""Pipeline schedules as data: the format, the three classic generators, a validator, a grid.
+"""Pipeline schedules as data: the format, the generators, a validator, a grid.
 
-A pipeline of S = p * v stages runs on p ranks; stage s lives on rank s % p (v = 1: stage s on
-rank s; v > 1: Megatron's interleaving, rank r holds stages r, r + p, r + 2p, ...). A batch is cut
+A pipeline of S = p * v stages runs on p ranks; stage s lives on rank s % p (the "loop" placement;
+v = 1: stage s on rank s; v > 1: Megatron's interleaving, rank r holds stages r, r + p, r + 2p, ...)
+or, for ZB-V, on the "v" placement (v = 2: rank r holds stages r and 2p - 1 - r). A batch is cut
 into m microbatches. A schedule is, for each rank, the ordered list of what it does:
 
 * ``F``: forward of microbatch i on stage s;  ``B``: backward of microbatch i on stage s;
@@ -43,6 +44,9 @@ that needs it, each send right after the compute that produced it):
   against an ideal v m (t_f + t_b): fraction (p - 1) / (v m + p - 1), v times smaller than 1F1B's.
   With v = 1 it is plain 1F1B (as in Megatron, which dispatches v = 1 to the non-interleaved
   schedule).
+* ZB-H2 (Qi et al. 2024, sec. 2.2), ZB-V (sec. 6, the V placement) and looped BFS (Lamy-Poirier
+  2023): see their generators; ZB-H2 and ZB-V are built by list scheduling at unit costs
+  (``list_scheduled``), as the paper builds its heuristic schedules.
 
 The validator raises ScheduleError naming the rank, the step, the action and the rule broken, with
 the step grid (ranks as rows, steps as columns) and the bad action in brackets. Timing, bubbles,
@@ -62,11 +66,15 @@ COMPUTE = (F, B, I, W)
 BACKWARD_INPUT = (B, I)  # what produces the gradient a stage sends to the previous one
 RELEASES = (B, W)  # what frees a microbatch's activations on its stage
 COMMUNICATION = (SEND_F, RECV_F, SEND_B, RECV_B)
+LOOP, V_SHAPE = "loop", "v"  # stage placements (stage_rank)
+PLACEMENTS = (LOOP, V_SHAPE)
 KINDS = ("gpipe", "1f1b", "interleaved")  # the capability pipeline_parallel
-ZERO_BUBBLE_KINDS = ("zb-h1",)  # the capability zero_bubble_pipeline: backward split into I and W
-ALL_KINDS = (*KINDS, *ZERO_BUBBLE_KINDS)
-# generated, validated and simulated here, not yet asked of an implementation's pipeline_step
-REFERENCE_ONLY_KINDS = ("zb-h2",)
+ZERO_BUBBLE_KINDS = ("zb-h1",)  # the capability zero_bubble: backward split into I and W
+V_SHAPE_KINDS = ("zb-v",)  # the capability zero_bubble_v: two stages per rank on the V-shaped placement
+ALL_KINDS = (*KINDS, *ZERO_BUBBLE_KINDS, *V_SHAPE_KINDS)
+# generated, validated and simulated here, and run on ranks as callable schedules (their rows), not
+# asked of an implementation's generate_schedule
+REFERENCE_ONLY_KINDS = ("zb-h2", "looped-bfs")
 
 _COMPACT = re.compile(r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B|I|W)(\d+)$")
 _PEER_OFFSET = {SEND_F: +1, RECV_F: -1, SEND_B: -1, RECV_B: +1}
@@ -106,42 +114,59 @@ class Action(NamedTuple):
         return cls(int(match[1]), match[2], int(match[3]))
 
 
+def stage_rank(stage: int, num_ranks: int, placement: str = LOOP) -> int:
+    """The rank stage ``stage`` lives on: ``"loop"`` s % p (v = 1: stage s on rank s; Megatron's
+    interleaving for v > 1); ``"v"`` (two stages per rank, the V shape of ZB-V and DualPipeV, Qi et
+    al. 2024 sec. 6): s for s < p, then back down, 2p - 1 - s, so rank 0 holds the first and the
+    last stage."""
+    if placement == V_SHAPE:
+        return stage if stage < num_ranks else 2 * num_ranks - 1 - stage
+    return stage % num_ranks
+
+
+def rank_stages(rank: int, num_ranks: int, num_stages: int, placement: str = LOOP) -> list[int]:
+    """The stages rank ``rank`` holds, in stage order (its chunks, as ``pipeline_step`` takes them)."""
+    return [s for s in range(num_stages) if stage_rank(s, num_ranks, placement) == rank]
+
+
 @dataclass(frozen=True)
 class Schedule:
-    """What each of ``num_ranks`` ranks does, in order. Stage s lives on rank s % num_ranks."""
+    """What each of ``num_ranks`` ranks does, in order. Stage s lives on rank ``stage_rank(s, p,
+    placement)``: s % p (``"loop"``) or the V shape (``"v"``, two stages per rank)."""
 
     num_ranks: int
     num_stages: int
     num_microbatches: int
     rows: tuple[tuple[Action, ...], ...]
+    placement: str = LOOP
 
     @property
     def stages_per_rank(self) -> int:
         return self.num_stages // self.num_ranks
 
     def rank_of(self, stage: int) -> int:
-        return stage % self.num_ranks
+        return stage_rank(stage, self.num_ranks, self.placement)
 
     def stages_of(self, rank: int) -> list[int]:
-        return list(range(rank, self.num_stages, self.num_ranks))
+        return rank_stages(rank, self.num_ranks, self.num_stages, self.placement)
 
     def to_strings(self) -> list[list[str]]:
         return [[str(a) for a in row] for row in self.rows]
 
     def compute_only(self) -> "Schedule":
-        return Schedule(self.num_ranks, self.num_stages, self.num_microbatches,
-                        tuple(tuple(a for a in row if a.is_compute) for row in self.rows))
+        return self.with_rows(tuple(a for a in row if a.is_compute) for row in self.rows)
 
     def with_rows(self, rows) -> "Schedule":
-        return Schedule(self.num_ranks, self.num_stages, self.num_microbatches, tuple(tuple(r) for r in rows))
+        return Schedule(self.num_ranks, self.num_stages, self.num_microbatches, tuple(tuple(r) for r in rows),
+                        self.placement)
 
     @classmethod
-    def from_strings(cls, rows, num_microbatches: int, stages_per_rank: int = 1) -> "Schedule":
+    def from_strings(cls, rows, num_microbatches: int, stages_per_rank: int = 1, placement: str = LOOP) -> "Schedule":
         """A schedule from plain data: one list of compact strings per rank (what a rank returns)."""
         if not isinstance(rows, (list, tuple)) or not all(isinstance(row, (list, tuple)) for row in rows):
             raise ValueError(f"a schedule is one list of compact action strings per rank, got {type(rows).__name__}")
         parsed = tuple(tuple(Action.parse(text) for text in row) for row in rows)
-        return cls(len(parsed), len(parsed) * stages_per_rank, num_microbatches, parsed)
+        return cls(len(parsed), len(parsed) * stages_per_rank, num_microbatches, parsed, placement)
 
     def __str__(self) -> str:
         return render_grid(self)
@@ -165,7 +190,9 @@ def check_arguments(kind: str, num_ranks: int, num_microbatches: int, stages_per
     if num_ranks < 1 or num_microbatches < 1 or stages_per_rank < 1:
         raise ValueError(f"num_ranks, num_microbatches and stages_per_rank must be at least 1, got "
                          f"{num_ranks}, {num_microbatches}, {stages_per_rank}")
-    if kind != "interleaved" and stages_per_rank != 1:
+    if kind in V_SHAPE_KINDS and stages_per_rank != 2:
+        raise ValueError(f"{kind} places two stages per rank in a V; stages_per_rank={stages_per_rank} must be 2")
+    if kind not in ("interleaved", "looped-bfs", *V_SHAPE_KINDS) and stages_per_rank != 1:
         raise ValueError(f"{kind} places one stage per rank; stages_per_rank={stages_per_rank} needs 'interleaved'")
     if kind == "interleaved" and num_microbatches % num_ranks:
         raise ValueError(f"interleaved 1F1B needs the number of microbatches to be a multiple of the number of "
@@ -216,38 +243,88 @@ def zb_h2_compute(p: int, m: int) -> list[list[Action]]:
     """ZB-H2 (Qi et al. 2024, sec. 2.2): up to 2p - 1 microbatches in flight on every rank, so the
     warm-up runs more forwards and the W passes fill the tail, and back-to-back iterations (no
     synchronization between them: the paper's optimizer post-validation) leave no bubble. Built by
-    list scheduling at unit costs (F = I = W = 1, free messages): whenever a rank is free it runs,
-    among what it may start then, an I (the critical path) before an F (while fewer than 2p - 1
-    forwards await their W) before a W; the rank that can start earliest goes first, ties by rank."""
-    cap = 2 * p - 1
-    free = [0] * p
-    f_end = [[None] * m for _ in range(p)]
-    i_end = [[None] * m for _ in range(p)]
-    done = {F: [0] * p, I: [0] * p, W: [0] * p}
+    list scheduling at unit costs (``list_scheduled``): an I (the critical path) before an F (while
+    fewer than 2p - 1 forwards await their W) before a W."""
+    return list_scheduled(p, m, LOOP, 1, cap=2 * p - 1, priority=lambda kind, chunk: {I: 0, F: 1, W: 2}[kind])
+
+
+def zb_v_compute(p: int, m: int) -> list[list[Action]]:
+    """ZB-V (Qi et al. 2024, sec. 6): two stages per rank on the V-shaped placement (rank r holds
+    stages r and 2p - 1 - r, so rank 0 holds the first and the last), backward split into I and W,
+    at most 2p stage activations per rank (1F1B's p microbatches, a stage being half a rank's
+    layers). Built by list scheduling at unit costs (``list_scheduled``) with the work that brings
+    a microbatch nearest to done first: the forward of the second arm of the V (toward the loss),
+    then the input gradients (the first arm's, nearer stage 0, before the second's), then the
+    forward of a new microbatch on the first arm, and W passes last. For m >= 2p - 1 it meets the
+    lower bound: a step takes 6m + p - 1 units (the last rank cannot start before p - 1 and has 6m of
+    work), an idle p - 1 per rank, half ZB-H1's at the same memory (tests/test_reference_pipeline_schedules.py)."""
+    order = {(F, 1): 0, (I, 0): 1, (I, 1): 2, (F, 0): 3}
+    return list_scheduled(p, m, V_SHAPE, 2, cap=2 * p, priority=lambda kind, chunk: order.get((kind, chunk), 4))
+
+
+def list_scheduled(p: int, m: int, placement: str, stages_per_rank: int, cap: int, priority) -> list[list[Action]]:
+    """A split-backward schedule built by list scheduling at unit costs (F = I = W = 1, free
+    messages), as the zero-bubble paper builds its heuristic schedules: whenever a rank is free it
+    runs, among the actions it may start then (an F whose input is there while fewer than ``cap``
+    forwards on the rank await their W; an I whose output gradient is there; the oldest waiting W),
+    the one with the smallest ``priority(kind, chunk)`` (chunk: the stage's position among the
+    rank's stages); the rank that can start earliest goes first, ties by rank. Microbatches run in
+    order on every stage."""
+    S = p * stages_per_rank
+    stages = [rank_stages(r, p, S, placement) for r in range(p)]
+    free, live = [0] * p, [0] * p
+    end: dict[Action, int] = {}
+    count = {kind: [0] * S for kind in (F, I)}
+    waiting_w: list[list[tuple[int, int]]] = [[] for _ in range(p)]
     rows: list[list[Action]] = [[] for _ in range(p)]
 
     def candidates(r: int):
-        if done[I][r] < done[F][r]:
-            ready = f_end[r][done[I][r]] if r == p - 1 else i_end[r + 1][done[I][r]]
-            if ready is not None:
-                yield max(free[r], ready), 0, I
-        if done[F][r] < m and done[F][r] - done[W][r] < cap:
-            ready = 0 if r == 0 else f_end[r - 1][done[F][r]]
-            if ready is not None:
-                yield max(free[r], ready), 1, F
-        if done[W][r] < done[I][r]:
-            yield free[r], 2, W
+        for chunk, s in enumerate(stages[r]):
+            k = count[I][s]
+            if k < count[F][s]:
+                ready = end[Action(s, F, k)] if s == S - 1 else end.get(Action(s + 1, I, k))
+                if ready is not None:
+                    yield max(free[r], ready), priority(I, chunk), I, s
+            k = count[F][s]
+            if k < m and live[r] < cap:
+                ready = 0 if s == 0 else end.get(Action(s - 1, F, k))
+                if ready is not None:
+                    yield max(free[r], ready), priority(F, chunk), F, s
+        if waiting_w[r]:
+            yield free[r], priority(W, stages[r].index(waiting_w[r][0][0])), W, waiting_w[r][0][0]
 
-    while any(done[W][r] < m for r in range(p)):
-        start, _, r, kind = min((start, priority, r, kind) for r in range(p) for start, priority, kind in candidates(r))
-        k = done[kind][r]
-        done[kind][r] += 1
+    for _ in range(3 * m * S):
+        options = [(start, rank_first, r, kind, s) for r in range(p) for start, rank_first, kind, s in candidates(r)]
+        if not options:
+            raise ValueError(f"list scheduling is stuck (p={p}, m={m}, cap={cap}): no rank can start anything")
+        start, _, r, kind, s = min(options)
         free[r] = start + 1
-        if kind == F:
-            f_end[r][k] = start + 1
-        elif kind == I:
-            i_end[r][k] = start + 1
-        rows[r].append(Action(r, kind, k))
+        if kind == W:
+            s, k = waiting_w[r].pop(0)
+            live[r] -= 1
+        else:
+            k = count[kind][s]
+            count[kind][s] += 1
+            live[r] += kind == F
+            if kind == I:
+                waiting_w[r].append((s, k))
+        end[Action(s, kind, k)] = start + 1
+        rows[r].append(Action(s, kind, k))
+    return rows
+
+
+def looped_bfs_compute(p: int, m: int, v: int) -> list[list[Action]]:
+    """Looped BFS (Lamy-Poirier, "Breadth-First Pipeline Parallelism", 2023; torch's
+    ScheduleLoopedBFS): the looped placement (rank r holds stages r, r + p, ...) run breadth first:
+    every microbatch's forward on the rank's first stage, then on its next, ..., then the backwards
+    stage by stage in reverse, each stage's microbatches last-in first-out. GPipe over v chunks per
+    rank: for m >= p the same bubble as interleaved 1F1B, (p - 1) / (v m + p - 1), holding all v m
+    chunk activations."""
+    rows = []
+    for r in range(p):
+        mine = list(range(r, p * v, p))
+        rows.append([Action(s, F, i) for s in mine for i in range(m)]
+                    + [Action(s, B, i) for s in reversed(mine) for i in reversed(range(m))])
     return rows
 
 
@@ -298,17 +375,24 @@ def add_communication(compute: Schedule) -> Schedule:
 
 
 def generate(kind: str, num_ranks: int, num_microbatches: int, stages_per_rank: int = 1) -> Schedule:
-    """The reference schedule of ``kind`` (gpipe, 1f1b, interleaved, zb-h1, zb-h2), with its communication."""
+    """The reference schedule of ``kind`` (gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v,
+    looped-bfs), with its communication, on the kind's placement (``placement_of``)."""
     check_arguments(kind, num_ranks, num_microbatches, stages_per_rank)
     p, m, v = num_ranks, num_microbatches, stages_per_rank
     compute = {"gpipe": lambda: gpipe_compute(p, m), "1f1b": lambda: one_f_one_b_compute(p, m),
                "interleaved": lambda: interleaved_compute(p, m, v), "zb-h1": lambda: zb_h1_compute(p, m),
-               "zb-h2": lambda: zb_h2_compute(p, m)}[kind]()
-    return add_communication(Schedule(p, p * v, m, tuple(tuple(row) for row in compute)))
+               "zb-h2": lambda: zb_h2_compute(p, m), "zb-v": lambda: zb_v_compute(p, m),
+               "looped-bfs": lambda: looped_bfs_compute(p, m, v)}[kind]()
+    return add_communication(Schedule(p, p * v, m, tuple(tuple(row) for row in compute), placement_of(kind)))
+
+
+def placement_of(kind: str) -> str:
+    """Where a kind puts its stages: the V shape for ZB-V, the loop (s % p) for every other."""
+    return V_SHAPE if kind in V_SHAPE_KINDS else LOOP
 
 
 def random_schedule(num_ranks: int, num_microbatches: int, stages_per_rank: int, seed: int,
-                    split_backward: bool = False) -> Schedule:
+                    split_backward: bool = False, placement: str = LOOP) -> Schedule:
     """A valid, deadlock-free schedule in no classic shape: compute actions are taken one at a time,
     each a random pick among those whose inputs are ready, then communication is inserted. Every
     rank's list follows one global order, so every receive's send comes earlier in it. With
@@ -334,8 +418,8 @@ def random_schedule(num_ranks: int, num_microbatches: int, stages_per_rank: int,
         choice = rng.choice(sorted(a for a in pending if ready(a)))
         pending.discard(choice)
         done.add(choice)
-        rows[choice.stage % p].append(choice)
-    return add_communication(Schedule(p, p * v, m, tuple(tuple(row) for row in rows)))
+        rows[stage_rank(choice.stage, p, placement)].append(choice)
+    return add_communication(Schedule(p, p * v, m, tuple(tuple(row) for row in rows), placement))
 
 
 # ---------------------------------------------------------------------------------------- theory
@@ -345,8 +429,21 @@ def theory_bubble_fraction(kind: str, num_ranks: int, num_microbatches: int, sta
     (p - 1) / (m + p - 1) for GPipe and 1F1B, (p - 1) / (v m + p - 1) interleaved (any t_f, t_b).
     ZB-H1, with a backward split into I (t_i) and W (t_w), t_w <= t_f, t_w <= t_i, m >= p (Qi et
     al. 2024, section 3.1): each rank idles (p - 1)(t_f + t_i - t_w) of a makespan
-    m (t_f + t_i + t_w) + (p - 1)(t_f + t_i - t_w): (p - 1) / (3m + p - 1) when all three are equal."""
+    m (t_f + t_i + t_w) + (p - 1)(t_f + t_i - t_w): (p - 1) / (3m + p - 1) when all three are equal.
+    ZB-V (two stages per rank in a V, costs per stage, t_f = t_i = t_w, m >= 2p - 1): the lower
+    bound, a makespan of 6m + p - 1 with p - 1 idle per rank, (p - 1) / (6m + p - 1), half ZB-H1's
+    idle time at the same memory. Looped BFS (any t_f, t_b): a makespan of
+    (v m + p - 1 + (v - 1) max(0, p - m)) (t_f + t_b): interleaved's bubble once m >= p; with fewer
+    microbatches than ranks each further chunk waits p - m for the first microbatch to come round."""
     p, m, v = num_ranks, num_microbatches, stages_per_rank
+    if kind == "zb-v":  # per stage costs; a stage is half a rank's layers
+        if m < 2 * p - 1 or not t_f == t_i == t_w:
+            raise ValueError(f"ZB-V's bubble is derived for m >= 2p - 1 and t_f = t_i = t_w; got p={p}, m={m}, "
+                             f"t_f={t_f}, t_i={t_i}, t_w={t_w}")
+        return Fraction(p - 1, 6 * m + p - 1)
+    if kind == "looped-bfs":
+        busy = v * m
+        return 1 - Fraction(busy, busy + p - 1 + (v - 1) * max(0, p - m))
     if kind == "zb-h2":  # one step alone, at the unit costs it is built for (see theory_steady_period)
         if m < p or not t_f == t_i == t_w:
             raise ValueError(f"ZB-H2's single-step bubble is derived for m >= p and t_f = t_i = t_w; got p={p}, m={m}, "
@@ -382,8 +479,13 @@ def theory_peak_live(kind: str, num_ranks: int, num_microbatches: int, stages_pe
     """Most forwards (stage-chunk activations) rank ``rank`` holds before their backward (B, or W
     when split) ran: GPipe m; 1F1B min(m, p - r); interleaved (v > 1) min(v m, warm-up + 1); ZB-H1
     min(m, p), 1F1B's largest, on every rank (rank r's r deferred W passes add to its p - r); ZB-H2
-    min(m, 2p - 1) on every rank (the paper's (2p - 1) M_B)."""
+    min(m, 2p - 1) on every rank (the paper's (2p - 1) M_B); ZB-V min(2m, 2p) stage activations, a
+    stage being half a rank's layers (the paper's p M_B, 1F1B's); looped BFS all v m."""
     p, m, v = num_ranks, num_microbatches, stages_per_rank
+    if kind == "zb-v":
+        return min(2 * m, 2 * p)
+    if kind == "looped-bfs":
+        return v * m
     if kind == "gpipe":
         return m
     if kind == "zb-h2":
@@ -414,8 +516,9 @@ def render_grid(schedule: Schedule, mark: tuple[int, int] | set | None = None, c
 
 # -------------------------------------------------------------------------------------- validator
 RULES = {
-    "shape": "the schedule has one list per rank and S = p * v stages",
-    "placement": "stage s runs on rank s % p, 0 <= stage < S and 0 <= microbatch < m",
+    "shape": "the schedule has one list per rank and S = p * v stages (v = 2 for the V shape)",
+    "placement": "stage s runs on its rank (s % p; in the V shape s for s < p, else 2p - 1 - s), 0 <= stage < S and "
+                 "0 <= microbatch < m",
     "communication": "sends and receives cross a stage boundary between different ranks",
     "exactly once": "every forward and backward runs exactly once per stage and microbatch (a backward as one B, or as "
                     "an I and a W), every send or receive at most once",
@@ -451,6 +554,10 @@ def problems(schedule: Schedule) -> list[Problem]:
         return [Problem("shape", None, None, None,
                         f"{len(schedule.rows)} rows for p={p} ranks, S={S} stages, m={m} microbatches "
                         f"({RULES['shape']}, m >= 1)")]
+    if schedule.placement not in PLACEMENTS or (schedule.placement == V_SHAPE and S != 2 * p):
+        return [Problem("shape", None, None, None,
+                        f"placement {schedule.placement!r} with p={p} ranks and S={S} stages: the placements are "
+                        f"{', '.join(PLACEMENTS)}, and the V shape holds two stages per rank")]
     position: dict[Action, tuple[int, int]] = {}
     for r, row in enumerate(schedule.rows):
         for t, a in enumerate(row):

@@ -178,7 +178,7 @@ def back_to_back(schedule: Schedule, iterations: int) -> Schedule:
     m = schedule.num_microbatches
     rows = tuple(tuple(Action(a.stage, a.kind, a.microbatch + k * m) for k in range(iterations) for a in row)
                  for row in schedule.rows)
-    return Schedule(schedule.num_ranks, schedule.num_stages, m * iterations, rows)
+    return Schedule(schedule.num_ranks, schedule.num_stages, m * iterations, rows, schedule.placement)
 
 
 def steady_period(schedule: Schedule, costs: Costs = Costs()) -> object:

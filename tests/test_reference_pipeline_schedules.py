@@ -87,6 +87,60 @@ def test_zb_h2_is_valid_and_has_no_bubble_in_steady_state_once_m_reaches_2p_minu
         assert simulate(zb_h1, unit).makespan == 3 * m + p - 1
 
 
+@given(p=st.integers(1, 8), m=st.integers(1, 40))
+def test_zb_v_meets_the_lower_bound_with_1f1b_memory_once_m_reaches_2p_minus_1(p, m):
+    """Qi et al. 2024, section 6, at their unit costs (F = I = W per stage, a stage half a rank's
+    layers): ZB-V on the V placement takes 6m + p - 1 for m >= 2p - 1, the least possible (rank
+    p - 1 cannot start before p - 1 and has 6m of work): p - 1 idle per rank, half of ZB-H1's
+    2(p - 1) in the same units; it holds at most 2p stage activations (1F1B's p microbatches)."""
+    unit = Costs(1, 2, weight=1)
+    schedule = sched.generate("zb-v", p, m, 2)
+    assert schedule.placement == "v" and schedule.stages_of(0) == [0, 2 * p - 1]
+    sched.validate(schedule)
+    assert sched.Schedule.from_strings(schedule.to_strings(), m, 2, "v") == schedule
+    result = simulate(schedule, unit)
+    assert result.peak_live == [sched.theory_peak_live("zb-v", p, m, 2, r) for r in range(p)]
+    assert max(result.peak_live) <= 2 * p
+    if m >= 2 * p - 1:
+        assert result.makespan == 6 * m + p - 1
+        assert result.bubble_fraction == sched.theory_bubble_fraction("zb-v", p, m, 2)
+        zb_h1 = simulate(sched.generate("zb-h1", p, m), Costs(2, 4, weight=2))  # a whole rank's layers
+        assert zb_h1.makespan - 6 * m == 2 * (p - 1)
+
+
+@given(shape=shapes(6, max_v=3), forward=st.integers(1, 5), backward=st.integers(1, 5))
+def test_looped_bfs_is_valid_and_meets_its_theory(shape, forward, backward):
+    """Looped BFS (Lamy-Poirier 2023): interleaved's bubble (p - 1)/(v m + p - 1) once m >= p, all
+    v m chunk activations held; fewer microbatches than ranks leave each further chunk waiting."""
+    _, p, m, _ = shape
+    v = 1 + shape[3] % 3
+    schedule = sched.generate("looped-bfs", p, m, v)
+    sched.validate(schedule)
+    result = simulate(schedule, Costs(forward, backward))
+    assert result.bubble_fraction == sched.theory_bubble_fraction("looped-bfs", p, m, v)
+    assert result.makespan == (v * m + p - 1 + (v - 1) * max(0, p - m)) * (forward + backward)
+    if m >= p:
+        assert result.bubble_fraction == sched.theory_bubble_fraction("interleaved", p, m, v)
+    assert result.peak_live == [v * m] * p
+
+
+@given(p=st.integers(2, 4), m=st.integers(1, 4), seed=st.integers(0, 2**16))
+def test_the_validator_knows_the_v_placement(p, m, seed):
+    """A random valid schedule on the V placement passes; the same rows read as the loop placement
+    break rule 'placement' (rank 0 holds stages 0 and 2p - 1 in the V, 0 and p in the loop); the V
+    needs two stages per rank."""
+    schedule = sched.random_schedule(p, m, 2, seed, split_backward=bool(seed % 2), placement="v")
+    sched.validate(schedule)
+    simulate(schedule)
+    with pytest.raises(sched.ScheduleError) as error:
+        sched.validate(sched.Schedule(p, 2 * p, m, schedule.rows))
+    assert error.value.rule == "placement"
+    with pytest.raises(sched.ScheduleError, match="two stages per rank") as error:
+        sched.validate(sched.Schedule(p, 3 * p, m, schedule.rows, "v"))
+    with pytest.raises(ValueError, match="must be 2"):
+        sched.generate("zb-v", p, m, 1)
+
+
 def test_steps_back_to_back_renumber_microbatches_and_keep_each_ranks_order():
     schedule = sched.generate("1f1b", 2, 2)
     twice = back_to_back(schedule, 2)
