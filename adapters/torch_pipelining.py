@@ -34,10 +34,20 @@ from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
+                                          ScheduleZBVZeroBubble)
 from torch.distributed.pipelining import schedules as _ir
 
-KINDS = ("gpipe", "1f1b", "interleaved")
+KINDS = ("gpipe", "1f1b", "interleaved", "zb-v")
+
+
+def _owner(p: int, placement: str):
+    """stage -> rank: the loop (s % p) or the V (s for s < p, then 2p - 1 - s; torch's style "v")."""
+    if placement == "v":
+        return lambda stage: stage if stage < p else 2 * p - 1 - stage
+    if placement != "loop":
+        raise ValueError(f"unknown placement {placement!r} (known: loop, v)")
+    return lambda stage: stage % p
 
 
 # -------------------------------------------------------------------------------------- schedules
@@ -53,7 +63,9 @@ def _check(kind: str, p: int, m: int, v: int) -> None:
         raise ValueError(f"unknown schedule kind {kind!r} (known: {', '.join(KINDS)})")
     if p < 1 or m < 1 or v < 1:
         raise ValueError(f"num_ranks, num_microbatches and stages_per_rank must be at least 1, got {p}, {m}, {v}")
-    if kind != "interleaved" and v != 1:
+    if kind == "zb-v" and v != 2:
+        raise ValueError(f"zb-v places two stages per rank in a V: stages_per_rank={v} must be 2")
+    if kind not in ("interleaved", "zb-v") and v != 1:
         raise ValueError(f"{kind} places one stage per rank; stages_per_rank={v} needs 'interleaved'")
     if kind == "interleaved" and m % p:
         raise ValueError(f"interleaved 1F1B needs the number of microbatches to be a multiple of the number of "
@@ -68,10 +80,13 @@ def _torch_compute_order(kind: str, p: int, m: int, v: int) -> dict[int, list]:
         for r in range(p):
             warmup = min(p - 1 - r, m)
             order[r] = _ir._get_1f1b_rank_ops(1, p, warmup, m - warmup, warmup, r, lambda _: r, lambda _: r)
+    elif kind == "zb-v":
+        state = SimpleNamespace(n_local_stages=2, pp_group_size=p, num_stages=2 * p, _n_microbatches=m)
+        order = {r: ScheduleZBVZeroBubble._calculate_single_rank_operations(state, r) for r in range(p)}
     else:
         state = SimpleNamespace(n_local_stages=v, pp_group_size=p, microbatches_per_round=p, _n_microbatches=m)
         order = {r: ScheduleInterleaved1F1B._calculate_single_rank_operations(state, r) for r in range(p)}
-    compute = (_ir.FORWARD, _ir.FULL_BACKWARD)
+    compute = (_ir.FORWARD, _ir.FULL_BACKWARD, _ir.BACKWARD_INPUT, _ir.BACKWARD_WEIGHT)
     return {r: [a for a in order[r] if a is not None and a.computation_type in compute] for r in range(p)}
 
 
@@ -80,26 +95,28 @@ def generate_schedule(kind: str, num_ranks: int, num_microbatches: int, stages_p
     p, m, v = num_ranks, num_microbatches, stages_per_rank
     _check(kind, p, m, v)
     last = p * v - 1
+    owner = _owner(p, "v" if kind == "zb-v" else "loop")
     rows = []
     for r, actions in sorted(_torch_compute_order(kind, p, m, v).items()):
         row = []
         for a in actions:
-            s, i, forward = a.stage_index, a.microbatch_index, a.computation_type == _ir.FORWARD
-            if forward and s > 0 and (s - 1) % p != r:
+            s, i, kind_ = a.stage_index, a.microbatch_index, a.computation_type
+            forward, gradient = kind_ == _ir.FORWARD, kind_ in (_ir.FULL_BACKWARD, _ir.BACKWARD_INPUT)
+            if forward and s > 0 and owner(s - 1) != r:
                 row.append(f"{s}RECV_F{i}")
-            if not forward and s < last and (s + 1) % p != r:
+            if gradient and s < last and owner(s + 1) != r:
                 row.append(f"{s}RECV_B{i}")
             row.append(str(a))
-            if forward and s < last and (s + 1) % p != r:
+            if forward and s < last and owner(s + 1) != r:
                 row.append(f"{s}SEND_F{i}")
-            if not forward and s > 0 and (s - 1) % p != r:
+            if gradient and s > 0 and owner(s - 1) != r:
                 row.append(f"{s}SEND_B{i}")
         rows.append(row)
     return rows
 
 
 # ---------------------------------------------------------------------------------------- runtime
-def _refuse_what_the_runtime_cannot_run(rows, p: int, num_stages: int) -> None:
+def _refuse_what_the_runtime_cannot_run(rows, p: int, num_stages: int, owner) -> None:
     """torch's runtime keeps the last stage's losses in a list indexed by microbatch, and its
     point-to-point ops carry no tag (messages between two ranks match in posting order)."""
     parsed = [[_ir._Action.from_str(str(text)) for text in row] for row in rows]
@@ -114,7 +131,7 @@ def _refuse_what_the_runtime_cannot_run(rows, p: int, num_stages: int) -> None:
         for a in row:
             kind = a.computation_type
             if kind in (_ir.SEND_F, _ir.SEND_B, _ir.RECV_F, _ir.RECV_B):
-                peer = (a.stage_index + (1 if kind in (_ir.SEND_F, _ir.RECV_B) else -1)) % p
+                peer = owner(a.stage_index + (1 if kind in (_ir.SEND_F, _ir.RECV_B) else -1))
                 sending = kind in (_ir.SEND_F, _ir.SEND_B)
                 pair = (rank, peer) if sending else (peer, rank)
                 message = f"{a.stage_index if sending else a.stage_index + (-1 if kind == _ir.RECV_F else 1)}" \
@@ -129,11 +146,11 @@ def _refuse_what_the_runtime_cannot_run(rows, p: int, num_stages: int) -> None:
                 f"posting order and a wrong microbatch would arrive")
 
 
-def _runtime(stages: list, m: int, loss_fn, rows) -> _ir._PipelineScheduleRuntime:
+def _runtime(stages: list, m: int, loss_fn, rows, owner) -> _ir._PipelineScheduleRuntime:
     """torch's schedule-IR runtime on ``rows`` (compute and communication, as given; I and W are
     its BACKWARD_INPUT and BACKWARD_WEIGHT); a REDUCE_GRAD (the 1/m scaling) follows each stage's
-    last backward (B, or W when split)."""
-    _refuse_what_the_runtime_cannot_run(rows, stages[0].group_size, stages[0].num_stages)
+    last backward (B, or W when split). The runtime reads the stage placement off the rows."""
+    _refuse_what_the_runtime_cannot_run(rows, stages[0].group_size, stages[0].num_stages, owner)
     runtime = _ir._PipelineScheduleRuntime(stages, m, loss_fn=loss_fn, scale_grads=True)
     actions = {}
     for rank, row in enumerate(rows):
@@ -158,7 +175,8 @@ def _batch_size(inputs, group, device) -> int:
     return int(size)
 
 
-def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="1f1b", group=None, trace=None):
+def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="1f1b", group=None, trace=None,
+                  placement=None):
     """The contract's pipeline_step on torch.distributed.pipelining (see the module docstring)."""
     if trace is not None:
         raise NotImplementedError("torch.distributed.pipelining cannot report per-action timestamps (trace): its "
@@ -174,20 +192,28 @@ def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="
         raise NotImplementedError(
             f"torch.distributed.pipelining cannot run microbatches of unequal sizes on gloo (batch {batch}, m={m}): "
             f"PipelineStage infers shapes from microbatch 0 and sizes every receive buffer from it")
-    staged = [PipelineStage(chunk, c * p + rank, p * v, device, group=group) for c, chunk in enumerate(chunks)]
+    if placement is None:
+        placement = "v" if schedule == "zb-v" else "loop"
+    owner = _owner(p, placement)
+    mine = sorted(s for s in range(p * v) if owner(s) == rank)
+    if len(mine) != v:
+        raise ValueError(f"the {placement} placement puts {len(mine)} stages on rank {rank}; it was given {v}")
+    staged = [PipelineStage(chunk, s, p * v, device, group=group) for s, chunk in zip(mine, chunks)]
     if callable(schedule):
-        runner = _runtime(staged, m, loss_fn, schedule(p, m, v))
+        runner = _runtime(staged, m, loss_fn, schedule(p, m, v), owner)
     else:
         _check(schedule, p, m, v)
-        if schedule == "gpipe":
+        if schedule == "zb-v":
+            runner = ScheduleZBVZeroBubble(staged, m, loss_fn=loss_fn, scale_grads=True)
+        elif schedule == "gpipe":
             runner = ScheduleGPipe(staged[0], m, loss_fn=loss_fn, scale_grads=True)
         elif (schedule == "1f1b" or v == 1) and m >= p:
             runner = Schedule1F1B(staged[0], m, loss_fn=loss_fn, scale_grads=True)
         elif schedule == "1f1b" or v == 1:  # Schedule1F1B refuses m < p; the same order as data
-            runner = _runtime(staged, m, loss_fn, generate_schedule("1f1b", p, m, 1))
+            runner = _runtime(staged, m, loss_fn, generate_schedule("1f1b", p, m, 1), owner)
         else:
             runner = ScheduleInterleaved1F1B(staged, m, loss_fn=loss_fn, scale_grads=True)
-    holds_last = (p * v - 1) % p == rank
+    holds_last = owner(p * v - 1) == rank
     losses: list = []
     kwargs = {"target": targets, "losses": losses} if holds_last else {}
     if rank == 0:

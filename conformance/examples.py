@@ -138,11 +138,16 @@ def values(draw, dtypes: list[torch.dtype], op: str | None = None, shape=None) -
 
 @st.composite
 def schedule_shapes(draw, max_ranks: int, kinds=sched.KINDS, max_v: int = 2) -> tuple[str, int, int, int]:
-    """(kind, p, m, v): v > 1 only for interleaved (and random) schedules, m a multiple of p for
-    interleaved, 1 <= m <= 8."""
+    """(kind, p, m, v): v > 1 only for interleaved, looped BFS (and random) schedules, v = 2 on the
+    V placement (zb-v, random-v), m a multiple of p for interleaved, 1 <= m <= 8."""
     kind = draw(st.sampled_from(kinds), label="schedule")
     p = draw(st.sampled_from([*range(2, max_ranks + 1), 1]), label="p")  # evenly, as conformance.examples.layouts
-    v = draw(st.integers(1, max_v), label="v") if kind in ("interleaved", "random", "random-split") else 1
+    if kind in ("zb-v", "random-v"):
+        v = 2
+    elif kind in ("interleaved", "looped-bfs", "random", "random-split"):
+        v = draw(st.integers(1, max_v), label="v")
+    else:
+        v = 1
     if kind == "interleaved":
         m = p * draw(st.integers(1, max(1, 8 // p)), label="m / p")
     else:

@@ -1,7 +1,9 @@
 """Pipeline parallelism on torch.distributed point-to-point: a runtime that executes a schedule
-given as data, and the schedules it ships (GPipe, 1F1B, interleaved 1F1B, ZB-H1).
+given as data, and the schedules it ships (GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-V).
 
-Stage s of S = p * v lives on rank s % p (rank r holds the v chunks r, r + p, ...). A schedule is
+Stage s of S = p * v lives on rank s % p (rank r holds the v chunks r, r + p, ...), or in the V
+(``placement="v"``, ZB-V: rank r holds stages r and 2p - 1 - r, so rank 0 holds the first and the
+last). A schedule is
 one list per rank of compact actions ``<stage><kind><microbatch>`` (kinds F, B, SEND_F, RECV_F,
 SEND_B, RECV_B; see CONTRACT.md, "Pipeline parallelism"). The runtime walks its rank's list:
 
@@ -38,7 +40,8 @@ import torch.distributed as dist
 
 __all__ = ["pipeline_step", "generate_schedule"]
 
-KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1")
+KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
+V_KINDS = ("zb-v",)  # two stages per rank in a V: rank r holds stages r and 2p - 1 - r
 _COMPACT = re.compile(r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B|I|W)(\d+)$")
 _DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int8,
            torch.uint8, torch.bool)
@@ -55,7 +58,10 @@ def generate_schedule(kind: str, num_ranks: int, num_microbatches: int, stages_p
     * interleaved (m a multiple of p): Megatron's schedule over v chunks per rank, warm-up
       min((v - 1) p + 2 (p - 1 - r), v m) virtual microbatches; v = 1 is 1f1b;
     * zb-h1: 1f1b with every backward split into I and W, rank r running the W of microbatch k - r
-      after the I of microbatch k, and the deferred W passes in the cool-down (Qi et al. 2024).
+      after the I of microbatch k, and the deferred W passes in the cool-down (Qi et al. 2024);
+    * zb-v (stages_per_rank 2, the V placement: rank r holds stages r and 2p - 1 - r): split
+      backwards, at most 2p stage activations per rank, built by list scheduling at unit costs
+      (Qi et al. 2024, sec. 6; see _zb_v).
     Receives come right before the compute that needs them, sends right after the compute that
     produced them; none between stages on the same rank."""
     p, m, v = num_ranks, num_microbatches, stages_per_rank
@@ -63,7 +69,9 @@ def generate_schedule(kind: str, num_ranks: int, num_microbatches: int, stages_p
         raise ValueError(f"unknown schedule kind {kind!r} (known: {', '.join(KINDS)})")
     if p < 1 or m < 1 or v < 1:
         raise ValueError(f"num_ranks, num_microbatches and stages_per_rank must be at least 1, got {p}, {m}, {v}")
-    if kind != "interleaved" and v != 1:
+    if kind in V_KINDS and v != 2:
+        raise ValueError(f"{kind} places two stages per rank in a V: stages_per_rank={v} must be 2")
+    if kind not in ("interleaved", *V_KINDS) and v != 1:
         raise ValueError(f"{kind} places one stage per rank; stages_per_rank={v} needs 'interleaved'")
     if kind == "interleaved" and m % p:
         raise ValueError(f"interleaved 1F1B needs the number of microbatches to be a multiple of the number of "
@@ -72,6 +80,8 @@ def generate_schedule(kind: str, num_ranks: int, num_microbatches: int, stages_p
         compute = [[(r, "F", i) for i in range(m)] + [(r, "B", i) for i in range(m)] for r in range(p)]
     elif kind == "zb-h1":
         compute = [_zb_h1(r, p, m) for r in range(p)]
+    elif kind == "zb-v":
+        compute = _zb_v(p, m)
     elif kind == "1f1b" or v == 1:
         compute = [_one_f_one_b(m, min(p - 1 - r, m), lambda k, kind, r=r: (r, kind, k)) for r in range(p)]
     else:
@@ -82,7 +92,61 @@ def generate_schedule(kind: str, num_ranks: int, num_microbatches: int, stages_p
                 return ((v - 1 - chunk if kind == "B" else chunk) * p + r, kind, (k // (p * v)) * p + k % p)
 
             compute.append(_one_f_one_b(v * m, min((v - 1) * p + 2 * (p - 1 - r), v * m), virtual))
-    return [_with_communication(row, r, p, p * v) for r, row in enumerate(compute)]
+    owner = _owner(p, "v" if kind in V_KINDS else "loop")
+    return [_with_communication(row, r, owner, p * v) for r, row in enumerate(compute)]
+
+
+def _owner(p: int, placement: str):
+    """stage -> rank: the loop (s % p) or the V (s for s < p, then 2p - 1 - s)."""
+    if placement == "v":
+        return lambda stage: stage if stage < p else 2 * p - 1 - stage
+    if placement != "loop":
+        raise ValueError(f"unknown placement {placement!r} (known: loop, v)")
+    return lambda stage: stage % p
+
+
+def _zb_v(p: int, m: int, cap: int | None = None) -> list:
+    """ZB-V's compute order, simulated at unit costs: at each time step every idle rank picks, among
+    what is ready, the forward of its second stage, else an input gradient (first stage first),
+    else a forward of its first stage (while it holds fewer than ``cap`` activations, default 2p:
+    1F1B's p microbatches of two half-stages), else its oldest pending weight gradient; ranks that
+    tie on time go in rank order."""
+    cap = 2 * p if cap is None else cap
+    rows = [[] for _ in range(p)]
+    stages = [(r, 2 * p - 1 - r) for r in range(p)]
+    done: dict[tuple, int] = {}  # (stage, kind, microbatch) -> finishing time
+    nxt = {(s, k): 0 for s in range(2 * p) for k in "FI"}
+    held, pending_w, clock = [0] * p, [[] for _ in range(p)], [0] * p
+
+    def options(r):
+        first, second = stages[r]
+        found = []
+        for rank_order, (s, kind) in enumerate(((second, "F"), (first, "I"), (second, "I"), (first, "F"))):
+            i = nxt[(s, kind)]
+            if i >= m or (kind == "I" and i >= nxt[(s, "F")]) or (kind == "F" and held[r] >= cap):
+                continue
+            need = ((s - 1, "F", i) if s > 0 else None) if kind == "F" else \
+                ((s, "F", i) if s == 2 * p - 1 else (s + 1, "I", i))
+            if need is None or need in done:
+                found.append((max(clock[r], done[need] if need else 0), rank_order, s, kind, i))
+        if pending_w[r]:
+            found.append((clock[r], 4, *pending_w[r][0]))
+        return found
+
+    for _ in range(6 * p * m):
+        start, _, r, s, kind, i = min((o[0], o[1], r, *o[2:]) for r in range(p) for o in options(r))
+        clock[r] = start + 1
+        done[(s, kind, i)] = start + 1
+        rows[r].append((s, kind, i))
+        if kind == "W":
+            pending_w[r].pop(0)
+            held[r] -= 1
+        else:
+            nxt[(s, kind)] += 1
+            held[r] += kind == "F"
+            if kind == "I":
+                pending_w[r].append((s, "W", i))
+    return rows
 
 
 def _zb_h1(r: int, p: int, m: int) -> list:
@@ -106,17 +170,17 @@ def _one_f_one_b(total: int, warmup: int, action) -> list:
     return row + [action(k, "B") for k in range(total - warmup, total)]
 
 
-def _with_communication(row, rank: int, p: int, num_stages: int) -> list[str]:
+def _with_communication(row, rank: int, owner, num_stages: int) -> list[str]:
     out = []
     for stage, kind, i in row:
-        needs_input = kind == "F" and stage > 0 and (stage - 1) % p != rank
-        needs_grad = kind in ("B", "I") and stage < num_stages - 1 and (stage + 1) % p != rank
+        needs_input = kind == "F" and stage > 0 and owner(stage - 1) != rank
+        needs_grad = kind in ("B", "I") and stage < num_stages - 1 and owner(stage + 1) != rank
         if needs_input or needs_grad:
             out.append(f"{stage}{'RECV_F' if kind == 'F' else 'RECV_B'}{i}")
         out.append(f"{stage}{kind}{i}")
-        if kind == "F" and stage < num_stages - 1 and (stage + 1) % p != rank:
+        if kind == "F" and stage < num_stages - 1 and owner(stage + 1) != rank:
             out.append(f"{stage}SEND_F{i}")
-        if kind in ("B", "I") and stage > 0 and (stage - 1) % p != rank:
+        if kind in ("B", "I") and stage > 0 and owner(stage - 1) != rank:
             out.append(f"{stage}SEND_B{i}")
     return out
 
@@ -128,7 +192,7 @@ def _parse(text) -> tuple[int, str, int]:
     return int(match[1]), match[2], int(match[3])
 
 
-def _my_actions(schedule, p: int, rank: int, m: int, v: int) -> list[tuple[int, str, int]]:
+def _my_actions(schedule, p: int, rank: int, m: int, v: int, owner) -> list[tuple[int, str, int]]:
     if isinstance(schedule, str):
         rows = generate_schedule(schedule, p, m, v)
     elif callable(schedule):
@@ -139,7 +203,7 @@ def _my_actions(schedule, p: int, rank: int, m: int, v: int) -> list[tuple[int, 
     if len(rows) != p:
         raise ValueError(f"the schedule has {len(rows)} rows for {p} ranks")
     mine = [_parse(a) for a in rows[rank]]
-    local = set(range(rank, p * v, p))
+    local = {s for s in range(p * v) if owner(s) == rank}
     every = sorted((s, i) for s in local for i in range(m))
     whole = sorted((s, i) for s, k, i in mine if k == "B")
     halves = [sorted((s, i) for s, k, i in mine if k == kind) for kind in ("I", "W")]
@@ -153,12 +217,12 @@ def _my_actions(schedule, p: int, rank: int, m: int, v: int) -> list[tuple[int, 
 
 # ---------------------------------------------------------------------------------------- runtime
 class _Peers:
-    def __init__(self, group, p: int, m: int):
-        self.group, self.p, self.m = group, p, m
+    def __init__(self, group, owner, m: int):
+        self.group, self.owner, self.m = group, owner, m
         self.pending: list[tuple[dist.Work, torch.Tensor]] = []
 
     def global_rank(self, stage: int) -> int:
-        rank = stage % self.p
+        rank = self.owner(stage)
         return rank if self.group is None else dist.get_global_rank(self.group, rank)
 
     def tag(self, boundary: int, microbatch: int, backward: bool, header: bool = False) -> int:
@@ -195,12 +259,14 @@ class _Peers:
 
 
 def pipeline_step(stages, inputs, targets, loss_fn: Callable, num_microbatches: int, schedule="1f1b", group=None,
-                  trace: list | None = None):
+                  trace: list | None = None, placement: str | None = None):
     """One forward and backward of a batch through the pipeline; see CONTRACT.md, "Pipeline parallelism".
 
-    ``stages``: this rank's stage module, or its v chunks in stage order (stages r, r + p, ...).
+    ``stages``: this rank's stage module, or its v chunks in stage order (stages r, r + p, ...;
+    in the V, ``placement="v"`` or schedule "zb-v", stages r and 2p - 1 - r).
     ``inputs``: the whole batch on rank 0 (None elsewhere); ``targets``: on the rank holding the
-    last stage, rank p - 1 (None elsewhere); both cut into m microbatches by torch.tensor_split.
+    last stage (rank p - 1; rank 0 in the V), None elsewhere; both cut into m microbatches by
+    torch.tensor_split.
     ``schedule``: "gpipe", "1f1b", "interleaved", or a callable (num_ranks, num_microbatches,
     stages_per_rank) -> one list of compact actions per rank. Gradients of
     (1/m) sum_i loss_fn(output_i, target_i) are accumulated into every stage parameter's .grad;
@@ -211,16 +277,21 @@ def pipeline_step(stages, inputs, targets, loss_fn: Callable, num_microbatches: 
     rank = dist.get_rank(group)
     m, v = num_microbatches, len(chunks)
     last = p * v - 1
-    mine = _my_actions(schedule, p, rank, m, v)
-    module = {c * p + rank: chunk for c, chunk in enumerate(chunks)}
+    if placement is None:
+        placement = "v" if schedule in V_KINDS else "loop"
+    if placement == "v" and v != 2:
+        raise ValueError(f"the V placement holds two stages per rank; this rank was given {v}")
+    owner = _owner(p, placement)
+    mine = _my_actions(schedule, p, rank, m, v, owner)
+    module = dict(zip(sorted(s for s in range(p * v) if owner(s) == rank), chunks))
     device = next((t.device for chunk in chunks for t in chunk.parameters()), torch.device("cpu"))
     x_mb = torch.tensor_split(inputs, m) if 0 in module else None
     y_mb = torch.tensor_split(targets, m) if last in module else None
     if x_mb is not None and inputs.shape[0] < m:
         raise ValueError(f"a batch of {inputs.shape[0]} samples cannot be cut into {m} microbatches")
-    peers = _Peers(group, p, m)
+    peers = _Peers(group, owner, m)
     stage_input, stage_output, output_grad, input_grad, losses, weight_pending = {}, {}, {}, {}, {}, {}
-    local = lambda stage: stage % p == rank  # noqa: E731
+    local = lambda stage: owner(stage) == rank  # noqa: E731
 
     for stage, kind, i in mine:
         started = time.perf_counter()

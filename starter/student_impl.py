@@ -149,17 +149,19 @@ class TensorParallelMLP:
 
 # --------------------------------------------------------------------------- pipeline parallelism
 # CONTRACT.md, "Pipeline parallelism"
-def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="1f1b", group=None):
+def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="1f1b", group=None, placement=None):
     """Run one training step of the pipeline; every stage parameter ends with the gradient of the
     mean over microbatches of the loss; the rank holding the last stage returns that loss. Zero
     bubble (capability zero_bubble): schedule="zb-h1", and callable schedules whose backward is
-    split into I (input gradient) and W (weight gradient)."""
+    split into I (input gradient) and W (weight gradient). The V (capability zero_bubble_v):
+    schedule="zb-v", or placement="v" with a callable: rank r holds stages r and 2p - 1 - r."""
     raise NotImplementedError("pipeline_step")
 
 
 def generate_schedule(kind, num_ranks, num_microbatches, stages_per_rank=1):
     """One list of compact actions ("0F3", "1SEND_B2", ...) per rank, for "gpipe", "1f1b" or
-    "interleaved" (capability pipeline_schedules), and "zb-h1" with "0I3", "0W3" (capability zero_bubble)."""
+    "interleaved" (capability pipeline_schedules), "zb-h1" with "0I3", "0W3" (capability zero_bubble),
+    and "zb-v" with stages_per_rank=2 on the V placement (capability zero_bubble_v)."""
     raise NotImplementedError("generate_schedule")
 
 

@@ -42,6 +42,8 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability("pipeline_parallel", ("pipeline_step",), "conformance/test_pipeline_parallel.py", "pipeline_parallel"),
     Capability("pipeline_schedules", ("generate_schedule",), "conformance/test_pipeline_parallel.py", None),
     Capability("zero_bubble", ("pipeline_step", "generate_schedule"), "conformance/test_zero_bubble.py", "zero_bubble"),
+    Capability("zero_bubble_v", ("pipeline_step", "generate_schedule"), "conformance/test_zero_bubble_v.py",
+               "zero_bubble_v"),
     Capability("pipeline_composition", ("pipeline_step", "all_reduce"), "conformance/test_pipeline_composition.py",
                "pipeline_composition"),
     Capability("mesh_composition", ("TensorParallelMLP", "pipeline_step", "all_reduce"),

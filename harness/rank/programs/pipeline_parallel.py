@@ -1,7 +1,8 @@
 """Rank programs for pipeline parallelism. Every rank builds the same sequential model from its spec
 and seed (harness/rank/pipeline_models.py), splits it into S = p * v stages by the layer counts the
-driver sent, keeps its own stages (s % p == rank, in stage order) and calls the implementation's
-``pipeline_step``. Rank 0 is sent the batch's inputs, the last rank its targets, the others None.
+driver sent, keeps its own stages (in stage order: s % p == rank, or in the V placement stages rank
+and 2p - 1 - rank) and calls the implementation's ``pipeline_step``. Rank 0 is sent the batch's
+inputs, the rank holding the last stage its targets, the others None.
 What comes back: the loss (None where the implementation returned None) and the .grad of every
 local parameter keyed by its stable name ``stage<s>.<name>``; the driver judges it against
 reference/pipeline_parallel.py."""
@@ -14,13 +15,28 @@ from harness.rank import pipeline_models, recording
 from harness.rank.context import RankContext, require
 
 
-def _local_stages(ctx: RankContext, model: dict, seed: int, layers_per_stage: list[int], stages_per_rank: int):
+def _owner(stage: int, p: int, placement: str) -> int:
+    """The rank of a stage: the loop (s % p) or the V (s for s < p, then 2p - 1 - s), as the
+    contract places them (the driver's copy is reference.pipeline_schedules.stage_rank)."""
+    if placement == "v":
+        return stage if stage < p else 2 * p - 1 - stage
+    return stage % p
+
+
+def _local_stages(ctx: RankContext, model: dict, seed: int, layers_per_stage: list[int], stages_per_rank: int,
+                  placement: str = "loop"):
     p = ctx.world_size
     if len(layers_per_stage) != p * stages_per_rank:
         raise ValueError(f"{len(layers_per_stage)} stages for {p} ranks x {stages_per_rank} stages per rank")
     stages = pipeline_models.split(pipeline_models.build(model, seed).to(ctx.device), layers_per_stage)
-    mine = list(range(ctx.rank, len(stages), p))
+    mine = [s for s in range(len(stages)) if _owner(s, p, placement) == ctx.rank]
     return mine, [stages[s] for s in mine]
+
+
+def _placement_argument(placement: str) -> dict:
+    """The keyword ``placement`` goes to pipeline_step only off the loop placement, so an
+    implementation written before the V (capability zero_bubble_v) is called as it expects."""
+    return {} if placement == "loop" else {"placement": placement}
 
 
 def _schedule(schedule: str | None, schedule_rows: list | None):
@@ -36,17 +52,18 @@ def _grads(stage_indices: list[int], modules) -> dict:
 
 def train_step(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage: list[int], stages_per_rank: int,
                num_microbatches: int, loss: str, inputs=None, targets=None, schedule: str | None = "1f1b",
-               schedule_rows: list | None = None, group=None) -> dict:
+               schedule_rows: list | None = None, placement: str = "loop", group=None) -> dict:
     """``impl.pipeline_step`` once, on the whole world. ``schedule_rows`` (one list of compact
-    actions per rank) is handed over as a callable schedule instead of a kind."""
+    actions per rank) is handed over as a callable schedule instead of a kind; ``placement`` "v"
+    builds this rank's stages of the V and says so to pipeline_step."""
     if group is not None:
         raise ValueError("pipeline parallelism is tested on the whole world, not a subgroup")
     pipeline_step = require(impl, "pipeline_step")
-    indices, modules = _local_stages(ctx, model, seed, layers_per_stage, stages_per_rank)
+    indices, modules = _local_stages(ctx, model, seed, layers_per_stage, stages_per_rank, placement)
     executed = _watch(indices, modules)
     result = pipeline_step(modules if stages_per_rank > 1 else modules[0], ctx.to_device(inputs),
                            ctx.to_device(targets), pipeline_models.loss_fn(loss), num_microbatches,
-                           schedule=_schedule(schedule, schedule_rows))
+                           schedule=_schedule(schedule, schedule_rows), **_placement_argument(placement))
     return ctx.to_cpu({"loss": result, "grads": _grads(indices, modules), "executed": executed})
 
 
@@ -75,12 +92,12 @@ def _watch(indices: list[int], modules) -> list[str]:
 
 def timed_steps(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage: list[int], stages_per_rank: int,
                 num_microbatches: int, loss: str, repeats: int, inputs=None, targets=None, schedule: str | None = "1f1b",
-                schedule_rows: list | None = None, group=None) -> dict:
+                schedule_rows: list | None = None, placement: str = "loop", group=None) -> dict:
     """``repeats`` steps, each after a barrier, with ``trace``: per step, this rank's
     [action, start, end] in time.perf_counter seconds (one clock for every process on a host).
     ``schedule_rows`` (one list of compact actions per rank) is handed over as a callable schedule."""
     pipeline_step = require(impl, "pipeline_step")
-    _, modules = _local_stages(ctx, model, seed, layers_per_stage, stages_per_rank)
+    _, modules = _local_stages(ctx, model, seed, layers_per_stage, stages_per_rank, placement)
     traces = []
     for _ in range(repeats):
         for module in modules:
@@ -89,7 +106,7 @@ def timed_steps(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage
         dist.barrier()
         pipeline_step(modules if stages_per_rank > 1 else modules[0], ctx.to_device(inputs), ctx.to_device(targets),
                       pipeline_models.loss_fn(loss), num_microbatches, schedule=_schedule(schedule, schedule_rows),
-                      trace=trace)
+                      trace=trace, **_placement_argument(placement))
         traces.append([[str(a), float(start), float(end)] for a, start, end in trace])
     return {"traces": traces}
 
