@@ -19,10 +19,13 @@ after one warm-up step). Theory, (p-1)/(m+p-1) and (p-1)/(vm+p-1), is printed be
 zero-bubble rows split backward into I and W: ZB-H1 (a kind the runtime is asked for) and ZB-H2
 (its rows handed over as a callable schedule: the reference generates it; see
 reference.pipeline_schedules.theory_steady_period for what it gains when steps run back to back).
-A Gantt chart of one measured and one simulated step, side by side, is written as a PNG into
-$PIPELINE_GANTT_DIR (or --perf-out, perf/out by default) and its path printed.
+ZB-V runs on the V placement (two stages per rank, rank 0 holding the first and the last; a kind
+the runtime is asked for), looped BFS as the reference's rows. Gantt charts of one measured and
+one simulated step, side by side (1F1B and ZB-V), are written as PNGs into $PIPELINE_GANTT_DIR (or
+--perf-out, perf/out by default) and their paths printed. $PIPELINE_BUBBLE_KINDS (comma-separated)
+restricts the run to some schedules.
 
-    python -m pytest perf/test_pipeline_bubble.py -s        (about 90 s)
+    python -m pytest perf/test_pipeline_bubble.py -s        (about 2 minutes)
 """
 from __future__ import annotations
 
@@ -43,7 +46,7 @@ DELAY_MS = 15.0
 REPEATS = 3  # measured steps per configuration, after one warm-up step
 GOAL = 0.05
 WIDTH = 4
-CHART = ("1f1b", 4, 8, 1)
+CHARTS = (("1f1b", 4, 8, 1), ("zb-v", 4, 8, 2))
 
 
 def configurations() -> list[tuple[str, int, int, int]]:
@@ -52,7 +55,10 @@ def configurations() -> list[tuple[str, int, int, int]]:
     configs += [("zb-h1", p, m, 1) for p in range(2, 5) for m in range(p, 9)]  # its theory needs m >= p
     # ZB-H2 is not a kind pipeline_step is asked for: its rows go to the runtime as a callable schedule
     configs += [("zb-h2", p, m, 1) for p in range(2, 5) for m in range(p, 9)]
-    return configs
+    configs += [("looped-bfs", p, m, 2) for p in range(2, 5) for m in (p, 2 * p)]
+    configs += [("zb-v", p, m, 2) for p in range(2, 5) for m in range(2 * p - 1, 9)]  # its theory needs m >= 2p - 1
+    only = [kind for kind in os.environ.get("PIPELINE_BUBBLE_KINDS", "").split(",") if kind]
+    return [c for c in configs if not only or c[0] in only or c in CHARTS]
 
 
 def measured_bubble(traces: list[list], p: int) -> tuple[float, list[dict], list[list]]:
@@ -116,12 +122,14 @@ def measurements():
             batch = pipeline_models.make_batch(spec, 2 * m, seed=0)
             common = {"model": spec, "seed": 0, "layers_per_stage": [1] * (p * v), "stages_per_rank": v,
                       "num_microbatches": m, "loss": "mse", "repeats": REPEATS + 1, "group": None,
+                      "placement": sched.placement_of(kind),
                       **({"schedule": None, "schedule_rows": sched.generate(kind, p, m, v).to_strings()}
                          if kind in sched.REFERENCE_ONLY_KINDS else {"schedule": kind})}
-            args = [{**common, "inputs": batch["inputs"] if r == 0 else None,
-                     "targets": batch["targets"] if r == p - 1 else None} for r in range(p)]
-            outputs = pool.run(p, PROGRAM, args, impl=IMPL).outputs
             schedule = sched.generate(kind, p, m, v)
+            last = schedule.rank_of(p * v - 1)
+            args = [{**common, "inputs": batch["inputs"] if r == 0 else None,
+                     "targets": batch["targets"] if r == last else None} for r in range(p)]
+            outputs = pool.run(p, PROGRAM, args, impl=IMPL).outputs
             steps = []
             for step in range(1, REPEATS + 1):
                 bubble, durations, timelines = measured_bubble([outputs[r]["traces"][step] for r in range(p)], p)
@@ -161,10 +169,11 @@ def test_measured_bubble_matches_the_simulator(measurements, figures):
     assert not misses, f"measured bubble off the simulator's prediction by more than {GOAL}:\n" + "\n".join(misses)
 
 
-def test_gantt_chart_of_a_measured_and_a_simulated_step(measurements, pytestconfig):
+@pytest.mark.parametrize("chart", CHARTS, ids=lambda c: f"{c[0]}-p{c[1]}-m{c[2]}")
+def test_gantt_chart_of_a_measured_and_a_simulated_step(measurements, pytestconfig, chart):
     pyplot = pytest.importorskip("matplotlib.pyplot", reason="the Gantt chart needs matplotlib (pip install matplotlib)")
-    kind, p, m, v = CHART
-    bubble, simulation, timelines = measurements[CHART]
+    kind, p, m, v = chart
+    bubble, simulation, timelines = measurements[chart]
     simulated = [[(action, float(start), float(end)) for start, end, action in timeline]
                  for timeline in simulation.timelines]
     figure, axes = pyplot.subplots(1, 2, figsize=(16, 0.9 * p + 1.6), sharey=True)
@@ -175,14 +184,15 @@ def test_gantt_chart_of_a_measured_and_a_simulated_step(measurements, pytestconf
             for action, start, end in row:
                 if action.kind not in sched.COMPUTE:
                     continue
-                color = "tab:blue" if action.kind == sched.F else "tab:orange"
+                color = {sched.F: "tab:blue", sched.W: "tab:green"}.get(action.kind, "tab:orange")
                 axis.barh(rank, (end - start) * 1e3, left=start * 1e3, color=color, edgecolor="black", linewidth=0.4)
                 axis.text((start + end) / 2 * 1e3, rank, str(action.microbatch), ha="center", va="center", fontsize=7)
         axis.set_title(title, fontsize=10)
         axis.set_xlabel("ms")
-        axis.invert_yaxis()
+    axes[0].invert_yaxis()  # once: the panels share their y axis
     axes[0].set_yticks(range(p), [f"rank {r}" for r in range(p)])
-    figure.suptitle(f"{kind}, p={p}, m={m}, v={v}: forward (blue) and backward (orange) per microbatch; "
+    figure.suptitle(f"{kind}, p={p}, m={m}, v={v}: forward (blue), backward or its input half (orange), weight "
+                    f"half (green) per microbatch; "
                     f"theory {float(sched.theory_bubble_fraction(kind, p, m, v)):.3f}")
     figure.tight_layout()
     folder = Path(os.environ.get("PIPELINE_GANTT_DIR") or pytestconfig.getoption("--perf-out"))
