@@ -39,6 +39,11 @@ from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleG
 from torch.distributed.pipelining import schedules as _ir
 
 KINDS = ("gpipe", "1f1b", "interleaved", "zb-v")
+# torch's other schedule classes, by the reference's names, beyond the contract's kinds: run by
+# pipeline_step and written out by generate_schedule for tests/test_torch_schedules.py
+TORCH_ONLY = {"looped-bfs": "ScheduleLoopedBFS", "dualpipev": "ScheduleDualPipeV",
+              "interleaved-zb": "ScheduleInterleavedZeroBubble"}
+ON_THE_V = ("zb-v", "dualpipev")
 
 
 def _owner(p: int, placement: str):
@@ -59,13 +64,19 @@ ZERO_BUBBLE_REFUSAL = ("torch.distributed.pipelining cannot run or generate ZB-H
 def _check(kind: str, p: int, m: int, v: int) -> None:
     if kind == "zb-h1":
         raise NotImplementedError(ZERO_BUBBLE_REFUSAL)
-    if kind not in KINDS:
-        raise ValueError(f"unknown schedule kind {kind!r} (known: {', '.join(KINDS)})")
+    if kind not in KINDS and kind not in TORCH_ONLY:
+        raise ValueError(f"unknown schedule kind {kind!r} (known: {', '.join((*KINDS, *TORCH_ONLY))})")
+    if kind in TORCH_ONLY and not hasattr(_ir, TORCH_ONLY[kind]):
+        raise NotImplementedError(f"torch.distributed.pipelining {torch.__version__} has no {TORCH_ONLY[kind]}")
     if p < 1 or m < 1 or v < 1:
         raise ValueError(f"num_ranks, num_microbatches and stages_per_rank must be at least 1, got {p}, {m}, {v}")
-    if kind == "zb-v" and v != 2:
-        raise ValueError(f"zb-v places two stages per rank in a V: stages_per_rank={v} must be 2")
-    if kind not in ("interleaved", "zb-v") and v != 1:
+    if kind in ON_THE_V and v != 2:
+        raise ValueError(f"{kind} places two stages per rank in a V: stages_per_rank={v} must be 2")
+    if kind == "dualpipev" and m < 2 * p:
+        raise ValueError(f"DualPipeV needs at least as many microbatches as stages: m={m} < 2p={2 * p}")
+    if kind == "interleaved-zb" and m % max(1, m // p):
+        raise ValueError(f"torch's interleaved zero bubble needs m a multiple of its rounds max(1, m // p): m={m}, p={p}")
+    if kind not in ("interleaved", "looped-bfs", "interleaved-zb", *ON_THE_V) and v != 1:
         raise ValueError(f"{kind} places one stage per rank; stages_per_rank={v} needs 'interleaved'")
     if kind == "interleaved" and m % p:
         raise ValueError(f"interleaved 1F1B needs the number of microbatches to be a multiple of the number of "
@@ -80,9 +91,11 @@ def _torch_compute_order(kind: str, p: int, m: int, v: int) -> dict[int, list]:
         for r in range(p):
             warmup = min(p - 1 - r, m)
             order[r] = _ir._get_1f1b_rank_ops(1, p, warmup, m - warmup, warmup, r, lambda _: r, lambda _: r)
-    elif kind == "zb-v":
-        state = SimpleNamespace(n_local_stages=2, pp_group_size=p, num_stages=2 * p, _n_microbatches=m)
-        order = {r: ScheduleZBVZeroBubble._calculate_single_rank_operations(state, r) for r in range(p)}
+    elif kind in ("zb-v", *TORCH_ONLY):
+        cls = ScheduleZBVZeroBubble if kind == "zb-v" else getattr(_ir, TORCH_ONLY[kind])
+        state = SimpleNamespace(n_local_stages=v, pp_group_size=p, num_stages=p * v, _n_microbatches=m,
+                                microbatches_per_round=m // max(1, m // p), _stages=[None] * v)
+        order = {r: _ir_flat(cls._calculate_single_rank_operations(state, r)) for r in range(p)}
     else:
         state = SimpleNamespace(n_local_stages=v, pp_group_size=p, microbatches_per_round=p, _n_microbatches=m)
         order = {r: ScheduleInterleaved1F1B._calculate_single_rank_operations(state, r) for r in range(p)}
@@ -90,12 +103,24 @@ def _torch_compute_order(kind: str, p: int, m: int, v: int) -> dict[int, list]:
     return {r: [a for a in order[r] if a is not None and a.computation_type in compute] for r in range(p)}
 
 
+def _ir_flat(actions) -> list:
+    """torch's per-rank operations with each OVERLAP_F_B pair (DualPipeV) as its forward and
+    backward in order: how torch's runtime runs it on one stream, and the contract's format."""
+    flat = []
+    for action in actions:
+        if action is not None and action.computation_type == _ir.OVERLAP_F_B:
+            flat += list(action.sub_actions)
+        else:
+            flat.append(action)
+    return flat
+
+
 def generate_schedule(kind: str, num_ranks: int, num_microbatches: int, stages_per_rank: int = 1) -> list[list[str]]:
     """torch's compute order for ``kind``, receives right before and sends right after compute."""
     p, m, v = num_ranks, num_microbatches, stages_per_rank
     _check(kind, p, m, v)
     last = p * v - 1
-    owner = _owner(p, "v" if kind == "zb-v" else "loop")
+    owner = _owner(p, "v" if kind in ON_THE_V else "loop")
     rows = []
     for r, actions in sorted(_torch_compute_order(kind, p, m, v).items()):
         row = []
@@ -193,7 +218,7 @@ def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="
             f"torch.distributed.pipelining cannot run microbatches of unequal sizes on gloo (batch {batch}, m={m}): "
             f"PipelineStage infers shapes from microbatch 0 and sizes every receive buffer from it")
     if placement is None:
-        placement = "v" if schedule == "zb-v" else "loop"
+        placement = "v" if schedule in ON_THE_V else "loop"
     owner = _owner(p, placement)
     mine = sorted(s for s in range(p * v) if owner(s) == rank)
     if len(mine) != v:
@@ -205,6 +230,8 @@ def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="
         _check(schedule, p, m, v)
         if schedule == "zb-v":
             runner = ScheduleZBVZeroBubble(staged, m, loss_fn=loss_fn, scale_grads=True)
+        elif schedule in TORCH_ONLY:
+            runner = getattr(_ir, TORCH_ONLY[schedule])(staged, m, loss_fn=loss_fn, scale_grads=True)
         elif schedule == "gpipe":
             runner = ScheduleGPipe(staged[0], m, loss_fn=loss_fn, scale_grads=True)
         elif (schedule == "1f1b" or v == 1) and m >= p:

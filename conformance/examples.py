@@ -139,10 +139,11 @@ def values(draw, dtypes: list[torch.dtype], op: str | None = None, shape=None) -
 @st.composite
 def schedule_shapes(draw, max_ranks: int, kinds=sched.KINDS, max_v: int = 2) -> tuple[str, int, int, int]:
     """(kind, p, m, v): v > 1 only for interleaved, looped BFS (and random) schedules, v = 2 on the
-    V placement (zb-v, random-v), m a multiple of p for interleaved, 1 <= m <= 8."""
+    V placement (zb-v, dualpipev, random-v), m a multiple of p for interleaved, m >= 2p for dualpipev,
+    1 <= m <= 8 otherwise."""
     kind = draw(st.sampled_from(kinds), label="schedule")
     p = draw(st.sampled_from([*range(2, max_ranks + 1), 1]), label="p")  # evenly, as conformance.examples.layouts
-    if kind in ("zb-v", "random-v"):
+    if kind in ("zb-v", "dualpipev", "random-v"):
         v = 2
     elif kind in ("interleaved", "looped-bfs", "random", "random-split"):
         v = draw(st.integers(1, max_v), label="v")
@@ -150,6 +151,8 @@ def schedule_shapes(draw, max_ranks: int, kinds=sched.KINDS, max_v: int = 2) -> 
         v = 1
     if kind == "interleaved":
         m = p * draw(st.integers(1, max(1, 8 // p)), label="m / p")
+    elif kind == "dualpipev":  # at least as many microbatches as stages
+        m = draw(st.integers(2 * p, max(2 * p, 8)), label="m")
     else:
         m = draw(st.integers(1, 8), label="m")
     return kind, p, m, v

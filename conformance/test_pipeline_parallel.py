@@ -67,7 +67,7 @@ class Example:
 
     @property
     def placement(self) -> str:
-        return sched.V_SHAPE if self.kind in ("random-v", *sched.V_SHAPE_KINDS) else sched.LOOP
+        return sched.V_SHAPE if self.kind == "random-v" else sched.placement_of(self.kind)
 
     @property
     def as_rows(self) -> bool:

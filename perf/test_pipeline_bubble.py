@@ -57,6 +57,7 @@ def configurations() -> list[tuple[str, int, int, int]]:
     configs += [("zb-h2", p, m, 1) for p in range(2, 5) for m in range(p, 9)]
     configs += [("looped-bfs", p, m, 2) for p in range(2, 5) for m in (p, 2 * p)]
     configs += [("zb-v", p, m, 2) for p in range(2, 5) for m in range(2 * p - 1, 9)]  # its theory needs m >= 2p - 1
+    configs += [("dualpipev", p, m, 2) for p in range(2, 5) for m in range(2 * p, 9, 2)]  # the reference's rows
     only = [kind for kind in os.environ.get("PIPELINE_BUBBLE_KINDS", "").split(",") if kind]
     return [c for c in configs if not only or c[0] in only or c in CHARTS]
 

@@ -44,8 +44,8 @@ that needs it, each send right after the compute that produced it):
   against an ideal v m (t_f + t_b): fraction (p - 1) / (v m + p - 1), v times smaller than 1F1B's.
   With v = 1 it is plain 1F1B (as in Megatron, which dispatches v = 1 to the non-interleaved
   schedule).
-* ZB-H2 (Qi et al. 2024, sec. 2.2), ZB-V (sec. 6, the V placement) and looped BFS (Lamy-Poirier
-  2023): see their generators; ZB-H2 and ZB-V are built by list scheduling at unit costs
+* ZB-H2 (Qi et al. 2024, sec. 2.2), ZB-V (sec. 6, the V placement), DualPipeV (DeepSeek-V3, on the
+  V) and looped BFS (Lamy-Poirier 2023): see their generators; ZB-H2 and ZB-V are built by list scheduling at unit costs
   (``list_scheduled``), as the paper builds its heuristic schedules.
 
 The validator raises ScheduleError naming the rank, the step, the action and the rule broken, with
@@ -74,7 +74,8 @@ V_SHAPE_KINDS = ("zb-v",)  # the capability zero_bubble_v: two stages per rank o
 ALL_KINDS = (*KINDS, *ZERO_BUBBLE_KINDS, *V_SHAPE_KINDS)
 # generated, validated and simulated here, and run on ranks as callable schedules (their rows), not
 # asked of an implementation's generate_schedule
-REFERENCE_ONLY_KINDS = ("zb-h2", "looped-bfs")
+REFERENCE_ONLY_KINDS = ("zb-h2", "looped-bfs", "dualpipev")
+ON_THE_V = ("zb-v", "dualpipev")  # the kinds placed on the V (placement_of)
 
 _COMPACT = re.compile(r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B|I|W)(\d+)$")
 _PEER_OFFSET = {SEND_F: +1, RECV_F: -1, SEND_B: -1, RECV_B: +1}
@@ -190,9 +191,12 @@ def check_arguments(kind: str, num_ranks: int, num_microbatches: int, stages_per
     if num_ranks < 1 or num_microbatches < 1 or stages_per_rank < 1:
         raise ValueError(f"num_ranks, num_microbatches and stages_per_rank must be at least 1, got "
                          f"{num_ranks}, {num_microbatches}, {stages_per_rank}")
-    if kind in V_SHAPE_KINDS and stages_per_rank != 2:
+    if kind in ON_THE_V and stages_per_rank != 2:
         raise ValueError(f"{kind} places two stages per rank in a V; stages_per_rank={stages_per_rank} must be 2")
-    if kind not in ("interleaved", "looped-bfs", *V_SHAPE_KINDS) and stages_per_rank != 1:
+    if kind == "dualpipev" and num_microbatches < 2 * num_ranks:
+        raise ValueError(f"DualPipeV needs at least as many microbatches as stages: m={num_microbatches} < 2p="
+                         f"{2 * num_ranks}")
+    if kind not in ("interleaved", "looped-bfs", *ON_THE_V) and stages_per_rank != 1:
         raise ValueError(f"{kind} places one stage per rank; stages_per_rank={stages_per_rank} needs 'interleaved'")
     if kind == "interleaved" and num_microbatches % num_ranks:
         raise ValueError(f"interleaved 1F1B needs the number of microbatches to be a multiple of the number of "
@@ -313,6 +317,64 @@ def list_scheduled(p: int, m: int, placement: str, stages_per_rank: int, cap: in
     return rows
 
 
+def dualpipe_v_compute(p: int, m: int) -> list[list[Action]]:
+    """DualPipeV (DeepSeek-AI's DualPipe, DeepSeek-V3 technical report 2024, folded onto the V by
+    Sea AI Lab; torch's ScheduleDualPipeV), m >= 2p: rank r, holding stage a = r and stage
+    b = 2p - 1 - r, runs eight phases: 2(p - r - 1) forwards of a; r + 1 pairs F(a) F(b); p - r - 1
+    times I(b) W(b) F(b); m - 2p + r + 1 times the overlapped pairs F(a)&B(b), F(b)&B(a); p - r - 1
+    times B(b), F(b)&B(a); r + 1 pairs B(b) B(a), split into I with the W deferred from the middle
+    pair on (from B(b) on odd ranks, from B(a) on even ones); p - r - 1 times a deferred W then I(a);
+    the deferred W passes left. An overlapped pair (DualPipe hides one microbatch's communication
+    behind the other's compute) is written here as its two actions in order, as torch's runtime
+    runs it on one stream. At unit costs it meets ZB-V's lower bound 6m + p - 1, holding 2p + 1
+    stage activations (tests/test_reference_pipeline_schedules.py); its gain, the overlap of
+    all-to-all with compute, is outside a sequential cost model."""
+    rows = []
+    for r in range(p):
+        a, b = r, 2 * p - 1 - r
+        count = {(s, kind): 0 for s in (a, b) for kind in (F, B)}
+        deferred: list[Action] = []
+        row: list[Action] = []
+
+        def forward(s):
+            row.append(Action(s, F, count[(s, F)]))
+            count[(s, F)] += 1
+
+        def backward(s, split=False):
+            i = count[(s, B)]
+            count[(s, B)] += 1
+            row.append(Action(s, I if split else B, i))
+            if split:
+                deferred.append(Action(s, W, i))
+
+        def weight():
+            row.append(deferred.pop(0))
+
+        for _ in range(2 * (p - r - 1)):
+            forward(a)
+        for _ in range(r + 1):
+            forward(a), forward(b)
+        for _ in range(p - r - 1):
+            backward(b, split=True), weight(), forward(b)
+        for _ in range(m - 2 * p + r + 1):
+            forward(a), backward(b)  # overlapped: F(a) & B(b)
+            forward(b), backward(a)  # overlapped: F(b) & B(a)
+        for _ in range(p - r - 1):
+            backward(b), forward(b), backward(a)
+        split = False
+        for k in range(r + 1):
+            split = split or (k == (r + 1) // 2 and r % 2 == 1)
+            backward(b, split)
+            split = split or (k == (r + 1) // 2 and r % 2 == 0)
+            backward(a, split)
+        for _ in range(p - r - 1):
+            weight(), backward(a, split=True)
+        while deferred:
+            weight()
+        rows.append(row)
+    return rows
+
+
 def looped_bfs_compute(p: int, m: int, v: int) -> list[list[Action]]:
     """Looped BFS (Lamy-Poirier, "Breadth-First Pipeline Parallelism", 2023; torch's
     ScheduleLoopedBFS): the looped placement (rank r holds stages r, r + p, ...) run breadth first:
@@ -382,13 +444,13 @@ def generate(kind: str, num_ranks: int, num_microbatches: int, stages_per_rank: 
     compute = {"gpipe": lambda: gpipe_compute(p, m), "1f1b": lambda: one_f_one_b_compute(p, m),
                "interleaved": lambda: interleaved_compute(p, m, v), "zb-h1": lambda: zb_h1_compute(p, m),
                "zb-h2": lambda: zb_h2_compute(p, m), "zb-v": lambda: zb_v_compute(p, m),
-               "looped-bfs": lambda: looped_bfs_compute(p, m, v)}[kind]()
+               "looped-bfs": lambda: looped_bfs_compute(p, m, v), "dualpipev": lambda: dualpipe_v_compute(p, m)}[kind]()
     return add_communication(Schedule(p, p * v, m, tuple(tuple(row) for row in compute), placement_of(kind)))
 
 
 def placement_of(kind: str) -> str:
-    """Where a kind puts its stages: the V shape for ZB-V, the loop (s % p) for every other."""
-    return V_SHAPE if kind in V_SHAPE_KINDS else LOOP
+    """Where a kind puts its stages: the V shape for ZB-V and DualPipeV, the loop (s % p) for every other."""
+    return V_SHAPE if kind in ON_THE_V else LOOP
 
 
 def random_schedule(num_ranks: int, num_microbatches: int, stages_per_rank: int, seed: int,
@@ -436,6 +498,10 @@ def theory_bubble_fraction(kind: str, num_ranks: int, num_microbatches: int, sta
     (v m + p - 1 + (v - 1) max(0, p - m)) (t_f + t_b): interleaved's bubble once m >= p; with fewer
     microbatches than ranks each further chunk waits p - m for the first microbatch to come round."""
     p, m, v = num_ranks, num_microbatches, stages_per_rank
+    if kind == "dualpipev":  # the overlapped pairs run in sequence
+        if not t_f == t_i == t_w:
+            raise ValueError(f"DualPipeV's bubble here is derived for t_f = t_i = t_w; got {t_f}, {t_i}, {t_w}")
+        return Fraction(p - 1, 6 * m + p - 1)
     if kind == "zb-v":  # per stage costs; a stage is half a rank's layers
         if m < 2 * p - 1 or not t_f == t_i == t_w:
             raise ValueError(f"ZB-V's bubble is derived for m >= 2p - 1 and t_f = t_i = t_w; got p={p}, m={m}, "
@@ -484,6 +550,8 @@ def theory_peak_live(kind: str, num_ranks: int, num_microbatches: int, stages_pe
     p, m, v = num_ranks, num_microbatches, stages_per_rank
     if kind == "zb-v":
         return min(2 * m, 2 * p)
+    if kind == "dualpipev":
+        return 2 * p + 1
     if kind == "looped-bfs":
         return v * m
     if kind == "gpipe":

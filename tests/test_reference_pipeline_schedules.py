@@ -108,6 +108,23 @@ def test_zb_v_meets_the_lower_bound_with_1f1b_memory_once_m_reaches_2p_minus_1(p
         assert zb_h1.makespan - 6 * m == 2 * (p - 1)
 
 
+@given(p=st.integers(1, 8), data=st.data())
+def test_dualpipe_v_meets_zb_vs_bound_with_one_activation_more(p, data):
+    """DualPipeV with its overlapped F&B pairs run in sequence (as torch's runtime runs them on one
+    stream), at unit costs: valid on the V, 6m + p - 1 for m >= 2p (ZB-V's lower bound), 2p + 1
+    stage activations on every rank; fewer microbatches than stages are refused."""
+    m = data.draw(st.integers(2 * p, 6 * p), label="m")
+    schedule = sched.generate("dualpipev", p, m, 2)
+    assert schedule.placement == "v"
+    sched.validate(schedule)
+    result = simulate(schedule, Costs(1, 2, weight=1))
+    assert result.makespan == 6 * m + p - 1
+    assert result.bubble_fraction == sched.theory_bubble_fraction("dualpipev", p, m, 2)
+    assert result.peak_live == [sched.theory_peak_live("dualpipev", p, m, 2, r) for r in range(p)] == [2 * p + 1] * p
+    with pytest.raises(ValueError, match="at least as many microbatches as stages"):
+        sched.generate("dualpipev", p, 2 * p - 1, 2)
+
+
 @given(shape=shapes(6, max_v=3), forward=st.integers(1, 5), backward=st.integers(1, 5))
 def test_looped_bfs_is_valid_and_meets_its_theory(shape, forward, backward):
     """Looped BFS (Lamy-Poirier 2023): interleaved's bubble (p - 1)/(v m + p - 1) once m >= p, all
