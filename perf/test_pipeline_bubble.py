@@ -103,14 +103,17 @@ def communication_costs(timelines: list[list]) -> dict:
 
 def predicted(schedule: sched.Schedule, durations: list[list], timelines: list[list]):
     """The simulator on ``schedule`` with each stage's measured mean F and B (or I and W: the
-    backward is their sum, the weight pass W) and the measured communication costs."""
+    backward is their sum, the weight pass W; both kinds in one schedule: each its own mean) and
+    the measured communication costs."""
     by_kind: dict[str, dict] = {kind: {} for kind in sched.COMPUTE}
     for per_rank in durations:
         for action, seconds in per_rank:
             by_kind[action.kind].setdefault(action.stage, []).append(seconds)
     mean = {kind: {s: statistics.mean(v) for s, v in stages.items()} for kind, stages in by_kind.items()}
     backward = mean[sched.B] or {s: mean[sched.I][s] + mean[sched.W][s] for s in mean[sched.I]}
-    costs = Costs(mean[sched.F], backward, weight=mean[sched.W] or None, **communication_costs(timelines))
+    # a schedule with whole and split backwards (DualPipeV) times its I on its own
+    split = {"input": mean[sched.I]} if mean[sched.B] and mean[sched.I] else {}
+    costs = Costs(mean[sched.F], backward, weight=mean[sched.W] or None, **split, **communication_costs(timelines))
     return simulate(schedule, costs)
 
 

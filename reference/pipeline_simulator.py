@@ -32,8 +32,10 @@ from reference.pipeline_schedules import (B, COMPUTE, F, RECV_B, RECV_F, RELEASE
 @dataclass(frozen=True)
 class Costs:
     """Time of a forward and a backward (a number, or {stage: number}); of a split backward's W
-    (``weight``, default half the backward; its I takes the rest); of a message in flight
-    (``latency``); and the time a send and a receive occupy their rank (``send``, ``receive``)."""
+    (``weight``, default half the backward) and I (``input``, default the backward less W: set it
+    when whole and split backwards cost differently, as in DualPipeV on a runtime that walks the
+    graph twice); of a message in flight (``latency``); and the time a send and a receive occupy
+    their rank (``send``, ``receive``)."""
 
     forward: object = 1
     backward: object = 2
@@ -41,6 +43,7 @@ class Costs:
     send: object = 0
     receive: object = 0
     weight: object = None
+    input: object = None
 
     def of(self, action: Action):
         def at(cost):
@@ -53,7 +56,9 @@ class Costs:
             return backward
         weight = at(self.weight) if self.weight is not None else (
             Fraction(backward) / 2 if _exact(backward) else backward / 2)
-        return weight if action.kind == W else backward - weight
+        if action.kind == W:
+            return weight
+        return at(self.input) if self.input is not None else backward - weight
 
 
 @dataclass(frozen=True)

@@ -158,6 +158,18 @@ def test_the_validator_knows_the_v_placement(p, m, seed):
         sched.generate("zb-v", p, m, 1)
 
 
+def test_an_input_pass_can_be_timed_apart_from_a_whole_backward():
+    """Costs.input: DualPipeV mixes whole backwards with split ones; a runtime that walks the graph
+    twice makes I + W dearer than B, which the default (I = B - W) would hide."""
+    schedule = sched.generate("dualpipev", 1, 2, 2)
+    kinds = {a.kind for a in schedule.rows[0]}
+    assert {sched.B, sched.I, sched.W} <= kinds
+    default = simulate(schedule, Costs(1, 2, weight=2))  # I costs 2 - 2 = 0
+    timed = simulate(schedule, Costs(1, 2, weight=2, input=2))
+    splits = sum(a.kind == sched.I for a in schedule.rows[0])
+    assert timed.makespan - default.makespan == 2 * splits
+
+
 def test_steps_back_to_back_renumber_microbatches_and_keep_each_ranks_order():
     schedule = sched.generate("1f1b", 2, 2)
     twice = back_to_back(schedule, 2)
