@@ -37,7 +37,6 @@ def _zbv_compute(p, m):
     nxt = {(k, s): 0 for k in "FIW" for s in range(S)}
     busy_until, live = [0] * p, [0] * p
     order = [[] for _ in range(p)]
-    rank_of = {(k, s): 0 for k in "FIW" for s in range(S)}
     t, total = 0, 3 * S * m
     never = float("inf")
     while len(done) < total:
@@ -166,6 +165,11 @@ def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="
             return in_grad.pop((s + 1, i))
         return grad_in.pop((s, i))
 
+    def device(s):
+        for q in local(s).parameters():
+            return q.device
+        return torch.device("cpu")
+
     def params(s):
         return [q for q in local(s).parameters() if q.requires_grad]
 
@@ -206,7 +210,7 @@ def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="
         elif k == "SEND_F":
             t = out_of[(s, i)].detach().contiguous()
             shape = list(t.shape)
-            hdr = torch.zeros(_HDR, dtype=torch.int64)
+            hdr = torch.zeros(_HDR, dtype=torch.int64, device=t.device)
             hdr[0], hdr[1] = _DTYPES.index(t.dtype), len(shape)
             hdr[2:2 + len(shape)] = torch.tensor(shape, dtype=torch.int64)
             dst = peer(s + 1)
@@ -214,10 +218,11 @@ def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="
             pending.append((dist.isend(t, dst, group=group, tag=tag(s, i, 0, 1)), t))
         elif k == "RECV_F":
             src = peer(s - 1)
-            hdr = torch.empty(_HDR, dtype=torch.int64)
+            hdr = torch.empty(_HDR, dtype=torch.int64, device=device(s))
             dist.recv(hdr, src, group=group, tag=tag(s - 1, i, 0, 0))
             nd = int(hdr[1])
-            buf = torch.empty([int(d) for d in hdr[2:2 + nd]], dtype=_DTYPES[int(hdr[0])])
+            buf = torch.empty([int(d) for d in hdr[2:2 + nd]], dtype=_DTYPES[int(hdr[0])],
+                              device=device(s))
             dist.recv(buf, src, group=group, tag=tag(s - 1, i, 0, 1))
             act_in[(s, i)] = buf
         elif k == "SEND_B":
@@ -225,7 +230,7 @@ def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="
             pending.append((dist.isend(t, peer(s - 1), group=group, tag=tag(s - 1, i, 1, 1)), t))
         elif k == "RECV_B":
             ref = out_of[(s, i)]
-            buf = torch.empty(ref.shape, dtype=ref.dtype)
+            buf = torch.empty(ref.shape, dtype=ref.dtype, device=ref.device)
             dist.recv(buf, peer(s + 1), group=group, tag=tag(s, i, 1, 1))
             grad_in[(s, i)] = buf
     for work, _ in pending:
