@@ -231,31 +231,34 @@ def judge_step(judge: Judge, example: Example, outputs: dict, order: sched.Sched
                               f"per-microbatch loss)")
 
 
-@pytest.mark.capability("pipeline_parallel")
-@given(data=st.data())
-def test_pipeline_step_matches_the_dense_model(data, ranks, target, request):
-    example = data.draw(examples(target.max_world_size), label="example")
+def check_drawn_step(data, ranks, target, request, kinds=sched.KINDS, unequal: bool = False) -> Example:
+    """Draw an example of ``kinds``, run it on the ranks, judge it (judge_step); the example back."""
+    example = data.draw(examples(target.max_world_size, kinds=kinds, unequal=unequal), label="example")
     event(f"{example.kind}, p={example.num_ranks}, v={example.stages_per_rank}")
     judge = Judge(str(example), target.reproduce(request.node.nodeid))
     judge_step(judge, example, run_step(judge, ranks, example))
+    return example
+    return example
+
+
+@pytest.mark.capability("pipeline_parallel")
+@given(data=st.data())
+def test_pipeline_step_matches_the_dense_model(data, ranks, target, request):
+    check_drawn_step(data, ranks, target, request)
 
 
 @pytest.mark.capability("pipeline_parallel")
 @given(data=st.data())
 def test_unequal_microbatches_match_the_dense_model(data, ranks, target, request):
     """A batch that is not a multiple of m: microbatches by torch.tensor_split, sizes differ by one."""
-    example = data.draw(examples(target.max_world_size, unequal=True), label="example")
-    judge = Judge(str(example), target.reproduce(request.node.nodeid))
-    judge_step(judge, example, run_step(judge, ranks, example))
+    check_drawn_step(data, ranks, target, request, unequal=True)
 
 
 @pytest.mark.capability("pipeline_parallel")
 @given(data=st.data())
 def test_any_valid_schedule_runs_and_matches_the_dense_model(data, ranks, target, request):
     """A random valid, deadlock-free schedule (no classic shape) passed as a callable schedule."""
-    example = data.draw(examples(target.max_world_size, kinds=("random",)), label="example")
-    judge = Judge(str(example), target.reproduce(request.node.nodeid))
-    judge_step(judge, example, run_step(judge, ranks, example))
+    check_drawn_step(data, ranks, target, request, kinds=("random",))
 
 
 @pytest.mark.capability("pipeline_parallel")
@@ -263,9 +266,7 @@ def test_any_valid_schedule_runs_and_matches_the_dense_model(data, ranks, target
 def test_looped_bfs_runs_and_matches_the_dense_model(data, ranks, target, request):
     """Looped BFS (breadth first over the rank's chunks, Lamy-Poirier 2023; torch's
     ScheduleLoopedBFS order), the reference's rows passed as a callable schedule."""
-    example = data.draw(examples(target.max_world_size, kinds=("looped-bfs",)), label="example")
-    judge = Judge(str(example), target.reproduce(request.node.nodeid))
-    judge_step(judge, example, run_step(judge, ranks, example))
+    check_drawn_step(data, ranks, target, request, kinds=("looped-bfs",))
 
 
 # -------------------------------------------------------------------- the implementation's schedules

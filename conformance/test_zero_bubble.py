@@ -19,11 +19,11 @@ bubble (p - 1)(T_F + T_I - T_W) per rank, 1F1B's peak memory min(m, p) activatio
 from __future__ import annotations
 
 import pytest
-from hypothesis import event, given
+from hypothesis import given
 from hypothesis import strategies as st
 
 import reference.pipeline_schedules as sched
-from conformance.test_pipeline_parallel import examples, graded_schedule, judge_step, run_step
+from conformance.test_pipeline_parallel import check_drawn_step, graded_schedule
 from conformance.verdict import Judge
 from reference.pipeline_simulator import Costs, simulate
 
@@ -32,35 +32,26 @@ pytestmark = pytest.mark.capability("zero_bubble")
 
 @given(data=st.data())
 def test_zb_h1_step_matches_the_dense_model_and_runs_the_schedule(data, ranks, target, request):
-    example = data.draw(examples(target.max_world_size, kinds=sched.ZERO_BUBBLE_KINDS), label="example")
-    event(f"{example.kind}, p={example.num_ranks}")
-    judge = Judge(str(example), target.reproduce(request.node.nodeid))
-    judge_step(judge, example, run_step(judge, ranks, example))
+    check_drawn_step(data, ranks, target, request, kinds=sched.ZERO_BUBBLE_KINDS)
 
 
 @given(data=st.data())
 def test_any_valid_split_schedule_runs_and_matches_the_dense_model(data, ranks, target, request):
     """A random valid schedule with every backward split into an I and a W placed anywhere after
     it (v stages per rank too), passed as a callable schedule."""
-    example = data.draw(examples(target.max_world_size, kinds=("random-split",)), label="example")
-    judge = Judge(str(example), target.reproduce(request.node.nodeid))
-    judge_step(judge, example, run_step(judge, ranks, example))
+    check_drawn_step(data, ranks, target, request, kinds=("random-split",))
 
 
 @given(data=st.data())
 def test_zb_h2_runs_and_matches_the_dense_model(data, ranks, target, request):
     """ZB-H2 (2p - 1 microbatches in flight, Qi et al. 2024 sec. 2.2), the reference's rows passed
     as a callable schedule, run in their order."""
-    example = data.draw(examples(target.max_world_size, kinds=("zb-h2",)), label="example")
-    judge = Judge(str(example), target.reproduce(request.node.nodeid))
-    judge_step(judge, example, run_step(judge, ranks, example))
+    check_drawn_step(data, ranks, target, request, kinds=("zb-h2",))
 
 
 @given(data=st.data())
 def test_unequal_microbatches_under_zb_h1_match_the_dense_model(data, ranks, target, request):
-    example = data.draw(examples(target.max_world_size, kinds=sched.ZERO_BUBBLE_KINDS, unequal=True), label="example")
-    judge = Judge(str(example), target.reproduce(request.node.nodeid))
-    judge_step(judge, example, run_step(judge, ranks, example))
+    check_drawn_step(data, ranks, target, request, kinds=sched.ZERO_BUBBLE_KINDS, unequal=True)
 
 
 ZB_COSTS = (Costs(forward=1, backward=2, weight=1), Costs(forward=2, backward=3, weight=1),

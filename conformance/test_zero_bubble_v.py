@@ -24,7 +24,8 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 import reference.pipeline_schedules as sched
-from conformance.test_pipeline_parallel import Example, examples, graded_schedule, judge_step, run_step
+from conformance.test_pipeline_parallel import (Example, check_drawn_step, examples, graded_schedule, judge_step,
+                                               run_step)
 from conformance.verdict import Judge
 from reference.pipeline_simulator import Costs, simulate
 
@@ -62,25 +63,19 @@ def test_zb_v_step_matches_the_dense_model_and_runs_its_own_schedule(data, ranks
 @given(data=st.data())
 def test_any_valid_schedule_on_the_v_runs_and_matches_the_dense_model(data, ranks, target, request):
     """A random valid schedule on the V placement, backward split into I and W, as a callable."""
-    example = data.draw(examples(target.max_world_size, kinds=("random-v",)), label="example")
-    judge = Judge(str(example), target.reproduce(request.node.nodeid))
-    judge_step(judge, example, run_step(judge, ranks, example))
+    check_drawn_step(data, ranks, target, request, kinds=("random-v",))
 
 
 @given(data=st.data())
 def test_dualpipe_v_runs_and_matches_the_dense_model(data, ranks, target, request):
     """DualPipeV (its overlapped F&B pairs in sequence; the reference's rows, torch's order), as a
     callable on the V, run in its order."""
-    example = data.draw(examples(target.max_world_size, kinds=("dualpipev",)), label="example")
-    judge = Judge(str(example), target.reproduce(request.node.nodeid))
-    judge_step(judge, example, run_step(judge, ranks, example))
+    check_drawn_step(data, ranks, target, request, kinds=("dualpipev",))
 
 
 @given(data=st.data())
 def test_unequal_microbatches_under_zb_v_match_the_dense_model(data, ranks, target, request):
-    example = data.draw(examples(target.max_world_size, kinds=("random-v",), unequal=True), label="example")
-    judge = Judge(str(example), target.reproduce(request.node.nodeid))
-    judge_step(judge, example, run_step(judge, ranks, example))
+    check_drawn_step(data, ranks, target, request, kinds=("random-v",), unequal=True)
 
 
 @given(data=st.data())
