@@ -4,7 +4,10 @@ adapters/torch_native.py combines it with torch's other capabilities.
 ``pipeline_step`` wraps each local stage in a ``PipelineStage`` (stage index c * p + rank for the
 c-th chunk) and runs ``ScheduleGPipe``, ``Schedule1F1B`` or ``ScheduleInterleaved1F1B`` with
 ``scale_grads=True`` (torch divides the accumulated gradients by m at the end: the gradient of the
-mean over microbatches). Where a public schedule class does not apply, the same stages run under
+mean over microbatches); "zb-v" runs ``ScheduleZBVZeroBubble`` on the V placement (stage indices r
+and 2p - 1 - r). Beyond the contract's kinds, "looped-bfs", "dualpipev" and "interleaved-zb" run
+torch's ScheduleLoopedBFS, ScheduleDualPipeV and ScheduleInterleavedZeroBubble (for
+tests/test_torch_schedules.py). Where a public schedule class does not apply, the same stages run under
 torch's schedule-IR runtime (``_PipelineScheduleRuntime``, a private API) with the schedule as
 data: callable schedules, and 1F1B with fewer microbatches than stages (``Schedule1F1B`` refuses
 m < p). Interleaved with v = 1 is 1F1B, as in the contract.

@@ -1,10 +1,10 @@
-"""ZB-V's runtime relays what crosses the turn of the V (stage p - 1 to stage p, both on rank p - 1) through rank 0 and back instead of handing it over locally: right values, two more messages per microbatch and direction.
+"""ZB-V's runtime also relays what crosses the turn of the V (stage p - 1 to stage p, both on rank p - 1) through rank 0 and back, besides handing it over locally: right values, bytes that need not travel.
 targets: on_the_v
 
 A runtime written for the loop placement, where every boundary between stages is a boundary between
 ranks, sends each stage's output to "the rank of the next stage" through one hub when it cannot
-tell local from remote; here it sends the activations and gradients at the bottom of the V to rank
-0, which sends them straight back. Every number is right; the audit sees bytes that need not
+tell local from remote; here it also sends (a stand-in of) the activations and gradients at the
+bottom of the V to rank 0, which sends them straight back. Every number is right; the audit sees bytes that need not
 travel, and sends to a rank that is not a neighbour on the V.
 """
 import torch
