@@ -174,6 +174,21 @@ def _refuse_what_the_runtime_cannot_run(rows, p: int, num_stages: int, owner) ->
                 f"posting order and a wrong microbatch would arrive")
 
 
+def _refuse_messages_to_oneself(num_stages: int, owner, device: torch.device) -> None:
+    """A torch whose multi-stage schedules open their links by posting one message to each
+    neighbouring stage (``_get_init_p2p_neighbors_ops``, batched; torch 2.11 measured) posts a
+    message from a rank to itself where two neighbouring stages share it: the turn of the V, or
+    one rank holding several stages. gloo (the backend of CPU tensors here) refuses that ("Pair
+    is not connected", measured on 2.11 and 2.13); newer torch opens links by a vote instead
+    (``_initialize_pp_stages``). The same answer on every rank, so every rank raises."""
+    shared = [s for s in range(num_stages - 1) if owner(s) == owner(s + 1)]
+    if shared and device.type == "cpu" and not hasattr(_ir._PipelineSchedule, "_initialize_pp_stages"):
+        raise NotImplementedError(
+            f"torch.distributed.pipelining {torch.__version__} cannot run two neighbouring stages on one gloo rank "
+            f"(stages {shared[0]} and {shared[0] + 1} on rank {owner(shared[0])}): it opens each link between "
+            f"neighbouring stages with a message, here from a rank to itself, which gloo refuses")
+
+
 def _runtime(stages: list, m: int, loss_fn, rows, owner) -> _ir._PipelineScheduleRuntime:
     """torch's schedule-IR runtime on ``rows`` (compute and communication, as given; I and W are
     its BACKWARD_INPUT and BACKWARD_WEIGHT); a REDUCE_GRAD (the 1/m scaling) follows each stage's
@@ -226,6 +241,7 @@ def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="
     mine = sorted(s for s in range(p * v) if owner(s) == rank)
     if len(mine) != v:
         raise ValueError(f"the {placement} placement puts {len(mine)} stages on rank {rank}; it was given {v}")
+    _refuse_messages_to_oneself(p * v, owner, device)
     staged = [PipelineStage(chunk, s, p * v, device, group=group) for s, chunk in zip(mine, chunks)]
     if callable(schedule):
         runner = _runtime(staged, m, loss_fn, schedule(p, m, v), owner)

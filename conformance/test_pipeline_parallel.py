@@ -238,7 +238,6 @@ def check_drawn_step(data, ranks, target, request, kinds=sched.KINDS, unequal: b
     judge = Judge(str(example), target.reproduce(request.node.nodeid))
     judge_step(judge, example, run_step(judge, ranks, example))
     return example
-    return example
 
 
 @pytest.mark.capability("pipeline_parallel")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import currently_in_test_context, reject
 
 from conformance.examples import Layout, is_sentinel
 from harness.driver.failures import TASK_FAILURES, ImplementationIncomplete
@@ -110,26 +111,41 @@ def check_names(judge: Judge, actual, expected: dict, what: str, why: str = "") 
 TRUSTED_ADAPTERS = ("adapters.",)  # the project's own adapters of torch's libraries, chosen by --impl
 
 
+REFUSALS_BEFORE_SKIP = 10  # an adapter's refusals in a test none of whose examples ran yet
+
+
 def run_or_skip(judge: Judge, ranks, layout: Layout, program: str, per_member: list[dict]) -> dict:
     """judge.run. For the project's own adapters (--impl adapters.*, a choice of the driver's
     options, never of the ranks) a NotImplementedError("... cannot ...") on every rank says what
-    torch's library cannot do on this backend, and the test is skipped with that reason. For any
-    other implementation the same error is "not implemented": it scores 0."""
+    torch's library cannot do on this backend. Inside a Hypothesis test the example (``judge``: one
+    per example) is rejected and another drawn (``ranks.refusals`` keeps the reasons for the test's
+    report), until REFUSALS_BEFORE_SKIP refusals with no example run: then, as outside Hypothesis,
+    the test is skipped with the reasons. For any other implementation the same error is "not implemented": it
+    scores 0."""
+    refusals = ranks.refusals
     try:
-        return judge.run(ranks, layout, program, per_member)
+        outputs = judge.run(ranks, layout, program, per_member)
     except ImplementationIncomplete as incomplete:
         reason = adapter_cannot(ranks.target.impl, incomplete)
-        if reason:
+        if not reason:
+            raise
+        refusals.add(reason, judge)
+        if not currently_in_test_context():
             pytest.skip(reason)
-        raise
+        if not refusals.ran() and refusals.total() >= REFUSALS_BEFORE_SKIP:
+            pytest.skip(f"no drawn example ran: {refusals.summary()}")
+        reject()
+    refusals.ran_task(judge)
+    return outputs
 
 
 def adapter_cannot(impl: str, incomplete: ImplementationIncomplete) -> str | None:
     """What torch's library cannot do, when ``impl`` is one of the project's own adapters and every
-    rank raised NotImplementedError("... cannot ..."); else None (a failure: "not implemented")."""
+    rank that did not return (a group's members; the others return) raised
+    NotImplementedError("... cannot ..."); else None (a failure: "not implemented")."""
     if not impl.startswith(TRUSTED_ADAPTERS):
         return None
-    reports = incomplete.failure.ranks
+    reports = incomplete.failure.failed()
     last_lines = {r.detail.strip().splitlines()[-1] for r in reports if r.detail.strip()}
     if all(r.status == "missing" for r in reports) and last_lines and all(
             line.startswith("NotImplementedError") and "cannot" in line for line in last_lines):

@@ -20,7 +20,8 @@ import pytest
 
 import reference.pipeline_schedules as sched
 from conformance.test_pipeline_parallel import Example, judge_step
-from conformance.verdict import Judge
+from conformance.verdict import Judge, adapter_cannot
+from harness.driver.failures import ImplementationIncomplete
 from harness.driver.pool import WorldPool
 from harness.rank import pipeline_models
 from reference.pipeline_simulator import Costs, simulate
@@ -104,7 +105,13 @@ def test_torch_schedule_classes_run_on_gloo_ranks_and_match_the_dense_model(pool
               "stages_per_rank": 2, "num_microbatches": m, "loss": "mse", "schedule": kind, "placement": placement}
     args = [{**common, "inputs": batch["inputs"] if r == 0 else None,
              "targets": batch["targets"] if r == last else None} for r in range(p)]
-    outputs = pool.run(p, STEP, args, impl=ADAPTER).outputs
+    try:
+        outputs = pool.run(p, STEP, args, impl=ADAPTER).outputs
+    except ImplementationIncomplete as incomplete:
+        reason = adapter_cannot(ADAPTER, incomplete)  # what this torch cannot do, said on every rank
+        if reason is None:
+            raise
+        pytest.skip(reason)
     order = torch_rows(pool, kind, p, m).compute_only()
     judge_step(Judge(f"torch's {kind} through {ADAPTER}: {example}", "python -m pytest " + __file__), example,
                outputs, order)

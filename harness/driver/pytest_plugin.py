@@ -3,10 +3,12 @@ backend probe, and the scorecard. Loaded by the top-level conftest.py."""
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 import time
 from pathlib import Path
+from collections import Counter
 from dataclasses import dataclass, field
 
 import pytest
@@ -25,7 +27,10 @@ from harness.driver.scorecard import Scorecard
 DEFAULT_IMPL = "impls"
 GRADING_BUDGET_S = 1500.0  # the grading profile's default --time-budget: a grade arrives within 25 minutes
 
-_COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
+# filter_too_much: an example the project's own adapters say torch cannot run is rejected
+# (conformance.verdict.run_or_skip); for torch's runtime that is most random pipeline orders
+_COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                                     HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
 PROFILES = {
     "quick": dict(max_examples=15),
     "ci": dict(max_examples=25, derandomize=True, print_blob=True),
@@ -281,6 +286,47 @@ class RunState:
     budget: Budget
     world_sizes: set = field(default_factory=set)  # of the current test's tasks (emptied before each test)
     hung: dict = field(default_factory=dict)  # capability -> the test in which its ranks hung
+    refusals: Refusals = field(default_factory=lambda: Refusals())  # of the current test (emptied before each)
+
+
+@dataclass
+class Refusals:
+    """What the project's own adapters said torch's library cannot run, in the current test
+    (conformance.verdict.run_or_skip): such an example is rejected and Hypothesis draws another; a
+    test that ran none of its examples is skipped with the reasons; one that ran some passes with a
+    note of what it did not run."""
+
+    reasons: Counter = field(default_factory=Counter)  # reason without its particulars -> count
+    first: dict = field(default_factory=dict)  # reason without its particulars -> the first one said
+    # the examples (by their Judge, one per example; held, so that no id is reused) that ran a task,
+    # and those refused: an example that generated its schedule and was refused its step did not run
+    _ran: dict = field(default_factory=dict)
+    _refused: dict = field(default_factory=dict)
+
+    def add(self, reason: str, example) -> None:
+        general = re.sub(r" \([^()]*\)", "", reason)  # "(batch 3, m=2)", "(3 4 0 1 2 5)"
+        self.reasons[general] += 1
+        self.first.setdefault(general, reason)
+        self._refused[id(example)] = example
+
+    def ran_task(self, example) -> None:
+        self._ran[id(example)] = example
+
+    def ran(self) -> int:
+        """Examples that ran and were not refused."""
+        return len(self._ran.keys() - self._refused.keys())
+
+    def total(self) -> int:
+        return sum(self.reasons.values())
+
+    def clear(self) -> None:
+        self.reasons.clear()
+        self.first.clear()
+        self._ran.clear()
+        self._refused.clear()
+
+    def summary(self) -> str:
+        return "; ".join(f"{count}x {self.first[general]}" for general, count in self.reasons.most_common())
 
 
 _STATE = pytest.StashKey[RunState]()
@@ -328,6 +374,7 @@ def _tag_capability(request):
     if capability is not None:
         request.node.user_properties.append(("capability", capability))
     state.world_sizes.clear()
+    state.refusals.clear()
     if capability is not None and state.budget.spent():
         pytest.fail(f"not run: the time budget of {state.budget.seconds:g} s (--time-budget) was spent before this "
                     "test started", pytrace=False)
@@ -351,6 +398,10 @@ def pytest_runtest_makereport(item, call):
         capability = next((value for key, value in item.user_properties if key == "capability"), None)
         if capability is not None and state is not None:
             state.hung.setdefault(capability, item.nodeid)
+    refusals = state.refusals if state is not None and call.when == "call" else None
+    if refusals is not None and refusals.reasons and report.passed:
+        item.user_properties.append(("note", f"{refusals.ran()} examples ran; {refusals.total()} drawn "
+                                             f"examples torch's library cannot run were not, as: {refusals.summary()}"))
     plan = item.config.stash.get(_PLAN, None)
     if report.passed and sizes and max(sizes) < 2 and plan is not None and not plan.multi_rank():
         report.outcome = "skipped"
@@ -362,9 +413,10 @@ class Ranks:
     """Runs a rank program on the members of a group inside a persistent world and returns what
     each member produced, keyed by global rank. Non-members take part in creating the group only."""
 
-    def __init__(self, pool: WorldPool, target: Target):
+    def __init__(self, pool: WorldPool, target: Target, refusals: Refusals | None = None):
         self.pool = pool
         self.target = target
+        self.refusals = refusals if refusals is not None else Refusals()
 
     def run(self, world_size: int, members, program: str, per_member: list[dict], timeout_s: float | None = None) -> dict:
         __tracebackhide__ = True
@@ -390,8 +442,8 @@ class Ranks:
 
 
 @pytest.fixture(scope="session")
-def ranks(world_pool, target) -> Ranks:
-    return Ranks(world_pool, target)
+def ranks(world_pool, target, pytestconfig) -> Ranks:
+    return Ranks(world_pool, target, pytestconfig.stash[_STATE].refusals)
 
 
 @dataclass(frozen=True)
