@@ -21,7 +21,8 @@ from conformance.verdict import Judge
 from reference.tolerance import reduction_atol
 
 REDUCTIONS = ("reduce", "all_reduce", "reduce_scatter", "reduce_scatter_tensor")
-REFUSABLE = (*REDUCTIONS, "all_to_all_uneven")  # what backends are known to refuse in some cases
+# what backends are known to refuse in some cases (gloo on torch 2.11: every list all_to_all)
+REFUSABLE = (*REDUCTIONS, "all_to_all", "all_to_all_uneven")
 
 
 @pytest.fixture
@@ -293,7 +294,7 @@ def test_all_to_all_single(data, example, ranks):
 @pytest.mark.parametrize("collective", [pytest.param(c, marks=pytest.mark.capability(c.removesuffix("_uneven")), id=c)
                                         for c in REFUSABLE])
 def test_cases_the_backend_refuses(collective, ranks, target, backend_refusals, request):
-    """Cases the backend's own collectives refuse (gloo: integer AVG) are not required: if the
+    """Cases the backend's own collectives refuse (gloo: integer AVG; on torch 2.11 every list all_to_all) are not required: if the
     implementation raises on them the case is skipped with the backend's message; if it returns,
     its result must still be right."""
     cases = backend_refusals.cases(collective)
@@ -310,8 +311,9 @@ def test_cases_the_backend_refuses(collective, ranks, target, backend_refusals, 
             arguments = [{"output": sentinel(x, (2,)), "input_list": list(x.split(2)), "op": op} for x in inputs]
         elif collective == "reduce_scatter_tensor":
             arguments = [{"output": sentinel(x, (2,)), "input": x, "op": op} for x in inputs]
-        elif collective == "all_to_all_uneven":  # rank i sends i + 1 elements to every rank
-            pieces = [[vals.tensor(i * n + j, (i + 1,)) for j in range(n)] for i in range(n)]
+        elif collective.startswith("all_to_all"):  # uneven: rank i sends i + 1 elements to every rank
+            pieces = [[vals.tensor(i * n + j, (i + 1 if collective == "all_to_all_uneven" else 2,)) for j in range(n)]
+                      for i in range(n)]
             arguments = [{"output_tensor_list": [sentinel(pieces[i][j]) for i in range(n)],
                           "input_tensor_list": pieces[j]} for j in range(n)]
         elif collective == "reduce":
@@ -324,7 +326,7 @@ def test_cases_the_backend_refuses(collective, ranks, target, backend_refusals, 
             # or a missing function is not: those are BaseExceptions here, and fail the test)
             declined.append((f"{dtype_name} {op or ''}".strip(), message))
             continue
-        if collective == "all_to_all_uneven":
+        if collective.startswith("all_to_all"):
             for j, rank in enumerate(layout.ranks):
                 judge.tensors(outputs[rank]["output_tensor_list"], ref.all_to_all(pieces)[j], what=f"rank {rank} output")
             continue

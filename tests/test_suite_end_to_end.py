@@ -2,6 +2,7 @@
 its own tests with a clear message and the run goes on to report everything else."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -121,3 +122,22 @@ def test_every_test_of_a_run_without_two_ranks_is_skipped_with_why_never_failed(
     assert "needs a world of at least 2 ranks; this run draws at most 1" in result.stdout
     rows = [line.split() for line in result.stdout.splitlines() if line.endswith(" not tested")]
     assert len(rows) >= 20, result.stdout[-3000:]
+
+
+def test_an_example_torch_cannot_run_is_rejected_and_the_test_goes_on(tmp_path):
+    """The project's adapter of torch's pipelining refuses most random orders (its runtime looks a
+    loss up by microbatch position): those examples are rejected and others drawn, so torch's runtime
+    still runs the test's 25; a test none of whose examples it can run (unequal microbatches) is
+    skipped with the reasons after ten. Before, the first refusal skipped the whole test."""
+    junit = tmp_path / "junit.xml"
+    command = [sys.executable, "-m", "pytest", "conformance/test_pipeline_parallel.py", "-q", "-p", "no:cacheprovider",
+               "-p", "no:randomly", "--impl", "adapters.torch_native", "--hypothesis-profile=ci", "-rs",
+               "-k", "test_any_valid_schedule or test_unequal", f"--junitxml={junit}"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "1 passed, 1 skipped" in result.stdout, result.stdout[-3000:]
+    assert "no drawn example ran: 10x torch.distributed.pipelining cannot run microbatches of unequal sizes" \
+        in result.stdout, result.stdout[-3000:]
+    notes = re.findall(r'name="note" value="(\d+) examples ran; (\d+) drawn examples torch\'s library cannot run '
+                       r'were not, as: \d+x torch.distributed.pipelining cannot run a schedule', junit.read_text())
+    assert len(notes) == 1 and notes[0][0] == "25" and int(notes[0][1]) > 0, junit.read_text()[-3000:]
