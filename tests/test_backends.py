@@ -70,3 +70,13 @@ def test_the_oracle_computes_where_each_world_computes():
     plan = BackendPlan.resolve("auto", 2, 4)
     assert [plan.device_type(n) for n in range(1, 5)] == ["cuda", "cuda", "cpu", "cpu"]
     assert [BackendPlan.resolve("gloo", 2, 2).device_type(n) for n in (1, 2)] == ["cpu", "cpu"]
+
+
+def test_a_torch_older_than_any_the_suite_ran_on_is_named_in_the_header():
+    from harness.driver.pytest_plugin import older_torch_warning
+
+    assert older_torch_warning("2.13.0+cpu") is None and older_torch_warning("2.11.0+cu130") is None
+    assert older_torch_warning("3.0.0") is None
+    assert "torch 2.4.1+cu121 is older than the oldest torch this suite is tested on (2.11)" in older_torch_warning(
+        "2.4.1+cu121")
+    assert older_torch_warning("2.10.0a0+git123") is not None

@@ -86,6 +86,27 @@ def pytest_addoption(parser):
                          "killed with the world (needs root; auto: yes under the grading profile when root)")
 
 
+# The oldest torch the suite has been run on end to end (docs/gpu-runners.md). 2.4.1 was measured
+# failing at once: plain collectives (KeyError in the rank program) and every recording world.
+OLDEST_TESTED_TORCH = (2, 11)
+
+
+def older_torch_warning(version: str) -> str | None:
+    """What to say when ``version`` (torch.__version__) is older than OLDEST_TESTED_TORCH."""
+    numbers = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+    if numbers >= OLDEST_TESTED_TORCH:
+        return None
+    return (f"torch {version} is older than the oldest torch this suite is tested on "
+            f"({'.'.join(map(str, OLDEST_TESTED_TORCH))}): a failure may be the suite's, not the implementation's")
+
+
+def pytest_report_header(config):
+    import torch
+
+    warning = older_torch_warning(torch.__version__)
+    return [f"WARNING: {warning}"] if warning else []
+
+
 @pytest.hookimpl(tryfirst=True)  # before the junitxml plugin reads its path
 def pytest_configure(config):
     config.addinivalue_line("markers", "capability(name): the capability a test grades (scorecard row)")

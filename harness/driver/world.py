@@ -227,7 +227,12 @@ class World:
             if remaining <= 0:
                 raise WorldStartError(f"{self.name}: ranks {sorted(waiting)} did not join the process group in time")
             for conn in wait([self._ranks[r].conn for r in waiting], timeout=min(remaining, 0.2)):
-                message = wire.decode_untrusted(conn.recv_bytes())
+                try:
+                    message = wire.decode_untrusted(conn.recv_bytes())
+                except (EOFError, OSError):  # it died (or hung up) after the check above
+                    rank = next(r for r in self._ranks if r.conn is conn)
+                    raise WorldStartError(f"{self.name}: rank {rank.rank} {rank.describe_exit()} while joining the "
+                                          f"process group\n{rank.read_new_output()}") from None
                 waiting.discard(message[1])
 
     def _raise_if_any_exited(self, when: str) -> None:
