@@ -73,7 +73,7 @@ def test_the_oracle_computes_where_each_world_computes():
 
 
 def test_a_torch_older_than_any_the_suite_ran_on_is_named_in_the_header():
-    from harness.driver.pytest_plugin import older_torch_warning
+    from harness.driver.reports import older_torch_warning
 
     assert older_torch_warning("2.13.0+cpu") is None and older_torch_warning("2.11.0+cu130") is None
     assert older_torch_warning("3.0.0") is None

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness.driver.reports import load_rubric
 
@@ -32,7 +33,10 @@ def test_reports_under_xdist(tmp_path):
     assert "reproduce: pytest" in by_name["test_gather"]["output"]
     assert results["score"] == 10 and results["max_score"] == 20
     assert all(t["visibility"] == "visible" for t in results["tests"])
-    assert "total: 10.00/20.00" in (tmp_path / "out" / "summary.txt").read_text()
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert "total: 10.00/20.00" in summary
+    # the torch the grade was computed with, in both files (one older than 2.11 adds a warning)
+    assert f"\ntorch: {torch.__version__}\n" in summary and results["extra_data"]["torch"] == torch.__version__
     assert "<testsuite" in (tmp_path / "out" / "junit.xml").read_text()
 
 

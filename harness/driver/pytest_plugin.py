@@ -20,7 +20,7 @@ from harness.rank import containment
 from harness.driver.backends import BackendChoiceError, BackendPlan, visible_gpus
 from harness.driver.failures import RanksHung
 from harness.driver.pool import Attach, WorldPool
-from harness.driver.reports import DEFAULT_RUBRIC, Rubric, load_rubric
+from harness.driver.reports import DEFAULT_RUBRIC, Rubric, load_rubric, older_torch_warning
 from harness.driver.reports import write as write_reports
 from harness.driver.scorecard import Scorecard
 
@@ -84,20 +84,6 @@ def pytest_addoption(parser):
     group.addoption("--contain-ranks", default="auto", choices=("auto", "yes", "no"),
                     help="run each world's ranks as a user of its own in a private directory, all their processes "
                          "killed with the world (needs root; auto: yes under the grading profile when root)")
-
-
-# The oldest torch the suite has been run on end to end (docs/gpu-runners.md). 2.4.1 was measured
-# failing at once: plain collectives (KeyError in the rank program) and every recording world.
-OLDEST_TESTED_TORCH = (2, 11)
-
-
-def older_torch_warning(version: str) -> str | None:
-    """What to say when ``version`` (torch.__version__) is older than OLDEST_TESTED_TORCH."""
-    numbers = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
-    if numbers >= OLDEST_TESTED_TORCH:
-        return None
-    return (f"torch {version} is older than the oldest torch this suite is tested on "
-            f"({'.'.join(map(str, OLDEST_TESTED_TORCH))}): a failure may be the suite's, not the implementation's")
 
 
 def pytest_report_header(config):

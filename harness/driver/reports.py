@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
 from pathlib import Path
+
+import torch
 
 from harness.driver.scorecard import Scorecard, TestResult
 
@@ -78,13 +81,29 @@ def _entry(result: TestResult, value: float, maximum: float) -> dict:
     }
 
 
+# The oldest torch the suite has been run on end to end (docs/gpu-runners.md). 2.4.1 was measured
+# failing at once: plain collectives (KeyError in the rank program) and every recording world.
+OLDEST_TESTED_TORCH = (2, 11)
+
+
+def older_torch_warning(version: str) -> str | None:
+    """What to say when ``version`` (torch.__version__) is older than OLDEST_TESTED_TORCH."""
+    numbers = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+    if numbers >= OLDEST_TESTED_TORCH:
+        return None
+    return (f"torch {version} is older than the oldest torch this suite is tested on "
+            f"({'.'.join(map(str, OLDEST_TESTED_TORCH))}): a failure may be the suite's, not the implementation's")
+
+
 def write(scorecard: Scorecard, report_dir: Path, rubric: Rubric, rubric_path: Path, impl: str, *,
           seconds: float | None = None, complete: bool = True) -> Path:
     rows = scorecard.by_capability()
     tests, totals = score(rows, rubric)
     earned = sum(s for s, _ in totals.values())
     maximum = sum(m for _, m in totals.values())
-    lines = [f"implementation: {impl}", f"rubric: {rubric_path}", f"coverage: {scorecard.coverage()}", "",
+    warning = older_torch_warning(torch.__version__)
+    lines = [f"implementation: {impl}", f"rubric: {rubric_path}", f"coverage: {scorecard.coverage()}",
+             f"torch: {torch.__version__}", *([f"WARNING: {warning}"] if warning else []), "",
              f"{'capability':<24} {'points':>13}  tests (passed/failed/skipped)"]
     for capability, (got, out_of) in totals.items():
         results = rows[capability]
@@ -111,7 +130,8 @@ def write(scorecard: Scorecard, report_dir: Path, rubric: Rubric, rubric_path: P
         "stdout_visibility": "hidden",
         "tests": tests,
         **({"execution_time": round(seconds, 1)} if seconds is not None else {}),
-        "extra_data": {"coverage": scorecard.coverage(), "implementation": impl, "complete": complete},
+        "extra_data": {"coverage": scorecard.coverage(), "implementation": impl, "complete": complete,
+                       "torch": torch.__version__},
     }
     _replace(report_dir / "results.json", json.dumps(results, indent=2))
     _replace(report_dir / "summary.txt", summary)
