@@ -2,6 +2,8 @@
 and how they differ (example, rank, element, expected against actual, and a command to rerun)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import currently_in_test_context, reject
@@ -108,7 +110,10 @@ def check_names(judge: Judge, actual, expected: dict, what: str, why: str = "") 
         judge.fail(f"{what}: expected {sorted(expected)}, got {got} (missing {missing}, unexpected {extra}){why}")
 
 
-TRUSTED_ADAPTERS = ("adapters.",)  # the project's own adapters of torch's libraries, chosen by --impl
+# the project's own adapters of torch's libraries, by module name, as --impl names them (a file
+# named adapters.py, or any path, is not one of them)
+TRUSTED_ADAPTERS = frozenset(f"adapters.{path.stem}" for path in (Path(__file__).parent.parent / "adapters").glob("*.py")
+                             if path.stem != "__init__")
 
 
 REFUSALS_BEFORE_SKIP = 10  # an adapter's refusals in a test none of whose examples ran yet
@@ -143,7 +148,7 @@ def adapter_cannot(impl: str, incomplete: ImplementationIncomplete) -> str | Non
     """What torch's library cannot do, when ``impl`` is one of the project's own adapters and every
     rank that did not return (a group's members; the others return) raised
     NotImplementedError("... cannot ..."); else None (a failure: "not implemented")."""
-    if not impl.startswith(TRUSTED_ADAPTERS):
+    if impl not in TRUSTED_ADAPTERS:
         return None
     reports = incomplete.failure.failed()
     last_lines = {r.detail.strip().splitlines()[-1] for r in reports if r.detail.strip()}

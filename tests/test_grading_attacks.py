@@ -121,3 +121,14 @@ def test_a_rubric_rewritten_during_the_run_does_not_change_the_grade(tmp_path):
     assert "1000" in rubric.read_text()  # the rank did rewrite it
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert results["score"] == 0 and results["max_score"] == 8  # read once, before any rank ran
+
+
+def test_only_the_projects_own_adapter_modules_may_say_what_torch_cannot():
+    """A refusal in the adapters' words is a skip (or a rejected example) only for the modules in
+    adapters/, named as modules: a student's file called adapters.py, or any path, is graded."""
+    from conformance.verdict import TRUSTED_ADAPTERS
+
+    assert {"adapters.torch_native", "adapters.torch_pipelining"} <= TRUSTED_ADAPTERS
+    for impl in ("adapters.py", "adapters", "adapters.torch_native.py", "submissions/adapters.torch_native",
+                 "adapters.student", "impls", "torch.distributed"):
+        assert impl not in TRUSTED_ADAPTERS, impl
