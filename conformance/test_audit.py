@@ -618,7 +618,7 @@ def test_mesh_traffic_on_hosts(audited, request):
     if audited.target.max_world_size < 4:
         pytest.skip("needs 4 ranks (--max-world-size)")
     layout, grid = HostLayout(2, 2), Mesh(2, 1, 2)
-    h, ffn, m, samples, blocks = 16, 32, 2, 6, [1, 2]  # equal microbatches: torch's pipelining needs them  # equal microbatches: torch's pipelining needs them
+    h, ffn, m, samples, blocks = 16, 32, 2, 6, [1, 2]  # equal microbatches: torch's pipelining needs them
     model = {"h": h, "ffn": ffn, "blocks": sum(blocks), "bias": True, "dtype": "float32"}
     batch = pipeline_models.make_block_batch(model, samples, seed=3)
     axes = {axis: grid.groups(axis) for axis in ("tp", "pp", "dp")}
