@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import torch
-from hypothesis import currently_in_test_context, reject
 
 from conformance.examples import Layout, is_sentinel
 from harness.driver.failures import TASK_FAILURES, ImplementationIncomplete
@@ -116,31 +114,21 @@ TRUSTED_ADAPTERS = frozenset(f"adapters.{path.stem}" for path in (Path(__file__)
                              if path.stem != "__init__")
 
 
-REFUSALS_BEFORE_SKIP = 10  # an adapter's refusals in a test none of whose examples ran yet
-
-
 def run_or_skip(judge: Judge, ranks, layout: Layout, program: str, per_member: list[dict]) -> dict:
     """judge.run. For the project's own adapters (--impl adapters.*, a choice of the driver's
     options, never of the ranks) a NotImplementedError("... cannot ...") on every rank says what
-    torch's library cannot do on this backend. Inside a Hypothesis test the example (``judge``: one
-    per example) is rejected and another drawn (``ranks.refusals`` keeps the reasons for the test's
-    report), until REFUSALS_BEFORE_SKIP refusals with no example run: then, as outside Hypothesis,
-    the test is skipped with the reasons. For any other implementation the same error is "not implemented": it
-    scores 0."""
-    refusals = ranks.refusals
+    torch's library cannot do on this backend: the example (``judge``, one per example) is refused
+    (``ranks.refusals``, harness.driver.pytest_plugin.Refusals: rejected and another drawn inside
+    Hypothesis, the test skipped outside it). For any other implementation the same error is "not
+    implemented": it scores 0."""
     try:
         outputs = judge.run(ranks, layout, program, per_member)
     except ImplementationIncomplete as incomplete:
         reason = adapter_cannot(ranks.target.impl, incomplete)
         if not reason:
             raise
-        refusals.add(reason, judge)
-        if not currently_in_test_context():
-            pytest.skip(reason)
-        if not refusals.ran() and refusals.total() >= REFUSALS_BEFORE_SKIP:
-            pytest.skip(f"no drawn example ran: {refusals.summary()}")
-        reject()
-    refusals.ran_task(judge)
+        ranks.refusals.refuse(reason, judge)
+    ranks.refusals.ran_task(judge)
     return outputs
 
 

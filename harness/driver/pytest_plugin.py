@@ -10,9 +10,10 @@ import time
 from pathlib import Path
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 import pytest
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import HealthCheck, Phase, currently_in_test_context, reject, settings
 from hypothesis.errors import InvalidArgument
 
 from harness.driver import capabilities
@@ -296,12 +297,24 @@ class RunState:
     refusals: Refusals = field(default_factory=lambda: Refusals())  # of the current test (emptied before each)
 
 
+class EnoughRefused(pytest.skip.Exception):
+    """Raised by Refusals.refuse when a test that ran examples has had REFUSAL_BUDGET refused: it
+    stops drawing (each refusal is a task on the ranks), and pytest_runtest_makereport reports it
+    as passed with a note."""
+
+
 @dataclass
 class Refusals:
     """What the project's own adapters said torch's library cannot run, in the current test
-    (conformance.verdict.run_or_skip): such an example is rejected and Hypothesis draws another; a
-    test that ran none of its examples is skipped with the reasons; one that ran some passes with a
-    note of what it did not run."""
+    (conformance.verdict.run_or_skip): such an example is rejected and Hypothesis draws another.
+    A test none of whose first REFUSALS_BEFORE_SKIP examples ran is skipped with the reasons; one
+    that ran some stops drawing at REFUSAL_BUDGET refusals, and passes with a note of what it ran
+    and what it did not."""
+
+    REFUSALS_BEFORE_SKIP = 10
+    # torch's runtime refuses about 7 in 8 random pipeline orders: 50 refusals let ~7 orders run,
+    # at a quarter of the tasks of drawing until 25 ran (ranks' time, most of all on a busy machine)
+    REFUSAL_BUDGET = 50
 
     reasons: Counter = field(default_factory=Counter)  # reason without its particulars -> count
     first: dict = field(default_factory=dict)  # reason without its particulars -> the first one said
@@ -310,11 +323,20 @@ class Refusals:
     _ran: dict = field(default_factory=dict)
     _refused: dict = field(default_factory=dict)
 
-    def add(self, reason: str, example) -> None:
+    def refuse(self, reason: str, example) -> NoReturn:
+        """Inside a Hypothesis test: reject the example (or skip, or stop, as the class says);
+        outside one: skip the test with the reason."""
         general = re.sub(r" \([^()]*\)", "", reason)  # "(batch 3, m=2)", "(3 4 0 1 2 5)"
         self.reasons[general] += 1
         self.first.setdefault(general, reason)
         self._refused[id(example)] = example
+        if not currently_in_test_context():
+            pytest.skip(reason)
+        if not self.ran() and self.total() >= self.REFUSALS_BEFORE_SKIP:
+            pytest.skip(f"no drawn example ran: {self.summary()}")
+        if self.total() >= self.REFUSAL_BUDGET:
+            raise EnoughRefused(self.note())
+        reject()
 
     def ran_task(self, example) -> None:
         self._ran[id(example)] = example
@@ -334,6 +356,11 @@ class Refusals:
 
     def summary(self) -> str:
         return "; ".join(f"{count}x {self.first[general]}" for general, count in self.reasons.most_common())
+
+    def note(self) -> str:
+        stopped = ", and drawing stopped there" if self.total() >= self.REFUSAL_BUDGET else ""
+        return (f"{self.ran()} examples ran; {self.total()} drawn examples torch's library cannot run were not"
+                f"{stopped}, as: {self.summary()}")
 
 
 _STATE = pytest.StashKey[RunState]()
@@ -406,9 +433,10 @@ def pytest_runtest_makereport(item, call):
         if capability is not None and state is not None:
             state.hung.setdefault(capability, item.nodeid)
     refusals = state.refusals if state is not None and call.when == "call" else None
+    if refusals is not None and call.excinfo is not None and call.excinfo.errisinstance(EnoughRefused):
+        report.outcome, report.longrepr = "passed", None  # every example it ran passed; it stopped drawing
     if refusals is not None and refusals.reasons and report.passed:
-        item.user_properties.append(("note", f"{refusals.ran()} examples ran; {refusals.total()} drawn "
-                                             f"examples torch's library cannot run were not, as: {refusals.summary()}"))
+        item.user_properties.append(("note", refusals.note()))
     plan = item.config.stash.get(_PLAN, None)
     if report.passed and sizes and max(sizes) < 2 and plan is not None and not plan.multi_rank():
         report.outcome = "skipped"
