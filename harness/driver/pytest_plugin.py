@@ -2,6 +2,7 @@
 backend probe, and the scorecard. Loaded by the top-level conftest.py."""
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
@@ -14,7 +15,7 @@ from typing import NoReturn
 
 import pytest
 from hypothesis import HealthCheck, Phase, currently_in_test_context, reject, settings
-from hypothesis.errors import InvalidArgument
+from hypothesis.errors import InvalidArgument, UnsatisfiedAssumption
 
 from harness.driver import capabilities
 from harness.rank import containment
@@ -322,6 +323,9 @@ class Refusals:
     # and those refused: an example that generated its schedule and was refused its step did not run
     _ran: dict = field(default_factory=dict)
     _refused: dict = field(default_factory=dict)
+    # an example of this test failed (watch_failures): from then on refusals only reject, so that
+    # neither a skip nor a stop can end the test while Hypothesis shrinks the failure
+    failed: bool = False
 
     def refuse(self, reason: str, example) -> NoReturn:
         """Inside a Hypothesis test: reject the example (or skip, or stop, as the class says);
@@ -332,6 +336,8 @@ class Refusals:
         self._refused[id(example)] = example
         if not currently_in_test_context():
             pytest.skip(reason)
+        if self.failed:
+            reject()
         if not self.ran() and self.total() >= self.REFUSALS_BEFORE_SKIP:
             pytest.skip(f"no drawn example ran: {self.summary()}")
         if self.total() >= self.REFUSAL_BUDGET:
@@ -353,6 +359,29 @@ class Refusals:
         self.first.clear()
         self._ran.clear()
         self._refused.clear()
+        self.failed = False
+
+    def watch_failures(self, test) -> None:
+        """Wrap a Hypothesis test's inner function (``test.hypothesis.inner_test``, Hypothesis's
+        documented hook) so that an example that raises, other than by a rejection or a skip, sets
+        ``failed``. Once per test function."""
+        handle = getattr(test, "hypothesis", None)
+        if handle is None or getattr(handle.inner_test, "_watched_by", None) is self:
+            return
+        inner = handle.inner_test
+
+        @functools.wraps(inner)
+        def watched(*args, **kwargs):
+            try:
+                return inner(*args, **kwargs)
+            except (UnsatisfiedAssumption, pytest.skip.Exception):
+                raise
+            except BaseException:
+                self.failed = True
+                raise
+
+        watched._watched_by = self
+        handle.inner_test = watched
 
     def summary(self) -> str:
         return "; ".join(f"{count}x {self.first[general]}" for general, count in self.reasons.most_common())
@@ -409,6 +438,7 @@ def _tag_capability(request):
         request.node.user_properties.append(("capability", capability))
     state.world_sizes.clear()
     state.refusals.clear()
+    state.refusals.watch_failures(request.function)
     if capability is not None and state.budget.spent():
         pytest.fail(f"not run: the time budget of {state.budget.seconds:g} s (--time-budget) was spent before this "
                     "test started", pytrace=False)

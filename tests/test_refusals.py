@@ -1,0 +1,84 @@
+"""What the driver does when the project's own adapters say torch's library cannot run an example
+(harness.driver.pytest_plugin.Refusals): reject it, skip a test none of whose examples ran, stop a
+test that ran some at the budget, and never end a test by a skip or a stop once an example failed
+(Hypothesis then shrinks the failure, and refusals on the way must not hide it)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from hypothesis.errors import UnsatisfiedAssumption
+
+from harness.driver import pytest_plugin
+from harness.driver.pytest_plugin import EnoughRefused, Refusals
+
+REASON = "torch.distributed.pipelining cannot run a schedule whose last stage runs its forwards out of order (1 0)"
+
+
+@pytest.fixture
+def in_hypothesis(monkeypatch):
+    monkeypatch.setattr(pytest_plugin, "currently_in_test_context", lambda: True)
+
+
+def refuse(refusals: Refusals) -> type:
+    """The exception refusing one fresh example raises."""
+    with pytest.raises((UnsatisfiedAssumption, pytest.skip.Exception)) as raised:
+        refusals.refuse(REASON, object())
+    return raised.type
+
+
+def test_a_test_none_of_whose_examples_ran_is_skipped_after_ten(in_hypothesis):
+    refusals = Refusals()
+    assert [refuse(refusals) for _ in range(9)] == [UnsatisfiedAssumption] * 9
+    with pytest.raises(pytest.skip.Exception, match=r"no drawn example ran: 10x .*out of order \(1 0\)"):
+        refusals.refuse(REASON, object())
+
+
+def test_a_test_that_ran_examples_stops_at_the_budget_and_its_note_says_so(in_hypothesis):
+    refusals = Refusals()
+    refusals.ran_task(object())
+    refused_after_running = object()
+    refusals.ran_task(refused_after_running)  # generated its schedule, then its step was refused
+    assert refuse(refusals) is UnsatisfiedAssumption
+    with pytest.raises(UnsatisfiedAssumption):
+        refusals.refuse(REASON, refused_after_running)
+    assert refusals.ran() == 1
+    assert [refuse(refusals) for _ in range(Refusals.REFUSAL_BUDGET - 3)] == [UnsatisfiedAssumption] * 47
+    assert refuse(refusals) is EnoughRefused
+    assert refusals.note().startswith("1 examples ran; 50 drawn examples torch's library cannot run were not, and "
+                                      "drawing stopped there, as: 50x ")
+
+
+def test_once_an_example_failed_refusals_only_reject(in_hypothesis):
+    refusals = Refusals()
+    inner = SimpleNamespace(calls=0)
+
+    def failing_example():
+        inner.calls += 1
+        raise AssertionError("rank 0 output: element [0] expected 1.0, got 2.0")
+
+    test = SimpleNamespace(hypothesis=SimpleNamespace(inner_test=failing_example))
+    refusals.watch_failures(test)
+    refusals.watch_failures(test)  # once per test function
+    with pytest.raises(AssertionError):
+        test.hypothesis.inner_test()
+    assert refusals.failed and inner.calls == 1
+    assert {refuse(refusals) for _ in range(2 * Refusals.REFUSAL_BUDGET)} == {UnsatisfiedAssumption}
+
+
+def test_a_rejection_or_a_skip_is_not_a_failure(in_hypothesis):
+    refusals = Refusals()
+    for raised in (UnsatisfiedAssumption(), pytest.skip.Exception("skipped")):
+        def example(raised=raised):
+            raise raised
+
+        test = SimpleNamespace(hypothesis=SimpleNamespace(inner_test=example))
+        refusals.watch_failures(test)
+        with pytest.raises(type(raised)):
+            test.hypothesis.inner_test()
+    assert not refusals.failed
+
+
+def test_outside_hypothesis_a_refusal_skips_with_the_reason():
+    with pytest.raises(pytest.skip.Exception, match=r"out of order \(1 0\)"):
+        Refusals().refuse(REASON, object())
