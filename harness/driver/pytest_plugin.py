@@ -15,7 +15,7 @@ from typing import NoReturn
 
 import pytest
 from hypothesis import HealthCheck, Phase, currently_in_test_context, reject, settings
-from hypothesis.errors import InvalidArgument, UnsatisfiedAssumption
+from hypothesis.errors import HypothesisException, InvalidArgument
 
 from harness.driver import capabilities
 from harness.rank import containment
@@ -363,8 +363,8 @@ class Refusals:
 
     def watch_failures(self, test) -> None:
         """Wrap a Hypothesis test's inner function (``test.hypothesis.inner_test``, Hypothesis's
-        documented hook) so that an example that raises, other than by a rejection or a skip, sets
-        ``failed``. Once per test function."""
+        documented hook) so that an example that fails (an Exception other than Hypothesis's own,
+        such as a rejection) sets ``failed``. Once per test function."""
         handle = getattr(test, "hypothesis", None)
         if handle is None or getattr(handle.inner_test, "_watched_by", None) is self:
             return
@@ -374,9 +374,9 @@ class Refusals:
         def watched(*args, **kwargs):
             try:
                 return inner(*args, **kwargs)
-            except (UnsatisfiedAssumption, pytest.skip.Exception):
-                raise
-            except BaseException:
+            except HypothesisException:  # a rejection; Hypothesis's own flow (StopTest, Frozen) is a
+                raise                     # BaseException, and so are pytest's skips: none is a failure
+            except Exception:
                 self.failed = True
                 raise
 
