@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import argparse
 import ast
-import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.driver.capabilities import BY_NAME, CAPABILITIES, GROUPS, conformance_file_of_mutants
+from harness.driver.warm_pytest import WarmPytest
 
 ROOT = Path(__file__).resolve().parents[2]
 MUTANTS = ROOT / "mutants"
@@ -112,13 +111,11 @@ def mutants() -> list[Mutant]:
     return [Mutant.read(p) for p in sorted(MUTANTS.glob("*/*.py")) if p.name != "__init__.py"]
 
 
-def pytest(impl: str, args: list[str], profile: str) -> tuple[int, str, float]:
+def pytest(runner: WarmPytest, impl: str, args: list[str], profile: str) -> tuple[int, str, float]:
+    """One pytest run of its own (forked from runner's template: see harness/driver/warm_pytest.py)."""
     chosen = any(a.startswith("--hypothesis-profile") for a in args)  # a run's own profile wins
-    command = [sys.executable, "-m", "pytest", *args, "--impl", impl,
-               *([] if chosen else [f"--hypothesis-profile={profile}"]), "-q", "-p", "no:cacheprovider"]
-    started = time.monotonic()
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-    return done.returncode, done.stdout + done.stderr, time.monotonic() - started
+    return runner.run([*args, "--impl", impl, *([] if chosen else [f"--hypothesis-profile={profile}"]), "-q", "-p",
+                       "no:cacheprovider"], cwd=str(ROOT))
 
 
 def failing_line(output: str) -> str:
@@ -141,21 +138,27 @@ def main(argv=None) -> int:
                         help="only the implementations under outsiders/ (no known-good runs, no mutants)")
     parser.add_argument("--jobs", type=int, default=2, help="pytest runs at a time (default 2)")
     options = parser.parse_args(argv)
+    with WarmPytest() as runner:
+        return _run_all(options, runner)
+
+
+def _run_all(options, runner: WarmPytest) -> int:
 
     # Two runs at a time: each spends seconds importing torch on one core before its ranks start.
     false_failures = []
     goods = [] if options.mutants_only or options.outsiders_only else known_good()
     def run_mutant(mutant: Mutant):  # a mutant that hangs is killed by its first deadline
-        return pytest(str(mutant.path.relative_to(ROOT)), [mutant.test_file, "-x", "-k", mutant.targets,
+        return pytest(runner, str(mutant.path.relative_to(ROOT)), [mutant.test_file, "-x", "-k", mutant.targets,
                                                            "--rank-timeout", str(MUTANT_RANK_TIMEOUT_S)],
                       options.mutant_profile)
 
     def run_outsider(outsider: Outsider):
         impl = str(outsider.path.relative_to(ROOT))
         profile = options.outsider_profile if outsider.verdict == "pass" else options.mutant_profile
-        code, output, seconds = pytest(impl, outsider.pytest_args(), profile)
+        code, output, seconds = pytest(runner, impl, outsider.pytest_args(), profile)
         if outsider.audit and code == 0:  # right values; the audit must then find what its author chose
-            audit_code, audit_output, audit_seconds = pytest(impl, outsider.audit_args(), options.mutant_profile)
+            audit_code, audit_output, audit_seconds = pytest(runner, impl, outsider.audit_args(),
+                                                             options.mutant_profile)
             if audit_code != 1:
                 return audit_code or 2, f"its audit was expected to fail ({outsider.audit}), exit code {audit_code}\n" \
                     + audit_output, seconds + audit_seconds
@@ -168,7 +171,7 @@ def main(argv=None) -> int:
     every_mutant = [] if options.outsiders_only else mutants()
     every_outsider = outsiders()
     pool = ThreadPoolExecutor(max_workers=options.jobs)
-    good_runs = [pool.submit(pytest, impl, args, options.profile) for impl, args in goods]
+    good_runs = [pool.submit(pytest, runner, impl, args, options.profile) for impl, args in goods]
     outsider_runs = [pool.submit(run_outsider, outsider) for outsider in every_outsider]
     mutant_runs = [pool.submit(run_mutant, mutant) for mutant in every_mutant]
     for (impl, args), run in zip(goods, good_runs):
