@@ -66,9 +66,12 @@ class Audited:
     """Runs a rank program on the members of a layout in an audited world; returns the members'
     outputs and every rank's records (non-members too: they must send nothing)."""
 
-    def __init__(self, pool: WorldPool, target, require_p2p: bool, refusals=None):
+    def __init__(self, pool: WorldPool, target, require_p2p: bool, refusals=None, adapter_refusals=None):
         self.pool, self.target, self.require_p2p = pool, target, require_p2p
         self.refusals = refusals  # what the backends' own collectives refuse (probed): not drawn
+        # what the project's adapters say torch's library cannot run (the test's Refusals, as
+        # conformance.verdict.run_or_skip uses them): an example rejected, another drawn
+        self.adapter_refusals = adapter_refusals
 
     def refused_dtypes(self, name: str, op: str | None) -> frozenset:
         return self.refusals.dtypes(name, op) if self.refusals is not None else frozenset()
@@ -82,6 +85,8 @@ class Audited:
             result = self.pool.run(layout.world_size, f"harness.rank.programs.{program}", args, impl=self.target.impl)
         except ImplementationIncomplete as incomplete:
             reason = adapter_cannot(self.target.impl, incomplete)
+            if reason and self.adapter_refusals is not None:
+                self.adapter_refusals.refuse(reason, judge)
             if reason:
                 pytest.skip(reason)
             incomplete.add_note(f"  example: {judge.example}\n  reproduce: {judge.reproduce}")
@@ -89,15 +94,17 @@ class Audited:
         except TASK_FAILURES as failure:
             failure.add_note(f"  example: {judge.example}\n  reproduce: {judge.reproduce}")
             raise
+        if self.adapter_refusals is not None:
+            self.adapter_refusals.ran_task(judge)
         records = dict(enumerate(result.records))
         check(judge, audit.accounted(records, dict(enumerate(result.bytes_written))))  # on every audited task
         return {r: result.outputs[r] for r in layout.ranks}, records
 
 
 @pytest.fixture(scope="session")
-def audited(audited_pool, target, pytestconfig, backend_refusals):
+def audited(audited_pool, target, pytestconfig, backend_refusals, ranks):
     return Audited(audited_pool, target, p2p_required(target.impl, pytestconfig.getoption("--audit-require-p2p")),
-                   backend_refusals)
+                   backend_refusals, ranks.refusals)
 
 
 def check(judge: Judge, violations: list[str]) -> None:

@@ -80,3 +80,30 @@ def test_a_torch_older_than_any_the_suite_ran_on_is_named_in_the_header():
     assert "torch 2.4.1+cu121 is older than the oldest torch this suite is tested on (2.11)" in older_torch_warning(
         "2.4.1+cu121")
     assert older_torch_warning("2.10.0a0+git123") is not None
+
+
+def test_the_scorecard_repeats_the_older_torch_warning_under_its_coverage_line():
+    from harness.driver.scorecard import Scorecard, TestResult
+
+    class Config:
+        def getoption(self, name):
+            return "student.py"
+
+    class Terminal:
+        lines: list[str] = []
+
+        def section(self, title):
+            self.lines.append(f"== {title}")
+
+        def write_line(self, line):
+            self.lines.append(line)
+
+    for warning in ("torch 2.4.1 is older than ...", None):
+        card = Scorecard(Config(), coverage=lambda: "worlds 1-4 on gloo", warning=warning)
+        card.results["t::x"] = TestResult("t::x", "all_reduce", "passed", "", 0.1)
+        terminal = Terminal()
+        terminal.lines = []
+        card.pytest_terminal_summary(terminal)
+        coverage_at = terminal.lines.index("coverage: worlds 1-4 on gloo")
+        assert (terminal.lines[coverage_at + 1] == f"WARNING: {warning}") == (warning is not None)
+        assert sum(line.startswith("WARNING") for line in terminal.lines) == (warning is not None)

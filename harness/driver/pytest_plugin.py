@@ -100,7 +100,10 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "capability(name): the capability a test grades (scorecard row)")
     _check_options(config)
     report_dir = config.getoption("--report-dir")
-    scorecard = Scorecard(config, coverage=lambda: backend_plan(config).coverage())
+    import torch
+
+    scorecard = Scorecard(config, coverage=lambda: backend_plan(config).coverage(),
+                          warning=older_torch_warning(torch.__version__))
     config.pluginmanager.register(scorecard, "conformance-scorecard")
     if report_dir:
         try:  # read once, now: nothing a rank does later can change the points

@@ -57,9 +57,10 @@ def verdict(results: list[TestResult]) -> str:
 
 
 class Scorecard:
-    def __init__(self, config, coverage=lambda: ""):
+    def __init__(self, config, coverage=lambda: "", warning: str | None = None):
         self.config = config
         self.coverage = coverage  # () -> the line that says which world sizes ran on which backend
+        self.warning = warning  # said under the coverage line (an older torch than the suite is tested on)
         self.results: dict[str, TestResult] = {}
         self.failed_elsewhere = 0  # failures that belong to no capability (they always count as failures)
         self.link_reports: dict[str, str] = {}  # test id -> bytes per mesh axis and link class (the audit's)
@@ -107,6 +108,8 @@ class Scorecard:
                 terminalreporter.write_line(f"{nodeid.split('::')[-1]}: {text}")
         terminalreporter.section(f"conformance scorecard: {self.config.getoption('--impl')}")
         terminalreporter.write_line(f"coverage: {self.coverage()}")
+        if self.warning:
+            terminalreporter.write_line(f"WARNING: {self.warning}")
         width = max(len(name) for name in rows)
         terminalreporter.write_line(f"{'capability':<{width}}  passed  failed  skipped  verdict")
         for name, results in rows.items():
