@@ -82,3 +82,20 @@ def test_a_silent_dtype_disagreement_is_named_for_the_judge(pool):
 def test_a_stray_message_names_the_send_nobody_received(pool):
     text = failure_text(pool, 2, "stray_send_impl")
     assert "rank 0: send(to 1," in text and "was never received: rank 1 posted no matching receive" in text
+
+
+def test_members_of_an_all_to_all_or_a_scatter_may_pass_different_sizes_and_do_not_disagree():
+    """Unequal splits (expert parallelism: 6 tokens on one rank, 3 on the other) and a scatter's
+    input, which only its root holds, are not a mismatch; an all_reduce of different sizes is.
+    (An outside author's correct expert-parallel all_to_all_single was named as one, before.)"""
+    from harness.driver.disagreement import Call, explain
+
+    def call(rank, op, numel, root=None):
+        return Call(rank, 0, op, "ok", "float64", (numel,), None, root, 0, 1, (0, 2), numel, 8 * numel, f"impl.py:{rank}")
+
+    for op, sizes, root in [("all_to_all_single", (24, 12), None), ("all_to_all", (24, 12), None),
+                            ("scatter", (0, 16), 2)]:
+        calls = {0: [call(0, op, sizes[0], root)], 2: [call(2, op, sizes[1], root)]}
+        assert not any("mismatch" in line for line in explain(calls, {0: "ok", 2: "ok"})), op
+    calls = {0: [call(0, "all_reduce", 24)], 2: [call(2, "all_reduce", 12)]}
+    assert any("collective mismatch in group [0, 2]" in line for line in explain(calls, {0: "ok", 2: "ok"}))

@@ -133,6 +133,11 @@ def _last(calls_by_rank, rank, status) -> str:
     return f"; rank {rank}'s last call: {calls[-1].describe()}{how}" if calls else f"; rank {rank} made no call{how}"
 
 
+# collectives whose members legitimately pass different amounts of data (recorded: the input
+# tensors): all-to-alls with per-pair splits, and scatter, whose input only its root has
+SIZES_MAY_DIFFER = frozenset({"all_to_all", "all_to_all_single", "scatter"})
+
+
 def _collectives(calls_by_rank, status) -> list[str]:
     lines = []
     groups = {}
@@ -147,7 +152,8 @@ def _collectives(calls_by_rank, status) -> list[str]:
             at = {r: numbered[r][k] for r in present if k in numbered[r]}
             kinds = {}
             for r, call in at.items():
-                kinds.setdefault((call.op, call.nbytes, call.root), []).append(r)
+                size = None if call.op in SIZES_MAY_DIFFER else call.nbytes
+                kinds.setdefault((call.op, size, call.root), []).append(r)
             if len(kinds) > 1:
                 parts = [f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))} called {at[rs[0]].describe()}"
                          for rs in kinds.values()]
