@@ -168,10 +168,13 @@ model_specs = st.one_of(
     st.fixed_dictionaries({"kind": st.just("mlp"), "inputs": st.integers(1, 6), "hidden": st.integers(1, 12),
                            "outputs": st.integers(1, 4), "dtype": MODEL_DTYPES}),
     # skips_first: aux has no gradient in the first step (a lazy partition or state allocation at
-    # the first step never sees it: found by an implementation written from the contract alone)
+    # the first step never sees it: found by an implementation written from the contract alone);
+    # skips_in_unit: the unused parameter sits in a module that ran (a fully sharded unit that
+    # reduce-scatters zeros for it gave it a zero .grad, which weight decay then moves: found by
+    # another)
     st.fixed_dictionaries({"kind": st.just("tied_lm"), "vocab": st.integers(2, 12), "width": st.integers(1, 8),
                            "hidden": st.integers(1, 12), "context": st.integers(1, 3), "dtype": MODEL_DTYPES,
-                           "skips_first": st.booleans()}),
+                           "skips_first": st.booleans(), "skips_in_unit": st.booleans()}),
 )
 
 optimizer_specs = st.one_of(

@@ -16,6 +16,9 @@ batch's samples, so the mean over ranks of per-rank losses on equal slices is th
     skip it; which calls use it depends only on the ``calls`` counter, the same on every rank.
     ``"skips_first": True`` uses it on even-numbered calls instead: no gradient in the first step
     (an optimizer that partitions or allocates state lazily at its first step never sees it);
+    ``"skips_in_unit": True`` makes ``aux`` a module of two parameters, ``aux.scale`` used on every
+    call and ``aux.linear.weight`` on the calls above only: a parameter with no gradient inside a
+    module that ran (a fully sharded unit reduces its gradients; that parameter must keep None);
   - buffers: ``offset`` (a fixed random vector added to the embeddings) and ``calls`` (a counter
     incremented by every forward).
   Each hard case can be switched off in the spec (``"tied": False``, ``"frozen": False``,
@@ -46,13 +49,27 @@ class MLP(nn.Module):
         return F.mse_loss(self.fc2(torch.tanh(self.fc1(inputs))), targets)
 
 
+class ScaledResidual(nn.Module):
+    """h * scale, plus linear(h * scale) when ``use``: ``scale`` always has a gradient, ``linear``'s
+    weight only on the calls that use it."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(width))
+        self.linear = nn.Linear(width, width, bias=False)
+
+    def forward(self, h: torch.Tensor, use: bool) -> torch.Tensor:
+        h = h * self.scale
+        return h + self.linear(h) if use else h
+
+
 class TiedLM(nn.Module):
     def __init__(self, vocab: int, width: int, hidden: int, tied: bool = True, frozen: bool = True,
-                 skips: bool = True, buffers: bool = True, skips_first: bool = False):
+                 skips: bool = True, buffers: bool = True, skips_first: bool = False, skips_in_unit: bool = False):
         super().__init__()
         self.skips, self.used_on = skips, 0 if skips_first else 1
         self.embed = nn.Embedding(vocab, width)
-        self.aux = nn.Linear(width, width, bias=False)
+        self.aux = ScaledResidual(width) if skips_in_unit else nn.Linear(width, width, bias=False)
         self.mlp_in = nn.Linear(width, hidden)
         self.mlp_out = nn.Linear(hidden, width)
         self.gain = nn.Parameter(torch.ones(width), requires_grad=not frozen)
@@ -71,7 +88,10 @@ class TiedLM(nn.Module):
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         self.calls += 1
         h = self.embed(inputs) + self.offset
-        if not self.skips or int(self.calls) % 2 == self.used_on:  # with skips, aux is left out on every other call
+        use = not self.skips or int(self.calls) % 2 == self.used_on  # with skips, aux is left out on every other call
+        if isinstance(self.aux, ScaledResidual):
+            h = self.aux(h, use)
+        elif use:
             h = h + self.aux(h)
         h = h + self.mlp_out(torch.tanh(self.mlp_in(h)))
         logits = self.head(h * self.gain)
@@ -86,7 +106,8 @@ def build(spec: dict, seed: int) -> nn.Module:
         model = MLP(spec["inputs"], spec["hidden"], spec["outputs"])
     elif kind == "tied_lm":
         model = TiedLM(spec["vocab"], spec["width"], spec["hidden"],
-                       **{k: bool(spec[k]) for k in ("tied", "frozen", "skips", "buffers", "skips_first") if k in spec})
+                       **{k: bool(spec[k]) for k in ("tied", "frozen", "skips", "buffers", "skips_first", "skips_in_unit")
+                          if k in spec})
     else:
         raise ValueError(f"unknown model kind {kind!r} (known: {', '.join(KINDS)})")
     if "dtype" in spec:  # floating parameters and buffers in that dtype (the counter stays int64)

@@ -1,8 +1,9 @@
 """Rank program for fully sharded data parallelism (CONTRACT.md, "Fully sharded data parallelism"):
 build the model from its spec and seed (every rank the same), ``fully_shard`` each unit (every direct
 child module with parameters that shares none with another child), then the root; train with an
-optimizer over the sharded ``module.parameters()`` on this rank's slice of the global batch; after
-every step report the loss, the full parameters (the implementation's ``full_parameters``) and
+optimizer over the sharded ``module.parameters()`` on this rank's slices of the global
+micro-batches (one backward each, gradients accumulating, then one optimizer step); after every
+step report the losses (one per micro-batch), the full parameters (the implementation's ``full_parameters``) and
 buffers, and how many elements this rank holds: its trainable parameters, their gradients and the
 optimizer state, local pieces only (a DTensor counts its local shard)."""
 from __future__ import annotations
@@ -41,19 +42,22 @@ def sharded_model(ctx: RankContext, impl, model: dict, seed: int, reshard_after_
     return fully_shard(net, **options)
 
 
-def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps: int, batch: dict,
+def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps: int, batches: list[dict],
           reshard_after_forward: bool = True, group=None) -> dict:
     if group is not None:
         raise ValueError("fully sharded data parallelism is tested on the whole world, not a subgroup")
     full_parameters = require(impl, "full_parameters")
     net = sharded_model(ctx, impl, model, seed, reshard_after_forward)
     opt = models.build_optimizer(optimizer, net.parameters())
-    inputs, targets = ctx.to_device(batch["inputs"]), ctx.to_device(batch["targets"])
+    micro = [(ctx.to_device(b["inputs"]), ctx.to_device(b["targets"])) for b in batches]
     result = {"steps": []}
     for _ in range(steps):
         opt.zero_grad(set_to_none=True)
-        loss = net(inputs, targets)
-        loss.backward()
+        losses = []
+        for inputs, targets in micro:  # gradient accumulation: .grad adds up over the backwards
+            loss = net(inputs, targets)
+            loss.backward()
+            losses.append(loss.detach())
         opt.step()
         trainable = [p for p in net.parameters() if p.requires_grad]
         held = {"parameters": sum(_local_numel(p) for p in trainable),
@@ -62,5 +66,5 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
                                        if torch.is_tensor(v) and v.dim() > 0)}
         state = {name: tensor.detach() for name, tensor in full_parameters(net).items()}
         state.update({name: b.detach().clone() for name, b in net.named_buffers()})
-        result["steps"].append({"loss": loss.detach(), "state": state, "held": held})
+        result["steps"].append({"loss": torch.stack(losses), "state": state, "held": held})
     return ctx.to_cpu(result)
