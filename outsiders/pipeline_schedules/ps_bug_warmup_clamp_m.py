@@ -5,10 +5,11 @@ capability: pipeline_schedules
 The engineer copied the clamp of the 1F1B warm-up, min(p - 1 - r, m), into the interleaved
 generator: warm = min((v-1)p + 2(p-1-r), m) instead of min(..., v*m). Whenever the Megatron warm-up
 exceeds m (few microbatches: m = p, or m = 2p with v = 2 and p >= 3) ranks start their 1F1B steady
-state too early and wait for gradients that cannot have come back yet. The schedule stays valid and
-deadlock-free, the loss and gradients are exact, but the bubble is larger than (p-1)/(vm+p-1) and
-the activation peaks are not the contract's. On p = 2, v = 2, m = 4 the clamp is inactive and the
-schedule is exactly right.
+state too early and wait for gradients that cannot have come back yet. Up to p = 5 (its author's
+own simulator) the schedule stays valid and deadlock-free, the loss and gradients are exact, but the
+bubble is larger than (p-1)/(vm+p-1) and the activation peaks are not the contract's; at larger p*v
+(p = 8, v = 3, found by the suite) it schedules a backward before its forward. On p = 2, v = 2,
+m = 4 the clamp is inactive and the schedule is exactly right.
 """
 import re
 
