@@ -1,6 +1,6 @@
 """Many short pytest runs without paying for Python and torch each time.
 
-The mutation runner (harness/driver/mutation.py) starts about 130 pytest runs; a mutant's run takes
+The mutation runner (harness/driver/mutation.py) starts about 170 pytest runs; a mutant's run takes
 5-10 s, of which a fresh interpreter importing torch and pytest is about 1.2 s on this machine
 (measured: one targeted mutant run, 4.0 s as a subprocess against 2.8 s forked from an interpreter
 that had imported them). ``WarmPytest`` starts one *template* process
