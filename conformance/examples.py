@@ -40,18 +40,23 @@ class Layout:
         return f"world_size={self.world_size} ({group})"
 
 
+PER_MEMBER = "per member"  # a Values whose shapes each test gives per member (all-to-all splits)
+
+
 @dataclass(frozen=True)
 class Values:
-    """A recipe for one tensor per group member: dtype, shape, and how to draw values."""
+    """A recipe for one tensor per group member: dtype, shape (or PER_MEMBER), and how to draw values."""
 
     dtype: torch.dtype
-    shape: tuple[int, ...]
+    shape: tuple[int, ...] | str
     seed: int
     scale: float = 1.0  # magnitude of floating values; integers use the dtype's whole range
     op: str | None = None  # the reduction the values feed, which bounds them where needed
 
     def tensor(self, index: int, shape: tuple[int, ...] | None = None) -> torch.Tensor:
         shape = self.shape if shape is None else shape
+        if shape == PER_MEMBER:
+            raise ValueError("this Values has no shape of its own: pass each member's shape")
         g = torch.Generator().manual_seed(self.seed * 1009 + index)
         if self.dtype.is_floating_point:
             if self.op == "PRODUCT":  # magnitudes in [0.5, 2] keep an 8-way product finite in fp16
@@ -66,7 +71,8 @@ class Values:
     def __str__(self) -> str:
         dtype = str(self.dtype).replace("torch.", "")
         scale = f" scale={self.scale:g}" if self.dtype.is_floating_point and self.op != "PRODUCT" else ""
-        return f"dtype={dtype} shape={self.shape} seed={self.seed}{scale}"
+        shape = "shapes per member (from the split sizes)" if self.shape == PER_MEMBER else f"shape={self.shape}"
+        return f"dtype={dtype} {shape} seed={self.seed}{scale}"
 
 
 def sentinel(like: torch.Tensor, shape: tuple[int, ...] | None = None) -> torch.Tensor:
@@ -133,7 +139,7 @@ def values(draw, dtypes: list[torch.dtype], op: str | None = None, shape=None) -
     dtype = draw(st.sampled_from(dtypes))
     shape = draw(shapes()) if shape is None else shape
     scale = draw(st.sampled_from([1.0, 1e-3, 3e2])) if dtype.is_floating_point else 1.0
-    return Values(dtype, tuple(shape), draw(st.integers(0, 2**16)), scale, op)
+    return Values(dtype, shape if shape == PER_MEMBER else tuple(shape), draw(st.integers(0, 2**16)), scale, op)
 
 
 @st.composite

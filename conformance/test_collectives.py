@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import reference.collectives as ref
 import reference.likely_bugs as likely_bugs
-from conformance.examples import Layout, Values, dtypes_for, layouts, sentinel, shapes, values
+from conformance.examples import PER_MEMBER, Layout, Values, dtypes_for, layouts, sentinel, shapes, values
 from conformance.verdict import Judge
 from reference.tolerance import reduction_atol
 
@@ -248,7 +248,7 @@ def test_all_to_all(data, example, ranks, backend_refusals):
     draw = example(data)
     layout = draw.layout()
     n = layout.size
-    vals = draw.values("all_to_all", shape=(0,))
+    vals = draw.values("all_to_all", shape=PER_MEMBER)
     if vals.dtype in backend_refusals.dtypes("all_to_all_uneven"):  # gloo: equal sizes only
         sizes = [[draw.pick("size", st.integers(0, 40))] * n] * n
     else:
@@ -277,7 +277,7 @@ def test_all_to_all_single(data, example, ranks):
     n = layout.size
     splits = draw.pick("input_split_sizes", split_sizes(n))
     trailing = draw.pick("trailing_shape", st.sampled_from([(), (3,)]))
-    vals = draw.values("all_to_all_single", shape=(0, *trailing))
+    vals = draw.values("all_to_all_single", shape=PER_MEMBER)
     judge = draw.judge()
     received = ref.output_split_sizes(splits)
     inputs = [vals.tensor(i, (sum(splits[i]), *trailing)) for i in range(n)]
@@ -442,7 +442,7 @@ def test_all_to_all_twice_with_transposed_splits_is_identity(data, example, rank
     layout = draw.layout()
     n = layout.size
     splits = draw.pick("input_split_sizes", split_sizes(n))
-    vals = draw.values("all_to_all_single", shape=(0,))
+    vals = draw.values("all_to_all_single", shape=PER_MEMBER)
     judge = draw.judge()
     received = ref.output_split_sizes(splits)
     inputs = [vals.tensor(i, (sum(splits[i]),)) for i in range(n)]

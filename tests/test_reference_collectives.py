@@ -408,3 +408,15 @@ def test_the_import_guard_can_fail():
     assert _distributed_uses("from torch import distributed") == [1]
     assert _distributed_uses("import torch\nx = torch.distributed.all_reduce") == [2]
     assert _distributed_uses('"""never imports torch.distributed."""') == []
+
+
+def test_an_example_whose_shapes_come_from_split_sizes_does_not_print_a_placeholder_shape():
+    """The all-to-all tests give each member's shape from the split sizes; their example text said
+    'shape=(0, 3)' for outputs of 91 rows (reported by an outside author)."""
+    from conformance.examples import PER_MEMBER, Values
+
+    values = Values(torch.float32, PER_MEMBER, 7)
+    assert "shape=(" not in str(values) and "per member" in str(values)
+    assert values.tensor(1, (4, 3)).shape == (4, 3)
+    with pytest.raises(ValueError, match="pass each member's shape"):
+        values.tensor(1)
