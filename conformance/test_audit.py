@@ -66,9 +66,9 @@ class Audited:
     """Runs a rank program on the members of a layout in an audited world; returns the members'
     outputs and every rank's records (non-members too: they must send nothing)."""
 
-    def __init__(self, pool: WorldPool, target, require_p2p: bool, refusals=None, adapter_refusals=None):
+    def __init__(self, pool: WorldPool, target, require_p2p: bool, refusals, adapter_refusals):
         self.pool, self.target, self.require_p2p = pool, target, require_p2p
-        self.refusals = refusals  # what the backends' own collectives refuse (probed): not drawn
+        self.refusals = refusals  # what the backends' own collectives refuse (probed): not drawn (None: nothing)
         # what the project's adapters say torch's library cannot run (the test's Refusals, as
         # conformance.verdict.run_or_skip uses them): an example rejected, another drawn
         self.adapter_refusals = adapter_refusals
@@ -85,17 +85,14 @@ class Audited:
             result = self.pool.run(layout.world_size, f"harness.rank.programs.{program}", args, impl=self.target.impl)
         except ImplementationIncomplete as incomplete:
             reason = adapter_cannot(self.target.impl, incomplete)
-            if reason and self.adapter_refusals is not None:
-                self.adapter_refusals.refuse(reason, judge)
             if reason:
-                pytest.skip(reason)
+                self.adapter_refusals.refuse(reason, judge)  # rejects, skips or stops: never returns
             incomplete.add_note(f"  example: {judge.example}\n  reproduce: {judge.reproduce}")
             raise
         except TASK_FAILURES as failure:
             failure.add_note(f"  example: {judge.example}\n  reproduce: {judge.reproduce}")
             raise
-        if self.adapter_refusals is not None:
-            self.adapter_refusals.ran_task(judge)
+        self.adapter_refusals.ran_task(judge)
         records = dict(enumerate(result.records))
         check(judge, audit.accounted(records, dict(enumerate(result.bytes_written))))  # on every audited task
         return {r: result.outputs[r] for r in layout.ranks}, records

@@ -143,8 +143,6 @@ def main(argv=None) -> int:
 
 
 def _run_all(options, runner: WarmPytest) -> int:
-
-    # Two runs at a time: each spends seconds importing torch on one core before its ranks start.
     false_failures = []
     goods = [] if options.mutants_only or options.outsiders_only else known_good()
     def run_mutant(mutant: Mutant):  # a mutant that hangs is killed by its first deadline
