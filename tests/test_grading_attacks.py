@@ -70,7 +70,9 @@ def test_a_reply_that_is_slow_to_decode_is_refused_at_once():
         wire.decode_untrusted(pickle.dumps(wide))
     with pytest.raises(wire.ReplyRefused, match="no data"):
         wire.decode_untrusted(pickle.dumps((b"\x00tensor", "float32", (10**12,), b"")))
-    assert time.monotonic() - started < 5
+    # unrefused, these take hours (2**40 leaves) or terabytes; refused, well under a second alone.
+    # 5 s was missed once (5.4 s) beside the mutation runner on 2 cores: the margin, not the check
+    assert time.monotonic() - started < 60
 
 
 def test_a_hanging_submission_gets_its_complete_report_within_the_budget(tmp_path):
