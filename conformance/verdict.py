@@ -109,9 +109,11 @@ def check_names(judge: Judge, actual, expected: dict, what: str, why: str = "") 
 
 
 # the project's own adapters of torch's libraries, by module name, as --impl names them (a file
-# named adapters.py, or any path, is not one of them)
+# named adapters.py, or any path, is not one of them). adapters.cs336 is not one: it runs a student's
+# submission, so whatever it raises is the submission's and is graded.
+SUBMISSION_ADAPTERS = frozenset({"adapters.cs336"})
 TRUSTED_ADAPTERS = frozenset(f"adapters.{path.stem}" for path in (Path(__file__).parent.parent / "adapters").glob("*.py")
-                             if path.stem != "__init__")
+                             if path.stem != "__init__") - SUBMISSION_ADAPTERS
 
 
 def run_or_skip(judge: Judge, ranks, layout: Layout, program: str, per_member: list[dict]) -> dict:

@@ -16,6 +16,7 @@ TESTS = {
     "test_fails.py": "def test_one():\n    x = 2\n    assert x == 1, 'x is not one'\n",
     "test_nothing.py": "X = 1\n",
     "test_crashes.py": "import os\n\ndef test_one():\n    os.kill(os.getpid(), 9)\n",
+    "test_environment.py": "import os\n\ndef test_one():\n    assert os.environ.get('WARM_PYTEST_PROBE') == 'given'\n",
 }
 
 
@@ -61,6 +62,11 @@ def test_concurrent_runs_keep_their_own_output(runner, files):
         assert ("1 passed" in output) == (name == "test_passes.py")
 
 
+def test_a_run_sees_the_environment_it_is_given_and_the_next_run_does_not(runner, files):
+    assert runner.run(args("test_environment.py"), cwd=str(files), env={"WARM_PYTEST_PROBE": "given"})[0] == 0
+    assert runner.run(args("test_environment.py"), cwd=str(files))[0] == 1  # each child's own: not left behind
+
+
 def test_runs_go_on_as_subprocesses_when_the_template_is_gone(files):
     with WarmPytest() as warm:
         assert warm.run(args("test_passes.py"), cwd=str(files))[0] == 0
@@ -69,4 +75,5 @@ def test_runs_go_on_as_subprocesses_when_the_template_is_gone(files):
         for name, expected in [("test_passes.py", 0), ("test_fails.py", 1)]:
             code, output, _ = warm.run(args(name), cwd=str(files))
             assert code == expected, output
+        assert warm.run(args("test_environment.py"), cwd=str(files), env={"WARM_PYTEST_PROBE": "given"})[0] == 0
         assert "exited" in warm._broken or "stopped reading" in warm._broken

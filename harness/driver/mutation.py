@@ -92,10 +92,11 @@ def outsiders() -> list[Outsider]:
     return [Outsider.read(p) for p in sorted(OUTSIDERS.glob("*/*.py")) if p.name != "__init__.py"]
 
 
-def known_good() -> list[tuple[str, list[str]]]:
-    """(implementation, pytest arguments) that must pass: the bundled implementations (the naive
-    DP variant too), torch.distributed's collectives, and torch's own everything (DDP, DTensor,
-    pipelining) through adapters/torch_native.py."""
+def known_good() -> list[tuple[str, list[str], dict[str, str]]]:
+    """(implementation, pytest arguments, environment) that must pass: the bundled implementations
+    (the naive DP variant too), torch.distributed's collectives, torch's own everything (DDP,
+    DTensor, pipelining) through adapters/torch_native.py, and a CS336 assignment-2 submission
+    (the project's own, tests/fixtures/cs336_submission) through adapters/cs336.py."""
     runs = [("impls", ["conformance"]),
             ("torch.distributed", ["conformance/test_collectives.py", "conformance/test_audit.py",
                                    "--capability", "collectives,audit"]),
@@ -103,6 +104,11 @@ def known_good() -> list[tuple[str, list[str]]]:
             ("impls.naive_dp", ["conformance/test_data_parallel.py", "--hypothesis-profile=brief"]),
             # every capability; context parallelism is skipped with torch's reason (not adapted)
             ("adapters.torch_native", ["conformance"])]
+    runs = [(impl, args, {}) for impl, args in runs]
+    runs.append(("adapters.cs336", ["conformance/test_data_parallel.py", "conformance/test_sharded_optimizer.py",
+                                    "conformance/test_audit.py", "--capability", "data_parallel,sharded_optimizer,audit",
+                                    "--hypothesis-profile=brief"],
+                 {"CS336_SUBMISSION": str(ROOT / "tests" / "fixtures" / "cs336_submission")}))
     return runs
 
 
@@ -111,11 +117,12 @@ def mutants() -> list[Mutant]:
     return [Mutant.read(p) for p in sorted(MUTANTS.glob("*/*.py")) if p.name != "__init__.py"]
 
 
-def pytest(runner: WarmPytest, impl: str, args: list[str], profile: str) -> tuple[int, str, float]:
+def pytest(runner: WarmPytest, impl: str, args: list[str], profile: str,
+           env: dict[str, str] | None = None) -> tuple[int, str, float]:
     """One pytest run of its own (forked from runner's template: see harness/driver/warm_pytest.py)."""
     chosen = any(a.startswith("--hypothesis-profile") for a in args)  # a run's own profile wins
     return runner.run([*args, "--impl", impl, *([] if chosen else [f"--hypothesis-profile={profile}"]), "-q", "-p",
-                       "no:cacheprovider"], cwd=str(ROOT))
+                       "no:cacheprovider"], cwd=str(ROOT), env=env)
 
 
 def failing_line(output: str) -> str:
@@ -169,10 +176,10 @@ def _run_all(options, runner: WarmPytest) -> int:
     every_mutant = [] if options.outsiders_only else mutants()
     every_outsider = outsiders()
     pool = ThreadPoolExecutor(max_workers=options.jobs)
-    good_runs = [pool.submit(pytest, runner, impl, args, options.profile) for impl, args in goods]
+    good_runs = [pool.submit(pytest, runner, impl, args, options.profile, env) for impl, args, env in goods]
     outsider_runs = [pool.submit(run_outsider, outsider) for outsider in every_outsider]
     mutant_runs = [pool.submit(run_mutant, mutant) for mutant in every_mutant]
-    for (impl, args), run in zip(goods, good_runs):
+    for (impl, args, env), run in zip(goods, good_runs):
         code, output, seconds = run.result()
         print(f"\n=== known good: {impl} ({' '.join(args)}), {seconds:.0f} s\n{output.rstrip()}", flush=True)
         if code != 0:

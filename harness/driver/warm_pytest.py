@@ -16,7 +16,7 @@ rewritten: pytest warns). The template is single-threaded by
 design (forking a process with threads of its own can leave a lock held in the child); torch's
 import starts one native thread, the state the harness's forkserver already forks every rank from.
 
-Protocol (one JSON object per line): the driver writes ``{"id", "args", "cwd", "output"}`` to the
+Protocol (one JSON object per line): the driver writes ``{"id", "args", "cwd", "env", "output"}`` to the
 template's stdin; the template answers ``{"id", "code"}`` on its stdout when that child has exited
 (a child killed by a signal answers -signal). If the template dies or cannot start, every run not
 yet answered, and every later one, runs as a plain subprocess instead: slower, never lost.
@@ -54,15 +54,17 @@ class WarmPytest:
         except OSError as error:
             self._broken = f"the template did not start: {error}"
 
-    def run(self, args: list[str], cwd: str) -> tuple[int, str, float]:
+    def run(self, args: list[str], cwd: str, env: dict[str, str] | None = None) -> tuple[int, str, float]:
+        """``env``: variables the run sees on top of this process's environment."""
         started = time.monotonic()
         handle, output_path = tempfile.mkstemp(prefix="warm-pytest-", suffix=".log")
         os.close(handle)
         try:
-            future = self._submit(args, cwd, output_path)
+            future = self._submit(args, cwd, output_path, env or {})
             code = future.result() if future is not None else None
             if code is None:  # no template: the same run as a plain subprocess
-                done = subprocess.run([self._python, "-m", "pytest", *args], cwd=cwd, capture_output=True, text=True)
+                done = subprocess.run([self._python, "-m", "pytest", *args], cwd=cwd, capture_output=True, text=True,
+                                      env={**os.environ, **(env or {})})
                 return done.returncode, done.stdout + done.stderr, time.monotonic() - started
             with open(output_path, errors="replace") as output:
                 text = output.read()
@@ -87,7 +89,7 @@ class WarmPytest:
         self.close()
 
     # --------------------------------------------------------------------------------- internals
-    def _submit(self, args, cwd, output_path) -> Future | None:
+    def _submit(self, args, cwd, output_path, env) -> Future | None:
         with self._lock:
             if self._broken or self._template is None:
                 return None
@@ -96,7 +98,7 @@ class WarmPytest:
             self._next_id += 1
             self._pending[run_id] = (future, output_path)
             try:
-                self._template.stdin.write(json.dumps({"id": run_id, "args": args, "cwd": cwd,
+                self._template.stdin.write(json.dumps({"id": run_id, "args": args, "cwd": cwd, "env": env,
                                                        "output": output_path}) + "\n")
                 self._template.stdin.flush()
             except (OSError, ValueError) as error:
@@ -126,6 +128,7 @@ def _child(request: dict) -> None:
     code = 3
     try:
         os.chdir(request["cwd"])
+        os.environ.update(request.get("env") or {})
         null = os.open(os.devnull, os.O_RDONLY)
         output = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(null, 0)

@@ -42,6 +42,9 @@ def data_parallel_step(ctx: RankContext, impl, model: dict, seed: int, frozen: l
         last.register_hook(_wait_for_communication)
     wrapped = require(impl, "DataParallel")(net, bucket_size_mb=bucket_size_mb)
     inputs, targets = ctx.to_device(batch["inputs"]), ctx.to_device(batch["targets"])
+    start = getattr(wrapped, "on_train_batch_start", None)
+    if start is not None:  # the optional hook at a step's start, given the optimizer the step would use
+        start(torch.optim.SGD(wrapped.module.parameters(), lr=0.0))
     recording.mark("backward")
     loss = wrapped(inputs, targets)
     loss.backward()

@@ -15,7 +15,8 @@ CONTRACT = ("module", "finish_gradient_synchronization")
 
 def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps: int, batches: list,
           bucket_size_mb: float | None, set_to_none: bool = True, group=None) -> dict:
-    """Per step: zero_grad(set_to_none); for each micro-batch of this rank (gradient accumulation
+    """Per step: wrapped.on_train_batch_start(optimizer) where the wrapper has it (the hook of CS336's
+    handout); zero_grad(set_to_none); for each micro-batch of this rank (gradient accumulation
     when there are several): loss = wrapped(inputs, targets); loss.backward();
     wrapped.finish_gradient_synchronization(); then optimizer.step()."""
     if group is not None:
@@ -31,7 +32,10 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
     result = {"wrapped": models.state(module), "steps": []}
     opt = models.build_optimizer(optimizer, module.parameters())
     micro = [(ctx.to_device(b["inputs"]), ctx.to_device(b["targets"])) for b in batches]
+    start = getattr(wrapped, "on_train_batch_start", None)
     for _ in range(steps):
+        if start is not None:
+            start(opt)
         opt.zero_grad(set_to_none=set_to_none)
         losses = []
         for inputs, targets in micro:

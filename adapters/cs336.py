@@ -1,0 +1,188 @@
+"""A CS336 assignment 2 ("systems") submission, graded through the suite's contract.
+
+The assignment's entry points are the functions of the submission's ``tests/adapters.py``; this
+module maps them onto the contract's names, so that course staff run the suite on a student's
+repository as it was handed in:
+
+    CS336_SUBMISSION=path/to/student-repo scripts/conformance --impl adapters.cs336 \\
+        --capability data_parallel,sharded_optimizer,audit --hypothesis-profile=grading --report-dir out
+
+``CS336_SUBMISSION`` is the folder holding ``tests/adapters.py`` (and the ``cs336_systems`` package
+it imports), or the path of that file. It is read inside each rank, where this module is imported;
+the grading process imports neither this module nor the submission.
+
+| contract (CONTRACT.md) | the handout's functions (either generation) |
+|---|---|
+| ``DataParallel(module, None)`` | ``get_ddp_individual_parameters(module)``, or ``get_ddp(module)`` |
+| ``DataParallel(module, bucket_size_mb)`` | ``get_ddp_bucketed(module, bucket_size_mb)``; without it, ``get_ddp(module)`` (one parameter per reduction keeps any cap) |
+| ``.on_train_batch_start(optimizer)`` | ``ddp_bucketed_on_train_batch_start(ddp_model, optimizer)`` where the handout has it |
+| ``.finish_gradient_synchronization()`` | ``ddp_*_on_after_backward(ddp_model, optimizer)`` |
+| ``ShardedOptimizer(params, optimizer_class, **defaults)`` | ``get_sharded_optimizer(params, optimizer_class, **defaults)``, after averaging gradients |
+
+What differs from the handout's own tests, so that a failure here is read right:
+
+* The handout's sharded optimizer is tested with the same batch on every rank, so it is never asked
+  to average gradients (torch's ZeroRedundancyOptimizer is not either: it runs after DDP). Here
+  every rank has its own slice; ``step`` therefore averages each gradient over the world first (an
+  all-reduce), then calls the submission's ``step``. Its audit is reported and skipped, as torch's is.
+* The contract's data-parallel loop also draws gradient accumulation (1-3 backward passes per step,
+  the hook after each) and ``zero_grad(set_to_none=False)``; the handout's tests run one backward
+  per step. ``on_train_batch_start`` runs once per step, before ``zero_grad``, as in the handout.
+* ``.module`` is the submission's ``ddp_model.module`` (the handout's tests read it too), or the
+  module it was given when the wrapper has none.
+"""
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import itertools
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+SUBMISSION_VARIABLE = "CS336_SUBMISSION"
+
+
+def _load_submission():
+    """The submission's tests/adapters.py, imported with the submission's folder on sys.path (so
+    that ``import cs336_systems`` finds the student's package)."""
+    where = os.environ.get(SUBMISSION_VARIABLE)
+    if not where:
+        raise ImportError(f"adapters.cs336 grades a CS336 submission: set {SUBMISSION_VARIABLE} to the folder "
+                          "that holds its tests/adapters.py")
+    where = os.path.abspath(where)
+    path = where if os.path.isfile(where) else os.path.join(where, "tests", "adapters.py")
+    if not os.path.isfile(path):
+        raise ImportError(f"{SUBMISSION_VARIABLE}={where}: no {path}")
+    root = os.path.dirname(os.path.dirname(path))
+    for folder in (root, os.path.dirname(path)):
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+    spec = importlib.util.spec_from_file_location("cs336_submission_adapters", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+submission = _load_submission()
+
+
+def _entry(*names: str):
+    """The first of the handout's functions ``names`` that the submission implements, or None.
+    Unfilled entry points raise NotImplementedError; that is found when they are called."""
+    for name in names:
+        function = getattr(submission, name, None)
+        if callable(function):
+            return function
+    return None
+
+
+def _not_implemented(*names: str) -> NotImplementedError:
+    return NotImplementedError(f"the CS336 submission's tests/adapters.py has none of {', '.join(names)}")
+
+
+class _DataParallel:
+    """The submission's DDP wrapper with the contract's names; the handout's hooks get the
+    optimizer the loop passed to ``on_train_batch_start``."""
+
+    def __init__(self, ddp_model, module, after_backward, train_batch_start):
+        self.ddp_model = ddp_model
+        self.module = getattr(ddp_model, "module", module)
+        self._after_backward = after_backward
+        self._train_batch_start = train_batch_start
+        self._optimizer = None
+
+    def __call__(self, *args, **kwargs):
+        return self.ddp_model(*args, **kwargs)
+
+    def on_train_batch_start(self, optimizer) -> None:
+        self._optimizer = optimizer
+        if self._train_batch_start is not None:
+            self._train_batch_start(self.ddp_model, optimizer)
+
+    def finish_gradient_synchronization(self) -> None:
+        self._after_backward(self.ddp_model, self._optimizer)
+
+
+def DataParallel(module, bucket_size_mb=None):
+    """The handout's bucketed DDP when a bucket size is given and the submission has one; its
+    per-parameter DDP otherwise (valid for any cap: each reduction is one parameter)."""
+    bucketed = _entry("get_ddp_bucketed")
+    if bucket_size_mb is not None and bucketed is not None:
+        return _DataParallel(bucketed(module, bucket_size_mb), module, _entry("ddp_bucketed_on_after_backward"),
+                             _entry("ddp_bucketed_on_train_batch_start"))
+    individual = _entry("get_ddp_individual_parameters")
+    if individual is not None:
+        return _DataParallel(individual(module), module, _entry("ddp_individual_parameters_on_after_backward"), None)
+    newer = _entry("get_ddp")
+    if newer is not None:
+        return _DataParallel(newer(module), module, _entry("ddp_on_after_backward"), None)
+    raise _not_implemented("get_ddp_individual_parameters", "get_ddp_bucketed", "get_ddp")
+
+
+class _ChainedState:
+    """``state.items()`` over several optimizers, each parameter's state counted as often as it is
+    held (state kept twice on one rank counts twice)."""
+
+    def __init__(self, optimizers):
+        self._optimizers = optimizers
+
+    def items(self):
+        return itertools.chain.from_iterable(o.state.items() for o in self._optimizers)
+
+
+class _HeldState:
+    """What the contract's ``.optim`` is read for: the optimizer state this rank holds, over every
+    torch.optim.Optimizer the submission's object holds (itself, its attributes, and lists, tuples
+    and dicts in them), since the handout leaves the local optimizer's name to the student."""
+
+    def __init__(self, sharded):
+        found: dict[int, torch.optim.Optimizer] = {}
+        if isinstance(sharded, torch.optim.Optimizer):
+            found[id(sharded)] = sharded
+        for value in vars(sharded).values():
+            for item in _members(value):
+                if isinstance(item, torch.optim.Optimizer):
+                    found.setdefault(id(item), item)
+        self.optimizers = list(found.values())
+        self.state = _ChainedState(self.optimizers)
+
+
+def _members(value):
+    if isinstance(value, dict):
+        return list(value.values())
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return [value]
+
+
+class ShardedOptimizer:
+    """The submission's sharded optimizer over the world, its gradients averaged first (see the
+    module's docstring)."""
+
+    def __init__(self, params, optimizer_class, group=None, **defaults):
+        if group is not None:
+            raise ValueError("the handout's get_sharded_optimizer shards over the whole world; no group")
+        make = _entry("get_sharded_optimizer")
+        if make is None:
+            raise _not_implemented("get_sharded_optimizer")
+        self._params = list(params)
+        self.sharded = make(self._params, optimizer_class, **defaults)
+        self.optim = _HeldState(self.sharded)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        zero_grad = self.sharded.zero_grad
+        if "set_to_none" in inspect.signature(zero_grad).parameters:
+            zero_grad(set_to_none=set_to_none)
+        else:
+            zero_grad()
+
+    def step(self, closure=None):
+        for parameter in self._params:
+            if parameter.requires_grad and parameter.grad is not None:
+                dist.all_reduce(parameter.grad)  # SUM, then divide: AVG is not on every backend
+                parameter.grad.div_(dist.get_world_size())
+        return self.sharded.step() if closure is None else self.sharded.step(closure)
