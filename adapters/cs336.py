@@ -4,7 +4,7 @@ The assignment's entry points are the functions of the submission's ``tests/adap
 module maps them onto the contract's names, so that course staff run the suite on a student's
 repository as it was handed in:
 
-    CS336_SUBMISSION=path/to/student-repo scripts/conformance --impl adapters.cs336 \\
+    CS336_SUBMISSION=/abs/path/to/student-repo scripts/conformance --impl adapters.cs336 --scope cs336 \\
         --capability data_parallel,sharded_optimizer,audit --hypothesis-profile=grading --report-dir out
 
 ``CS336_SUBMISSION`` is the folder holding ``tests/adapters.py`` (and the ``cs336_systems`` package
@@ -24,10 +24,13 @@ What differs from the handout's own tests, so that a failure here is read right:
 * The handout's sharded optimizer is tested with the same batch on every rank, so it is never asked
   to average gradients (torch's ZeroRedundancyOptimizer is not either: it runs after DDP). Here
   every rank has its own slice; ``step`` therefore averages each gradient over the world first (an
-  all-reduce), then calls the submission's ``step``. Its audit is reported and skipped, as torch's is.
+  all-reduce), then calls the submission's ``step``, and ``zero_grad`` clears every parameter's
+  gradient before calling the submission's. Its audit is reported and skipped, as torch's is.
 * The contract's data-parallel loop also draws gradient accumulation (1-3 backward passes per step,
-  the hook after each) and ``zero_grad(set_to_none=False)``; the handout's tests run one backward
-  per step. ``on_train_batch_start`` runs once per step, before ``zero_grad``, as in the handout.
+  the hook after each), ``zero_grad(set_to_none=False)``, parameters unused in a step and buffers
+  that differ between ranks; the handout's tests have none of these. ``--scope cs336`` keeps to the
+  handout's loop (those tests skipped, the coverage line says so); without it the submission is
+  held to the whole contract. ``on_train_batch_start`` runs once per step, before ``zero_grad``.
 * ``.module`` is the submission's ``ddp_model.module`` (the handout's tests read it too), or the
   module it was given when the wrapper has none.
 """
@@ -124,14 +127,15 @@ def DataParallel(module, bucket_size_mb=None):
 
 
 class _ChainedState:
-    """``state.items()`` over several optimizers, each parameter's state counted as often as it is
-    held (state kept twice on one rank counts twice)."""
+    """``state.items()`` over several optimizers' state dicts, each dict once (a wrapper that shares
+    its inner optimizer's ``state`` dict holds it once), each parameter's state as often as it is
+    held (state kept in two dicts on one rank counts twice)."""
 
     def __init__(self, optimizers):
-        self._optimizers = optimizers
+        self._states = list({id(o.state): o.state for o in optimizers}.values())
 
     def items(self):
-        return itertools.chain.from_iterable(o.state.items() for o in self._optimizers)
+        return itertools.chain.from_iterable(state.items() for state in self._states)
 
 
 class _HeldState:
@@ -174,6 +178,15 @@ class ShardedOptimizer:
         self.optim = _HeldState(self.sharded)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """Every parameter's gradient cleared (the averaging in ``step`` is the adapter's, so the
+        gradients it averages are too: a submission that clears only the parameters it owns is right
+        under the handout's equal batches, where nothing reads the others), then the submission's."""
+        for parameter in self._params:
+            if parameter.grad is not None:
+                if set_to_none:
+                    parameter.grad = None
+                else:
+                    parameter.grad.zero_()
         zero_grad = self.sharded.zero_grad
         if "set_to_none" in inspect.signature(zero_grad).parameters:
             zero_grad(set_to_none=set_to_none)

@@ -55,6 +55,7 @@ class Example:
     per_rank_buffers: bool = False  # rank r draws its buffers only from seed + r (its parameters are rank 0's)
     micro_batches: int = 1  # gradient accumulation: backward (and finish) this many times per optimizer step
     set_to_none: bool = True  # zero_grad(set_to_none=...) at the start of each step
+    rank_zero_buffers: bool = False  # under per_rank_init, every rank's buffers are rank 0's (--scope cs336)
 
     @property
     def batch_size(self) -> int:
@@ -68,8 +69,11 @@ class Example:
         return self.seed + rank if self.per_rank_init else self.seed
 
     def model_of(self, rank: int) -> dict:
-        """The model spec rank ``rank`` builds (its buffers drawn apart under per_rank_buffers)."""
-        return {**self.model, "buffer_seed": self.seed + rank} if self.per_rank_buffers else self.model
+        """The model spec rank ``rank`` builds (its buffers drawn apart under per_rank_buffers, or
+        drawn as rank 0's under rank_zero_buffers)."""
+        if self.per_rank_buffers:
+            return {**self.model, "buffer_seed": self.seed + rank}
+        return {**self.model, "buffer_seed": self.seed} if self.rank_zero_buffers and self.per_rank_init else self.model
 
     def __str__(self) -> str:
         spec, opt = describe_spec(self.model, "kind"), describe_spec(self.optimizer, "name")
@@ -77,6 +81,7 @@ class Example:
             f"{self.bucket_size_mb:.9g} ({round(self.bucket_size_mb * MIB)} bytes)"
         init = f"rank r seeded {self.seed}+r" if self.per_rank_init else f"every rank seeded {self.seed}"
         init += f", rank r's buffers seeded {self.seed}+r" if self.per_rank_buffers else ""
+        init += f", every rank's buffers seeded {self.seed}" if self.rank_zero_buffers and self.per_rank_init else ""
         accumulation = (f", {self.micro_batches} micro-batches per step (gradient accumulation)"
                         if self.micro_batches > 1 else "")
         return (f"world_size={self.world_size}, global_batch={self.global_batch} ({self.per_rank_batch} per rank), "
@@ -94,11 +99,18 @@ def bucket_sizes(draw, model: dict):
 
 
 @st.composite
-def examples(draw, max_world_size: int, per_rank_init: bool, min_world_size: int = 1, models_drawn=model_specs,
-             per_rank_buffers: bool = False, buckets: str = "any", accumulation: bool = True) -> Example:
+def examples(draw, max_world_size: int, scope: str, per_rank_init: bool, min_world_size: int = 1,
+             models_drawn=model_specs, per_rank_buffers: bool = False, buckets: str = "any",
+             accumulation: bool = True) -> Example:
     """``buckets``: "any" (None or a size), "none" (bucket_size_mb=None) or "sized" (never None).
-    ``accumulation``: draw 1-3 micro-batches per step and both zero_grad modes (else 1 and None)."""
+    ``accumulation``: draw 1-3 micro-batches per step and both zero_grad modes (else 1 and None).
+    ``scope`` "cs336" (the handout's loop): no accumulation, set_to_none=True, every parameter used
+    in every step (torch's DDP needs find_unused_parameters=True otherwise), and ranks seeded apart
+    still hold rank 0's buffers (the handout asks to broadcast the weights)."""
+    accumulation = accumulation and scope == "contract"
     model = draw(models_drawn)
+    if scope == "cs336" and model["kind"] == "tied_lm":  # every parameter used in every step
+        model = {**model, "skips": False, "skips_first": False, "skips_in_unit": False}
     bucket = draw(bucket_sizes(model).filter(lambda b: {"any": True, "none": b is None, "sized": b is not None}[buckets]))
     return Example(
         world_size=draw(st.integers(min_world_size, max_world_size)),
@@ -113,6 +125,7 @@ def examples(draw, max_world_size: int, per_rank_init: bool, min_world_size: int
         per_rank_buffers=per_rank_buffers,
         micro_batches=draw(st.integers(1, 3)) if accumulation else 1,
         set_to_none=draw(st.booleans()) if accumulation else True,
+        rank_zero_buffers=scope == "cs336",
     )
 
 
@@ -220,11 +233,17 @@ def needs_two_ranks(target) -> None:
         pytest.skip("needs a world of at least 2 ranks (--max-world-size)")
 
 
+def beyond_the_handout(target, why: str) -> None:
+    """Under --scope cs336, a property the CS336 assignment 2 handout does not ask for is skipped."""
+    if target.scope == "cs336":
+        pytest.skip(f"beyond the CS336 handout (--scope cs336): {why}")
+
+
 @pytest.mark.capability("data_parallel")
 @given(data=st.data())
 def test_gradients_are_the_mean_over_ranks(data, ranks, target, request):
     """An MLP, one bucket setting or none: losses, averaged gradients and the trajectory."""
-    train_and_judge(ranks, target, request, data.draw(examples(target.max_world_size, per_rank_init=False,
+    train_and_judge(ranks, target, request, data.draw(examples(target.max_world_size, target.scope, per_rank_init=False,
                                                                models_drawn=MLP_SPECS, buckets="none",
                                                                accumulation=False), label="example"))
 
@@ -236,7 +255,9 @@ def test_gradient_accumulation_and_both_zero_grad_modes(data, ranks, target, req
     each, .grad accumulating), zero_grad with set_to_none True and False, on every model: a gradient
     averaged then added to the local .grad of the next micro-batch, or reduced from a tensor autograd
     has already accumulated, shows up here."""
-    train_and_judge(ranks, target, request, data.draw(examples(target.max_world_size, per_rank_init=False).filter(
+    beyond_the_handout(target, "its loop runs one backward per step, after zero_grad(set_to_none=True)")
+    train_and_judge(ranks, target, request, data.draw(examples(
+        target.max_world_size, target.scope, per_rank_init=False).filter(
         lambda e: e.micro_batches > 1 or not e.set_to_none), label="example"))
 
 
@@ -245,7 +266,8 @@ def test_gradient_accumulation_and_both_zero_grad_modes(data, ranks, target, req
 def test_parameters_start_from_rank_0s(data, ranks, target, request):
     """An MLP built from seed + r on rank r: right after wrapping every rank holds rank 0's."""
     needs_two_ranks(target)
-    train_and_judge(ranks, target, request, data.draw(examples(target.max_world_size, per_rank_init=True, min_world_size=2,
+    train_and_judge(ranks, target, request, data.draw(examples(target.max_world_size, target.scope, per_rank_init=True,
+                                                               min_world_size=2,
                                                                models_drawn=MLP_SPECS, accumulation=False),
                                                       label="example"))
 
@@ -254,9 +276,10 @@ def test_parameters_start_from_rank_0s(data, ranks, target, request):
 @given(data=st.data())
 def test_buffers_start_from_rank_0s(data, ranks, target, request):
     """Parameters alike on every rank, buffers drawn per rank: every rank must hold rank 0's."""
+    beyond_the_handout(target, "it asks for the weights to be broadcast, not the buffers")
     needs_two_ranks(target)
     train_and_judge(ranks, target, request, data.draw(examples(
-        target.max_world_size, per_rank_init=False, min_world_size=2, models_drawn=tied_lm_with(buffers=True),
+        target.max_world_size, target.scope, per_rank_init=False, min_world_size=2, models_drawn=tied_lm_with(buffers=True),
         per_rank_buffers=True, accumulation=False), label="example"))
 
 
@@ -266,8 +289,12 @@ def test_buffers_start_from_rank_0s(data, ranks, target, request):
 def test_tied_frozen_and_unused_parameters(feature, data, ranks, target, request):
     """tied: one parameter in two modules, reduced once; frozen: never gets a gradient nor changes;
     skips: a parameter no forward used in a step keeps .grad None, as in one process."""
+    if feature == "skips":
+        beyond_the_handout(target, "every parameter is used in every step (torch's DDP needs "
+                                   "find_unused_parameters=True otherwise)")
     train_and_judge(ranks, target, request, data.draw(examples(
-        target.max_world_size, per_rank_init=False, models_drawn=tied_lm_with(**{feature: True}), accumulation=False),
+        target.max_world_size, target.scope, per_rank_init=False, models_drawn=tied_lm_with(**{feature: True}),
+        accumulation=False),
         label="example"))
 
 
@@ -290,14 +317,14 @@ def test_a_single_bucket_of_equal_sized_parameters(ranks, target, request):
 @given(data=st.data())
 def test_bucketed_gradients_are_the_mean_over_ranks(data, ranks, target, request):
     """bucket_size_mb from one parameter per bucket to a single bucket, on every model."""
-    train_and_judge(ranks, target, request, data.draw(examples(target.max_world_size, per_rank_init=False,
+    train_and_judge(ranks, target, request, data.draw(examples(target.max_world_size, target.scope, per_rank_init=False,
                                                                buckets="sized", accumulation=False), label="example"))
 
 
 @pytest.mark.capability("data_parallel")
 @given(data=st.data())
 def test_training_matches_one_process_on_the_global_batch(data, ranks, target, request):
-    example = data.draw(examples(target.max_world_size, per_rank_init=False), label="example")
+    example = data.draw(examples(target.max_world_size, target.scope, per_rank_init=False), label="example")
     judge = Judge(str(example), target.reproduce(request.node.nodeid))
     outputs, batch, expected, exact = run_training(ranks, example)
     judge_training(judge, example, outputs, batch, expected, exact, target.plan.device_type(example.world_size))
@@ -310,7 +337,7 @@ def test_ranks_start_from_rank_0s_parameters(data, ranks, target, request):
     parameters and buffers, and training must follow the reference started from them."""
     if target.max_world_size < 2:
         pytest.skip("needs a world of at least 2 ranks (--max-world-size)")
-    example = data.draw(examples(target.max_world_size, per_rank_init=True, min_world_size=2), label="example")
+    example = data.draw(examples(target.max_world_size, target.scope, per_rank_init=True, min_world_size=2), label="example")
     judge = Judge(str(example), target.reproduce(request.node.nodeid))
     outputs, batch, expected, exact = run_training(ranks, example)
     judge_training(judge, example, outputs, batch, expected, exact, target.plan.device_type(example.world_size))

@@ -31,6 +31,7 @@ from harness.driver.warm_pytest import WarmPytest
 ROOT = Path(__file__).resolve().parents[2]
 MUTANTS = ROOT / "mutants"
 OUTSIDERS = ROOT / "outsiders"
+CS336_FIXTURE = ROOT / "tests" / "fixtures" / "cs336_submission"  # a CS336 submission of the project's own
 MUTANT_RANK_TIMEOUT_S = 10  # a mutant's tasks take well under a second; a hang waits this out idle
 
 
@@ -108,7 +109,11 @@ def known_good() -> list[tuple[str, list[str], dict[str, str]]]:
     runs.append(("adapters.cs336", ["conformance/test_data_parallel.py", "conformance/test_sharded_optimizer.py",
                                     "conformance/test_audit.py", "--capability", "data_parallel,sharded_optimizer,audit",
                                     "--hypothesis-profile=brief"],
-                 {"CS336_SUBMISSION": str(ROOT / "tests" / "fixtures" / "cs336_submission")}))
+                 {"CS336_SUBMISSION": str(CS336_FIXTURE)}))
+    # the newer handout's names (get_ddp for every bucket size) under the handout's scope
+    runs.append(("adapters.cs336", ["conformance/test_data_parallel.py", "--capability", "data_parallel", "--scope",
+                                    "cs336", "-k", "mean_over_ranks or start_from", "--hypothesis-profile=brief"],
+                 {"CS336_SUBMISSION": str(CS336_FIXTURE / "tests" / "adapters_newer.py")}))
     return runs
 
 

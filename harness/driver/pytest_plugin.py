@@ -48,6 +48,12 @@ for _name, _options in PROFILES.items():
 settings.load_profile(os.environ.get("CONFORMANCE_HYPOTHESIS_PROFILE", "quick"))
 
 
+# --scope: what the implementation is held to, and what the coverage line adds for it
+SCOPES = {"contract": "",
+          "cs336": "; scope: the CS336 handout's data-parallel loop (one backward per step, set_to_none=True, "
+                   "every parameter used, weights broadcast, not buffers): tests beyond it skipped"}
+
+
 def pytest_addoption(parser):
     group = parser.getgroup("conformance")
     group.addoption("--impl", default=DEFAULT_IMPL,
@@ -83,6 +89,12 @@ def pytest_addoption(parser):
     group.addoption("--time-budget", type=float, default=None, metavar="S",
                     help=f"seconds the whole run may take on ranks; past it no task starts and the tests left are "
                          f"reported as not run (default: none; {GRADING_BUDGET_S:g} under the grading profile)")
+    group.addoption("--scope", default="contract", choices=tuple(SCOPES),
+                    help="what the implementation is held to: contract (CONTRACT.md, the default) or cs336 (the "
+                         "CS336 assignment 2 handout's data-parallel loop: one backward per step, "
+                         "zero_grad(set_to_none=True), every parameter used in every step, the weights broadcast "
+                         "but not the buffers; the tests of what lies beyond it are skipped, and the coverage "
+                         "line says so)")
     group.addoption("--contain-ranks", default="auto", choices=("auto", "yes", "no"),
                     help="run each world's ranks as a user of its own in a private directory, all their processes "
                          "killed with the world (needs root; auto: yes under the grading profile when root)")
@@ -102,7 +114,7 @@ def pytest_configure(config):
     report_dir = config.getoption("--report-dir")
     import torch
 
-    scorecard = Scorecard(config, coverage=lambda: backend_plan(config).coverage(),
+    scorecard = Scorecard(config, coverage=lambda: backend_plan(config).coverage() + SCOPES[config.getoption("--scope")],
                           warning=older_torch_warning(torch.__version__))
     config.pluginmanager.register(scorecard, "conformance-scorecard")
     if report_dir:
@@ -233,10 +245,12 @@ class Target:
     profile: str
     attach: str = ""  # the --attach options of this run, if any
     plan: BackendPlan | None = None
+    scope: str = "contract"  # --scope: the contract, or a handout's narrower loop (SCOPES)
 
     def reproduce(self, nodeid: str) -> str:
         return (f"pytest {shlex.quote(nodeid)} --impl {shlex.quote(self.impl)} --backend {self.backend} "
-                f"--hypothesis-profile={self.profile} --max-world-size {self.max_world_size}{self.attach}")
+                f"--hypothesis-profile={self.profile} --max-world-size {self.max_world_size}{self.attach}"
+                + (f" --scope {self.scope}" if self.scope != "contract" else ""))
 
 
 def _profile() -> str:
@@ -266,7 +280,7 @@ def target(pytestconfig) -> Target:
     if attach is not None:
         attach_options = f" --attach {attach.size} --attach-address {attach.host}:{attach.port}"
     return Target(pytestconfig.getoption("--impl"), pytestconfig.getoption("--backend"), plan.max_world_size, profile,
-                  attach_options, plan)
+                  attach_options, plan, pytestconfig.getoption("--scope"))
 
 
 class Budget:

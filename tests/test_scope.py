@@ -1,0 +1,41 @@
+"""--scope cs336 (harness/driver/pytest_plugin.py SCOPES): the data-parallel examples keep to the
+CS336 handout's loop (one backward per step, zero_grad(set_to_none=True), every parameter used,
+ranks seeded apart hold rank 0's buffers), the default scope still draws the rest, and a failure's reproduce line keeps the
+scope."""
+from __future__ import annotations
+
+import torch
+from hypothesis import find, given, settings
+from hypothesis import strategies as st
+
+from conformance.test_data_parallel import examples
+from harness.driver.pytest_plugin import SCOPES, Target
+from harness.rank import models
+
+
+@settings(max_examples=30, deadline=None)
+@given(example=st.booleans().flatmap(lambda init: examples(4, "cs336", per_rank_init=init)))
+def test_the_cs336_scope_draws_only_the_handouts_loop(example):
+    assert example.micro_batches == 1 and example.set_to_none
+    if example.model["kind"] == "tied_lm":  # TiedLM's default is to skip a parameter on alternate steps
+        assert all(example.model[k] is False for k in ("skips", "skips_first", "skips_in_unit")), example.model
+    rank_zero = dict(models.build(example.model_of(0), example.seed_of(0)).named_buffers())
+    for rank in range(1, example.world_size):
+        for name, buffer in models.build(example.model_of(rank), example.seed_of(rank)).named_buffers():
+            assert torch.equal(buffer, rank_zero[name]), (rank, name)
+
+
+def test_the_contract_scope_still_draws_accumulation_and_buffers_apart():
+    find(examples(4, "contract", per_rank_init=False), lambda e: e.micro_batches > 1 and not e.set_to_none)
+    apart = find(examples(4, "contract", per_rank_init=True),
+                 lambda e: e.world_size > 1 and e.model.get("buffers", True) and e.model["kind"] == "tied_lm")
+    first = dict(models.build(apart.model_of(0), apart.seed_of(0)).named_buffers())
+    second = dict(models.build(apart.model_of(1), apart.seed_of(1)).named_buffers())
+    assert not torch.equal(first["offset"], second["offset"])
+
+
+def test_a_failure_reproduces_with_its_scope_and_the_coverage_line_names_it():
+    target = Target("adapters.cs336", "auto", 4, "ci", scope="cs336")
+    assert target.reproduce("conformance/test_data_parallel.py::t").endswith("--scope cs336")
+    assert "--scope" not in Target("impls", "auto", 4, "ci").reproduce("t")
+    assert SCOPES["contract"] == "" and "CS336" in SCOPES["cs336"]
