@@ -22,6 +22,10 @@ rank by rank:
       max_r L_r <= ceil(P_s / n) + M_s + K   (balanced: M_s the state of the largest parameter,
                                               what a design that keeps parameters whole may add).
   A design that keeps the whole state on every rank has sum_r L_r = n P_s.
+  Under --scope cs336 the balance is the handout's "each rank handles about 1/world_size of the
+  parameters", counted in parameter tensors: with T the parameters given to the optimizer and
+  T_r those rank r holds state for, max_r T_r <= ceil(T / n) (dealing them round-robin by index
+  passes, whatever their sizes); the first bound (no element's state twice) holds in both.
 """
 from __future__ import annotations
 
@@ -51,8 +55,11 @@ def run_training(ranks, example: Example) -> tuple[dict, dict, ref.Trajectory]:
 
 
 def judge_state_sharding(judge: Judge, example: Example, held: dict[int, int], unsharded: dict[str, int],
-                         step: str) -> None:
-    """The bounds of the module docstring on what each rank's local optimizer holds."""
+                         step: str, scope: str = "contract", tensors: dict[int, int] | None = None,
+                         parameters: int = 0) -> None:
+    """The bounds of the module docstring on what each rank's local optimizer holds (``held``:
+    elements; ``tensors``: for how many parameters, judged instead of the elements' balance under
+    --scope cs336, out of ``parameters`` given to the optimizer)."""
     n, k = example.world_size, STATE_TENSORS[example.optimizer["name"]]
     total, largest = sum(unsharded.values()), max(unsharded.values(), default=0)
     if any(not isinstance(v, int) or v < 0 for v in held.values()):
@@ -62,6 +69,13 @@ def judge_state_sharding(judge: Judge, example: Example, held: dict[int, int], u
         judge.fail(f"after {step}: the ranks' local optimizers hold {sum(held.values())} state elements in all "
                    f"({per_rank}), one process holds {total}: state is replicated, not sharded (ZeRO stage 1 keeps "
                    f"each element's state on one rank; allowed {total} + {k * (n - 1)} of padding)")
+    if scope == "cs336":
+        most = math.ceil(parameters / n)
+        if any(not isinstance(v, int) or v < 0 for v in tensors.values()) or max(tensors.values()) > most:
+            judge.fail(f"after {step}: a rank's local optimizer holds state for {max(tensors.values())} parameters "
+                       f"({', '.join(f'rank {r}: {tensors[r]}' for r in sorted(tensors))}); the handout asks each of "
+                       f"{n} ranks to handle about 1/{n} of the {parameters} parameters: at most {most}")
+        return
     bound = math.ceil(total / n) + largest + k
     if max(held.values()) > bound:
         judge.fail(f"after {step}: a rank's local optimizer holds {max(held.values())} state elements ({per_rank}); "
@@ -70,7 +84,7 @@ def judge_state_sharding(judge: Judge, example: Example, held: dict[int, int], u
 
 
 def judge_training(judge: Judge, example: Example, outputs: dict, batch: dict, expected: ref.Trajectory,
-                   device: str = "cpu") -> None:
+                   device: str = "cpu", scope: str = "contract") -> None:
     world = range(example.world_size)
     model = models.build(example.model, example.seed)
     exact = {name: "frozen parameter" for name, p in model.named_parameters() if not p.requires_grad}
@@ -99,7 +113,9 @@ def judge_training(judge: Judge, example: Example, outputs: dict, batch: dict, e
             judge.bitwise_identical({r: outputs[r]["steps"][s]["state"][name] for r in world},
                                     what=f"'{name}' after {step}")
         judge_state_sharding(judge, example, {r: outputs[r]["steps"][s]["optimizer_state_numel"] for r in world},
-                             expected.optimizer_state[s], step)
+                             expected.optimizer_state[s], step, scope,
+                             {r: outputs[r]["steps"][s]["optimizer_state_tensors"] for r in world},
+                             len(list(model.parameters())))
         before = outputs[0]["steps"][s]["state"]
 
 
@@ -109,4 +125,4 @@ def test_sharded_training_matches_one_process_with_the_whole_state(data, ranks, 
     example = data.draw(examples(target.max_world_size), label="example")
     judge = Judge(str(example), target.reproduce(request.node.nodeid))
     outputs, batch, expected = run_training(ranks, example)
-    judge_training(judge, example, outputs, batch, expected, target.plan.device_type(example.world_size))
+    judge_training(judge, example, outputs, batch, expected, target.plan.device_type(example.world_size), target.scope)

@@ -50,8 +50,9 @@ settings.load_profile(os.environ.get("CONFORMANCE_HYPOTHESIS_PROFILE", "quick"))
 
 # --scope: what the implementation is held to, and what the coverage line adds for it
 SCOPES = {"contract": "",
-          "cs336": "; scope: the CS336 handout's data-parallel loop (one backward per step, set_to_none=True, "
-                   "every parameter used, weights broadcast, not buffers): tests beyond it skipped"}
+          "cs336": "; scope: the CS336 handout (one backward per step, set_to_none=True, every parameter used, "
+                   "weights broadcast, not buffers; ZeRO-1 balanced in parameters, not elements): tests beyond it "
+                   "skipped"}
 
 
 def pytest_addoption(parser):
@@ -93,8 +94,8 @@ def pytest_addoption(parser):
                     help="what the implementation is held to: contract (CONTRACT.md, the default) or cs336 (the "
                          "CS336 assignment 2 handout's data-parallel loop: one backward per step, "
                          "zero_grad(set_to_none=True), every parameter used in every step, the weights broadcast "
-                         "but not the buffers; the tests of what lies beyond it are skipped, and the coverage "
-                         "line says so)")
+                         "but not the buffers; its sharded optimizer balanced in parameters, not elements; the "
+                         "tests of what lies beyond it are skipped, and the coverage line says so)")
     group.addoption("--contain-ranks", default="auto", choices=("auto", "yes", "no"),
                     help="run each world's ranks as a user of its own in a private directory, all their processes "
                          "killed with the world (needs root; auto: yes under the grading profile when root)")

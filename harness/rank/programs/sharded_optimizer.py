@@ -1,7 +1,8 @@
 """Rank program for the sharded optimizer (ZeRO stage 1): build the model from its spec (every rank
 the same seed), wrap its parameters in the implementation's ShardedOptimizer, and train on this
 rank's slice of the global batch. Returns what the driver judges: per step the local loss, the
-state after the step, and how many optimizer-state elements this rank holds."""
+state after the step, and how many optimizer-state elements this rank holds, and for how many
+parameters."""
 from __future__ import annotations
 
 import torch
@@ -18,6 +19,11 @@ def local_state_numel(optim) -> int:
     own, or flat shards of them)."""
     return sum(v.numel() for p, st in optim.state.items() for v in st.values()
                if torch.is_tensor(v) and v.shape == p.shape)
+
+
+def local_state_tensors(optim) -> int:
+    """How many parameters (or flat shards) the local optimizer holds state shaped like them for."""
+    return sum(1 for p, st in optim.state.items() if any(torch.is_tensor(v) and v.shape == p.shape for v in st.values()))
 
 
 def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps: int, batch: dict,
@@ -42,5 +48,6 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
         loss.backward()
         opt.step()
         result["steps"].append({"loss": loss.detach(), "state": models.state(net),
-                                "optimizer_state_numel": local_state_numel(opt.optim)})
+                                "optimizer_state_numel": local_state_numel(opt.optim),
+                                "optimizer_state_tensors": local_state_tensors(opt.optim)})
     return ctx.to_cpu(result)
