@@ -76,17 +76,30 @@ def test_a_reply_that_is_slow_to_decode_is_refused_at_once():
 
 
 def test_a_hanging_submission_gets_its_complete_report_within_the_budget(tmp_path):
+    # Only the all_reduce tests, so the hang comes first whatever the load: beside the mutation
+    # runner on 2 cores, the tests before it once spent a 20 s budget before all_reduce started.
     started = time.monotonic()
-    result = run_suite(str(FIXTURES / "hanging_impl.py"), "--rank-timeout", "4", "--time-budget", "20",
-                       "--report-dir", str(tmp_path))
+    result = run_suite(str(FIXTURES / "hanging_impl.py"), "-k", "all_reduce", "--rank-timeout", "4",
+                       "--time-budget", "60", "--report-dir", str(tmp_path))
     elapsed = time.monotonic() - started
     assert result.returncode == 1, result.stdout[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
-    assert results["extra_data"]["complete"] and results["execution_time"] <= 20 + 10
+    assert results["extra_data"]["complete"] and results["execution_time"] <= 60 + 10
     outputs = {t["name"]: t["output"] for t in results["tests"]}
-    assert sum(o.startswith("not run: all_reduce already hung") for o in outputs.values()) >= 5, outputs
+    assert sum(o.startswith("not run: all_reduce already hung") for o in outputs.values()) >= 3, outputs
     assert results["score"] < results["max_score"]
-    assert elapsed < 90, elapsed
+    assert elapsed < 150, elapsed
+
+
+def test_a_spent_time_budget_reports_every_test_not_run(tmp_path):
+    result = run_suite("torch.distributed", "-k", "test_broadcast or test_reduce", "--time-budget", "0.001",
+                       "--report-dir", str(tmp_path))
+    assert result.returncode == 1, result.stdout[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    outputs = [t["output"] for t in results["tests"]]
+    assert results["extra_data"]["complete"] and len(outputs) >= 3, outputs
+    assert all(o.startswith("not run: the time budget of 0.001 s") for o in outputs), outputs
+    assert results["score"] == 0
 
 
 def test_an_implementation_cannot_decline_a_pipeline_test_by_saying_cannot():

@@ -181,12 +181,17 @@ def claimed(config) -> frozenset[str]:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests of capabilities the implementation does not claim (--capability) are not run."""
+    """Tests of capabilities the implementation does not claim (--capability) are not run. Each kept
+    test is tagged with its capability here, before any fixture runs, so that a test whose session
+    fixture fails at setup (a probe that crashed, a budget spent) is still reported for its capability."""
     chosen = claimed(config)
     keep, drop = [], []
     for item in items:
         marker = item.get_closest_marker("capability")
-        (drop if marker is not None and marker.args[0] not in chosen else keep).append(item)
+        dropped = marker is not None and marker.args[0] not in chosen
+        if marker is not None and not dropped:
+            item.user_properties.append(("capability", marker.args[0]))
+        (drop if dropped else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
@@ -446,18 +451,25 @@ def audited_pool(target, pytestconfig):
 
 
 @pytest.fixture(autouse=True)
-def _tag_capability(request):
-    """Tags the test with its capability, and fails it before it starts when the time budget is
-    spent or its capability already hung in an earlier test (each hang costs a whole deadline)."""
-    marker = request.node.get_closest_marker("capability")
-    capability = marker.args[0] if marker is not None else None
+def _per_test_records(request):
+    """Clears what the driver records per test (world sizes, refusals) before it starts."""
     state = request.config.stash[_STATE]
-    if capability is not None:
-        request.node.user_properties.append(("capability", capability))
     state.world_sizes.clear()
     state.refusals.clear()
     state.refusals.watch_failures(request.function)
-    if capability is not None and state.budget.spent():
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Fails the test before any of its fixtures runs (a session fixture may start worlds) when the
+    time budget is spent or its capability already hung in an earlier test (each hang costs a whole
+    deadline)."""
+    marker = item.get_closest_marker("capability")
+    state = item.config.stash.get(_STATE, None)
+    if marker is None or state is None:
+        return
+    capability = marker.args[0]
+    if state.budget.spent():
         pytest.fail(f"not run: the time budget of {state.budget.seconds:g} s (--time-budget) was spent before this "
                     "test started", pytrace=False)
     if capability in state.hung:
