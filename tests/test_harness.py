@@ -212,6 +212,11 @@ def free_port_pair() -> int:
     raise RuntimeError("no free pair of ports")
 
 
+# How long the attach tests wait for torchrun's ranks: a launcher and two ranks each import torch
+# (2.8 s of CPU alone); beside the mutation runner on 2 cores that once took over 60 s.
+TORCHRUN_ATTACH_S = 300.0
+
+
 def launch_torchrun(pool: WorldPool, nproc: int) -> subprocess.Popen:
     env = dict(os.environ, CONFORMANCE_DRIVER=f"{pool.attach.host}:{pool.attach.port}",
                CONFORMANCE_AUTHKEY=pool._authkey.hex(), PYTHONPATH=str(ROOT))
@@ -231,7 +236,7 @@ def stop(launcher: subprocess.Popen) -> int | None:
 
 def test_ranks_started_by_torchrun_attach_and_smaller_worlds_run_here():
     pool = WorldPool("gloo", timeout_s=10.0, attach=Attach(2, "127.0.0.1", free_port_pair(), bind="127.0.0.1",
-                                                           timeout_s=60.0))
+                                                           timeout_s=TORCHRUN_ATTACH_S))
     launcher = launch_torchrun(pool, 2)
     try:
         assert "CONFORMANCE_AUTHKEY=" in pool.attach_command() and "-m harness.rank" in pool.attach_command()
@@ -252,7 +257,7 @@ def test_ranks_started_by_torchrun_attach_and_smaller_worlds_run_here():
 
 def test_attached_ranks_of_the_wrong_world_size_are_refused_with_the_reason():
     pool = WorldPool("gloo", timeout_s=10.0, attach=Attach(3, "127.0.0.1", free_port_pair(), bind="127.0.0.1",
-                                                           timeout_s=60.0))
+                                                           timeout_s=TORCHRUN_ATTACH_S))
     launcher = launch_torchrun(pool, 2)
     try:
         with pytest.raises(WorldStartError, match="WORLD_SIZE=2, but this world has 3 ranks"):
