@@ -86,9 +86,9 @@ def test_a_hanging_submission_gets_its_complete_report_within_the_budget(tmp_pat
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["extra_data"]["complete"] and results["execution_time"] <= 60 + 10
     outputs = {t["name"]: t["output"] for t in results["tests"]}
-    assert sum(o.startswith("not run: all_reduce already hung") for o in outputs.values()) >= 3, outputs
+    assert sum(o.startswith("not run: all_reduce already hung") for o in outputs.values()) >= 5, outputs
     assert results["score"] < results["max_score"]
-    assert elapsed < 150, elapsed
+    assert elapsed < 150, elapsed  # the 60 s budget, 10 s to report, and pytest's start under load
 
 
 def test_a_spent_time_budget_reports_every_test_not_run(tmp_path):
