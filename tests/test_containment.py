@@ -1,0 +1,98 @@
+"""Contained ranks under a container's capabilities (issue 27): whatever capability set the driver
+starts with, a contained rank keeps nothing that gives root back, and where it cannot be contained
+the grading profile refuses to run it instead of running it with the grader's rights."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from harness.driver.gradescope import container
+from harness.rank import containment
+
+ROOT = Path(__file__).parent.parent
+FIXTURES = Path(__file__).parent / "fixtures"
+SYSTEM_PYTHON = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
+DOCKER = container.Limits(docker_capabilities=True, network=False)
+
+
+def contained_status(**changes) -> dict[str, str]:
+    status = {"Uid": "1234\t1234\t1234\t1234", "Gid": "1234\t1234\t1234\t1234", "Groups": "", "CapInh": "0" * 16,
+              "CapPrm": "0" * 16, "CapEff": "0" * 16, "CapBnd": "00000000a80425fb", "CapAmb": "0" * 16,
+              "NoNewPrivs": "1"}
+    return {**status, **changes}
+
+
+def test_leftover_privileges_names_every_way_back_to_root():
+    assert containment.leftover_privileges(contained_status(), 1234) == []
+    assert containment.leftover_privileges(contained_status(CapPrm="0000000000000004"), 1234, allowed=4) == []
+    # what the rank kept when capset failed silently under Docker's capabilities (the measured hole)
+    found = containment.leftover_privileges(contained_status(CapPrm="00000000a80425fb"), 1234, allowed=4)
+    assert found == ["CapPrm 0xa80425fb beyond the allowed 0x4"]
+    assert "Uid" in containment.leftover_privileges(contained_status(Uid="1234\t0\t1234\t1234"), 1234)[0]
+    assert "no_new_privs" in containment.leftover_privileges(contained_status(NoNewPrivs="0"), 1234)[0]
+    assert "groups" in containment.leftover_privileges(contained_status(Groups="0 27"), 1234)[0]
+    assert "CapAmb" in containment.leftover_privileges(contained_status(CapAmb="0000000000000080"), 1234)[0]
+
+
+def suite_in_container(python: str, impl: str, *args: str, env: dict | None = None) -> container.Outcome:
+    """The collectives' all_reduce SUM test, graded, run by ``python`` as root with Docker's
+    default capabilities and no network."""
+    command = [python, "-m", "pytest", "conformance/test_collectives.py", "-q", "-p", "no:cacheprovider",
+               "--impl", impl, "--hypothesis-profile=grading", "-k", "test_all_reduce and SUM", *args]
+    site = [path for path in sys.path if path.endswith("site-packages")]
+    full_env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *site]), **(env or {}))
+    return container.run(command, DOCKER, cwd=ROOT, env=full_env, timeout_s=600)
+
+
+def world_readable(path: Path) -> bool:
+    return all(os.stat(parent).st_mode & 0o005 == 0o005 for parent in [path, *path.parents])
+
+
+needs_emulation = pytest.mark.skipif(container.unavailable(DOCKER) is not None,
+                                     reason=str(container.unavailable(DOCKER)))
+
+
+@needs_emulation
+@pytest.mark.skipif(not SYSTEM_PYTHON.exists(), reason=f"no world-readable {SYSTEM_PYTHON} to run ranks with")
+@pytest.mark.skipif(not world_readable(ROOT) or not world_readable(Path(torch_dir := __import__("torch").__path__[0])),
+                    reason="the checkout or its torch is not world-readable: a capability-less rank could not load it")
+def test_under_dockers_capabilities_a_rank_cannot_become_root_or_forge_the_grade():
+    base = Path(tempfile.mkdtemp(prefix="conformance-docker-"))
+    os.chmod(base, 0o755)  # the rank may reach the folder (to append to its log), never write the report in it
+    log, report = base / "escape.log", base / "out"
+    log.touch()
+    os.chmod(log, 0o666)
+    outcome = suite_in_container(str(SYSTEM_PYTHON), str(FIXTURES / "escaping_impl.py"), "--report-dir", str(report),
+                                 env={"ESCAPE_LOG": str(log), "ESCAPE_REPORT": str(report)})
+    assert outcome.returncode == 1, outcome.stdout[-3000:] + outcome.stderr[-2000:]
+    attempts = log.read_text()
+    assert "detached pid" in attempts, attempts
+    assert "become root: PermissionError" in attempts and "become root: done" not in attempts, attempts
+    assert "write report: PermissionError" in attempts and "read driver memory: PermissionError" in attempts
+    # every process the ranks started is gone (the forger among them), so nothing can rewrite the report later
+    assert outcome.leftovers == [], outcome.leftovers
+    results = json.loads((report / "results.json").read_text())
+    assert results["score"] == 0 and results["extra_data"]["complete"], results
+    assert "ranks contained" in results["extra_data"]["coverage"]
+    shutil.rmtree(base)
+
+
+@needs_emulation
+@pytest.mark.skipif(world_readable(Path(os.path.realpath(os.__file__))),
+                    reason="this Python is world-readable: a contained rank can import it, nothing to refuse")
+def test_grading_refuses_when_a_contained_rank_could_not_read_its_python(tmp_path):
+    outcome = suite_in_container(sys.executable, "impls", "--report-dir", str(tmp_path / "out"))
+    assert outcome.returncode == 4, outcome.stdout[-2000:] + outcome.stderr[-2000:]  # a usage error: nothing ran
+    said = outcome.stdout + outcome.stderr
+    assert "ranks cannot be contained here" in said and os.path.dirname(os.path.realpath(os.__file__)) in said, said
+    assert "--contain-ranks no" in said
+    told = suite_in_container(sys.executable, "impls", "--contain-ranks", "no", "--report-dir", str(tmp_path / "no"))
+    assert told.returncode == 0, told.stdout[-2000:]
+    results = json.loads((tmp_path / "no" / "results.json").read_text())
+    assert "ranks NOT contained" in results["extra_data"]["coverage"] and results["score"] == results["max_score"]
