@@ -40,11 +40,13 @@ def test_leftover_privileges_names_every_way_back_to_root():
     assert "CapAmb" in containment.leftover_privileges(contained_status(CapAmb="0000000000000080"), 1234)[0]
 
 
-def suite_in_container(python: str, impl: str, *args: str, env: dict | None = None) -> container.Outcome:
-    """The collectives' all_reduce SUM test, graded, run by ``python`` as root with Docker's
-    default capabilities and no network."""
-    command = [python, "-m", "pytest", "conformance/test_collectives.py", "-q", "-p", "no:cacheprovider",
-               "--impl", impl, "--hypothesis-profile=grading", "-k", "test_all_reduce and SUM", *args]
+def suite_in_container(python: str, impl: str, *args: str, env: dict | None = None,
+                       test_file: str = "conformance/test_collectives.py",
+                       selected: str = "test_all_reduce and SUM") -> container.Outcome:
+    """The collectives' all_reduce SUM test (or ``selected`` of ``test_file``), graded, run by
+    ``python`` as root with Docker's default capabilities and no network."""
+    command = [python, "-m", "pytest", test_file, "-q", "-p", "no:cacheprovider", "-x",
+               "--impl", impl, "--hypothesis-profile=grading", "-k", selected, *args]
     site = [path for path in sys.path if path.endswith("site-packages")]
     full_env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *site]), **(env or {}))
     return container.run(command, DOCKER, cwd=ROOT, env=full_env, timeout_s=600)
@@ -56,12 +58,13 @@ def world_readable(path: Path) -> bool:
 
 needs_emulation = pytest.mark.skipif(container.unavailable(DOCKER) is not None,
                                      reason=str(container.unavailable(DOCKER)))
+needs_readable_python = pytest.mark.skipif(
+    not SYSTEM_PYTHON.exists() or not world_readable(ROOT) or not world_readable(Path(__import__("torch").__path__[0])),
+    reason=f"needs a world-readable {SYSTEM_PYTHON}, checkout and torch: a capability-less rank could not load them")
 
 
 @needs_emulation
-@pytest.mark.skipif(not SYSTEM_PYTHON.exists(), reason=f"no world-readable {SYSTEM_PYTHON} to run ranks with")
-@pytest.mark.skipif(not world_readable(ROOT) or not world_readable(Path(torch_dir := __import__("torch").__path__[0])),
-                    reason="the checkout or its torch is not world-readable: a capability-less rank could not load it")
+@needs_readable_python
 def test_under_dockers_capabilities_a_rank_cannot_become_root_or_forge_the_grade():
     base = Path(tempfile.mkdtemp(prefix="conformance-docker-"))
     os.chmod(base, 0o755)  # the rank may reach the folder (to append to its log), never write the report in it
@@ -96,3 +99,17 @@ def test_grading_refuses_when_a_contained_rank_could_not_read_its_python(tmp_pat
     assert told.returncode == 0, told.stdout[-2000:]
     results = json.loads((tmp_path / "no" / "results.json").read_text())
     assert "ranks NOT contained" in results["extra_data"]["coverage"] and results["score"] == results["max_score"]
+
+
+@needs_emulation
+@needs_readable_python
+@pytest.mark.parametrize("impl, said", [
+    ("mutants/audit/all_reduce_on_the_backend_object.py", "communication that went around the recorder"),
+    (str(FIXTURES / "undumpable_impl.py"), "could not be read"),
+])
+def test_the_kernels_write_count_holds_where_the_driver_lacks_ptrace(impl, said):
+    """Docker's capabilities have no CAP_SYS_PTRACE: the driver reads its contained ranks' counters
+    through a reader of their uid, and a rank that closes them fails the audit instead of hiding."""
+    outcome = suite_in_container(str(SYSTEM_PYTHON), impl, test_file="conformance/test_audit.py",
+                                 selected="test_point_to_point_only and all_reduce")
+    assert outcome.returncode == 1 and said in outcome.stdout, outcome.stdout[-3000:] + outcome.stderr[-2000:]
