@@ -22,7 +22,8 @@ from harness.rank import containment
 from harness.driver.backends import BackendChoiceError, BackendPlan, visible_gpus
 from harness.driver.failures import RanksHung
 from harness.driver.pool import Attach, WorldPool
-from harness.driver.reports import DEFAULT_RUBRIC, Rubric, load_rubric, older_torch_warning
+from harness.driver.reports import DEFAULT_RUBRIC, Rubric, hypothesis_settings, load_rubric, older_torch_warning
+from harness.driver.reports import versions as run_versions
 from harness.driver.reports import write as write_reports
 from harness.driver.scorecard import Scorecard
 
@@ -84,6 +85,9 @@ def pytest_addoption(parser):
                     help="write grading files here: Gradescope results.json, junit.xml, summary.txt")
     group.addoption("--rubric", default=str(DEFAULT_RUBRIC),
                     help="TOML file of points per capability (default: grading/rubric.toml)")
+    group.addoption("--points-possible", type=float, default=None, metavar="N",
+                    help="scale the points of whatever ran so that the maximum is exactly N (overrides the "
+                         "rubric's points_possible; default: the rubric's points, unscaled)")
     group.addoption("--capability", default=None, metavar="NAME[,NAME]",
                     help="the capabilities the implementation claims (names or groups of harness/driver/capabilities.py, "
                          "e.g. collectives,data_parallel); the others are not run (default: every one)")
@@ -115,7 +119,9 @@ def pytest_configure(config):
     report_dir = config.getoption("--report-dir")
     import torch
 
-    scorecard = Scorecard(config, coverage=lambda: backend_plan(config).coverage() + SCOPES[config.getoption("--scope")],
+    config.stash[_CONTAINED] = _decide_containment(config)
+    scorecard = Scorecard(config, coverage=lambda: (backend_plan(config).coverage() + SCOPES[config.getoption("--scope")]
+                                                    + containment_note(config)),
                           warning=older_torch_warning(torch.__version__))
     config.pluginmanager.register(scorecard, "conformance-scorecard")
     if report_dir:
@@ -136,13 +142,13 @@ def _check_options(config) -> None:
     for option in ("--rank-timeout", "--attach-timeout", "--time-budget"):
         if config.getoption(option) is not None and not config.getoption(option) > 0:
             raise pytest.UsageError(f"{option} must be a positive number of seconds, got {config.getoption(option):g}")
+    possible = config.getoption("--points-possible")
+    if possible is not None and not 0 < possible < float("inf"):
+        raise pytest.UsageError(f"--points-possible must be a positive number of points, got {possible:g}")
     try:
         capabilities.select(config.getoption("--capability"))
     except ValueError as error:
         raise pytest.UsageError(str(error)) from None
-    if config.getoption("--contain-ranks") == "yes" and not containment.possible():
-        raise pytest.UsageError("--contain-ranks yes needs root (ranks drop to a user of their own); "
-                                "this run is not root")
     profile = getattr(config.option, "hypothesis_profile", None)
     if profile is not None:
         try:
@@ -223,13 +229,18 @@ class GradingFiles:
     def __init__(self, config, scorecard: Scorecard, rubric: Rubric):
         self.config, self.scorecard, self.rubric = config, scorecard, rubric
         self.started = time.monotonic()
+        # read now, like the rubric, before any rank starts: a rank cannot change what is recorded
+        self.run = {"versions": run_versions()}
 
     def write(self, complete: bool) -> None:
         write_reports(self.scorecard, Path(self.config.getoption("--report-dir")), self.rubric,
                       Path(self.config.getoption("--rubric")), self.config.getoption("--impl"),
-                      seconds=time.monotonic() - self.started, complete=complete)
+                      seconds=time.monotonic() - self.started, complete=complete,
+                      points_possible=self.config.getoption("--points-possible"), run=self.run)
 
     def pytest_sessionstart(self, session):
+        # after Hypothesis's own pytest_configure has loaded --hypothesis-profile and --hypothesis-seed
+        self.run["hypothesis"] = hypothesis_settings(_profile(), session.config.getoption("--hypothesis-seed", None))
         self.write(complete=False)
 
     @pytest.hookimpl(trylast=True)  # after the scorecard has taken the report
@@ -304,11 +315,56 @@ class Budget:
         return self.left() <= 0
 
 
+_CONTAINED = pytest.StashKey[bool]()
+
+
 def _contain(config) -> bool:
+    """Whether ranks run contained, decided once by :func:`_decide_containment`."""
+    return config.stash.get(_CONTAINED, False)
+
+
+def _decide_containment(config) -> bool:
+    """Contain ranks under --contain-ranks yes, and under the grading profile unless told
+    --contain-ranks no. Fails closed: where ranks cannot be contained (not root, or a probe rank
+    that cannot drop every privilege or cannot then read what it must run), grading stops with the
+    reason instead of running the submission with the driver's rights."""
     option = config.getoption("--contain-ranks")
-    if option == "auto":
-        return containment.possible() and (_profile()) == "grading"
-    return option == "yes"
+    profile = getattr(config.option, "hypothesis_profile", None) or _profile()
+    if option == "no" or (option == "auto" and profile != "grading"):
+        return False
+    asked = "--contain-ranks yes" if option == "yes" else "the grading profile"
+    if not containment.possible():
+        raise pytest.UsageError(f"{asked} runs each world's ranks as a user of its own, which needs root, and this "
+                                "run is not root; pass --contain-ranks no to run the implementation with this "
+                                "user's rights (the report then says the ranks were not contained)")
+    reason = containment.probe(_paths_a_rank_reads(config))
+    if reason:
+        raise pytest.UsageError(f"{asked}: ranks cannot be contained here: {reason}. Pass --contain-ranks no to run "
+                                "them uncontained (the report then says so)")
+    return True
+
+
+def _paths_a_rank_reads(config) -> list[str]:
+    """What a contained rank must still read: its Python's standard library and torch, the suite's
+    rank code, and the implementation file under test (a module name is found on sys.path later)."""
+    import torch
+
+    paths = [os.__file__, torch.__file__, str(Path(containment.__file__))]
+    impl = config.getoption("--impl")
+    if impl.endswith(".py") or os.sep in impl:
+        paths.append(os.path.abspath(impl))
+    if impl == "adapters.cs336" and os.environ.get("CS336_SUBMISSION"):
+        paths.append(os.path.abspath(os.environ["CS336_SUBMISSION"]))  # the submission the adapter loads
+    return paths
+
+
+def containment_note(config) -> str:
+    """The coverage line's word on containment: graders and students see whether it held."""
+    if _contain(config):
+        return "; ranks contained (a uid of their own per world, no privilege left)"
+    if getattr(config.option, "hypothesis_profile", None) == "grading":
+        return "; ranks NOT contained (--contain-ranks no): the implementation ran with the grader's rights"
+    return ""
 
 
 @dataclass

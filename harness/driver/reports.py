@@ -4,81 +4,254 @@ They are written when the session starts, again after every test, and at the end
 an atomic rename: a run killed from outside (a grader's time limit) still leaves the last state,
 marked incomplete. The rubric is read once, before any rank starts.
 
-Points come from a rubric (TOML) that course staff edit: each capability's points are shared
-equally by its tests that ran; a skipped test (a case the backend itself refuses) leaves the
-maximum, it is not held against the student. A capability none of whose tests ran is listed as
-"not run" and left out of the maximum.
+Points come from a rubric (TOML) that course staff edit: each capability's points are shared by
+its tests that ran in proportion to their weights; a skipped test (a case the backend itself
+refuses) leaves the maximum, it is not held against the student. A capability none of whose tests
+ran is listed as "not run" and left out of the maximum. Points are counted in whole cents, so the
+values written add up exactly (apportion).
 """
 from __future__ import annotations
 
+import html
 import json
+import math
 import os
+import platform
 import re
 import tomllib
+from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 
+import hypothesis
+import pytest
 import torch
 
 from harness.driver.scorecard import Scorecard, TestResult
 
-DEFAULT_RUBRIC = Path(__file__).resolve().parents[2] / "grading" / "rubric.toml"
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_RUBRIC = ROOT / "grading" / "rubric.toml"
+PYPROJECT = ROOT / "pyproject.toml"
+
+# Gradescope's values (its autograder specification): when a student sees a test, and how a text is shown
+VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")
+FORMATS = ("text", "html", "simple_format", "md", "ansi")
+# The rubric's top-level keys and tables; any other is a typo, refused rather than ignored
+_SCALARS = ("points_possible", "stdout_visibility", "output_format", "test_output_format")
+_TABLES = ("capabilities", "weights", "visibility")
 
 
 class Rubric(dict):
-    """{capability: points}, plus ``weights``: {test function name: relative weight within its
-    capability} (default 1), from the optional [weights] table. A capability's points are shared
-    among its tests that ran in proportion to their weights: partial credit property by property."""
+    """{capability: points}, plus what the course sets around them:
 
-    def __init__(self, points: dict[str, float], weights: dict[str, float] | None = None):
+    - ``weights``: {test function name: relative weight within its capability} (default 1). A
+      capability's points are shared among its tests that ran in proportion to their weights.
+    - ``visibility``: {capability or test function name: Gradescope visibility}; the key
+      ``default`` is the results' own visibility and that of every test not listed.
+    - ``points_possible``: the maximum the points that ran are scaled to (None: not scaled).
+    - ``stdout_visibility``, ``output_format``, ``test_output_format``: Gradescope's.
+    """
+
+    def __init__(self, points: dict[str, float], weights: dict[str, float] | None = None, *,
+                 visibility: dict[str, str] | None = None, points_possible: float | None = None,
+                 stdout_visibility: str = "hidden", output_format: str = "text", test_output_format: str = "text"):
         super().__init__(points)
         self.weights = dict(weights or {})
+        self.visibility = dict(visibility or {})
+        self.points_possible = points_possible
+        self.stdout_visibility = stdout_visibility
+        self.output_format = output_format
+        self.test_output_format = test_output_format
 
     def weight(self, nodeid: str) -> float:
-        function = nodeid.split("::", 1)[-1].split("[", 1)[0]
-        return self.weights.get(function, 1.0)
+        return self.weights.get(function_name(nodeid), 1.0)
+
+    def default_visibility(self) -> str:
+        return self.visibility.get("default", "visible")
+
+    def visibility_of(self, capability: str, nodeid: str | None = None) -> str:
+        """A test's visibility: its function's entry, else its capability's, else ``default``."""
+        if nodeid is not None and function_name(nodeid) in self.visibility:
+            return self.visibility[function_name(nodeid)]
+        return self.visibility.get(capability, self.default_visibility())
+
+
+def function_name(nodeid: str) -> str:
+    """The test function of a node id, without its file and parameters: the rubric's key for it."""
+    return nodeid.split("::", 1)[-1].split("[", 1)[0]
 
 
 def load_rubric(path: Path) -> Rubric:
+    """The rubric at ``path``, every key and value checked: a bad one is a ValueError naming the
+    file and the key (the plugin makes it a usage error, before any rank starts)."""
     with open(path, "rb") as file:
         data = tomllib.load(file)
-    points, weights = data.get("capabilities"), data.get("weights", {})
-    for table, values in (("capabilities", points), ("weights", weights)):
-        if not isinstance(values, dict) or not all(isinstance(v, (int, float)) and v >= 0 for v in values.values()):
-            raise ValueError(f"{path}: expected a [{table}] table of non-negative points")
-    return Rubric({str(k): float(v) for k, v in points.items()}, {str(k): float(v) for k, v in weights.items()})
+    unknown = sorted(set(data) - set(_SCALARS) - set(_TABLES))
+    if unknown:
+        raise ValueError(f"{path}: unknown key {unknown[0]!r}; a rubric has the tables "
+                         f"{', '.join(f'[{t}]' for t in _TABLES)} and the keys {', '.join(_SCALARS)}")
+    points = _points_table(path, data, "capabilities", required=True)
+    return Rubric(points, _points_table(path, data, "weights"),
+                  visibility=_visibility_table(path, data.get("visibility", {}), points),
+                  points_possible=_points_possible(path, data.get("points_possible")),
+                  stdout_visibility=_choice(path, "stdout_visibility", data.get("stdout_visibility", "hidden"), VISIBILITIES),
+                  output_format=_choice(path, "output_format", data.get("output_format", "text"), FORMATS),
+                  test_output_format=_choice(path, "test_output_format", data.get("test_output_format", "text"), FORMATS))
 
 
-def score(rows: dict[str, list[TestResult]], rubric: dict[str, float]) -> tuple[list[dict], dict[str, tuple[float, float]]]:
-    """Gradescope test entries, and (score, max) per capability, from the scorecard's rows."""
-    weigh = rubric.weight if isinstance(rubric, Rubric) else (lambda nodeid: 1.0)
-    tests, totals = [], {}
+def _is_number(value) -> bool:
+    """A finite TOML number: ``true`` is a bool (an int to Python) and ``inf`` cannot be split into cents."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _points_table(path: Path, data: dict, table: str, required: bool = False) -> dict[str, float]:
+    values = data.get(table, None if required else {})
+    if not isinstance(values, dict) or not all(_is_number(v) and v >= 0 for v in values.values()):
+        raise ValueError(f"{path}: expected a [{table}] table of non-negative points")
+    return {str(k): float(v) for k, v in values.items()}
+
+
+def _visibility_table(path: Path, values, points: dict[str, float]) -> dict[str, str]:
+    """[visibility]: each key is ``default``, a capability of [capabilities] or a test function
+    (test_...); each value one of Gradescope's VISIBILITIES."""
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: visibility = {values!r}: expected a [visibility] table (its key default sets the "
+                         "results' own visibility)")
+    for key, value in values.items():
+        if key != "default" and key not in points and not function_name(key).split("::")[-1].startswith("test"):
+            raise ValueError(f"{path}: [visibility] {key!r} is neither 'default', a capability of [capabilities] "
+                             "nor a test function (test_...)")
+        _choice(path, f"[visibility] {key}", value, VISIBILITIES)
+    return dict(values)
+
+
+def _choice(path: Path, key: str, value, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ValueError(f"{path}: {key} = {value!r}: expected one of {', '.join(choices)}")
+    return value
+
+
+def _points_possible(path: Path, value) -> float | None:
+    if value is not None and not (_is_number(value) and value > 0):
+        raise ValueError(f"{path}: points_possible = {value!r}: expected a positive number of points")
+    return None if value is None else float(value)
+
+
+def apportion(total: int, weights: list[float]) -> list[int]:
+    """Hamilton's largest-remainder method: whole parts of ``total`` in proportion to ``weights``
+    that sum to exactly ``total``. Each part is the floor of its quota total * w / sum(w), and the
+    units left go to the largest remainders (ties to the earlier), so no part is a unit or more
+    from its quota. Exact (rational arithmetic): the same weights always give the same parts."""
+    whole = sum(Fraction(w) for w in weights)
+    if not weights or whole <= 0:
+        return [0] * len(weights)
+    quotas = [total * Fraction(w) / whole for w in weights]
+    parts = [q.numerator // q.denominator for q in quotas]
+    left = total - sum(parts)
+    by_remainder = sorted(range(len(weights)), key=lambda i: (-(quotas[i] - parts[i]), i))
+    for i in by_remainder[:left]:
+        parts[i] += 1
+    return parts
+
+
+def cents(points: float) -> int:
+    return round(points * 100)
+
+
+def capability_order(rubric: Rubric, capabilities) -> dict[str, int]:
+    """The first part of a test's ``number``: a capability's place in the rubric (1-based), then
+    those the rubric does not list, by name."""
+    listed = list(rubric)
+    others = sorted(set(capabilities) - set(listed))
+    return {name: i + 1 for i, name in enumerate(listed + others)}
+
+
+def in_file_order(results: list[TestResult]) -> list[TestResult]:
+    """A capability's tests as their files define them (file, line, then node id for parameters),
+    whatever order they finished in (xdist)."""
+    return sorted(results, key=lambda r: (r.nodeid.split("::", 1)[0], r.line, r.nodeid))
+
+
+def capability_maxima(rows: dict[str, list[TestResult]], rubric: Rubric,
+                      points_possible: float | None = None) -> dict[str, int]:
+    """Each capability's maximum in cents. Unscaled: its rubric points when some test of positive
+    weight ran, else 0. With ``points_possible`` N: N cents apportioned among those maxima, so
+    that whatever ran adds up to exactly N (nothing scaled when nothing with points ran)."""
+    exact = {}
     for capability, results in rows.items():
-        graded = [r for r in results if r.outcome != "skipped"]
-        points = rubric.get(capability, 0.0)
-        total_weight = sum(weigh(r.nodeid) for r in graded)
-        earned = maximum = 0.0
-        for result in results:
-            share = points * weigh(result.nodeid) / total_weight if result.outcome != "skipped" and total_weight else 0.0
-            value = share if result.outcome == "passed" else 0.0
-            earned, maximum = earned + value, maximum + share
-            tests.append(_entry(result, value, share))
-        totals[capability] = (earned, maximum)
-    return tests, totals
+        ran = sum(rubric.weight(r.nodeid) for r in results if r.outcome != "skipped")
+        exact[capability] = cents(rubric.get(capability, 0.0)) if ran > 0 else 0
+    if points_possible is None or sum(exact.values()) == 0:
+        return exact
+    return dict(zip(exact, apportion(cents(points_possible), list(exact.values()))))
 
 
-def _entry(result: TestResult, value: float, maximum: float) -> dict:
+def graded(rows: dict[str, list[TestResult]], rubric: Rubric,
+           points_possible: float | None = None) -> tuple[list[dict], dict[str, tuple[int, int]]]:
+    """Gradescope test entries in ``number`` order, and (score, max) in cents per capability.
+    A capability's maximum is apportioned among its tests that ran by weight; a passed test
+    scores its max_score, a failed one 0, a skipped one 0 of 0."""
+    pairs, totals = _graded(rows, rubric, points_possible)
+    return [entry for _, entry in pairs], totals
+
+
+def _graded(rows: dict[str, list[TestResult]], rubric: Rubric,
+            points_possible: float | None) -> tuple[list[tuple[TestResult, dict]], dict[str, tuple[int, int]]]:
+    """``graded``, each entry with the result it was made from."""
+    rubric = rubric if isinstance(rubric, Rubric) else Rubric(rubric)
+    possible = rubric.points_possible if points_possible is None else points_possible
+    maxima = capability_maxima(rows, rubric, possible)
+    order = capability_order(rubric, rows)
+    pairs, totals = [], {}
+    for capability in sorted(rows, key=order.__getitem__):
+        results = in_file_order(rows[capability])
+        ran = [r for r in results if r.outcome != "skipped"]
+        shares = dict(zip((r.nodeid for r in ran), apportion(maxima[capability], [rubric.weight(r.nodeid) for r in ran])))
+        earned = 0
+        for index, result in enumerate(results, start=1):
+            share = shares.get(result.nodeid, 0)
+            value = share if result.outcome == "passed" else 0
+            earned += value
+            pairs.append((result, _entry(result, value, share, f"{order[capability]}.{index}",
+                                         rubric.visibility_of(capability, result.nodeid), rubric.test_output_format)))
+        totals[capability] = (earned, maxima[capability])
+    return pairs, totals
+
+
+def score(rows: dict[str, list[TestResult]], rubric: Rubric,
+          points_possible: float | None = None) -> tuple[list[dict], dict[str, tuple[float, float]]]:
+    """Gradescope test entries, and (score, max) in points per capability (``graded``)."""
+    tests, totals = graded(rows, rubric, points_possible)
+    return tests, {capability: (got / 100, out_of / 100) for capability, (got, out_of) in totals.items()}
+
+
+def _entry(result: TestResult, value: int, maximum: int, number: str, visibility: str, output_format: str) -> dict:
     status = {"passed": "passed", "failed": "failed"}.get(result.outcome, "passed")
     output = result.output if result.outcome != "skipped" else f"skipped, not counted: {result.output}"
     return {
         "name": result.nodeid.split("::", 1)[-1],
-        "number": result.capability,
-        "score": round(value, 4),
-        "max_score": round(maximum, 4),
+        "number": number,
+        "score": value / 100,
+        "max_score": maximum / 100,
         "status": status,
-        "output": output,
-        "visibility": "visible",
+        "output": formatted_output(output, output_format),
+        "visibility": visibility,
         "tags": [result.capability],
     }
+
+
+def formatted_output(text: str, output_format: str) -> str:
+    """A test's plain text (a failure's message, tracebacks included) as it is shown literally in
+    ``output_format``: in a fenced block for Markdown, a <pre> for HTML, as it is otherwise."""
+    if not text:
+        return text
+    if output_format == "md":
+        longest = max((len(run) for run in re.findall(r"`{3,}", text)), default=0)
+        fence = "`" * max(3, longest + 1)  # CommonMark: a fence longer than any run inside it
+        return f"{fence}text\n{text}\n{fence}"
+    if output_format == "html":
+        return f"<pre>{html.escape(text)}</pre>"
+    return text
 
 
 # The oldest torch the suite has been run on end to end (docs/gpu-runners.md). 2.4.1 was measured
@@ -95,46 +268,177 @@ def older_torch_warning(version: str) -> str | None:
             f"({'.'.join(map(str, OLDEST_TESTED_TORCH))}): a failure may be the suite's, not the implementation's")
 
 
-def write(scorecard: Scorecard, report_dir: Path, rubric: Rubric, rubric_path: Path, impl: str, *,
-          seconds: float | None = None, complete: bool = True) -> Path:
-    rows = scorecard.by_capability()
-    tests, totals = score(rows, rubric)
-    earned = sum(s for s, _ in totals.values())
-    maximum = sum(m for _, m in totals.values())
-    warning = older_torch_warning(torch.__version__)
-    lines = [f"implementation: {impl}", f"rubric: {rubric_path}", f"coverage: {scorecard.coverage()}",
-             f"torch: {torch.__version__}", *([f"WARNING: {warning}"] if warning else []), "",
-             f"{'capability':<24} {'points':>13}  tests (passed/failed/skipped)"]
-    for capability, (got, out_of) in totals.items():
+def suite_version(pyproject: Path = PYPROJECT) -> str:
+    """The suite's version, from its pyproject.toml read as data: importing a package (or asking
+    importlib.metadata, which searches sys.path) could find the submission's code instead."""
+    with open(pyproject, "rb") as file:
+        return str(tomllib.load(file)["project"]["version"])
+
+
+def versions(pyproject: Path = PYPROJECT) -> dict[str, str]:
+    """What a grade depends on besides the submission: Python, torch, Hypothesis, pytest, the suite."""
+    return {"python": platform.python_version(), "torch": torch.__version__, "hypothesis": hypothesis.__version__,
+            "pytest": pytest.__version__, "suite": suite_version(pyproject)}
+
+
+def hypothesis_settings(profile: str, seed) -> dict:
+    """The Hypothesis settings in effect (``hypothesis.settings.default``, after the profile was
+    loaded) that decide which examples are drawn: a derandomized profile draws the same examples
+    every run; otherwise ``seed`` (--hypothesis-seed) does, and None means each run draws anew.
+    An example database replays earlier failures first."""
+    current = hypothesis.settings.default
+    return {"profile": profile, "max_examples": current.max_examples, "derandomize": current.derandomize,
+            "seed": seed, "database": current.database is not None}
+
+
+@dataclass
+class Summary:
+    """What summary.txt and results.json's ``output`` say, before it is written as text or Markdown."""
+
+    header: list[tuple[str, str]]
+    rows: list[tuple[str, tuple[int, int] | None, tuple[int, int, int], str]]  # name, (got, max) cents or not run, counts, note
+    total: tuple[int, int] | None  # None: withheld
+    notes: list[str] = field(default_factory=list)
+    lost: list[tuple[str, str]] = field(default_factory=list)  # test name, headline
+
+
+def withheld(visibility: str, output_visibility: str) -> bool:
+    """Whether a test's result must be left out of the summary students see: it is shown later than
+    the summary or never (Gradescope hides the total too when tests are hidden)."""
+    return visibility not in ("visible", output_visibility)
+
+
+def summarize(rows: dict[str, list[TestResult]], pairs: list[tuple[TestResult, dict]],
+              totals: dict[str, tuple[int, int]], rubric: Rubric, header: list[tuple[str, str]], *,
+              complete: bool, for_students: bool) -> Summary:
+    """The summary. For students (results.json's ``output``), the rows and failures of tests
+    shown later than the summary, or never, are left out, and so is the total."""
+    shown = rubric.default_visibility()
+    hidden = {r.nodeid for r, entry in pairs if for_students and withheld(entry["visibility"], shown)}
+    hidden_rows = {r.capability for r, _ in pairs if r.nodeid in hidden}
+    if for_students:
+        hidden_rows |= {c for c in rubric if withheld(rubric.visibility_of(c), shown)}
+    table = []
+    for capability in (c for c in totals if c not in hidden_rows):
         results = rows[capability]
-        count = "/".join(str(sum(r.outcome == k for r in results)) for k in ("passed", "failed", "skipped"))
-        unrated = "" if capability in rubric else "  (not in the rubric: 0 points)"
-        lines.append(f"{capability:<24} {got:6.2f}/{out_of:6.2f}  {count}{unrated}")
-    for capability in sorted(set(rubric) - set(totals)):
-        lines.append(f"{capability:<24} {'not run':>13}")
-    lines += ["", f"total: {earned:.2f}/{maximum:.2f}"]
-    if not complete:
-        lines += ["", "INCOMPLETE: the run has not finished (or was stopped from outside); what is above is what "
-                      "had finished"]
-    failures = [t for t in tests if t["status"] == "failed"]
-    if failures:
-        lines += ["", "lost points:"]
-        lines += [f"- {t['name']}: {_headline(t['output'])}" for t in failures]
-    summary = "\n".join(lines) + "\n"
+        count = tuple(sum(r.outcome == k for r in results) for k in ("passed", "failed", "skipped"))
+        table.append((capability, totals[capability], count, "" if capability in rubric else "not in the rubric: 0 points"))
+    table += [(c, None, (0, 0, 0), "") for c in sorted(set(rubric) - set(totals) - hidden_rows)]
+    total = None if hidden_rows else (sum(s for s, _ in totals.values()), sum(m for _, m in totals.values()))
+    notes = [] if complete else ["INCOMPLETE: the run has not finished (or was stopped from outside); what is above is "
+                                 "what had finished"]
+    if hidden_rows:
+        many = "capability is" if len(hidden_rows) == 1 else "capabilities are"
+        notes.append(f"{len(hidden_rows)} {many} shown later or not at all (their visibility), and so is the total")
+    lost = [(entry["name"], _headline(r.output)) for r, entry in pairs
+            if entry["status"] == "failed" and r.nodeid not in hidden]
+    return Summary(header, table, total, notes, lost)
+
+
+def as_text(summary: Summary) -> str:
+    lines = [f"{key}: {value}" for key, value in summary.header]
+    lines += ["", f"{'capability':<24} {'points':>13}  tests (passed/failed/skipped)"]
+    for name, points, count, note in summary.rows:
+        if points is None:
+            lines.append(f"{name:<24} {'not run':>13}")
+            continue
+        unrated = f"  ({note})" if note else ""
+        lines.append(f"{name:<24} {points[0] / 100:6.2f}/{points[1] / 100:6.2f}  {'/'.join(map(str, count))}{unrated}")
+    lines += ["", f"total: {summary.total[0] / 100:.2f}/{summary.total[1] / 100:.2f}" if summary.total else "total: shown later"]
+    for note in summary.notes:
+        lines += ["", note]
+    if summary.lost:
+        lines += ["", "lost points:"] + [f"- {name}: {headline}" for name, headline in summary.lost]
+    return "\n".join(lines) + "\n"
+
+
+def as_markdown(summary: Summary) -> str:
+    """The summary as Markdown: the header as a list, the capabilities as a table."""
+    lines = [f"- {key}: {_code(value)}" for key, value in summary.header]
+    lines += ["", "| capability | points | passed | failed | skipped |", "|---|---:|---:|---:|---:|"]
+    for name, points, count, note in summary.rows:
+        shown = "not run" if points is None else f"{points[0] / 100:.2f}/{points[1] / 100:.2f}"
+        cells = ("", "", "") if points is None else count
+        lines.append(f"| {name}{f' ({note})' if note else ''} | {shown} | " + " | ".join(map(str, cells)) + " |")
+    lines += ["", f"**total: {summary.total[0] / 100:.2f}/{summary.total[1] / 100:.2f}**" if summary.total
+              else "**total: shown later**"]
+    for note in summary.notes:
+        lines += ["", note]
+    if summary.lost:
+        lines += ["", "lost points:", ""] + [f"- {_code(name)}: {_code(headline)}" for name, headline in summary.lost]
+    return "\n".join(lines) + "\n"
+
+
+def _code(text: str) -> str:
+    """A Markdown code span that shows ``text`` literally: fenced by one more backtick than its
+    longest run (CommonMark), padded when it starts or ends with one."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{'`' * (longest + 1)}{pad}{text}{pad}{'`' * (longest + 1)}"
+
+
+def rendered(summary: Summary, output_format: str) -> str:
+    """The summary in results.json's ``output_format``: Markdown's own table for md, the text in a
+    <pre> for HTML (its columns need a fixed-width font), the text otherwise."""
+    if output_format == "md":
+        return as_markdown(summary)
+    if output_format == "html":
+        return f"<pre>{html.escape(as_text(summary))}</pre>"
+    return as_text(summary)
+
+
+def _header(scorecard: Scorecard, rubric_path: Path, impl: str, run: dict,
+            possible: float | None) -> list[tuple[str, str]]:
+    header = [("implementation", impl), ("rubric", str(rubric_path)), ("coverage", scorecard.coverage()),
+              ("torch", torch.__version__)]
+    if run.get("versions"):
+        header.append(("versions", ", ".join(f"{k} {v}" for k, v in run["versions"].items() if k != "torch")))
+    if run.get("hypothesis"):
+        header.append(("hypothesis", _drawn(run["hypothesis"])))
+    if possible is not None:
+        header.append(("points", f"scaled so that what ran is out of {possible:g} (points_possible)"))
+    warning = older_torch_warning(torch.__version__)
+    return header + ([("WARNING", warning)] if warning else [])
+
+
+def _drawn(settings: dict) -> str:
+    """How the examples were drawn, in words (hypothesis_settings)."""
+    seed = "derandomized" if settings["derandomize"] else (
+        f"seed {settings['seed']}" if settings["seed"] is not None else "a new seed each run")
+    database = "" if settings["database"] else ", no example database"
+    return f"profile {settings['profile']}, {settings['max_examples']} examples, {seed}{database}"
+
+
+def write(scorecard: Scorecard, report_dir: Path, rubric: Rubric, rubric_path: Path, impl: str, *,
+          seconds: float | None = None, complete: bool = True, points_possible: float | None = None,
+          run: dict | None = None) -> Path:
+    """results.json and summary.txt. ``points_possible`` (--points-possible) overrides the
+    rubric's; ``run`` holds ``versions`` and ``hypothesis`` (settings), read before any rank started."""
+    rubric = rubric if isinstance(rubric, Rubric) else Rubric(rubric)
+    run = dict(run or {})
+    possible = rubric.points_possible if points_possible is None else points_possible
+    rows = scorecard.by_capability()
+    pairs, totals = _graded(rows, rubric, possible)
+    header = _header(scorecard, rubric_path, impl, run, possible)
+    staff = as_text(summarize(rows, pairs, totals, rubric, header, complete=complete, for_students=False))
+    students = rendered(summarize(rows, pairs, totals, rubric, header, complete=complete, for_students=True),
+                        rubric.output_format)
     report_dir.mkdir(parents=True, exist_ok=True)
     results = {
-        "score": round(earned, 4),
-        "max_score": round(maximum, 4),
-        "output": summary,
-        "visibility": "visible",
-        "stdout_visibility": "hidden",
-        "tests": tests,
+        "score": sum(s for s, _ in totals.values()) / 100,
+        "max_score": sum(m for _, m in totals.values()) / 100,
+        "output": students,
+        "output_format": rubric.output_format,
+        "test_output_format": rubric.test_output_format,
+        "visibility": rubric.default_visibility(),
+        "stdout_visibility": rubric.stdout_visibility,
+        "tests": [entry for _, entry in pairs],
         **({"execution_time": round(seconds, 1)} if seconds is not None else {}),
         "extra_data": {"coverage": scorecard.coverage(), "implementation": impl, "complete": complete,
-                       "torch": torch.__version__},
+                       "torch": torch.__version__, "points_possible": possible, **run},
     }
     _replace(report_dir / "results.json", json.dumps(results, indent=2))
-    _replace(report_dir / "summary.txt", summary)
+    _replace(report_dir / "summary.txt", staff)
     return report_dir
 
 

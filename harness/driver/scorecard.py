@@ -24,6 +24,7 @@ class TestResult:
     outcome: str  # "passed", "failed", "skipped"
     output: str  # why it failed or was skipped; empty when it passed
     seconds: float
+    line: int = 0  # of the test's definition in its file (report.location): the grading files' order
 
 
 def _capability_of(report) -> str | None:
@@ -79,7 +80,8 @@ class Scorecard:
                 return  # a teardown error after a failed call: keep the call's explanation
             outcome = "skipped" if report.skipped else ("passed" if report.passed else "failed")
             output = "" if outcome == "passed" else _explain(report)
-            self.results[report.nodeid] = TestResult(report.nodeid, capability, outcome, output, report.duration)
+            line = (getattr(report, "location", None) or ("", 0, ""))[1] or 0  # None: pytest found no line
+            self.results[report.nodeid] = TestResult(report.nodeid, capability, outcome, output, report.duration, line)
 
     def only_not_implemented(self) -> bool:
         """Some test failed, and every failure is a function or class the implementation lacks."""
