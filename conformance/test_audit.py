@@ -94,7 +94,8 @@ class Audited:
             raise
         self.adapter_refusals.ran_task(judge)
         records = dict(enumerate(result.records))
-        check(judge, audit.accounted(records, dict(enumerate(result.bytes_written))))  # on every audited task
+        # on every audited task; evidence withheld (counts the driver could not read) fails, never skips
+        check(judge, [*filter(None, result.bytes_unread), *audit.accounted(records, dict(enumerate(result.bytes_written)))])
         return {r: result.outputs[r] for r in layout.ranks}, records
 
 

@@ -58,7 +58,7 @@ def read(path: str) -> tuple[int, list[Call]] | None:
         return None
     if len(data) < HEADER.size:
         return None
-    magic, capacity, task, calls = HEADER.unpack_from(data, 0)
+    magic, capacity, task = HEADER.unpack_from(data, 0)[:3]
     if magic != MAGIC:
         return None
     rank = _rank_of(path)

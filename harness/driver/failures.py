@@ -3,7 +3,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from harness.driver.rank_output import shorten
+
+# How much of a rank's captured output a failure report shows: the end (the last traceback, a hung
+# rank's stacks) and a little of the start (the first warning or error), with a line saying how many
+# bytes between are not shown; the driver keeps more (harness/driver/rank_output.py).
 MAX_LOG_CHARS = 4000
+REPORT_HEAD_CHARS = 1000
 
 
 @dataclass
@@ -20,9 +26,7 @@ class RankReport:
         if self.detail:
             lines.append(self.detail.rstrip())
         if self.output.strip():
-            text = self.output.rstrip()
-            if len(text) > MAX_LOG_CHARS:
-                text = "[... earlier output cut ...]\n" + text[-MAX_LOG_CHARS:]
+            text = shorten(self.output.rstrip(), REPORT_HEAD_CHARS, MAX_LOG_CHARS)
             lines.append(f"--- rank {self.rank} captured output:\n{text}")
         return "\n".join(lines)
 
@@ -66,6 +70,11 @@ class _Unshrinkable(BaseException):
 
 class RanksHung(_Unshrinkable):
     """A task passed its deadline: each re-run would cost a whole deadline."""
+
+
+class RanksDeadlocked(RanksHung):
+    """A hang known before the deadline: every rank that had not replied waited in a communication
+    call, and no byte moved and no CPU time was spent for a while (harness/driver/deadlock.py)."""
 
 
 class RanksCrashed(_Unshrinkable):

@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import dataclass
 
 from harness.driver.backends import BackendPlan
-from harness.driver.failures import TASK_FAILURES, BudgetExhausted, RanksHung, WorldStartError
+from harness.driver.failures import TASK_FAILURES, BudgetExhausted, RanksDeadlocked, RanksHung, WorldStartError
 from harness.driver.world import TaskResult, World
 
 
@@ -148,7 +148,8 @@ class WorldPool:
                     # (torchrun --max-restarts) to bring them back, once, for attach.timeout_s
                     failure.add_note(f"  the attached world of {size} ranks was torn down; the next task waits "
                                      f"{self.attach.timeout_s:g} s for its ranks to reconnect")
-            if isinstance(failure, RanksHung) and cut_by_budget:  # the run's time ran out, not the implementation's
+            # the run's time ran out, not the implementation's; a deadlock was found before any deadline
+            if isinstance(failure, RanksHung) and not isinstance(failure, RanksDeadlocked) and cut_by_budget:
                 raise BudgetExhausted(f"not finished: the run's time budget (--time-budget) ran out during this "
                                       f"task, {timeout_s:.3g} s after it started") from None
             raise

@@ -417,7 +417,7 @@ def write(scorecard: Scorecard, report_dir: Path, rubric: Rubric, rubric_path: P
     rubric = rubric if isinstance(rubric, Rubric) else Rubric(rubric)
     run = dict(run or {})
     possible = rubric.points_possible if points_possible is None else points_possible
-    rows = scorecard.by_capability()
+    rows = scorecard.by_capability(with_pending=True)
     pairs, totals = _graded(rows, rubric, possible)
     header = _header(scorecard, rubric_path, impl, run, possible)
     staff = as_text(summarize(rows, pairs, totals, rubric, header, complete=complete, for_students=False))

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import pytest
 
 MAX_OUTPUT_CHARS = 6000
+NOT_RUN = ("not run: the run was stopped before this test reported (a platform's time limit, or the driver "
+           "was killed); the points it carries are lost, not removed from the maximum")
 # The exit status of a run whose only failures are functions or classes the implementation does not
 # provide (pytest's own: 0 passed, 1 some test failed, 2 interrupted, 3 internal error, 4 usage
 # error, 5 no tests). CI can tell "claims less than it was asked for" (name its capabilities with
@@ -65,6 +67,18 @@ class Scorecard:
         self.results: dict[str, TestResult] = {}
         self.failed_elsewhere = 0  # failures that belong to no capability (they always count as failures)
         self.link_reports: dict[str, str] = {}  # test id -> bytes per mesh axis and link class (the audit's)
+        # the tests selected to run that have not reported yet: the grading files list them as "not run",
+        # so a run stopped from outside (a platform's time limit) keeps its maximum instead of shrinking it
+        self.pending: dict[str, TestResult] = {}
+
+    def expect(self, items) -> None:
+        """Record the tests this session will run (pytest_collection_finish, in the process that
+        collected them: without xdist), each "not run" until its own report arrives."""
+        for item in items:
+            capability = next((value for key, value in item.user_properties if key == "capability"), None)
+            if capability is not None:
+                line = (item.location[1] or 0) if item.location else 0
+                self.pending[item.nodeid] = TestResult(item.nodeid, capability, "failed", NOT_RUN, 0.0, line)
 
     def pytest_runtest_logreport(self, report):
         for key, value in getattr(report, "user_properties", ()):
@@ -75,6 +89,7 @@ class Scorecard:
             self.failed_elsewhere += report.failed
             return
         if report.when == "call" or not report.passed:
+            self.pending.pop(report.nodeid, None)
             previous = self.results.get(report.nodeid)
             if previous is not None and previous.outcome == "failed":
                 return  # a teardown error after a failed call: keep the call's explanation
@@ -94,9 +109,10 @@ class Scorecard:
         if exitstatus == pytest.ExitCode.TESTS_FAILED and self.only_not_implemented():
             session.exitstatus = NOT_IMPLEMENTED_ONLY
 
-    def by_capability(self) -> dict[str, list[TestResult]]:
+    def by_capability(self, with_pending: bool = False) -> dict[str, list[TestResult]]:
+        """Results per capability; ``with_pending`` adds the selected tests that have not reported."""
         rows: dict[str, list[TestResult]] = defaultdict(list)
-        for result in self.results.values():
+        for result in [*self.results.values(), *(self.pending.values() if with_pending else ())]:
             rows[result.capability].append(result)
         return dict(sorted(rows.items()))
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 
 from harness.rank import containment, wire
-from harness.driver.failures import (TASK_FAILURES, ImplementationIncomplete, RankFailure, RankReport, RanksCrashed, RanksHung,
-                              WorldStartError)
-from harness.driver import disagreement
+from harness.driver.failures import (TASK_FAILURES, ImplementationIncomplete, RankFailure, RankReport, RanksCrashed,
+                                     RanksDeadlocked, RanksHung, WorldStartError)
+from harness.driver import deadlock, disagreement, memory_cgroup, rank_output
 from harness.rank.loop import STACK_DUMP_SIGNAL, RankConfig, ring_path, serve
 
 PRELOAD = ["torch", "torch.distributed", "harness.rank.loop", "harness.rank.programs"]
@@ -38,12 +38,15 @@ STRAY_CHECK_TIMEOUT_S = 20.0  # every rank is idle by then: the exchange takes m
 @dataclass
 class TaskResult:
     outputs: list  # per rank, what the rank program returned
-    logs: list[str]  # per rank, what it printed during the task
+    logs: list[str]  # per rank, what it printed during the task: its head and tail (harness/driver/rank_output.py)
     records: list = field(default_factory=list)  # per rank, its communication calls (harness/rank/recording.py); [] unless audited
     # per rank, the bytes the kernel saw it write during the task (sockets, pipes, files: /proc/<pid>/io
     # wchar, read by the driver), less its reply to the driver and its captured output; None where
     # not measured (attached ranks, worlds that do not record). The rank cannot lower this count.
     bytes_written: list = field(default_factory=list)
+    # per rank, why its count is missing where it should have been measured (a local rank of an
+    # audited world), else "": the audit fails on evidence withheld instead of skipping it
+    bytes_unread: list = field(default_factory=list)
 
 
 @dataclass
@@ -52,8 +55,33 @@ class _Rank:
     process: multiprocessing.Process | None  # None: attached by a launcher (torchrun), maybe on another host
     log_path: str | None  # None for attached ranks: their output goes to their launcher's console
     conn: Connection | None = None
+    # How far into this rank's output the driver has read: every byte it printed, counted whether
+    # kept or not (harness/driver/rank_output.py); the audit subtracts a task's share from the
+    # kernel's count of bytes the rank wrote (World._run). Its log file may be emptied meanwhile:
+    # log_position is where the driver stopped in the file.
     log_offset: int = 0
+    log_position: int = 0
     reply_bytes: int = 0  # the last reply's size on the control connection, framing included
+    memory: memory_cgroup.MemoryCgroup | None = None  # the memory cgroup it lives in; None: unknown
+    oom_kills_before: int | None = None  # that cgroup's OOM kill count when the current task started
+
+    def __post_init__(self):
+        # found while the rank is alive: once it died, its /proc entry is gone
+        self.memory = None if self.process is None else memory_cgroup.of_process(self.process.pid)
+        self.note_oom_kills()
+
+    def note_oom_kills(self) -> None:
+        """Note its memory cgroup's OOM kill count now: describe_exit compares (one read of
+        memory.oom_control, about 10 us)."""
+        self.oom_kills_before = None if self.memory is None else self.memory.oom_kills()
+
+    def killed_for_memory(self) -> bool:
+        """It died by SIGKILL and its memory cgroup's OOM kill count rose since the task started:
+        the kernel's OOM killer killed it (harness/driver/memory_cgroup.py)."""
+        if self.process is None or self.process.exitcode != -signal.SIGKILL or self.oom_kills_before is None:
+            return False
+        after = self.memory.oom_kills()
+        return after is not None and after > self.oom_kills_before
 
     def bytes_written(self) -> int | None:
         """The kernel's count of bytes this rank's process has written (write/writev/send on any
@@ -80,21 +108,41 @@ class _Rank:
         if self.process is None:
             return "closed its connection to the driver (an attached rank: its launcher's console shows why)"
         self.process.join(timeout=1.0)
+        if self.killed_for_memory():
+            return memory_cgroup.describe_oom_kill(self.memory.limit())
         return _describe_exit(self.process.exitcode)
 
     def read_new_output(self) -> str:
+        """What the rank printed since the driver last looked: its head and tail, the bytes between
+        counted (rank_output.read_new: the driver's memory is bounded whatever a rank prints)."""
         if self.log_path is None:
             return ""
         try:
-            if os.path.getsize(self.log_path) == self.log_offset:
-                return ""
-            with open(self.log_path, "rb") as log:
-                log.seek(self.log_offset)
-                data = log.read()
+            text, consumed, self.log_position = rank_output.read_new(self.log_path, self.log_position)
         except FileNotFoundError:
             return ""
-        self.log_offset += len(data)
-        return data.decode(errors="replace")
+        self.log_offset += consumed
+        return text
+
+    def begin_task(self) -> None:
+        """Before a task: forget what the rank printed between tasks (no test's output), counted but
+        not read, its log file emptied past rank_output.LOG_FILE_LIMIT; and note its OOM kill count."""
+        if self.log_path is not None:
+            try:
+                passed, self.log_position = rank_output.pass_over(self.log_path, self.log_position)
+                self.log_offset += passed
+            except FileNotFoundError:
+                pass
+        self.note_oom_kills()
+
+    def remove_log(self) -> None:
+        """Delete its log file: its world is closed and nobody reads it again (a rank that printed
+        1 GiB in its last task would otherwise keep 1 GiB on disk until the session ends)."""
+        if self.log_path is not None:
+            try:
+                os.unlink(self.log_path)
+            except FileNotFoundError:
+                pass
 
 
 class World:
@@ -288,10 +336,10 @@ class World:
         if len(args_per_rank) != self.size:
             raise ValueError(f"{self.name}: {len(args_per_rank)} argument sets for {self.size} ranks")
         task_id = next(self._task_ids)
-        written_before, logged_before = [], []
+        written_before = self._kernel_write_counts() if self.record_communication else [None] * self.size
+        logged_before = []
         for rank in self._ranks:
-            rank.read_new_output()  # forget output printed between tasks
-            written_before.append(rank.bytes_written() if self.record_communication else None)
+            rank.begin_task()  # forget output printed between tasks; note the OOM kill count
             logged_before.append(rank.log_offset)
             rank.conn.send_bytes(wire.encode_trusted(("run", task_id, program, args_per_rank[rank.rank], impl,
                                                       program != STRAY_CHECK)))
@@ -301,25 +349,56 @@ class World:
         for rank in self._ranks:
             for waitable in rank.waitables():
                 owners[waitable] = rank
+        watch = self._deadlock_watch(task_id)
         while len(outcome) < self.size:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
             pending = [r for r in self._ranks if r.rank not in outcome]
-            for ready in wait([w for r in pending for w in r.waitables()], timeout=remaining):
+            for ready in wait([w for r in pending for w in r.waitables()],
+                              timeout=remaining if watch is None else watch.timeout(remaining)):
                 rank = owners[ready]
                 if rank.rank not in outcome:
                     outcome[rank.rank] = self._collect(rank, task_id)
             if any(status != "ok" for status, _ in outcome.values()):
                 deadline = min(deadline, time.monotonic() + grace_s)  # peers of a failed rank usually hang
+            elif watch is not None and len(outcome) < self.size and watch.check(outcome):
+                break  # every rank waits on another and nothing moves: the deadline would add nothing
         if len(outcome) == self.size and all(status == "ok" for status, _ in outcome.values()):
             logs = [r.read_new_output() for r in self._ranks]
-            written = [None if before is None or rank.bytes_written() is None else
-                       rank.bytes_written() - before - rank.reply_bytes - (rank.log_offset - logged)
-                       for rank, before, logged in zip(self._ranks, written_before, logged_before)]
+            written_after = self._kernel_write_counts() if self.record_communication else [None] * self.size
+            written = [None if before is None or after is None else
+                       after - before - rank.reply_bytes - (rank.log_offset - logged)
+                       for rank, before, after, logged in zip(self._ranks, written_before, written_after, logged_before)]
+            unread = [f"rank {rank.rank}: the kernel's count of the bytes it wrote could not be read (its /proc entry "
+                      "refused the driver; a rank that makes itself undumpable hides it)"
+                      if self.record_communication and not rank.attached and count is None else ""
+                      for rank, count in zip(self._ranks, written)]
             return TaskResult([outcome[r][1][0] for r in range(self.size)], logs,
-                              [outcome[r][1][1] for r in range(self.size)], written)
-        raise self._fail(program, outcome, timeout_s, task_id)
+                              [outcome[r][1][1] for r in range(self.size)], written, unread)
+        raise self._fail(program, outcome, timeout_s, task_id, watch)
+
+    def _deadlock_watch(self, task_id: int) -> deadlock.Watch | None:
+        """A watch that knows a deadlock when it happens (harness/driver/deadlock.py), or None where
+        only the deadline can judge: ranks on other hosts (no /proc here), no flight recorder, or
+        NCCL (a GPU's work moves none of the counters the watch reads)."""
+        if self.backend != "gloo" or not self.flight_recorder or any(r.attached or r.log_path is None
+                                                                     for r in self._ranks):
+            return None
+        return deadlock.Watch([(r.rank, r.process.pid, ring_path(r.log_path)) for r in self._ranks], task_id)
+
+    def _kernel_write_counts(self) -> list[int | None]:
+        """Per rank, the kernel's count of the bytes its process has written (/proc/<pid>/io wchar),
+        or None for an attached rank or one whose counters cannot be read. A driver without
+        CAP_SYS_PTRACE (a container's default capabilities) may not read a contained rank's
+        counters itself; a reader with the ranks' own uid then does (containment.read_counters_as)."""
+        counts = [rank.bytes_written() for rank in self._ranks]
+        unread = [i for i, count in enumerate(counts) if count is None and not self._ranks[i].attached]
+        if unread and self.sandbox is not None:
+            answers = containment.read_counters_as(self.sandbox.uid, [self._ranks[i].process.pid for i in unread])
+            for i, answer in zip(unread, answers):
+                counts[i] = None if answer is None else answer.get("wchar")
+        return counts
 
     def _collect(self, rank: _Rank, task_id: int) -> tuple[str, object]:
         if rank.conn.poll():
@@ -356,7 +435,8 @@ class World:
             calls[rank.rank] = found[1]
         return disagreement.explain(calls, status)
 
-    def _fail(self, program: str, outcome: dict, timeout_s: float, task_id: int) -> BaseException:
+    def _fail(self, program: str, outcome: dict, timeout_s: float, task_id: int,
+              watch: deadlock.Watch | None = None) -> BaseException:
         hung = [r for r in self._ranks if r.rank not in outcome]
         for rank in hung:
             if not rank.attached:
@@ -372,7 +452,8 @@ class World:
         if hung or any(r.status in ("exited", "broken") for r in reports):
             self.close()  # a rank is gone, stuck or without a process group: the owner starts a fresh world
         failed = [r for r in reports if r.status != "ok"]
-        causes = ", ".join(f"rank {r.rank} {r.status}" for r in failed)
+        causes = ", ".join(f"rank {r.rank} {r.status}" + (" (out of memory)" if memory_cgroup.OOM_KILLED in r.detail else "")
+                           for r in failed)  # on the first line, the one grading summaries show
         lines = [] if all(r.status == "missing" for r in failed) else self.disagreements(
             {r.rank: r.status for r in reports})
         if lines:  # the first disagreement on the first line (the one grading summaries show)
@@ -381,8 +462,10 @@ class World:
             cause = failed[0].detail.strip().splitlines()[-1] if failed[0].detail.strip() else "?"
             return ImplementationIncomplete(RankFailure(f"the implementation under test is incomplete: {cause}", reports))
         if all(r.status == "hung" for r in failed):
-            summary = f"{program} on {self.size} ranks: no result within the {timeout_s:g} s deadline ({causes})"
-            return RanksHung(RankFailure(summary, reports))
+            found = watch is not None and watch.found is not None
+            why = watch.summary() if found else f"no result within the {timeout_s:g} s deadline"
+            return (RanksDeadlocked if found else RanksHung)(RankFailure(f"{program} on {self.size} ranks: {why} ({causes})",
+                                                                        reports))
         failure = RankFailure(f"{program} on {self.size} ranks failed: {causes}", reports)
         return RanksCrashed(failure) if self._closed else failure
 
@@ -410,6 +493,8 @@ class World:
                 rank.conn.close()
         if self.sandbox is not None:
             containment.sweep(self.sandbox)  # whatever the ranks started, detached or not
+        for rank in self._ranks:
+            rank.remove_log()  # its failure report, if any, was read before the close
 
     @property
     def closed(self) -> bool:

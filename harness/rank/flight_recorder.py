@@ -10,9 +10,16 @@ ProcessGroup class (and on the audit's recording group, which overrides them). P
 operation, the group (a member bitmask), the peer or root as a global rank, dtype, shape, bytes,
 tag, its per-pair (point-to-point) or per-group (collective) sequence number within the task, and
 the implementation's source line that made the call. A call is "posted" when it starts and
-"raised" if it raised; whether it completed is not followed (torch waits on its Work elsewhere),
-so a hang is located by the calls the peers never matched. Calls torch makes from C++ (DDP's
-reducer, DTensor's functional collectives) are not seen.
+"raised" if it raised; whether it completed is not followed per call (torch waits on its Work
+elsewhere), so a hang is located by the calls the peers never matched. Calls torch makes from C++
+(DDP's reducer, DTensor's functional collectives) are not seen.
+
+What the rank is doing now, in the header: the task it runs (also the harness's own probes, whose
+calls are not recorded) and how many of its threads are inside a communication call, which is
+from entering a wrapped ProcessGroup method until it returns and from entering ``Work.wait`` until
+it returns (``dist.recv``, ``dist.all_reduce`` and the others wait there; an implementation's own
+``req.wait()`` too). The driver reads these two words while a task runs (harness/driver/deadlock.py):
+every rank inside a call, and nothing moving, is a deadlock known at once instead of at the deadline.
 
 Slots carry the task number, so the ring is never cleared; the driver reads the slots of the task
 that failed (harness/driver/disagreement.py). Not a grading input: what a rank writes here only explains
@@ -24,10 +31,15 @@ import mmap
 import os
 import struct
 import sys
+import threading
 
 CAPACITY = 512
-MAGIC = b"CFR1"
-HEADER = struct.Struct("<4sIIQ")  # magic, capacity, task, calls written so far (next slot = calls % capacity)
+MAGIC = b"CFR2"
+# magic, capacity, task recorded, calls written so far (next slot = calls % capacity), then the
+# rank's activity: the task it runs now (recorded or a probe's) and its threads inside a call
+HEADER = struct.Struct("<4sIIQIi")
+ACTIVITY = struct.Struct("<Ii")  # the header's last two words, rewritten on their own
+ACTIVITY_OFFSET = HEADER.size - ACTIVITY.size
 # task, index in the task, op, state, dtype, ndim, peer, root, tag, pair/group sequence, group size,
 # members (bitmask), numel, bytes, dims[4], line, file (the tail of its path)
 SLOT = struct.Struct("<IIBBBBhhiIHQQQ4II94s")
@@ -46,7 +58,7 @@ _THIS_FILE = os.path.abspath(__file__).removesuffix("c")  # .py, also when run f
 
 class Recorder:
     """One rank's ring. ``begin_task`` starts the numbering of a task; ``pause`` stops recording
-    (the harness's own probes)."""
+    (the harness's own probes); ``enter``/``leave`` bracket every communication call and wait."""
 
     def __init__(self, path: str, rank: int, capacity: int = CAPACITY):
         self.rank = rank
@@ -61,6 +73,9 @@ class Recorder:
         self.task = 0
         self.calls = 0
         self.paused = False
+        self.running = 0  # the task the rank runs now, recorded or not
+        self.waiting = 0  # threads inside a communication call or a wait on one
+        self._activity = threading.Lock()  # the count and its word change together, whichever thread
         self._index = 0
         self._sequences: dict = {}
         self._groups: dict = {}
@@ -68,12 +83,30 @@ class Recorder:
         self._write_header()
 
     def _write_header(self) -> None:
-        HEADER.pack_into(self._map, 0, MAGIC, self.capacity, self.task, self.calls)
+        with self._activity:
+            HEADER.pack_into(self._map, 0, MAGIC, self.capacity, self.task, self.calls, self.running, self.waiting)
 
     def begin_task(self, task: int) -> None:
-        self.task, self._index, self.paused = task, 0, False
+        self.task, self.running, self._index, self.paused = task, task, 0, False
         self._sequences.clear()
         self._write_header()
+
+    def pause(self, task: int) -> None:
+        """The harness's own probe runs as ``task``: its calls are not recorded (the last task's
+        stay readable for its report), its waits are still counted."""
+        self.running, self.paused = task, True
+        self._write_header()
+
+    def enter(self) -> None:
+        """A thread enters a communication call or a wait on one."""
+        with self._activity:
+            self.waiting += 1
+            ACTIVITY.pack_into(self._map, ACTIVITY_OFFSET, self.running, self.waiting)
+
+    def leave(self) -> None:
+        with self._activity:
+            self.waiting -= 1
+            ACTIVITY.pack_into(self._map, ACTIVITY_OFFSET, self.running, self.waiting)
 
     def record(self, op: str, tensors, *, members: tuple[int, ...], peer=None, root=None, tag=0) -> int:
         """Write a slot in state "posted"; return it for :meth:`finish`."""
@@ -173,7 +206,8 @@ METHODS = {
 def install(recorder: Recorder, classes=None) -> None:
     """Wrap the communication methods of ``classes`` (default: torch's ProcessGroup) so that every
     call is recorded by ``recorder`` first. A class's own methods only (a subclass that overrides
-    one, like harness.rank.recording.RecordingProcessGroup, is passed too)."""
+    one, like harness.rank.recording.RecordingProcessGroup, is passed too). ``Work.wait`` is wrapped
+    to count the threads waiting (a ProcessGroup method returns its Work at once; the wait blocks)."""
     import torch.distributed as dist
 
     for cls in classes or (dist.ProcessGroup,):
@@ -182,6 +216,9 @@ def install(recorder: Recorder, classes=None) -> None:
             if function is None or getattr(function, "_flight_recorded", False):
                 continue
             setattr(cls, method, _wrap(recorder, op, position, function))
+    wait = dist.Work.__dict__.get("wait")
+    if wait is not None and not getattr(wait, "_flight_recorded", False):
+        dist.Work.wait = _wrap_wait(recorder, wait)
 
 
 def _tensors(value) -> list:
@@ -193,10 +230,18 @@ def _tensors(value) -> list:
     return out
 
 
+def _counted(recorder: Recorder, function, group, args, kwargs):
+    recorder.enter()
+    try:
+        return function(group, *args, **kwargs)
+    finally:
+        recorder.leave()
+
+
 def _wrap(recorder: Recorder, op: str, position, function):
     def recorded(group, *args, **kwargs):
         if recorder.paused:
-            return function(group, *args, **kwargs)
+            return _counted(recorder, function, group, args, kwargs)
         try:
             members = recorder.members(group)
             tensors = _tensors(args[position]) if position is not None and len(args) > position else []
@@ -211,13 +256,29 @@ def _wrap(recorder: Recorder, op: str, position, function):
                                                                                     "scatter") else None
             slot = recorder.record(op, tensors, members=members, peer=peer, root=root, tag=tag)
         except Exception:  # noqa: BLE001 - the recorder never changes what the call does
-            return function(group, *args, **kwargs)
+            return _counted(recorder, function, group, args, kwargs)
+        recorder.enter()
         try:
             return function(group, *args, **kwargs)
         except BaseException:
             recorder.finish(slot, "raised")
             raise
+        finally:
+            recorder.leave()
 
     recorded._flight_recorded = True
     recorded.__name__ = getattr(function, "__name__", op)
     return recorded
+
+
+def _wrap_wait(recorder: Recorder, wait):
+    def waited(work, *args, **kwargs):
+        recorder.enter()
+        try:
+            return wait(work, *args, **kwargs)
+        finally:
+            recorder.leave()
+
+    waited._flight_recorded = True
+    waited.__name__ = "wait"
+    return waited

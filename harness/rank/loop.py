@@ -98,7 +98,7 @@ def serve(config: RankConfig) -> None:
             if record_flight:
                 flight.begin_task(task_id)
             else:  # the harness's own probes are not the implementation's calls: the last task's stay readable
-                flight.paused = True
+                flight.pause(task_id)
         raised = ""
         try:
             impl = implementations.get(impl_spec)
