@@ -30,6 +30,36 @@ class Attach:
     timeout_s: float = 300.0
 
 
+class LiveRanks:
+    """A cap on the rank processes kept alive across the pools that share it (the plain and the
+    audited pool of a session): a world that would pass it closes the least recently used worlds
+    first. Each rank holds its own copy of what torch allocates (about 60-100 MB resident), so a
+    memory-limited grader keeps fewer worlds warm and starts some again instead of being killed.
+    ``limit`` None: no cap."""
+
+    def __init__(self, limit: int | None = None):
+        self.limit = limit
+        self._order: list[tuple["WorldPool", int]] = []  # least recently used first
+
+    def used(self, pool: "WorldPool", size: int) -> None:
+        key = (pool, size)
+        if key in self._order:
+            self._order.remove(key)
+        self._order.append(key)
+
+    def forget(self, pool: "WorldPool", size: int) -> None:
+        if (pool, size) in self._order:
+            self._order.remove((pool, size))
+
+    def make_room(self, size: int) -> None:
+        """Close worlds, least recently used first, until ``size`` more ranks fit under the cap."""
+        if self.limit is None:
+            return
+        while self._order and sum(n for _, n in self._order) + size > self.limit:
+            pool, victim = self._order.pop(0)
+            pool.close_world(victim)
+
+
 class WorldPool:
     def __init__(
         self,
@@ -47,6 +77,7 @@ class WorldPool:
         contain: bool = False,
         time_left=None,
         flight_recorder: bool = True,
+        live_ranks: LiveRanks | None = None,
     ):
         self.backend = backend  # one backend for every world, or a BackendPlan: a backend per world size
         self.audit = audit  # ranks record their communication; TaskResult.records carries it
@@ -59,6 +90,7 @@ class WorldPool:
         self.flight_recorder = flight_recorder  # ranks keep their last calls for the failure report
         self.contain = contain  # local ranks run as a user of their own (harness/rank/containment.py)
         self._on_run = on_run  # called with the world size of every task (the driver's coverage record)
+        self.live_ranks = live_ranks or LiveRanks()  # the cap on rank processes kept alive, shared between pools
         self._worlds: dict[int, World] = {}
         self._authkey = authkey or secrets.token_bytes(32)
         self._log_dir = tempfile.mkdtemp(prefix="conformance-ranks-")
@@ -94,7 +126,10 @@ class WorldPool:
     def world(self, size: int) -> World:
         world = self._worlds.get(size)
         if world is not None:
+            self.live_ranks.used(self, size)
             return world
+        if not (self.attach is not None and size == self.attach.size):
+            self.live_ranks.make_room(size)
         attached = self.attach is not None and size == self.attach.size
         if attached and self._attached_lost is not None:
             raise WorldStartError(f"the attached world of {size} ranks is gone: {self._attached_lost}")
@@ -117,6 +152,8 @@ class WorldPool:
             if attached:
                 self._attached_lost = str(error).splitlines()[0]
             raise
+        if not attached:
+            self.live_ranks.used(self, size)
         return world
 
     def run(self, size: int, program: str, args_per_rank: list[dict], *, impl: str, timeout_s: float | None = None) -> TaskResult:
@@ -142,6 +179,7 @@ class WorldPool:
         except TASK_FAILURES as failure:
             if world.closed:  # torn down after a hang or exit; the next task starts a fresh world
                 self._worlds.pop(size, None)
+                self.live_ranks.forget(self, size)
                 self.rebuilds += 1
                 if self.attach is not None and size == self.attach.size:
                     # attached ranks are not ours to restart: the next task waits for a launcher
@@ -161,12 +199,14 @@ class WorldPool:
         return [] if world is None else world.disagreements({rank: "ok" for rank in range(size)})
 
     def close_world(self, size: int) -> None:
+        self.live_ranks.forget(self, size)
         world = self._worlds.pop(size, None)
         if world is not None:
             world.close()
 
     def close(self) -> None:
-        for world in self._worlds.values():
+        for size, world in self._worlds.items():
+            self.live_ranks.forget(self, size)
             world.close()
         self._worlds.clear()
         if self._attach_server is not None:

@@ -21,14 +21,16 @@ from harness.driver import capabilities
 from harness.rank import containment
 from harness.driver.backends import BackendChoiceError, BackendPlan, visible_gpus
 from harness.driver.failures import RanksHung
-from harness.driver.pool import Attach, WorldPool
+from harness.driver.gradescope import limits
+from harness.driver.pool import Attach, LiveRanks, WorldPool
 from harness.driver.reports import DEFAULT_RUBRIC, Rubric, hypothesis_settings, load_rubric, older_torch_warning
 from harness.driver.reports import versions as run_versions
 from harness.driver.reports import write as write_reports
 from harness.driver.scorecard import Scorecard
 
 DEFAULT_IMPL = "impls"
-GRADING_BUDGET_S = 1500.0  # the grading profile's default --time-budget: a grade arrives within 25 minutes
+GRADING_BUDGET_S = 480.0  # the grading profile's default --time-budget: within a platform's default 10 minutes, with
+# time left to start, collect and report (run_autograder sets it from the limit the course chose)
 
 # filter_too_much: an example the project's own adapters say torch cannot run is rejected
 # (conformance.verdict.run_or_skip); for torch's runtime that is most random pipeline orders
@@ -100,6 +102,10 @@ def pytest_addoption(parser):
                          "zero_grad(set_to_none=True), every parameter used in every step, the weights broadcast "
                          "but not the buffers; its sharded optimizer balanced in parameters, not elements; the "
                          "tests of what lies beyond it are skipped, and the coverage line says so)")
+    group.addoption("--max-live-ranks", default="auto",
+                    help="how many rank processes may stay alive at once across the session's worlds (least "
+                         "recently used worlds are closed first; auto: what the container's memory limit holds, "
+                         "no cap without one)")
     group.addoption("--contain-ranks", default="auto", choices=("auto", "yes", "no"),
                     help="run each world's ranks as a user of its own in a private directory, all their processes "
                          "killed with the world (needs root; auto: yes under the grading profile when root)")
@@ -162,6 +168,9 @@ def _check_options(config) -> None:
         raise pytest.UsageError(str(error)) from None
     if config.getoption("--attach") is not None:
         _check_attach_options(config)
+    live = config.getoption("--max-live-ranks")
+    if live != "auto" and (not live.isdigit() or int(live) < 1):
+        raise pytest.UsageError(f"--max-live-ranks must be auto or a positive number of ranks, got {live!r}")
 
 
 def _check_attach_options(config) -> None:
@@ -213,7 +222,7 @@ def pytest_collection_finish(session):
 def pytest_sessionstart(session):
     """The run's state (after Hypothesis has loaded --hypothesis-profile, which sets the budget's
     default), and the coverage line as a JUnit property of the run."""
-    session.config.stash[_STATE] = RunState(Budget(session.config))
+    session.config.stash[_STATE] = RunState(Budget(session.config), LiveRanks(max_live_ranks(session.config)))
     key = _junit_key()
     xml = session.config.stash.get(key, None) if key is not None else None
     if xml is not None:
@@ -322,6 +331,14 @@ class Budget:
         return self.left() <= 0
 
 
+def max_live_ranks(config) -> int | None:
+    """--max-live-ranks: a number, or auto (what the container's memory limit holds; no cap without one)."""
+    option = config.getoption("--max-live-ranks")
+    if option == "auto":
+        return limits.live_ranks_for(limits.read().memory_bytes)
+    return int(option)
+
+
 _CONTAINED = pytest.StashKey[bool]()
 
 
@@ -379,6 +396,7 @@ class RunState:
     """What the driver keeps about this run between tests (in config.stash, made in pytest_configure)."""
 
     budget: Budget
+    live_ranks: LiveRanks = field(default_factory=LiveRanks)  # the cap shared by the session's pools
     world_sizes: set = field(default_factory=set)  # of the current test's tasks (emptied before each test)
     hung: dict = field(default_factory=dict)  # capability -> the test in which its ranks hung
     refusals: Refusals = field(default_factory=lambda: Refusals())  # of the current test (emptied before each)
@@ -485,6 +503,7 @@ def _pool_options(config) -> dict:
     """What every pool of the session shares: deadlines, containment, the coverage record."""
     state = config.stash[_STATE]
     return dict(timeout_s=config.getoption("--rank-timeout"), on_run=state.world_sizes.add, contain=_contain(config),
+                live_ranks=state.live_ranks,
                 time_left=state.budget.left if state.budget.deadline is not None else None)
 
 

@@ -1,0 +1,100 @@
+"""The limits a grading container imposes, read from inside it, and the defaults that fit them.
+
+Gradescope's tiers (its autograder documentation): 0.5 vCPU / 768 MB (the default), 1 / 1.5 GB,
+2 / 3 GB, 4 / 6 GB; no GPU; a time limit of 10 minutes by default, 40 at most. Docker imposes
+the CPU share as a CFS quota and the memory as the container's cgroup limit, which is what is read
+here (cgroup v2's ``cpu.max`` and ``memory.max``, or v1's ``cpu.cfs_quota_us`` and
+``memory.limit_in_bytes``); ``sched_getaffinity`` bounds the CPUs where no quota is set."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+CGROUP = Path("/sys/fs/cgroup")
+UNLIMITED = 1 << 60  # cgroup v1 writes "no limit" as a number near 2^63
+
+# What a grading run holds in memory, measured on the 2-core machine (docs/measured.md, the tiers):
+# the driver with torch and pytest imported, and each live rank once it has run models and gloo
+# collectives (the idle forked rank shares torch with the forkserver and owns ~10 MB of its own).
+DRIVER_BYTES = 450 << 20
+RANK_BYTES = 110 << 20
+SMALLEST_WORLDS = 4  # worlds 1-4 are what the contract's tests draw; fewer live ranks than the largest cannot run
+
+
+@dataclass(frozen=True)
+class ContainerLimits:
+    cpus: float  # CPU time available, in cores
+    memory_bytes: int | None  # None: no limit
+
+    def __str__(self) -> str:
+        memory = "no memory limit" if self.memory_bytes is None else f"{self.memory_bytes / 2**20:.0f} MiB"
+        return f"{self.cpus:g} CPU, {memory}"
+
+
+def read(root: Path = CGROUP, cgroup_file: Path = Path("/proc/self/cgroup")) -> ContainerLimits:
+    """This process's limits (a container sees its own cgroup at the root of its mount)."""
+    return ContainerLimits(cpus=_cpus(root, _paths(cgroup_file)), memory_bytes=_memory(root, _paths(cgroup_file)))
+
+
+def _paths(cgroup_file: Path) -> dict[str, str]:
+    """{controller: path} from /proc/<pid>/cgroup ("" is cgroup v2's unified hierarchy)."""
+    paths = {}
+    try:
+        for line in cgroup_file.read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            for controller in controllers.split(",") if controllers else [""]:
+                paths[controller] = path
+    except (OSError, ValueError):
+        pass
+    return paths
+
+
+def _first(*candidates: Path) -> str | None:
+    for candidate in candidates:
+        try:
+            return candidate.read_text().strip()
+        except OSError:
+            continue
+    return None
+
+
+def _cpus(root: Path, paths: dict[str, str]) -> float:
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    v2 = _first(root / paths.get("", "/").lstrip("/") / "cpu.max", root / "cpu.max")
+    if v2 and v2.split()[0] != "max":
+        quota, period = (int(part) for part in v2.split()[:2])
+        return min(affinity, quota / period)
+    for name in ("cpu", "cpu,cpuacct"):
+        if name in paths or (root / name).exists():
+            base = root / name / paths.get("cpu", "/").lstrip("/")
+            quota = _first(base / "cpu.cfs_quota_us", root / name / "cpu.cfs_quota_us")
+            period = _first(base / "cpu.cfs_period_us", root / name / "cpu.cfs_period_us")
+            if quota and period and int(quota) > 0:
+                return min(affinity, int(quota) / int(period))
+    return float(affinity)
+
+
+def _memory(root: Path, paths: dict[str, str]) -> int | None:
+    v2 = _first(root / paths.get("", "/").lstrip("/") / "memory.max", root / "memory.max")
+    if v2 and v2 != "max":
+        return int(v2)
+    base = root / "memory" / paths.get("memory", "/").lstrip("/")
+    v1 = _first(base / "memory.limit_in_bytes", root / "memory" / "memory.limit_in_bytes")
+    if v1 and int(v1) < UNLIMITED:
+        return int(v1)
+    return None
+
+
+def live_ranks_for(memory_bytes: int | None) -> int | None:
+    """How many rank processes may stay alive at once in ``memory_bytes``: what is left after the
+    driver, one rank's share each, never fewer than the largest world (4), which must run. None
+    where there is no limit (every world stays warm)."""
+    if memory_bytes is None:
+        return None
+    return max(SMALLEST_WORLDS, (memory_bytes - DRIVER_BYTES) // RANK_BYTES)
+
+
+def fits(memory_bytes: int | None, world_size: int = SMALLEST_WORLDS) -> bool:
+    """Whether the driver and one world of ``world_size`` ranks fit in ``memory_bytes`` at all."""
+    return memory_bytes is None or DRIVER_BYTES + world_size * RANK_BYTES <= memory_bytes
