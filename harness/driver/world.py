@@ -30,9 +30,15 @@ from harness.driver.failures import (TASK_FAILURES, ImplementationIncomplete, Ra
 from harness.driver import deadlock, disagreement, memory_cgroup, rank_output
 from harness.rank.loop import STACK_DUMP_SIGNAL, RankConfig, ring_path, serve
 
-PRELOAD = ["torch", "torch.distributed", "harness.rank.loop", "harness.rank.programs"]
+# torch._dynamo: torch imports it lazily on the first call of a function it decorated, such as the
+# first optimizer's constructor, and that import cost each rank about 0.9 s of CPU in its first
+# training task (1.4 s under load): 9 s of a 12 s data-parallel mutant run with worlds of 1-4.
+# Loaded once in the forkserver, every rank shares it.
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "harness.rank.loop", "harness.rank.programs"]
 STRAY_CHECK = "harness.rank.programs.probe:stray_messages"
 STRAY_CHECK_TIMEOUT_S = 20.0  # every rank is idle by then: the exchange takes milliseconds
+STACK_DUMP_WAIT_S = 5.0  # a hung rank writes its stacks in milliseconds; this bounds one that will not
+CLOSE_WAIT_S = 1.0  # a rank told to exit leaves at once; one that has not by then is killed
 
 
 @dataclass
@@ -192,7 +198,6 @@ class World:
         if start_method == "forkserver":
             context.set_forkserver_preload(PRELOAD)
         server = socket.create_server(("127.0.0.1", 0))
-        server.settimeout(0.2)
         try:
             for rank in range(self.size):
                 log_path = os.path.join(log_dir, f"{self.name}-rank{rank}.log")
@@ -211,6 +216,7 @@ class World:
                     record_communication=self.record_communication,
                     sandbox=self.sandbox,
                     flight_recorder=self.flight_recorder,
+                    environment=dict(os.environ),
                 )
                 process = context.Process(target=serve, args=(config,), name=f"{self.name}-rank{rank}", daemon=True)
                 process.start()
@@ -242,9 +248,12 @@ class World:
                        f"{server.getsockname()[0]}:{server.getsockname()[1]})") if self._ranks[0].attached else ""
                 raise WorldStartError(f"{self.name}: only {connected}/{self.size} ranks connected in time "
                                       f"(missing ranks {missing}){how}")
+            # a rank dialling in or one dying, whichever comes first (the loop's first line reports a death)
+            if server not in wait([server, *self._sentinels()], timeout=max(0.0, deadline - time.monotonic())):
+                continue
             try:
                 sock, _ = server.accept()
-            except socket.timeout:
+            except (socket.timeout, BlockingIOError):  # the pool's attach listener has a timeout; another took it
                 continue
             sock.settimeout(None)
             conn = Connection(sock.detach())
@@ -274,7 +283,10 @@ class World:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise WorldStartError(f"{self.name}: ranks {sorted(waiting)} did not join the process group in time")
-            for conn in wait([self._ranks[r].conn for r in waiting], timeout=min(remaining, 0.2)):
+            conns = [self._ranks[r].conn for r in waiting]
+            for conn in wait([*conns, *self._sentinels()], timeout=remaining):  # a death: the loop's first line
+                if conn not in conns:
+                    continue
                 try:
                     message = wire.decode_untrusted(conn.recv_bytes())
                 except (EOFError, OSError):  # it died (or hung up) after the check above
@@ -282,6 +294,11 @@ class World:
                     raise WorldStartError(f"{self.name}: rank {rank.rank} {rank.describe_exit()} while joining the "
                                           f"process group\n{rank.read_new_output()}") from None
                 waiting.discard(message[1])
+
+    def _sentinels(self) -> list[int]:
+        """What becomes ready when a local rank dies, so that starting a world waits on events, not a
+        polling interval."""
+        return [rank.process.sentinel for rank in self._ranks if not rank.attached]
 
     def _raise_if_any_exited(self, when: str) -> None:
         for rank in self._ranks:
@@ -438,11 +455,7 @@ class World:
     def _fail(self, program: str, outcome: dict, timeout_s: float, task_id: int,
               watch: deadlock.Watch | None = None) -> BaseException:
         hung = [r for r in self._ranks if r.rank not in outcome]
-        for rank in hung:
-            if not rank.attached:
-                _signal(rank.process, STACK_DUMP_SIGNAL)
-        if any(not r.attached for r in hung):
-            time.sleep(0.3)  # let faulthandler write the stacks
+        self._dump_stacks(hung)
         reports = []
         for rank in self._ranks:
             hung_detail = ("an attached rank: its stacks and output are on its launcher's console" if rank.attached
@@ -469,6 +482,25 @@ class World:
         failure = RankFailure(f"{program} on {self.size} ranks failed: {causes}", reports)
         return RanksCrashed(failure) if self._closed else failure
 
+    @staticmethod
+    def _dump_stacks(hung: list[_Rank]) -> None:
+        """Every thread's stack of each hung local rank, in its log, complete when this returns.
+        A rank dies of STACK_DUMP_SIGNAL once it has written its dump (harness/rank/loop.py), so its
+        exit is the event to wait for: a few milliseconds, where a fixed sleep was either too long or,
+        under load, too short for the stacks. A rank that has not died within STACK_DUMP_WAIT_S (it
+        blocked or replaced the signal) is killed without them. Either way no hung rank is left
+        alive, so closing the world does not wait for ranks that cannot answer."""
+        local = [rank for rank in hung if not rank.attached]
+        for rank in local:
+            _signal(rank.process, STACK_DUMP_SIGNAL)
+        waiting = {rank.process.sentinel: rank for rank in local}
+        deadline = time.monotonic() + STACK_DUMP_WAIT_S
+        while waiting and time.monotonic() < deadline:
+            for sentinel in wait(list(waiting), timeout=max(0.0, deadline - time.monotonic())):
+                del waiting[sentinel]
+        for rank in waiting.values():
+            rank.process.kill()
+
     # ----------------------------------------------------------------------------------- close
     def close(self) -> None:
         if self._closed:
@@ -480,7 +512,7 @@ class World:
                     rank.conn.send_bytes(wire.encode_trusted(("exit",)))
                 except OSError:
                     pass
-        end = time.monotonic() + 1.0
+        end = time.monotonic() + CLOSE_WAIT_S  # hung ranks are gone already (_dump_stacks): no wait for them
         local = [rank for rank in self._ranks if not rank.attached]  # attached ranks exit on "exit" or EOF
         for rank in local:
             rank.process.join(timeout=max(0.0, end - time.monotonic()))

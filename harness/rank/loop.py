@@ -49,10 +49,17 @@ class RankConfig:
     record_communication: bool = False  # the communication audit: see harness/rank/recording.py
     sandbox: containment.Sandbox | None = None  # run as this user, in its directory (harness/rank/containment.py)
     flight_recorder: bool = True  # keep the last calls in a ring the driver reads (harness/rank/flight_recorder.py)
+    # the driver's environment, for a local rank: the forkserver it is forked from may serve several
+    # drivers (harness/driver/warm_pytest.py), and a rank sees its own driver's variables, as a
+    # child process would. None (attached ranks): the launcher's.
+    environment: dict[str, str] | None = None
 
 
 def serve(config: RankConfig) -> None:
     """Entry point of a rank process."""
+    if config.environment is not None:
+        os.environ.clear()
+        os.environ.update(config.environment)
     if config.threads is not None:
         # OMP_NUM_THREADS alone is read when OpenMP loads, which the forkserver's preload of torch
         # has already done: without set_num_threads every rank ran cores-many threads (4 ranks x 2
@@ -65,7 +72,7 @@ def serve(config: RankConfig) -> None:
         _capture_output(config.log_path)
     flight = _flight_recorder(config)  # opened before containment: the driver owns the file
     faulthandler.enable(all_threads=True)  # segfault/abort: C-level crash prints every Python stack
-    faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True)  # the driver asks on a hang
+    _dump_stacks_then_die_on(STACK_DUMP_SIGNAL)  # the driver asks on a hang
     start_directory = os.getcwd()  # where relative --impl paths point
     if config.sandbox is not None:
         containment.enter(config.sandbox)  # before anything of the implementation's runs
@@ -197,6 +204,16 @@ def _flight_recorder(config: RankConfig):
     return flight_recorder.Recorder(ring_path(config.log_path), config.rank)
 
 
+def _dump_stacks_then_die_on(signum: int) -> None:
+    """On ``signum``, write every thread's Python stack to stderr (the rank's log), then die of the
+    signal: faulthandler's chain re-raises it under its default action once the dump is written.
+    The driver sends it only to a rank it has given up on (a hang), and the rank's exit is how the
+    driver knows the stacks are complete, instead of sleeping and hoping they are
+    (harness/driver/world.py, World._dump_stacks)."""
+    signal.signal(signum, signal.SIG_DFL)  # what the chain falls to: terminate, whatever was set before
+    faulthandler.register(signum, all_threads=True, chain=True)
+
+
 def ring_path(log_path: str) -> str:
     return log_path.removesuffix(".log") + ".ring"
 
@@ -235,8 +252,9 @@ def _capture_output(path: str) -> None:
 
 def _die_with_driver(driver_pid: int) -> None:
     """No orphans, even when the driver is killed with SIGKILL: the kernel kills this rank when its
-    parent (the forkserver, which exits with the driver) dies, and a watchdog thread polls the
-    driver's pid as a second line of defence."""
+    parent (the forkserver, which exits with the driver that started it) dies, and a watchdog
+    thread polls the driver's pid: the only line where the forkserver outlives the driver (one
+    shared by many pytest runs: harness/driver/warm_pytest.py)."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
