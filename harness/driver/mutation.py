@@ -15,24 +15,46 @@ a bug that gets through fails the run (the suite then gets the check that catche
 a correct one says why its communication exceeds the audit's
 bounds by its author's design (e.g. an all-reduce that sends whole tensors): its values must pass
 and its audit must fail.
+
+A kill must be evidence, not load: a buggy implementation whose first failure is a task's deadline
+("no result within the N s deadline") counts as a failure of the runner, since a deadline missed on
+a busy machine reads the same, unless its docstring has the line 'bug: hang' (its bug is that ranks
+wait forever). A deadlock report ("deadlock: every rank is waiting ...") is evidence: nothing moved.
+
+Time: every run stops at its first failure (-x) and runs only what its targets select; the runs go
+to --jobs workers longest first, by the seconds each took in the last run (DURATIONS_FILE) or, for a
+run never timed, a static estimate of its kind, so that no worker idles at the end waiting for one
+long straggler. The last lines say where the time went.
 """
 from __future__ import annotations
 
 import argparse
 import ast
+import json
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.driver.capabilities import BY_NAME, CAPABILITIES, GROUPS, conformance_file_of_mutants
 from harness.driver.warm_pytest import WarmPytest
+from harness.driver.world import PRELOAD
 
 ROOT = Path(__file__).resolve().parents[2]
 MUTANTS = ROOT / "mutants"
 OUTSIDERS = ROOT / "outsiders"
 CS336_FIXTURE = ROOT / "tests" / "fixtures" / "cs336_submission"  # a CS336 submission of the project's own
-MUTANT_RANK_TIMEOUT_S = 10  # a mutant's tasks take well under a second; a hang waits this out idle
+# a mutant's tasks take well under a second; a deadlock is reported long before this, so only a
+# rank that computes forever waits it out
+MUTANT_RANK_TIMEOUT_S = 10
+DEADLINE = "no result within the"  # how a deadline's failure reads (harness/driver/world.py, World._fail)
+HANG = "bug: hang"  # the docstring line of a buggy implementation whose bug is ranks waiting forever
+DURATIONS_FILE = ROOT / ".mutation-durations.json"  # each run's seconds in the last run (git ignores it)
+# A run never timed is placed by its kind: the median seconds of each kind, measured on the 2-core
+# machine with tests/ beside the runner (known-good runs were 36-279 s: first in any order).
+ESTIMATE_S = {"known good": 120.0, "outsider": 20.0, "mutant": 9.0}
 
 
 @dataclass(frozen=True)
@@ -41,6 +63,7 @@ class Mutant:
     bug: str
     targets: str
     test_file: str
+    hang: bool = False  # its docstring says 'bug: hang': a deadline is a fair kill
 
     @classmethod
     def read(cls, path: Path) -> "Mutant":
@@ -49,7 +72,7 @@ class Mutant:
         targets = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("targets:")), "")
         if not lines or not targets:
             raise ValueError(f"{path}: the docstring must state the bug in its first line and have a 'targets:' line")
-        return cls(path, lines[0], targets, conformance_file_of_mutants(path.parent.name))
+        return cls(path, lines[0], targets, conformance_file_of_mutants(path.parent.name), HANG in lines[1:])
 
 
 @dataclass(frozen=True)
@@ -59,19 +82,20 @@ class Outsider:
     verdict: str  # "pass" or "fail": what the suite must say
     capability: str  # what it claims (a capability or a group of harness/driver/capabilities.py)
     audit: str  # for a correct one whose communication exceeds the audit's bounds: why ('' otherwise)
+    hang: bool = False  # its docstring says 'bug: hang': a deadline is a fair catch
 
     @classmethod
     def read(cls, path: Path) -> "Outsider":
         doc = ast.get_docstring(ast.parse(path.read_text())) or ""
         lines = doc.splitlines()
         fields = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:]) if k.strip() in
-                  ("verdict", "capability", "audit")}
+                  ("verdict", "capability", "audit", "bug")}
         verdict, capability = fields.get("verdict", ""), fields.get("capability", "")
         if not lines or verdict not in ("pass", "fail") or not (capability in BY_NAME or capability in GROUPS):
             raise ValueError(f"{path}: the docstring needs a first line, 'verdict: pass|fail' and 'capability: NAME' "
                              f"(a capability or group of harness/driver/capabilities.py), got verdict={verdict!r}, "
                              f"capability={capability!r}")
-        return cls(path, lines[0], verdict, capability, fields.get("audit", ""))
+        return cls(path, lines[0], verdict, capability, fields.get("audit", ""), fields.get("bug") == "hang")
 
     def pytest_args(self) -> list[str]:
         """Its capability's conformance file and the communication audit of what it claims (the
@@ -132,11 +156,73 @@ def pytest(runner: WarmPytest, impl: str, args: list[str], profile: str,
                        "no:cacheprovider"], cwd=str(ROOT), env=env)
 
 
-def failing_line(output: str) -> str:
+def first_failure(output: str) -> list[str]:
+    """The message of the first failure pytest printed: its first block of "E" lines."""
+    block: list[str] = []
     for line in output.splitlines():
-        if line.startswith("E  ") and line.strip() != "E":
-            return line[1:].strip()[:140]
-    return "(no assertion line)"
+        if line.startswith("E  ") or (block and line == "E"):
+            block.append(line[1:].strip())
+        elif block:
+            break
+    return block
+
+
+def failing_line(output: str) -> str:
+    return next((line[:140] for line in first_failure(output) if line), "(no assertion line)")
+
+
+def only_a_deadline(output: str) -> bool:
+    """The first failure is a task's deadline, which load alone can cause (a deadlock report is not)."""
+    return any(DEADLINE in line for line in first_failure(output))
+
+
+@dataclass(frozen=True)
+class Job:
+    """One pytest run of the runner, named in the durations file by ``key``."""
+
+    key: str
+    kind: str  # a key of ESTIMATE_S
+    run: Callable[[], tuple[int, str, float]]
+
+
+def read_durations(path: Path) -> dict[str, float]:
+    """Each run's seconds in the last run, {} where there was none or it cannot be read (a fresh clone)."""
+    try:
+        durations = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: float(v) for k, v in durations.items() if isinstance(v, (int, float))} if isinstance(durations, dict) \
+        else {}
+
+
+def longest_first(jobs: list[Job], durations: dict[str, float]) -> list[Job]:
+    """The order to start them in: the longest first, by the last run's seconds or the kind's estimate
+    (the sort is stable: runs of one estimate keep their order)."""
+    return sorted(jobs, key=lambda job: -durations.get(job.key, ESTIMATE_S[job.kind]))
+
+
+def start(jobs: list[Job], durations: dict[str, float], workers: ThreadPoolExecutor) -> dict[str, Future]:
+    return {job.key: workers.submit(job.run) for job in longest_first(jobs, durations)}
+
+
+def write_durations(path: Path, seconds: dict[str, float]) -> None:
+    try:
+        path.write_text(json.dumps({k: round(v, 1) for k, v in sorted(seconds.items())}, indent=0) + "\n")
+    except OSError as error:  # a read-only checkout: the next run falls back to the estimates
+        print(f"(the runs' durations were not written to {path}: {error})")
+
+
+def time_line(jobs: list[Job], seconds: dict[str, float], wall_s: float, workers: int) -> str:
+    """Where the time went: per kind, the runs and their seconds, and the wall time of them all."""
+    parts = []
+    for kind in ESTIMATE_S:
+        taken = sorted((seconds[job.key] for job in jobs if job.kind == kind), reverse=True)
+        if taken:
+            parts.append(f"{kind}: {len(taken)} runs, {sum(taken):.0f} s (longest {taken[0]:.0f} s, median "
+                         f"{taken[len(taken) // 2]:.1f} s)")
+    busy = sum(seconds.values())
+    return (f"=== time: {'; '.join(parts)}; {busy:.0f} s of runs in {wall_s:.0f} s wall on {workers} workers "
+            f"({busy / max(wall_s, 1e-9) / workers:.0%} busy)")
 
 
 def main(argv=None) -> int:
@@ -151,100 +237,143 @@ def main(argv=None) -> int:
     parser.add_argument("--outsiders-only", action="store_true",
                         help="only the implementations under outsiders/ (no known-good runs, no mutants)")
     parser.add_argument("--jobs", type=int, default=2, help="pytest runs at a time (default 2)")
+    parser.add_argument("--durations-file", type=Path, default=DURATIONS_FILE,
+                        help=f"each run's seconds, read to start the longest first and rewritten at the end "
+                             f"(default {DURATIONS_FILE.name} at the repository's root)")
     options = parser.parse_args(argv)
-    with WarmPytest() as runner:
+    # every run's ranks are forked from the template's forkserver: about 2.4 s of CPU less per run
+    with WarmPytest(forkserver_preload=PRELOAD) as runner:
         return _run_all(options, runner)
 
 
+def _name(path: Path) -> str:
+    return f"{path.parent.name}/{path.stem}"
+
+
+def run_mutant(runner: WarmPytest, mutant: Mutant, profile: str) -> tuple[int, str, float]:
+    return pytest(runner, str(mutant.path.relative_to(ROOT)), [mutant.test_file, "-x", "-k", mutant.targets,
+                                                               "--rank-timeout", str(MUTANT_RANK_TIMEOUT_S)], profile)
+
+
+def run_outsider(runner: WarmPytest, outsider: Outsider, options) -> tuple[int, str, float]:
+    impl = str(outsider.path.relative_to(ROOT))
+    profile = options.outsider_profile if outsider.verdict == "pass" else options.mutant_profile
+    code, output, seconds = pytest(runner, impl, outsider.pytest_args(), profile)
+    if outsider.audit and code == 0:  # right values; the audit must then find what its author chose
+        audit_code, audit_output, audit_seconds = pytest(runner, impl, outsider.audit_args(), options.mutant_profile)
+        if audit_code != 1:
+            return audit_code or 2, f"its audit was expected to fail ({outsider.audit}), exit code {audit_code}\n" \
+                + audit_output, seconds + audit_seconds
+        return code, output, seconds + audit_seconds
+    return code, output, seconds
+
+
 def _run_all(options, runner: WarmPytest) -> int:
-    false_failures = []
     goods = [] if options.mutants_only or options.outsiders_only else known_good()
-    def run_mutant(mutant: Mutant):  # a mutant that hangs is killed by its first deadline
-        return pytest(runner, str(mutant.path.relative_to(ROOT)), [mutant.test_file, "-x", "-k", mutant.targets,
-                                                           "--rank-timeout", str(MUTANT_RANK_TIMEOUT_S)],
-                      options.mutant_profile)
-
-    def run_outsider(outsider: Outsider):
-        impl = str(outsider.path.relative_to(ROOT))
-        profile = options.outsider_profile if outsider.verdict == "pass" else options.mutant_profile
-        code, output, seconds = pytest(runner, impl, outsider.pytest_args(), profile)
-        if outsider.audit and code == 0:  # right values; the audit must then find what its author chose
-            audit_code, audit_output, audit_seconds = pytest(runner, impl, outsider.audit_args(),
-                                                             options.mutant_profile)
-            if audit_code != 1:
-                return audit_code or 2, f"its audit was expected to fail ({outsider.audit}), exit code {audit_code}\n" \
-                    + audit_output, seconds + audit_seconds
-            return code, output, seconds + audit_seconds
-        return code, output, seconds
-
-    # One pool for every run, the longest kinds first (known-good runs, then the whole-file runs of
-    # outsiders/, then the mutants' targeted runs), so that no phase waits for its last straggler
-    # while cores idle; results are printed section by section, in order.
     every_mutant = [] if options.outsiders_only else mutants()
     every_outsider = outsiders()
-    pool = ThreadPoolExecutor(max_workers=options.jobs)
-    good_runs = [pool.submit(pytest, runner, impl, args, options.profile, env) for impl, args, env in goods]
-    outsider_runs = [pool.submit(run_outsider, outsider) for outsider in every_outsider]
-    mutant_runs = [pool.submit(run_mutant, mutant) for mutant in every_mutant]
-    for (impl, args, env), run in zip(goods, good_runs):
-        code, output, seconds = run.result()
-        print(f"\n=== known good: {impl} ({' '.join(args)}), {seconds:.0f} s\n{output.rstrip()}", flush=True)
-        if code != 0:
-            false_failures.append(f"{impl} (exit code {code})")
+    good_jobs = [Job(f"known good: {impl} {' '.join(args)}", "known good",
+                     lambda impl=impl, args=args, env=env: pytest(runner, impl, args, options.profile, env))
+                 for impl, args, env in goods]
+    mutant_jobs = [Job(f"mutant: {_name(m.path)}", "mutant", lambda m=m: run_mutant(runner, m, options.mutant_profile))
+                   for m in every_mutant]
+    outsider_jobs = [Job(f"outsider: {_name(o.path)}", "outsider", lambda o=o: run_outsider(runner, o, options))
+                     for o in every_outsider]
+    jobs = [*good_jobs, *outsider_jobs, *mutant_jobs]
+    started = time.monotonic()
+    seconds: dict[str, float] = {}
+    with ThreadPoolExecutor(max_workers=options.jobs) as workers:
+        futures = start(jobs, read_durations(options.durations_file), workers)
 
-    print("\n=== known-buggy implementations (each must fail)")
-    killed, survived = [], []
-    for mutant, run in zip(every_mutant, mutant_runs):
-        code, output, seconds = run.result()
-        name = f"{mutant.path.parent.name}/{mutant.path.stem}"
-        if code == 1:
-            killed.append(name)
-            print(f"killed   {name:<50} {seconds:5.1f} s  {mutant.bug}\n         caught by: {failing_line(output)}",
-                  flush=True)
-        else:
-            why = {0: "every selected test passed", 5: "its targets select no test"}.get(code, f"pytest exit code {code}")
-            survived.append(name)
-            print(f"SURVIVED {name:<50} {seconds:5.1f} s  {mutant.bug}\n         ({why})", flush=True)
+        def result(job: Job) -> tuple[int, str, float]:
+            code, output, taken = futures[job.key].result()
+            seconds[job.key] = taken
+            return code, output, taken
 
-    print("\n=== implementations written from the contract alone (outsiders/): correct ones must pass, "
-          "buggy ones must fail")
-    caught, missed, outside_false = [], [], []
-
-    for outsider, run in zip(every_outsider, outsider_runs):
-        code, output, seconds = run.result()
-        name = f"{outsider.path.parent.name}/{outsider.path.stem}"
-        if outsider.verdict == "pass":
-            ok = code == 0
-            if not ok:
-                outside_false.append(name)
-            print(f"{'passes  ' if ok else 'FAILS   '} {name:<50} {seconds:5.1f} s  {outsider.summary}"
-                  + (f"\n         (values pass; the audit fails it, as its author chose: {outsider.audit})"
-                     if ok and outsider.audit else "")
-                  + ("" if ok else f"\n         (pytest exit code {code}: {failing_line(output)})"), flush=True)
-            continue
-        if code == 1:
-            caught.append(name)
-            print(f"caught   {name:<50} {seconds:5.1f} s  {outsider.summary}\n         by: {failing_line(output)}",
-                  flush=True)
-        else:
-            missed.append(name)
-            why = {0: "every test passed", 5: "no test selected"}.get(code, f"pytest exit code {code}")
-            print(f"MISSED   {name:<50} {seconds:5.1f} s  {outsider.summary}\n         ({why})", flush=True)
-
-    total = len(killed) + len(survived)
+        false_failures = _report_known_good(goods, [result(job) for job in good_jobs])
+        killed, survived, deadline_only = _report_mutants(every_mutant, mutant_jobs, result)
+        caught, missed, outside_false = _report_outsiders(every_outsider, outsider_jobs, result)
+    write_durations(options.durations_file, seconds)
+    total = len(killed) + len(survived) + len(deadline_only)
     rate = 100.0 * len(killed) / total if total else 0.0
     buggy = len(caught) + len(missed)
     correct = len(every_outsider) - buggy
-    pool.shutdown()
-    print(f"\n=== kill rate: {len(killed)}/{total} mutants killed ({rate:.0f}%); "
-          f"false failures: {len(false_failures)}/{len(goods)} known-good implementations"
+    print(f"\n=== kill rate: {len(killed)}/{total} mutants killed ({rate:.0f}%)"
+          + _listed("killed only by a deadline", deadline_only)
+          + f"; false failures: {len(false_failures)}/{len(goods)} known-good implementations"
           + (f" ({', '.join(false_failures)})" if false_failures else ""))
     print(f"=== written from the contract alone: {len(caught)}/{buggy} buggy ones caught"
           + (f" (missed: {', '.join(missed)})" if missed else "")
           + f"; false failures: {len(outside_false)}/{correct} correct ones"
           + (f" ({', '.join(outside_false)})" if outside_false else ""))
+    print(time_line(jobs, seconds, time.monotonic() - started, options.jobs))
     ran = total or options.outsiders_only
-    return 0 if ran and not survived and not false_failures and not missed and not outside_false else 1
+    failed = survived or deadline_only or false_failures or missed or outside_false
+    return 0 if ran and not failed else 1
+
+
+def _listed(what: str, names: list[str]) -> str:
+    return f"; {len(names)} {what}: {', '.join(names)}" if names else ""
+
+
+def _report_known_good(goods, results) -> list[str]:
+    false_failures = []
+    for (impl, args, _env), (code, output, seconds) in zip(goods, results):
+        print(f"\n=== known good: {impl} ({' '.join(args)}), {seconds:.0f} s\n{output.rstrip()}", flush=True)
+        if code != 0:
+            false_failures.append(f"{impl} (exit code {code})")
+    return false_failures
+
+
+def _report_mutants(every_mutant, jobs, result) -> tuple[list[str], list[str], list[str]]:
+    print("\n=== known-buggy implementations (each must fail)")
+    killed, survived, deadline_only = [], [], []
+    for mutant, job in zip(every_mutant, jobs):
+        code, output, seconds = result(job)
+        name = _name(mutant.path)
+        head = f"{name:<50} {seconds:5.1f} s  {mutant.bug}"
+        if code == 1 and only_a_deadline(output) and not mutant.hang:
+            deadline_only.append(name)
+            print(f"DEADLINE {head}\n         killed only by a deadline: the runner cannot tell this from load "
+                  f"({failing_line(output)}); if its bug is a hang, its docstring says '{HANG}'", flush=True)
+        elif code == 1:
+            killed.append(name)
+            print(f"killed   {head}\n         caught by: {failing_line(output)}", flush=True)
+        else:
+            why = {0: "every selected test passed", 5: "its targets select no test"}.get(code, f"pytest exit code {code}")
+            survived.append(name)
+            print(f"SURVIVED {head}\n         ({why})", flush=True)
+    return killed, survived, deadline_only
+
+
+def _report_outsiders(every_outsider, jobs, result) -> tuple[list[str], list[str], list[str]]:
+    print("\n=== implementations written from the contract alone (outsiders/): correct ones must pass, "
+          "buggy ones must fail")
+    caught, missed, outside_false = [], [], []
+    for outsider, job in zip(every_outsider, jobs):
+        code, output, seconds = result(job)
+        name = _name(outsider.path)
+        head = f"{name:<50} {seconds:5.1f} s  {outsider.summary}"
+        if outsider.verdict == "pass":
+            ok = code == 0
+            if not ok:
+                outside_false.append(name)
+            print(f"{'passes  ' if ok else 'FAILS   '} {head}"
+                  + (f"\n         (values pass; the audit fails it, as its author chose: {outsider.audit})"
+                     if ok and outsider.audit else "")
+                  + ("" if ok else f"\n         (pytest exit code {code}: {failing_line(output)})"), flush=True)
+        elif code == 1 and only_a_deadline(output) and not outsider.hang:
+            missed.append(name)
+            print(f"DEADLINE {head}\n         caught only by a deadline: the runner cannot tell this from load "
+                  f"({failing_line(output)}); if its bug is a hang, its docstring says '{HANG}'", flush=True)
+        elif code == 1:
+            caught.append(name)
+            print(f"caught   {head}\n         by: {failing_line(output)}", flush=True)
+        else:
+            missed.append(name)
+            why = {0: "every test passed", 5: "no test selected"}.get(code, f"pytest exit code {code}")
+            print(f"MISSED   {head}\n         ({why})", flush=True)
+    return caught, missed, outside_false
 
 
 if __name__ == "__main__":

@@ -1,0 +1,80 @@
+"""harness/driver/mutation.py's own rules: a kill by a deadline alone is the runner's failure unless
+the bug is a hang, a deadlock report is a kill, and the runs start longest first, by the last run's
+seconds where there was one and by their kind's estimate where not."""
+from __future__ import annotations
+
+from harness.driver.mutation import (ESTIMATE_S, Job, Mutant, failing_line, longest_first, mutants, only_a_deadline,
+                                     read_durations, write_durations)
+
+DEADLINE_FAILURE = """\
+    def test_all_reduce(...):
+>       pool.run(...)
+E       harness.driver.failures.RanksHung: harness.rank.programs.collectives:call on 2 ranks: no result within the 10 s deadline (rank 1 hung)
+E       --- rank 0: ok
+E
+E       --- rank 1: hung
+conformance/test_collectives.py:122: RanksHung
+"""
+DEADLOCK_FAILURE = """\
+E       harness.driver.failures.RanksDeadlocked: harness.rank.programs.collectives:call on 2 ranks: deadlock: every rank is waiting (rank 0 in recv from 1; rank 1 in recv from 0) and no byte moved for 0.6 s (rank 0 hung, rank 1 hung)
+"""
+# the stray-message check's deadline, on a later line of the first failure's message
+STRAY_CHECK_DEADLINE = """\
+E       harness.driver.failures.RanksCrashed: harness.rank.programs.collectives:call on 2 ranks finished, but the stray-message check after it failed: a receive ...
+E       harness.rank.programs.probe:stray_messages on 2 ranks: no result within the 10 s deadline (rank 1 hung)
+"""
+# a value failure first; a later test's deadline (not under -x, but whatever follows) does not count
+VALUE_THEN_DEADLINE = """\
+E       AssertionError: rank 1 tensor: element [0] expected 2.0, got 1.0
+E         example: world_size=2
+
+E       harness.driver.failures.RanksHung: ... no result within the 10 s deadline (rank 1 hung)
+"""
+
+
+def test_a_kill_by_a_deadline_alone_is_told_apart_from_evidence():
+    assert only_a_deadline(DEADLINE_FAILURE)
+    assert only_a_deadline(STRAY_CHECK_DEADLINE)
+    assert not only_a_deadline(DEADLOCK_FAILURE)  # nothing moved: evidence, not load
+    assert not only_a_deadline(VALUE_THEN_DEADLINE)
+    assert failing_line(VALUE_THEN_DEADLINE) == "AssertionError: rank 1 tensor: element [0] expected 2.0, got 1.0"
+    assert failing_line("1 passed") == "(no assertion line)"
+
+
+def test_the_mutants_whose_bug_is_a_hang_say_so_and_no_other_does():
+    hangs = {m.path.stem for m in mutants() if m.hang}
+    assert hangs == {"disagree_circular_wait", "disagree_dtype", "disagree_peer", "disagree_size",
+                     "disagree_skipped_collective", "disagree_tag"}
+
+
+def test_bug_hang_is_read_from_the_docstring(tmp_path):
+    folder = tmp_path / "collectives"
+    folder.mkdir()
+    (folder / "waits.py").write_text('"""Ranks wait.\ntargets: test_all_reduce\nbug: hang\n"""\n')
+    (folder / "wrong.py").write_text('"""Wrong values; no bug: hang here.\ntargets: test_all_reduce\n"""\n')
+    assert Mutant.read(folder / "waits.py").hang and not Mutant.read(folder / "wrong.py").hang
+
+
+def job(key: str, kind: str) -> Job:
+    return Job(key, kind, lambda: (0, "", 0.0))
+
+
+def test_runs_start_longest_first_by_the_last_runs_seconds_else_by_kind():
+    jobs = [job("known good: a", "known good"), job("known good: b", "known good"), job("outsider: c", "outsider"),
+            job("mutant: d", "mutant"), job("mutant: e", "mutant")]
+    assert [j.key for j in longest_first(jobs, {})] == [j.key for j in jobs]  # the estimates keep this order
+    assert ESTIMATE_S["known good"] > ESTIMATE_S["outsider"] > ESTIMATE_S["mutant"]
+    last = {"known good: a": 40.0, "known good: b": 300.0, "mutant: e": 60.0}  # c and d never timed
+    assert [j.key for j in longest_first(jobs, last)] == ["known good: b", "mutant: e", "known good: a",
+                                                          "outsider: c", "mutant: d"]
+
+
+def test_the_durations_file_round_trips_and_a_missing_or_broken_one_is_empty(tmp_path):
+    path = tmp_path / "durations.json"
+    assert read_durations(path) == {}
+    write_durations(path, {"mutant: d": 8.04, "known good: a": 279.0})
+    assert read_durations(path) == {"mutant: d": 8.0, "known good: a": 279.0}
+    path.write_text("not json")
+    assert read_durations(path) == {}
+    path.write_text('["a list"]')
+    assert read_durations(path) == {}
