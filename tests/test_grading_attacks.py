@@ -1,5 +1,5 @@
-"""Attacks on the grade from code under test (issue 13), each in a pytest subprocess as a grader runs
-the suite: the grade they aim for never arrives."""
+"""Attacks on the grade from code under test (issue 13), each in a pytest process of its own as a
+grader runs the suite (tests/conftest.py, suite_runner): the grade they aim for never arrives."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,6 @@ import os
 import pickle
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -16,15 +15,16 @@ import pytest
 
 from harness.rank import containment, wire
 
-ROOT = Path(__file__).parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def run_suite(impl: str, *args: str, env: dict | None = None, test_file: str = "conformance/test_collectives.py"):
-    command = [sys.executable, "-m", "pytest", test_file, "-q", "-p", "no:cacheprovider", "--impl", impl,
-               "--hypothesis-profile=ci", *args]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, **(env or {})))
+@pytest.fixture
+def run_suite(suite_runner):
+    """The suite as a grader runs it, in a pytest process of its own (tests/conftest.py)."""
+    def run(impl: str, *args: str, env: dict | None = None, test_file: str = "conformance/test_collectives.py"):
+        return suite_runner.run(test_file, "-q", "-p", "no:cacheprovider", "--impl", impl, "--hypothesis-profile=ci",
+                                *args, env=env)
+    return run
 
 
 def processes_of_sandbox_users() -> list[str]:
@@ -35,7 +35,7 @@ def processes_of_sandbox_users() -> list[str]:
 
 
 @pytest.mark.skipif(not containment.possible(), reason="contained ranks need root")
-def test_contained_ranks_cannot_reach_the_report_the_driver_or_the_repository():
+def test_contained_ranks_cannot_reach_the_report_the_driver_or_the_repository(run_suite):
     base = Path(tempfile.mkdtemp(prefix="conformance-escape-"))  # under /tmp, which every user may traverse
     os.chmod(base, 0o755)  # the rank may reach the folder (to append to its log), never write the report in it
     log, report = base / "escape.log", base / "out"
@@ -77,23 +77,29 @@ def test_a_reply_that_is_slow_to_decode_is_refused_at_once():
     assert time.monotonic() - started < 60
 
 
-def test_a_hanging_submission_gets_its_complete_report_within_the_budget(tmp_path):
-    # Only the all_reduce tests, so the hang comes first whatever the load: beside the mutation
-    # runner on 2 cores, the tests before it once spent a 20 s budget before all_reduce started.
+def test_a_hanging_submission_gets_its_complete_report_within_the_budget(run_suite, tmp_path):
+    """The events, not the clock: the first test of each capability hangs and says so, every later one
+    is "not run" because its capability hung (not because the budget was spent), and the report is complete.
+    Only the all_reduce tests run, so the hang comes first whatever the load (beside the mutation
+    runner on 2 cores, the tests before it once spent a 20 s budget before all_reduce started)."""
     started = time.monotonic()
     result = run_suite(str(FIXTURES / "hanging_impl.py"), "-k", "all_reduce", "--rank-timeout", "4",
                        "--time-budget", "60", "--report-dir", str(tmp_path))
     elapsed = time.monotonic() - started
     assert result.returncode == 1, result.stdout[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
-    assert results["extra_data"]["complete"] and results["execution_time"] <= 60 + 10
-    outputs = {t["name"]: t["output"] for t in results["tests"]}
-    assert sum(o.startswith("not run: all_reduce already hung") for o in outputs.values()) >= 5, outputs
+    assert results["extra_data"]["complete"]
+    outputs = list(t["output"] for t in results["tests"])
+    hangs = [o for o in outputs if o.startswith("harness.driver.failures.RanksHung") and
+             "no result within the 4 s deadline" in o]
+    assert hangs and all(o in hangs or o.startswith("not run: ") and " already hung in " in o for o in outputs), outputs
+    assert sum(o.startswith("not run: all_reduce already hung") for o in outputs) >= 5, outputs
     assert results["score"] < results["max_score"]
-    assert elapsed < 150, elapsed  # the 60 s budget, 10 s to report, and pytest's start under load
+    # upper guards only, far past what a run takes (10-25 s): the budget's promise, and no wait for ever
+    assert results["execution_time"] <= 60 + 10 and elapsed < 300, (results["execution_time"], elapsed)
 
 
-def test_a_spent_time_budget_reports_every_test_not_run(tmp_path):
+def test_a_spent_time_budget_reports_every_test_not_run(run_suite, tmp_path):
     result = run_suite("torch.distributed", "-k", "test_broadcast or test_reduce", "--time-budget", "0.001",
                        "--report-dir", str(tmp_path))
     assert result.returncode == 1, result.stdout[-3000:]
@@ -104,7 +110,7 @@ def test_a_spent_time_budget_reports_every_test_not_run(tmp_path):
     assert results["score"] == 0
 
 
-def test_an_implementation_cannot_decline_a_pipeline_test_by_saying_cannot():
+def test_an_implementation_cannot_decline_a_pipeline_test_by_saying_cannot(run_suite):
     """NotImplementedError("... cannot ...") is a skip only for the project's own adapters."""
     result = run_suite(str(FIXTURES / "declining_impl.py"), "-k", "test_pipeline_step_matches_the_dense_model",
                        test_file="conformance/test_pipeline_parallel.py")
@@ -112,7 +118,7 @@ def test_an_implementation_cannot_decline_a_pipeline_test_by_saying_cannot():
     assert "1 failed" in result.stdout and "skipped" not in result.stdout.splitlines()[-1]
 
 
-def test_an_audit_of_a_claimed_strategy_is_not_skipped_because_the_ranks_say_it_is_missing():
+def test_an_audit_of_a_claimed_strategy_is_not_skipped_because_the_ranks_say_it_is_missing(run_suite):
     result = run_suite(str(FIXTURES / "declining_impl.py"), "-k", "test_data_parallel_step and 2-mlp_frozen_fc1-default",
                        test_file="conformance/test_audit.py")
     assert result.returncode == 6 and "has no 'DataParallel'" in result.stdout, result.stdout[-3000:]
@@ -121,14 +127,14 @@ def test_an_audit_of_a_claimed_strategy_is_not_skipped_because_the_ranks_say_it_
     assert result.returncode == 0 and "1 skipped" in result.stdout, result.stdout[-3000:]
 
 
-def test_a_crash_on_a_case_the_backend_refuses_is_not_a_decline():
+def test_a_crash_on_a_case_the_backend_refuses_is_not_a_decline(run_suite):
     result = run_suite(str(FIXTURES / "crashing_on_refused_impl.py"), "-k", "test_cases_the_backend_refuses and all_reduce",
                        "--rank-timeout", "5")
     assert result.returncode == 1 and "1 failed" in result.stdout, result.stdout[-3000:]
     assert "SIGABRT" in result.stdout
 
 
-def test_a_rubric_rewritten_during_the_run_does_not_change_the_grade(tmp_path):
+def test_a_rubric_rewritten_during_the_run_does_not_change_the_grade(run_suite, tmp_path):
     rubric = tmp_path / "rubric.toml"
     rubric.write_text("[capabilities]\nall_reduce = 8\n")
     result = run_suite(str(FIXTURES / "rubric_rewriting_impl.py"), "-k", "test_all_reduce and SUM", "--rubric", str(rubric),

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import platform
-import subprocess
-import sys
 import tomllib
 from decimal import Decimal
 from fractions import Fraction
@@ -242,13 +240,13 @@ def test_the_profile_is_read_where_hypothesis_keeps_it():
     assert _profile() == settings.get_current_profile_name()
 
 
-def test_the_plugin_writes_the_options_end_to_end(tmp_path):
+def test_the_plugin_writes_the_options_end_to_end(suite_runner, tmp_path):
     rubric = rubric_file(tmp_path, 'output_format = "md"\n[capabilities]\nbroadcast = 7\n'
                                    '[visibility]\ndefault = "after_due_date"\n')
-    command = [sys.executable, "-m", "pytest", "conformance/test_collectives.py", "-q", "-p", "no:cacheprovider",
+    command = ["conformance/test_collectives.py", "-q", "-p", "no:cacheprovider",
                "-k", "test_broadcast", "--hypothesis-profile=brief", "--hypothesis-seed=12345",
                "--report-dir", str(tmp_path / "out"), "--rubric", str(rubric), "--points-possible", "10"]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = suite_runner.run(*command)
     assert done.returncode == 0, done.stdout[-3000:]
     report = json.loads((tmp_path / "out" / "results.json").read_text())
     assert report["max_score"] == 10 and exact_sum(t["max_score"] for t in report["tests"]) == 10
@@ -258,5 +256,5 @@ def test_the_plugin_writes_the_options_end_to_end(tmp_path):
     assert report["extra_data"]["hypothesis"]["profile"] == "brief"
     assert report["extra_data"]["hypothesis"]["seed"] == "12345"
     assert "| broadcast | 10.00/10.00 | 1 | 0 | 0 |" in report["output"]
-    bad = subprocess.run([*command[:-1], "0"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    bad = suite_runner.run(*command[:-1], "0")
     assert bad.returncode == 4 and "--points-possible must be a positive number" in bad.stderr, bad.stderr[-2000:]

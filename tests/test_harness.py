@@ -53,12 +53,10 @@ def test_ranks_run_with_the_thread_count_the_pool_asks_for(threads):
 
 
 def test_hang_is_reported_with_every_ranks_stack_and_the_next_task_runs(pool):
-    started = time.monotonic()
-    with pytest.raises(RanksHung) as caught:
+    with pytest.raises(RanksHung) as caught:  # rank 1 sleeps in a loop: not a deadlock, the deadline's case
         pool.run(2, CALL, all_reduce_task(2), impl=fixture_impl("hanging_impl"))
-    assert time.monotonic() - started < 10
     message = str(caught.value)
-    assert "no result within the 3 s deadline" in message
+    assert "no result within the 3 s deadline" in message  # the event: cut at the deadline, not waited out
     assert "rank 0 hung" in message and "rank 1 hung" in message
     assert "hanging_impl.py" in message  # rank 1's Python stack points into the implementation
     assert "distributed_c10d.py" in message  # rank 0's stack: waiting in the collective
@@ -273,9 +271,9 @@ def test_attached_ranks_that_never_come_fail_once_then_at_once():
     try:
         with pytest.raises(WorldStartError, match=r"only 0/2 ranks connected in time \(missing ranks \[0, 1\]\)"):
             pool.run(2, CALL, all_reduce_task(2), impl="impls")
-        started = time.monotonic()
+        # at once: the pool says the world is gone without listening again (a second wait would end
+        # in "only 0/2 ranks connected in time" instead)
         with pytest.raises(WorldStartError, match="the attached world of 2 ranks is gone"):
             pool.run(2, CALL, all_reduce_task(2), impl="impls")
-        assert time.monotonic() - started < 0.5
     finally:
         pool.close()

@@ -3,26 +3,20 @@ scores 0 as "not implemented", every failure explains itself, JUnit XML is writt
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from harness.driver.reports import load_rubric
 
-ROOT = Path(__file__).parent.parent
 
-
-def test_reports_under_xdist(tmp_path):
+def test_reports_under_xdist(suite_runner, tmp_path):
     rubric = tmp_path / "rubric.toml"
     rubric.write_text("[capabilities]\nbroadcast = 10\nscatter = 6\ngather = 4\n")
-    command = [sys.executable, "-m", "pytest", "conformance/test_collectives.py", "-q", "-p", "no:cacheprovider",
-               "-n", "2", "--impl", "tests/fixtures/partial_impl.py", "--hypothesis-profile=ci",
-               "--report-dir", str(tmp_path / "out"), "--rubric", str(rubric),
-               "-k", "test_broadcast or test_scatter and not gather or test_gather and not scatter"]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = suite_runner.run("conformance/test_collectives.py", "-q", "-p", "no:cacheprovider",
+                            "-n", "2", "--impl", "tests/fixtures/partial_impl.py", "--hypothesis-profile=ci",
+                            "--report-dir", str(tmp_path / "out"), "--rubric", str(rubric),
+                            "-k", "test_broadcast or test_scatter and not gather or test_gather and not scatter")
     assert done.returncode == 6, done.stdout[-3000:]  # only "not implemented" failures, under xdist too
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     by_name = {t["name"]: t for t in results["tests"]}
@@ -40,14 +34,13 @@ def test_reports_under_xdist(tmp_path):
     assert "<testsuite" in (tmp_path / "out" / "junit.xml").read_text()
 
 
-def test_a_bad_rubric_is_refused_before_anything_runs(tmp_path):
+def test_a_bad_rubric_is_refused_before_anything_runs(suite_runner, tmp_path):
     rubric = tmp_path / "rubric.toml"
     rubric.write_text("[capabilities]\nbroadcast = 'ten'\n")
     with pytest.raises(ValueError, match="non-negative points"):
         load_rubric(rubric)
-    command = [sys.executable, "-m", "pytest", "conformance/test_collectives.py", "-q", "-p", "no:cacheprovider",
-               "--report-dir", str(tmp_path / "out"), "--rubric", str(rubric), "-k", "broadcast"]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = suite_runner.run("conformance/test_collectives.py", "-q", "-p", "no:cacheprovider",
+                            "--report-dir", str(tmp_path / "out"), "--rubric", str(rubric), "-k", "broadcast")
     assert done.returncode == 4 and "--rubric" in done.stderr, done.stderr[-2000:]
 
 

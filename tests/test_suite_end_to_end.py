@@ -1,23 +1,23 @@
-"""The conformance suite as a user runs it, in a pytest subprocess: a broken implementation fails
-its own tests with a clear message and the run goes on to report everything else."""
+"""The conformance suite as a user runs it, in a pytest process of its own (tests/conftest.py,
+suite_runner): a broken implementation fails its own tests with a clear message and the run goes on
+to report everything else."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def run_suite(impl: str, *args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "pytest", "conformance/test_collectives.py", "-q", "-p", "no:cacheprovider",
-               "--impl", impl, "--hypothesis-profile=ci", "--rank-timeout", "5", *args]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+@pytest.fixture
+def run_suite(suite_runner):
+    def run(impl: str, *args: str):
+        return suite_runner.run("conformance/test_collectives.py", "-q", "-p", "no:cacheprovider", "--impl", impl,
+                                "--hypothesis-profile=ci", "--rank-timeout", "5", *args)
+    return run
 
 
 def scorecard_row(output: str, capability: str) -> list[str]:
@@ -26,7 +26,7 @@ def scorecard_row(output: str, capability: str) -> list[str]:
     return rows[-1]
 
 
-def test_a_crashing_collective_fails_alone_and_the_run_continues():
+def test_a_crashing_collective_fails_alone_and_the_run_continues(run_suite):
     result = run_suite(str(FIXTURES / "crashing_impl.py"), "-k", "test_all_reduce and SUM or test_broadcast or test_gather")
     assert result.returncode == 1, result.stdout[-3000:]
     assert "1 failed, 2 passed" in result.stdout
@@ -35,7 +35,7 @@ def test_a_crashing_collective_fails_alone_and_the_run_continues():
     assert scorecard_row(result.stdout, "broadcast")[-1] == "pass"
 
 
-def test_missing_functions_fail_their_own_tests_and_never_collection():
+def test_missing_functions_fail_their_own_tests_and_never_collection(run_suite):
     result = run_suite(str(FIXTURES / "partial_impl.py"), "-k", "test_broadcast or test_scatter and not gather or test_all_reduce and MAX")
     assert result.returncode == 6, result.stdout[-3000:]  # only "not implemented" failures: not pytest's 1
     assert "2 failed, 1 passed" in result.stdout
@@ -44,7 +44,7 @@ def test_missing_functions_fail_their_own_tests_and_never_collection():
     assert "exit status 6: every failure is something the implementation does not provide" in result.stdout
 
 
-def test_claiming_only_what_is_provided_ends_green():
+def test_claiming_only_what_is_provided_ends_green(run_suite):
     result = run_suite(str(FIXTURES / "partial_impl.py"), "--capability", "broadcast,all_reduce",
                        "-k", "test_broadcast or test_all_reduce and MAX")
     assert result.returncode == 6, result.stdout[-3000:]  # all_reduce is claimed and missing
@@ -53,7 +53,7 @@ def test_claiming_only_what_is_provided_ends_green():
     assert scorecard_row(result.stdout, "broadcast")[-1] == "pass"
 
 
-def test_a_hanging_collective_is_cut_at_the_deadline_without_shrinking():
+def test_a_hanging_collective_is_cut_at_the_deadline_without_shrinking(run_suite):
     result = run_suite(str(FIXTURES / "hanging_impl.py"), "-k", "test_all_reduce and SUM or test_broadcast",
                        "--rank-timeout", "2")
     assert result.returncode == 1, result.stdout[-3000:]
@@ -62,7 +62,7 @@ def test_a_hanging_collective_is_cut_at_the_deadline_without_shrinking():
     assert "hanging_impl.py" in result.stdout  # the hung rank's stack points at the culprit
 
 
-def test_the_starter_template_scores_not_implemented_and_breaks_nothing():
+def test_the_starter_template_scores_not_implemented_and_breaks_nothing(run_suite):
     result = run_suite("starter/student_impl.py", "-k", "test_broadcast or test_all_reduce and SUM")
     assert result.returncode == 6, result.stdout[-3000:]
     assert "2 failed" in result.stdout
@@ -70,7 +70,7 @@ def test_the_starter_template_scores_not_implemented_and_breaks_nothing():
     assert scorecard_row(result.stdout, "broadcast")[-2:] == ["not", "implemented"]
 
 
-def test_an_implementation_that_patches_the_oracle_and_harness_in_its_ranks_still_fails(tmp_path):
+def test_an_implementation_that_patches_the_oracle_and_harness_in_its_ranks_still_fails(run_suite):
     marker = Path(__import__("tempfile").gettempdir()) / "conformance-grade-forged"
     marker.unlink(missing_ok=True)
     result = run_suite(str(FIXTURES / "grade_forging_impl.py"), "-k", "test_all_reduce and SUM or test_broadcast")
@@ -88,14 +88,14 @@ def test_an_implementation_that_patches_the_oracle_and_harness_in_its_ranks_stil
     pytest.param(["--backend", "nccl"], "--backend nccl needs at least one visible GPU; none is visible",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")),
 ])
-def test_a_bad_option_is_one_usage_error_that_names_it_before_any_test_runs(option, message):
+def test_a_bad_option_is_one_usage_error_that_names_it_before_any_test_runs(run_suite, option, message):
     result = run_suite("impls", *option)
-    assert result.returncode == 4, result.stdout[-3000:] + result.stderr[-3000:]  # pytest's usage-error code
+    assert result.returncode == 4, result.stdout[-3000:]  # pytest's usage-error code
     assert f"ERROR: {message}" in result.stderr
     assert "passed" not in result.stdout and "INTERNALERROR" not in result.stderr
 
 
-def test_a_run_that_cannot_draw_two_ranks_reports_not_tested_never_pass(tmp_path):
+def test_a_run_that_cannot_draw_two_ranks_reports_not_tested_never_pass(run_suite, tmp_path):
     """What a 1-GPU runner with --backend nccl gets (here: --max-world-size 1 on gloo): nothing
     needing two ranks ran, so nothing is counted as passed, and every output says why."""
     result = run_suite("impls", "-k", "test_all_reduce and SUM or test_broadcast", "--max-world-size", "1",
@@ -109,13 +109,12 @@ def test_a_run_that_cannot_draw_two_ranks_reports_not_tested_never_pass(tmp_path
     assert f'name="coverage" value="{coverage}"' in (tmp_path / "junit.xml").read_text()
 
 
-def test_every_test_of_a_run_without_two_ranks_is_skipped_with_why_never_failed():
+def test_every_test_of_a_run_without_two_ranks_is_skipped_with_why_never_failed(suite_runner):
     """Measured on a 1-GPU H200 with --backend nccl: tests that draw a layout of two or more ranks
     (the audit's) asked the pool for a world the plan does not have and failed with a ValueError.
     Every conformance test, at --max-world-size 1, must be skipped in the driver with the reason."""
-    command = [sys.executable, "-m", "pytest", "conformance", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
-               "--hypothesis-profile=ci", "--max-world-size", "1", "-rs"]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    result = suite_runner.run("conformance", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+                              "--hypothesis-profile=ci", "--max-world-size", "1", "-rs")
     assert result.returncode == 0, result.stdout[-3000:]
     summary = result.stdout.strip().splitlines()[-1]
     assert summary.split()[1] == "skipped" and "passed" not in summary and "failed" not in summary, summary
@@ -124,17 +123,16 @@ def test_every_test_of_a_run_without_two_ranks_is_skipped_with_why_never_failed(
     assert len(rows) >= 20, result.stdout[-3000:]
 
 
-def test_an_example_torch_cannot_run_is_rejected_and_the_test_goes_on(tmp_path):
+def test_an_example_torch_cannot_run_is_rejected_and_the_test_goes_on(suite_runner, tmp_path):
     """The project's adapter of torch's pipelining refuses most random orders (its runtime looks a
     loss up by microbatch position): those examples are rejected and others drawn until 50 were
     refused, so torch's runtime still runs some; a test none of whose examples it can run (unequal
     microbatches) is skipped with the reasons after ten. Before, the first refusal skipped the whole
     test."""
     junit = tmp_path / "junit.xml"
-    command = [sys.executable, "-m", "pytest", "conformance/test_pipeline_parallel.py", "-q", "-p", "no:cacheprovider",
-               "-p", "no:randomly", "--impl", "adapters.torch_native", "--hypothesis-profile=ci", "-rs",
-               "-k", "test_any_valid_schedule or test_unequal", f"--junitxml={junit}"]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    result = suite_runner.run("conformance/test_pipeline_parallel.py", "-q", "-p", "no:cacheprovider",
+                              "-p", "no:randomly", "--impl", "adapters.torch_native", "--hypothesis-profile=ci", "-rs",
+                              "-k", "test_any_valid_schedule or test_unequal", f"--junitxml={junit}")
     assert result.returncode == 0, result.stdout[-3000:]
     assert "1 passed, 1 skipped" in result.stdout, result.stdout[-3000:]
     assert "no drawn example ran: 10x torch.distributed.pipelining cannot run microbatches of unequal sizes" \

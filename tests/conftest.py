@@ -1,0 +1,35 @@
+"""Fixtures of the project's own tests."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.driver.warm_pytest import WarmPytest
+from harness.driver.world import PRELOAD
+
+ROOT = Path(__file__).parent.parent
+SUITE_TIMEOUT_S = 600.0  # a guard against a run that never ends, never a measure: runs take seconds
+
+
+class SuiteRunner:
+    """Runs ``python -m pytest ARGS`` from the repository's root as a user would, each run its own
+    process and pytest session, forked from a template that imported torch once and whose forkserver
+    forks every run's ranks (harness/driver/warm_pytest.py): a run then skips about 2.5 s of CPU of
+    imports (its own interpreter's torch, its forkserver's torch and torch._dynamo). A run's stdout
+    and stderr are one stream there: the result holds it as both."""
+
+    def __init__(self, warm: WarmPytest):
+        self._warm = warm
+
+    def run(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        code, output, _ = self._warm.run(list(args), cwd=str(ROOT), env=env, timeout_s=SUITE_TIMEOUT_S)
+        return subprocess.CompletedProcess([sys.executable, "-m", "pytest", *args], code, output, output)
+
+
+@pytest.fixture(scope="session")
+def suite_runner():
+    with WarmPytest(forkserver_preload=PRELOAD) as warm:
+        yield SuiteRunner(warm)
