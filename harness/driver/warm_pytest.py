@@ -59,6 +59,12 @@ class _Run:
         self.output_path = output_path
         self.code: Future = Future()
         self.pid: int | None = None
+        self.forked = threading.Event()  # its pid is known, or the template is gone
+        self.forked_at = 0.0
+
+    def started(self, pid: int) -> None:
+        self.pid, self.forked_at = pid, time.monotonic()
+        self.forked.set()
 
 
 class WarmPytest:
@@ -104,9 +110,13 @@ class WarmPytest:
             os.unlink(output_path)
 
     def _wait(self, run: _Run, timeout_s: float | None) -> tuple[int | None, str]:
-        """The run's exit code (None: left to a subprocess), killing its child past ``timeout_s``."""
+        """The run's exit code (None: left to a subprocess), killing its child ``timeout_s`` after it
+        was forked (a template still importing torch has not started it yet)."""
+        if timeout_s is None:
+            return run.code.result(), ""
+        run.forked.wait()
         try:
-            return run.code.result(timeout=timeout_s), ""
+            return run.code.result(timeout=max(0.0, run.forked_at + timeout_s - time.monotonic())), ""
         except FutureTimeout:
             with self._lock:
                 pid = run.pid
@@ -167,7 +177,7 @@ class WarmPytest:
             with self._lock:
                 run = self._pending.get(answer["id"])
                 if run is not None and "pid" in answer:
-                    run.pid = answer["pid"]
+                    run.started(answer["pid"])
                     continue
                 self._pending.pop(answer["id"], None)
             if run is not None:
@@ -181,6 +191,7 @@ class WarmPytest:
         for run in self._pending.values():
             if not run.code.done():
                 run.code.set_result(None)
+            run.forked.set()
         self._pending.clear()
 
 
