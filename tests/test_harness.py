@@ -50,6 +50,8 @@ def test_ranks_run_with_the_thread_count_the_pool_asks_for(threads):
     with WorldPool("gloo", timeout_s=10.0, threads_per_rank=threads) as pool:
         result = pool.run(2, ENVIRONMENT, [{}] * 2, impl="torch.distributed")
     assert [out["threads"] for out in result.outputs] == [threads, threads]
+    # whatever PYTHONDONTWRITEBYTECODE says: a .pyc a rank wrote during a task was counted by the audit
+    assert not any(out["writes_bytecode"] for out in result.outputs)
 
 
 def test_hang_is_reported_with_every_ranks_stack_and_the_next_task_runs(pool):

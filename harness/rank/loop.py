@@ -60,6 +60,10 @@ def serve(config: RankConfig) -> None:
     if config.environment is not None:
         os.environ.clear()
         os.environ.update(config.environment)
+    # A rank never writes bytecode: the kernel's count of the bytes it writes is the audit's evidence,
+    # and a module first imported during a task (a rank program, the implementation) wrote its .pyc
+    # there, counted as communication around the recorder. It still reads the bytecode there is.
+    sys.dont_write_bytecode = True
     if config.threads is not None:
         # OMP_NUM_THREADS alone is read when OpenMP loads, which the forkserver's preload of torch
         # has already done: without set_num_threads every rank ran cores-many threads (4 ranks x 2
