@@ -25,9 +25,11 @@ What is not a deadlock, and why each is safe:
 * a long pure-CPU operation inside a call (gloo reducing a large tensor): CPU time rises;
 * a machine so loaded that ranks wait for a core: their threads are runnable.
 
-Where the counters cannot be read (a contained rank whose ``/proc/<pid>/io`` refuses a driver
-without CAP_SYS_PTRACE), the flight recorder is off or the ranks are on other hosts, nothing is
-known and the deadline stays the only judge. NCCL worlds are not watched: a GPU's work and its
+A driver without CAP_SYS_PTRACE (a container's default capabilities) may not read a contained
+rank's ``/proc/<pid>/io``; the world then gives the watch a reader that asks a forked child of the
+ranks' own uid (containment.read_counters_as). Where the counters still cannot be read, the flight
+recorder is off or the ranks are on other hosts, nothing is known and the deadline stays the only
+judge. NCCL worlds are not watched: a GPU's work and its
 NVLink traffic show in none of these counters.
 """
 from __future__ import annotations
@@ -35,7 +37,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from harness.driver import disagreement
@@ -188,10 +190,15 @@ def read_cpu(pid: int) -> tuple[int, bool] | None:
         return None
 
 
-def sample_rank(rank: int, pid: int, ring: str, replied: bool) -> RankSample:
+def read_io_each(pids: Sequence[int]) -> list[int | None]:
+    """:func:`read_io` of every process, by this process."""
+    return [read_io(pid) for pid in pids]
+
+
+def sample_rank(rank: int, pid: int, ring: str, replied: bool, io: int | None) -> RankSample:
     activity, cpu = read_activity(ring), read_cpu(pid)
     return RankSample(rank, replied, None if activity is None else activity[0],
-                      None if activity is None else activity[1], read_io(pid),
+                      None if activity is None else activity[1], io,
                       None if cpu is None else cpu[0], None if cpu is None else cpu[1])
 
 
@@ -199,13 +206,15 @@ def sample_rank(rank: int, pid: int, ring: str, replied: bool) -> RankSample:
 class Watch:
     """Samples one task's ranks while the driver waits for their replies.
 
-    ``ranks``: (rank, pid, flight recorder path) for every rank of the world. The driver waits at
-    most :meth:`timeout` at a time and calls :meth:`check` after each wait."""
+    ``ranks``: (rank, pid, flight recorder path) for every rank of the world; ``read_io``: the I/O
+    counts of those pids, in order (None where unreadable). The driver waits at most :meth:`timeout`
+    at a time and calls :meth:`check` after each wait."""
 
     def __init__(self, ranks: Sequence[tuple[int, int, str]], task: int, *, interval_s: float = SAMPLE_INTERVAL_S,
-                 clock=time.monotonic):
+                 clock=time.monotonic, read_io: Callable[[Sequence[int]], list[int | None]] = read_io_each):
         self.ranks = list(ranks)
         self.task = task
+        self._read_io = read_io
         self.interval_s = interval_s
         self.found: Deadlock | None = None
         self._clock = clock
@@ -221,7 +230,9 @@ class Watch:
         now = self._clock()
         if self.found is None and now >= self._next:
             self._next = now + self.interval_s
-            ranks = tuple(sample_rank(rank, pid, ring, rank in replied) for rank, pid, ring in self.ranks)
+            counts = self._read_io([pid for _, pid, _ in self.ranks])
+            ranks = tuple(sample_rank(rank, pid, ring, rank in replied, io)
+                          for (rank, pid, ring), io in zip(self.ranks, counts))
             self._samples.append(Sample(now, ranks))
             self.found = verdict(list(self._samples), self.task)
         return self.found

@@ -1,0 +1,82 @@
+"""What a course chose when it built its autograder (``scripts/autograder``), written into the zip as
+``autograder.json`` and read back by ``run_autograder``: which capabilities the submission is graded
+on, the rubric, what the submission is (one file of the contract, or a CS336 repository), the
+platform's time limit and the total to scale to. Every value is checked when the zip is built and
+again when it is read, and a bad one is a :class:`ConfigError` naming the key."""
+from __future__ import annotations
+
+import json
+import posixpath
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from harness.driver import capabilities
+
+FILE_NAME = "autograder.json"
+CS336 = "cs336"  # ``expects``: a CS336 assignment 2 repository, graded through adapters.cs336
+PLATFORM_DEFAULT_LIMIT_S = 600  # Gradescope's default time limit (10 minutes; 40 at most)
+PLATFORM_MAX_LIMIT_S = 2400
+CONTAIN_CHOICES = ("yes", "no")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class AutograderConfig:
+    expects: str  # the submission's file, relative to its root ("student_impl.py"), or CS336
+    capability: str | None = None  # --capability: names and groups, comma-separated; None: every one
+    rubric: str = "grading/rubric.toml"  # relative to the suite's root inside the zip
+    time_limit_s: float = PLATFORM_DEFAULT_LIMIT_S  # what the course set on the platform
+    points_possible: float | None = None
+    contain_ranks: str = "yes"  # "no" only where the platform cannot contain ranks (the report says so)
+    suite_version: str = ""
+
+    @property
+    def is_cs336(self) -> bool:
+        return self.expects == CS336
+
+    def check(self) -> AutograderConfig:
+        """Raises ConfigError naming the first bad key; returns self."""
+        if self.is_cs336:
+            pass
+        elif (not self.expects.endswith(".py") or posixpath.isabs(self.expects)
+              or ".." in posixpath.normpath(self.expects).split("/") or "\\" in self.expects):
+            raise ConfigError(f"expects = {self.expects!r}: expected a .py file relative to the submission's root "
+                              f"(e.g. student_impl.py) or {CS336!r} (a CS336 assignment 2 repository)")
+        try:
+            capabilities.select(self.capability)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        if not 60 <= self.time_limit_s <= PLATFORM_MAX_LIMIT_S:
+            raise ConfigError(f"time_limit_s = {self.time_limit_s!r}: the platform allows 60 to "
+                              f"{PLATFORM_MAX_LIMIT_S} seconds (its default is {PLATFORM_DEFAULT_LIMIT_S})")
+        if self.points_possible is not None and not 0 < self.points_possible < float("inf"):
+            raise ConfigError(f"points_possible = {self.points_possible!r}: expected a positive number of points")
+        if self.contain_ranks not in CONTAIN_CHOICES:
+            raise ConfigError(f"contain_ranks = {self.contain_ranks!r}: expected one of {', '.join(CONTAIN_CHOICES)}")
+        return self
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+
+def load(path: Path) -> AutograderConfig:
+    """The config in ``path``, checked."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"{path}: {error}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    known = set(AutograderConfig.__dataclass_fields__)
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{path}: unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}")
+    if "expects" not in data:
+        raise ConfigError(f"{path}: no 'expects' (the submission's file, or {CS336!r})")
+    try:
+        return AutograderConfig(**data).check()
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {error}") from None

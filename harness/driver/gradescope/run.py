@@ -1,0 +1,226 @@
+"""What ``run_autograder`` does, once per submission, as root in a fresh container:
+
+1. read the course's choices (``autograder.json``, written by ``scripts/autograder``);
+2. check the submission before any rank starts (:mod:`precheck`): a missing or misnamed file, a syntax
+   error or an import error is one failed test that says what was expected, with score 0;
+3. run the conformance suite under the grading profile, ranks contained, with a time budget taken
+   from the platform's limit less what starting and reporting need, so a slow submission gets the
+   suite's report ("not run" for what was left) and never the platform's silent zero;
+4. make sure ``results.json`` exists and says what happened, whatever the suite did (a usage error, a
+   refusal to run uncontained, a crash of the driver, the hard stop before the platform's limit).
+
+Usage (run_autograder calls it from the suite's folder)::
+
+    python -m harness.driver.gradescope.run [--root /autograder]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from harness.driver.gradescope import precheck
+from harness.driver.gradescope.config import FILE_NAME, AutograderConfig, ConfigError, load
+from harness.rank import containment
+
+SUITE = Path(__file__).resolve().parents[3]
+# What the budget leaves of the platform's limit: the container's start and this process before the
+# suite (measured: 10-25 s on 1 vCPU), the suite's start and collection (15-40 s), the test running
+# when the budget ends (its deadline never passes the budget) and the report. The hard stop comes
+# HARD_STOP_MARGIN_S before the limit, so results.json is final before the platform kills the container.
+RESERVE_S, RESERVE_FRACTION = 60.0, 0.1
+HARD_STOP_MARGIN_S = 20.0
+TAIL_LINES = 60
+
+
+def budget_for(config: AutograderConfig, elapsed_s: float) -> float:
+    """The suite's --time-budget: the platform's limit less the reserve and what has already passed."""
+    return max(30.0, config.time_limit_s - RESERVE_S - RESERVE_FRACTION * config.time_limit_s - elapsed_s)
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()
+    parser = argparse.ArgumentParser(prog="run_autograder", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", type=Path, default=Path(os.environ.get("CONFORMANCE_AUTOGRADER_ROOT", "/autograder")),
+                        help="the platform's folder: submission/, results/ (default /autograder)")
+    args = parser.parse_args(argv)
+    results = args.root / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    try:
+        config = load(SUITE / FILE_NAME)
+    except ConfigError as error:
+        return _grader_error(results, None, f"the autograder's {FILE_NAME} is not valid ({error}); rebuild the zip "
+                             "with scripts/autograder")
+    submission = args.root / "submission"
+    found = precheck.locate(submission, config) if submission.is_dir() else precheck.Problem(
+        "The submission has the expected file", f"no submission folder at {submission}")
+    if isinstance(found, precheck.Found):
+        staged = _staged(submission)  # removed when the run ends
+        found = _moved(found, submission, staged)
+        problem = precheck.syntax_problem(found) or precheck.import_problem(
+            found, contain=config.contain_ranks == "yes" and containment.possible())
+    else:
+        problem = found
+    if problem is not None:
+        if isinstance(found, precheck.Found):
+            shutil.rmtree(staged, ignore_errors=True)
+        print(f"[autograder] {problem.name}: no\n{problem.message}", flush=True)
+        _write_one_test(results, config, problem.name, problem.message)
+        return 0
+    if found.note:
+        print(f"[autograder] {found.note}", flush=True)
+    try:
+        return _run_suite(config, found, results, started)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+
+
+def _staged(submission: Path) -> Path:
+    """A copy of the submission that contained ranks can read and not write: root's, world-readable,
+    in a fresh folder (the platform's own folder may not be reachable by other users)."""
+    staged = Path(tempfile.mkdtemp(prefix="conformance-submission-"))
+    shutil.copytree(submission, staged, symlinks=True, dirs_exist_ok=True)
+    for folder, dirs, files in os.walk(staged):
+        os.chmod(folder, 0o755)
+        for name in files:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o644)
+    return staged
+
+
+def _moved(found: precheck.Found, old: Path, new: Path) -> precheck.Found:
+    def moved(value: str) -> str:
+        path = Path(value)
+        return str(new / path.relative_to(old)) if path.is_absolute() and path.is_relative_to(old) else value
+    return precheck.Found(moved(found.impl), {k: moved(v) for k, v in found.env.items()}, found.note)
+
+
+def suite_command(config: AutograderConfig, found: precheck.Found, results: Path, budget_s: float) -> list[str]:
+    command = [sys.executable, "-m", "pytest", "conformance", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
+               "--impl", found.impl, "--hypothesis-profile=grading", "--report-dir", str(results),
+               "--rubric", str(SUITE / config.rubric), "--time-budget", f"{budget_s:.0f}",
+               "--contain-ranks", config.contain_ranks]
+    if config.capability:
+        command += ["--capability", config.capability]
+    if config.points_possible is not None:
+        command += ["--points-possible", f"{config.points_possible:g}"]
+    if config.is_cs336:
+        command += ["--scope", "cs336"]
+    return command
+
+
+def _run_suite(config: AutograderConfig, found: precheck.Found, results: Path, started: float) -> int:
+    budget = budget_for(config, time.monotonic() - started)
+    hard_stop = config.time_limit_s - HARD_STOP_MARGIN_S - (time.monotonic() - started)
+    command = suite_command(config, found, results, budget)
+    print(f"[autograder] time budget {budget:.0f} s of the platform's {config.time_limit_s:g} s; "
+          f"{' '.join(command[1:])}", flush=True)
+    (results / "results.json").unlink(missing_ok=True)  # only the suite's own results, or ours, may be there
+    process = subprocess.Popen(command, cwd=SUITE, env={**os.environ, **found.env, "PYTHONUNBUFFERED": "1"},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    reader = threading.Thread(target=_forward, args=(process.stdout, tail), daemon=True)
+    reader.start()
+    stopped = False
+    try:
+        code = process.wait(timeout=max(1.0, hard_stop))
+    except subprocess.TimeoutExpired:
+        stopped = True
+        os.killpg(process.pid, signal.SIGKILL)
+        code = process.wait()
+    reader.join(timeout=5)
+    return _settle(config, results, code, stopped, list(tail))
+
+
+def _forward(stream, tail: collections.deque) -> None:
+    """The suite's output to the platform's log (bounded per line), its last lines kept for the report."""
+    for raw in iter(stream.readline, b""):
+        line = raw[:4000].decode(errors="replace").rstrip("\n")
+        tail.append(line)
+        print(line, flush=True)
+
+
+def _settle(config: AutograderConfig, results: Path, code: int, stopped: bool, tail: list[str]) -> int:
+    """results.json says what happened: the suite's own when it wrote one, annotated when it was cut."""
+    path = results / "results.json"
+    try:
+        written = json.loads(path.read_text())
+    except (OSError, ValueError):
+        written = None
+    if written is None or not written.get("tests"):
+        reason = ("the suite was stopped at the platform's time limit before it wrote a report" if stopped
+                  else f"the suite ended (exit code {code}) before it wrote a report")
+        return _grader_error(results, config, reason + ":\n" + "\n".join(tail[-25:]))
+    if stopped or not written.get("extra_data", {}).get("complete", False):
+        note = (f"\n\nThe run was stopped {HARD_STOP_MARGIN_S:g} s before the platform's limit of "
+                f"{config.time_limit_s:g} s; tests that had not reported are listed as not run." if stopped else
+                f"\n\nThe suite ended (exit code {code}) before its report was complete; tests that had not reported "
+                "are listed as not run.")
+        written["output"] = written.get("output", "") + note
+        _write_json(path, written)
+    return 0
+
+
+def _grader_error(results: Path, config: AutograderConfig | None, message: str) -> int:
+    """A report when the suite could not grade: visible, score 0, the cause for course staff."""
+    print(f"[autograder] could not grade: {message}", flush=True)
+    _write_one_test(results, config, "The autograder ran", "The autograder could not grade this submission; "
+                    f"course staff have been shown why.\n\n{message}")
+    return 1
+
+
+def _write_one_test(results: Path, config: AutograderConfig | None, name: str, message: str) -> None:
+    """results.json with a single test: what a submission the suite cannot grade gets (score 0 of the
+    maximum it would have had, so the course's total stays the same)."""
+    maximum = _maximum(config)
+    _write_json(results / "results.json", {
+        "score": 0.0,
+        "max_score": maximum,
+        "output": message,
+        "visibility": "visible",
+        "stdout_visibility": "visible",
+        "tests": [{"name": name, "number": "0.1", "score": 0.0, "max_score": maximum,
+                   "status": "failed", "output": message, "visibility": "visible"}],
+        "extra_data": {"complete": True, "precheck": name, "expects": config.expects if config else None},
+    })
+
+
+def _maximum(config: AutograderConfig | None) -> float:
+    """The points the claimed capabilities are worth in the rubric (or the total the course set)."""
+    if config is None:
+        return 0.0
+    if config.points_possible is not None:
+        return float(config.points_possible)
+    import tomllib
+
+    from harness.driver import capabilities
+
+    try:
+        with open(SUITE / config.rubric, "rb") as file:
+            rubric = tomllib.load(file)
+        if rubric.get("points_possible"):
+            return float(rubric["points_possible"])
+        claimed = capabilities.select(config.capability)
+        return float(sum(points for name, points in rubric.get("capabilities", {}).items() if name in claimed))
+    except (OSError, ValueError):
+        return 0.0
+
+
+def _write_json(path: Path, data: dict) -> None:
+    temporary = path.with_name(path.name + ".partial")
+    temporary.write_text(json.dumps(data, indent=2))
+    os.replace(temporary, path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
