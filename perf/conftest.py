@@ -30,6 +30,8 @@ def pytest_addoption(parser):
     group.addoption("--perf-world-sizes", default="1,2,3,4", help="world sizes to sweep (default 1,2,3,4; 8 on request)")
     group.addoption("--perf-full", action="store_true", help="sweep 4 KiB to 64 MiB in steps of 4x")
     group.addoption("--perf-out", default=str(Path(__file__).parent / "out"), help="where the plots go")
+    group.addoption("--grading-tiers", nargs="?", const="all", default=None, metavar="CPUS/MIB:SUBMISSION,...",
+                    help="run the autograder tier benchmark (perf/test_grading_tiers.py): every row, or those named")
     group.addoption("--write-measured", default=None, metavar="FILE",
                     help="write the figures of this run into FILE's measured table (scripts/bench: docs/measured.md)")
 

@@ -2,23 +2,20 @@
 unpacks it, installed by its setup.sh, and its run_autograder run on submissions in an emulated
 grading container (harness/driver/gradescope/container.py: Docker's default capabilities, a CPU
 quota, a memory limit, no network), each on a small claimed subset so the test command stays fast.
-The full tier table is a benchmark (perf/tiers.py), not a test."""
+The full tier table is a benchmark (perf/test_grading_tiers.py), not a test."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
 
-from harness.driver.gradescope import build, config, container, precheck, run
+from harness.driver.gradescope import config, container, precheck, run, trial
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -27,81 +24,41 @@ TIER = container.Limits(cpus=1.0, memory_bytes=1536 << 20)  # Gradescope's 1 vCP
 CORRECT = "from impls import *  # noqa: F403 - the bundled implementations, handed in as a student's file\n"
 
 
-def _lock_digest() -> str:
-    return hashlib.sha256((ROOT / "requirements.lock").read_bytes()).hexdigest()[:12]
-
-
 @pytest.fixture(scope="session")
-def installed(tmp_path_factory):
-    """The zip built for CLAIMED, unpacked into <root>/source and installed by its own setup.sh. The
-    virtual environment is kept between runs under /var/tmp, by the lock's hash, so only the first run on
-    a machine downloads torch (setup.sh then finds every package installed)."""
+def installed():
+    """The zip built for CLAIMED, unpacked and installed by its own setup.sh (trial.install)."""
     reason = container.unavailable(TIER)
     if reason:
         pytest.skip(f"no grading container can be emulated here: {reason}")
-    base = Path(tempfile.mkdtemp(prefix="conformance-autograder-"))  # /tmp: every user may traverse it
-    os.chmod(base, 0o755)
-    zip_path = base / "autograder.zip"
-    settings = config.AutograderConfig(expects="student_impl.py", capability=CLAIMED, suite_version="test").check()
-    build.build(settings, ROOT / "grading" / "rubric.toml", zip_path)
-    source = base / "source"
-    with zipfile.ZipFile(zip_path) as archive:
-        archive.extractall(source)
-        for info in archive.infolist():  # zipfile drops the modes: Gradescope's unzip keeps them
-            os.chmod(source / info.filename, (info.external_attr >> 16) & 0o777)
-    venv = Path(f"/var/tmp/conformance-autograder-venv-{_lock_digest()}")
-    setup = subprocess.run(["bash", str(source / "setup.sh")], capture_output=True, text=True, timeout=1800,
-                           env={**os.environ, "CONFORMANCE_AUTOGRADER_VENV": str(venv), "CONFORMANCE_TORCH_INDEX": ""})
-    assert setup.returncode == 0, setup.stdout[-3000:] + setup.stderr[-3000:]
-    assert "[setup] ready: torch" in setup.stdout and "CPU build" in setup.stdout, setup.stdout
-    yield base, venv
-    shutil.rmtree(base, ignore_errors=True)
+    installed = trial.install(config.AutograderConfig(expects="student_impl.py", capability=CLAIMED,
+                                                      suite_version="test").check())
+    yield installed
+    trial.remove(installed)
 
 
-def grade(installed, files: dict[str, str | Path], *, limits: container.Limits = TIER,
-          env: dict[str, str] | None = None, settings: dict | None = None):
-    """run_autograder on a submission of ``files`` (name: text, or a file to copy), as the platform runs
-    it: a fresh /autograder-like root, its own copy of run_autograder, in the emulated container.
-    ``{root}`` in a value of ``env`` is that root; ``settings`` changes the course's choices."""
-    base, venv = installed
-    root = Path(tempfile.mkdtemp(prefix="root-", dir=base))
-    os.chmod(root, 0o755)
-    (root / "source").symlink_to(base / "source")
-    submission = root / "submission"
-    submission.mkdir()
-    for name, content in files.items():
-        (submission / name).parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, Path):
-            shutil.copy(content, submission / name)
-        else:
-            (submission / name).write_text(content)
-    if settings:  # another course's choices: this root gets its own copy of the suite
-        (root / "source").unlink()
-        shutil.copytree(base / "source", root / "source", symlinks=True)
-        chosen = {**json.loads((base / "source" / config.FILE_NAME).read_text()), **settings}
-        (root / "source" / config.FILE_NAME).write_text(json.dumps(chosen))
-    shutil.copy(base / "source" / "run_autograder", root / "run_autograder")
-    outcome = container.run([str(root / "run_autograder")], limits, cwd=root, timeout_s=900,
-                            env={**os.environ, "CONFORMANCE_AUTOGRADER_ROOT": str(root),
-                                 "CONFORMANCE_AUTOGRADER_VENV": str(venv),
-                                 **{k: v.format(root=root) for k, v in (env or {}).items()}})
-    results = json.loads((root / "results" / "results.json").read_text())
-    return outcome, results, root
+def grade(installed, files, *, limits: container.Limits = TIER, env=None, settings=None):
+    graded = trial.grade(installed, files, limits, env=env, settings=settings, timeout_s=900)
+    return graded.outcome, graded.results, graded.root
 
 
 def _statuses(results: dict) -> set[str]:
     return {test["status"] for test in results["tests"]}
 
 
-def test_a_correct_submission_gets_full_marks_in_the_container(installed):
-    outcome, results, _ = grade(installed, {"student_impl.py": CORRECT})
+def test_a_correct_submission_gets_full_marks_in_the_container_within_the_courses_time_limit(installed):
+    # in a subfolder, as a zip of a folder arrives; the course's limit of 2 minutes sets the budget
+    outcome, results, _ = grade(installed, {"hw2/student_impl.py": CORRECT}, settings={"time_limit_s": 120})
     assert outcome.returncode == 0, outcome.stdout[-3000:] + outcome.stderr[-3000:]
+    assert "graded hw2/student_impl.py" in outcome.stdout, outcome.stdout[:2000]
     assert results["extra_data"]["complete"], results["output"]
     assert results["score"] == results["max_score"] == 12.0, results["output"]  # broadcast 4 + all_reduce 8
     assert _statuses(results) == {"passed"}
     assert "ranks contained" in results["extra_data"]["coverage"]
     assert not outcome.leftovers, f"processes outlived the run: {outcome.leftovers}"
     assert outcome.oom_kills == 0
+    budget = float(re.search(r"--time-budget (\d+)", outcome.stdout).group(1))
+    most = run.budget_for(config.AutograderConfig("x.py", time_limit_s=120), elapsed_s=0)
+    assert most - 30 <= budget <= most == 48, outcome.stdout[:2000]  # 120 s less 60 s and a tenth
 
 
 def test_the_starter_scores_zero_with_every_test_not_implemented(installed):
@@ -167,10 +124,65 @@ def test_a_rank_that_tries_to_become_root_stays_unprivileged_and_cannot_forge_th
     shutil.rmtree(log.parent)
 
 
-def test_the_budget_comes_from_the_courses_time_limit_and_a_file_in_a_subfolder_is_found(installed):
-    outcome, results, _ = grade(installed, {"hw2/student_impl.py": CORRECT}, settings={"time_limit_s": 120})
-    assert "graded hw2/student_impl.py" in outcome.stdout, outcome.stdout[:2000]
-    budget = float(re.search(r"--time-budget (\d+)", outcome.stdout).group(1))
-    most = run.budget_for(config.AutograderConfig("x.py", time_limit_s=120), elapsed_s=0)
-    assert most - 30 <= budget <= most == 48, outcome.stdout[:2000]  # 120 s less 60 s and a tenth
-    assert results["extra_data"]["complete"] and results["score"] == 12.0
+# ------------------------------------------------------------------ without a container: fast checks
+def test_the_zip_is_the_same_bytes_for_the_same_choices_and_carries_them(tmp_path):
+    from harness.driver.gradescope import build
+
+    chosen = config.AutograderConfig(expects="hw/impl.py", capability="collectives,audit", time_limit_s=900,
+                                     points_possible=100).check()
+    first = build.build(chosen, ROOT / chosen.rubric, tmp_path / "a.zip")
+    assert build.build(chosen, ROOT / chosen.rubric, tmp_path / "b.zip") == first
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "a.zip") as archive:
+        names = set(archive.namelist())
+        assert {"setup.sh", "run_autograder", "autograder.json", "requirements.lock", "conftest.py"} <= names
+        assert not any("__pycache__" in name or name.startswith("mutants/") for name in names)
+        assert (archive.getinfo("run_autograder").external_attr >> 16) & 0o111
+        assert config.AutograderConfig(**json.loads(archive.read("autograder.json"))) == chosen
+
+
+@pytest.mark.parametrize("choices, words", [
+    (dict(expects="impl.txt"), "expected a .py file"),
+    (dict(expects="../impl.py"), "expected a .py file"),
+    (dict(expects="impl.py", capability="collectivez"), "no capability or group 'collectivez'"),
+    (dict(expects="impl.py", time_limit_s=3600), "60 to 2400 seconds"),
+    (dict(expects="impl.py", contain_ranks="maybe"), "contain_ranks"),
+])
+def test_a_bad_choice_is_refused_naming_it(choices, words):
+    with pytest.raises(config.ConfigError, match=re.escape(words)):
+        config.AutograderConfig(**choices).check()
+
+
+def test_an_unknown_key_in_the_zips_choices_is_refused(tmp_path):
+    (tmp_path / "autograder.json").write_text(json.dumps({"expects": "a.py", "capabilitys": "audit"}))
+    with pytest.raises(config.ConfigError, match="unknown key 'capabilitys'"):
+        config.load(tmp_path / "autograder.json")
+
+
+def test_the_submission_is_found_where_students_put_it(tmp_path):
+    expects = config.AutograderConfig(expects="student_impl.py")
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "student_impl.py").write_text("")
+    assert precheck.locate(tmp_path, expects).impl == str(tmp_path / "a" / "b" / "student_impl.py")
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "student_impl.py").write_text("")
+    assert precheck.locate(tmp_path, expects).impl == str(tmp_path / "c" / "student_impl.py")  # the shallower
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "student_impl.py").write_text("")
+    assert "found several" in precheck.locate(tmp_path, expects).message
+    repository = tmp_path / "repo"
+    (repository / "tests").mkdir(parents=True)
+    (repository / "tests" / "adapters.py").write_text("")
+    found = precheck.locate(tmp_path, config.AutograderConfig(expects=config.CS336))
+    assert found.impl == "adapters.cs336" and found.env == {"CS336_SUBMISSION": str(repository)}
+    assert "tests/adapters.py at its root" in precheck.locate(tmp_path / "a", config.AutograderConfig(
+        expects=config.CS336)).message
+
+
+def test_the_budget_leaves_the_platform_time_to_start_and_report():
+    default = config.AutograderConfig("a.py")
+    assert run.budget_for(default, elapsed_s=0) == 480  # 600 s less 60 s and a tenth
+    assert run.budget_for(default, elapsed_s=100) == 380
+    assert run.budget_for(config.AutograderConfig("a.py", time_limit_s=2400), elapsed_s=0) == 2100
+    assert run.budget_for(config.AutograderConfig("a.py", time_limit_s=60), elapsed_s=50) == 30  # never below

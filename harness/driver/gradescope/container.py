@@ -15,6 +15,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ class Outcome:
     stderr: str
     seconds: float
     peak_memory_bytes: int | None  # the memory cgroup's peak (page cache included), None without a limit
+    peak_pss_bytes: int | None  # the largest sum of proportional set sizes over the run's processes, sampled
     oom_kills: int | None  # the kernel's out-of-memory kills in the group, None where unknown
     leftovers: list[int]  # processes still in the run's groups when its command ended (killed after)
 
@@ -108,6 +110,19 @@ class _Groups:
                 return int(line.split()[1])
         return None
 
+    def watch_pss(self, interval_s: float = 0.5) -> threading.Event:
+        """Sample the summed proportional set size of the groups' processes until the event is set:
+        what the run's processes hold, each shared page counted once in all (the cgroup's peak also
+        counts the page cache of every file read)."""
+        done = threading.Event()
+        self.peak_pss = 0
+
+        def sample() -> None:
+            while not done.wait(interval_s):
+                self.peak_pss = max(self.peak_pss, sum(_pss(pid) for pid in self.members()))
+        threading.Thread(target=sample, daemon=True).start()
+        return done
+
     def members(self) -> list[int]:
         return sorted({int(pid) for path in self.paths for pid in (path / "cgroup.procs").read_text().split()})
 
@@ -141,12 +156,25 @@ def run(command: list[str], limits: Limits, *, cwd: str | Path, env: dict | None
     if reason:
         raise RuntimeError(reason)
     groups = _Groups(limits)
+    sampling = groups.watch_pss() if groups.paths else None
     started = time.monotonic()
     try:
         completed = subprocess.run(command_in_container(command, limits), cwd=cwd, env=env, capture_output=True,
                                    text=True, timeout=timeout_s, preexec_fn=groups.join)
         seconds = time.monotonic() - started
+        if sampling is not None:
+            sampling.set()
         return Outcome(completed.returncode, completed.stdout, completed.stderr, seconds, groups.peak(),
-                       groups.oom_kills(), groups.settled_members())
+                       groups.peak_pss if sampling is not None else None, groups.oom_kills(),
+                       groups.settled_members())
     finally:
         groups.remove()
+
+
+def _pss(pid: int) -> int:
+    """A process's proportional set size in bytes (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            return next(int(line.split()[1]) << 10 for line in rollup if line.startswith("Pss:"))
+    except (OSError, StopIteration, ValueError):
+        return 0

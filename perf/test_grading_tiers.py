@@ -1,0 +1,84 @@
+"""The autograder at each of Gradescope's tiers: the zip for every capability, run_autograder in an
+emulated container of the tier's CPU quota and memory (Docker's default capabilities, no network),
+on a correct submission (the bundled implementations handed in as a student's file), the starter,
+a hanging and crashing one, and one whose ranks print 1 GiB each. Each row records the grade, whether
+the report was complete, the wall time against the platform's default limit of 10 minutes, the
+memory cgroup's peak (page cache included) and the largest sum of proportional set sizes.
+
+Slow (a full grading run per row, 3-9 minutes each on the 2-core machine), so it runs only when
+asked: ``scripts/bench perf/test_grading_tiers.py --grading-tiers`` (every row) or
+``--grading-tiers 1/1536:correct,2/3072:chatty`` (cpus/MiB:submission)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from harness.driver.gradescope import config, container, trial
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
+PLATFORM_LIMIT_S = config.PLATFORM_DEFAULT_LIMIT_S
+SUBMISSIONS = {
+    "correct": "from impls import *  # noqa: F403\n",
+    "starter": ROOT / "starter" / "student_impl.py",
+    "hanging and crashing": FIXTURES / "hanging_and_crashing_impl.py",
+    "chatty": FIXTURES / "chatty_impl.py",
+}
+# (vCPU, MiB, submission): Gradescope's tiers, each with the correct submission; the others where
+# the issue asks for them
+ROWS = [(0.5, 768, "correct"), (1, 1536, "correct"), (2, 3072, "correct"), (4, 6144, "correct"),
+        (1, 1536, "starter"), (1, 1536, "hanging and crashing"), (2, 3072, "chatty")]
+
+
+def _chosen(config_option: str | None) -> list[tuple[float, int, str]]:
+    if config_option in (None, "all"):
+        return ROWS
+    rows = []
+    for word in config_option.split(","):
+        tier, _, submission = word.partition(":")
+        cpus, _, mib = tier.partition("/")
+        rows.append((float(cpus), int(mib), submission or "correct"))
+    return rows
+
+
+def pytest_generate_tests(metafunc):
+    if "tier_row" in metafunc.fixturenames:
+        option = metafunc.config.getoption("--grading-tiers", None)
+        rows = _chosen(option) if option is not None else []
+        metafunc.parametrize("tier_row", rows, ids=[f"{c:g}cpu-{m}MiB-{s.replace(' ', '-')}" for c, m, s in rows])
+
+
+@pytest.fixture(scope="module")
+def installed():
+    reason = container.unavailable(container.Limits(cpus=1, memory_bytes=1 << 30))
+    if reason:
+        pytest.skip(reason)
+    installed = trial.install(config.AutograderConfig(expects="student_impl.py", suite_version="tiers").check())
+    yield installed
+    trial.remove(installed)
+
+
+def test_grading_tier(installed, tier_row, figures):
+    cpus, mib, submission = tier_row
+    limits = container.Limits(cpus=cpus, memory_bytes=mib << 20)
+    chatter = {"CHATTY_CALLS": "2"} if submission == "chatty" else {}  # 1 GiB per rank on its first two calls
+    graded = trial.grade(installed, {"student_impl.py": SUBMISSIONS[submission]}, limits, env=chatter)
+    results, outcome = graded.results, graded.outcome
+    tests = results["tests"]
+    statuses = {status: sum(t["status"] == status for t in tests) for status in ("passed", "failed")}
+    complete = results["extra_data"].get("complete", False)
+    full = submission == "correct" and results["score"] == results["max_score"] > 0
+    figure = (f"{results['score']:.2f}/{results['max_score']:.2f}, {len(tests)} tests ({statuses['passed']} passed, "
+              f"{statuses['failed']} failed), {'complete' if complete else 'INCOMPLETE'}; {outcome.seconds:.0f} s; "
+              f"cgroup peak {outcome.peak_memory_bytes / 2**20:.0f} MiB, PSS peak {outcome.peak_pss_bytes / 2**20:.0f} MiB"
+              f"{f', {outcome.oom_kills} OOM kills' if outcome.oom_kills else ''}")
+    met = complete and outcome.seconds < PLATFORM_LIMIT_S and (full or submission != "correct")
+    if cpus > (os.cpu_count() or 1):
+        figure += f" (this machine has {os.cpu_count()} cores)"
+    figures.record(f"autograder at {cpus:g} vCPU / {mib} MiB, every capability: {submission} submission", figure,
+                   f"complete report{' with full marks' if submission == 'correct' else ''} within "
+                   f"{PLATFORM_LIMIT_S} s", met)
+    print(f"\n{cpus:g} vCPU / {mib} MiB, {submission}: {figure}")
+    assert met, figure
