@@ -129,10 +129,13 @@ def DataParallel(module, bucket_size_mb=None):
 class _ChainedState:
     """``state.items()`` over several optimizers' state dicts, each dict once (a wrapper that shares
     its inner optimizer's ``state`` dict holds it once), each parameter's state as often as it is
-    held (state kept in two dicts on one rank counts twice)."""
+    held (state kept in two dicts on one rank counts twice). An optimizer without a ``state`` dict (a
+    subclass of torch.optim.Optimizer that never called its ``__init__``, which the handout allows)
+    holds none."""
 
     def __init__(self, optimizers):
-        self._states = list({id(o.state): o.state for o in optimizers}.values())
+        states = (getattr(o, "state", None) for o in optimizers)
+        self._states = list({id(state): state for state in states if isinstance(state, dict)}.values())
 
     def items(self):
         return itertools.chain.from_iterable(state.items() for state in self._states)

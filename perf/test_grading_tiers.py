@@ -67,11 +67,12 @@ def test_grading_tier(installed, tier_row, figures):
     graded = trial.grade(installed, {"student_impl.py": SUBMISSIONS[submission]}, limits, env=chatter)
     results, outcome = graded.results, graded.outcome
     tests = results["tests"]
-    statuses = {status: sum(t["status"] == status for t in tests) for status in ("passed", "failed")}
+    skipped = [t for t in tests if t.get("output", "").startswith("skipped, not counted")]  # 0 of 0 points
+    statuses = {status: sum(t["status"] == status and t not in skipped for t in tests) for status in ("passed", "failed")}
     complete = results["extra_data"].get("complete", False)
     full = submission == "correct" and results["score"] == results["max_score"] > 0
     figure = (f"{results['score']:.2f}/{results['max_score']:.2f}, {len(tests)} tests ({statuses['passed']} passed, "
-              f"{statuses['failed']} failed), {'complete' if complete else 'INCOMPLETE'}; {outcome.seconds:.0f} s; "
+              f"{statuses['failed']} failed, {len(skipped)} skipped), {'complete' if complete else 'INCOMPLETE'}; {outcome.seconds:.0f} s; "
               f"cgroup peak {outcome.peak_memory_bytes / 2**20:.0f} MiB, PSS peak {outcome.peak_pss_bytes / 2**20:.0f} MiB"
               f"{f', {outcome.oom_kills} OOM kills' if outcome.oom_kills else ''}")
     met = complete and outcome.seconds < PLATFORM_LIMIT_S and (full or submission != "correct")

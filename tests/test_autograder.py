@@ -84,15 +84,15 @@ def test_a_syntax_error_is_one_failed_test_with_its_line(installed):
 
 
 def test_an_import_error_is_one_failed_test_raised_in_a_contained_import(installed):
-    source = "import os\nopen('/tmp/conformance-imported-as', 'w').write(str(os.getuid()))\nimport no_such_module\n"
-    Path("/tmp/conformance-imported-as").unlink(missing_ok=True)
+    witness = Path(tempfile.mkdtemp(prefix="conformance-import-"))
+    os.chmod(witness, 0o777)  # the contained import writes who it ran as here
+    source = f"import os\nopen('{witness}/uid', 'w').write(str(os.getuid()))\nimport no_such_module\n"
     _, results, _ = grade(installed, {"student_impl.py": source})
     [test] = results["tests"]
     assert test["name"] == "The submission imports", test
     assert "No module named 'no_such_module'" in test["output"] and "student_impl.py" in test["output"], test["output"]
-    imported_as = Path("/tmp/conformance-imported-as")
-    assert int(imported_as.read_text()) >= precheck.containment.UID_LOW, "the import ran as root"
-    imported_as.unlink()
+    assert int((witness / "uid").read_text()) >= precheck.containment.UID_LOW, "the import ran as root"
+    shutil.rmtree(witness)
 
 
 def test_a_hanging_and_crashing_submission_gets_a_complete_report(installed):
@@ -186,3 +186,19 @@ def test_the_budget_leaves_the_platform_time_to_start_and_report():
     assert run.budget_for(default, elapsed_s=100) == 380
     assert run.budget_for(config.AutograderConfig("a.py", time_limit_s=2400), elapsed_s=0) == 2100
     assert run.budget_for(config.AutograderConfig("a.py", time_limit_s=60), elapsed_s=50) == 30  # never below
+
+
+def test_the_autograder_draws_the_examples_a_students_checkout_draws(installed):
+    """The grade a student reproduces is the grade they got: the autograder's Python (setup.sh, from
+    the lock) and this checkout's (scripts/bootstrap.sh, from the same lock) draw the same examples."""
+    import subprocess
+    import sys
+
+    command = ["-m", "harness.driver.gradescope.draws", "30"]
+    autograder = subprocess.run([str(installed.venv / "bin" / "python"), *command], cwd=installed.base / "source",
+                                capture_output=True, text=True, timeout=300)
+    checkout = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert autograder.returncode == checkout.returncode == 0, autograder.stderr[-2000:] + checkout.stderr[-2000:]
+    drawn = autograder.stdout.splitlines()
+    assert len(drawn) == 30 and len(set(drawn)) > 10, drawn
+    assert drawn == checkout.stdout.splitlines()
