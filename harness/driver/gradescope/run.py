@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-from harness.driver.gradescope import precheck
+from harness.driver.gradescope import limits, precheck
 from harness.driver.gradescope.config import FILE_NAME, AutograderConfig, ConfigError, load
 from harness.rank import containment
 
@@ -123,8 +123,12 @@ def _run_suite(config: AutograderConfig, found: precheck.Found, results: Path, s
     budget = budget_for(config, time.monotonic() - started)
     hard_stop = config.time_limit_s - HARD_STOP_MARGIN_S - (time.monotonic() - started)
     command = suite_command(config, found, results, budget)
-    print(f"[autograder] time budget {budget:.0f} s of the platform's {config.time_limit_s:g} s; "
-          f"{' '.join(command[1:])}", flush=True)
+    container = limits.read()
+    print(f"[autograder] container: {container}; time budget {budget:.0f} s of the platform's "
+          f"{config.time_limit_s:g} s; {' '.join(command[1:])}", flush=True)
+    if container.cpus < 1:  # measured: docs/measured.md, "Grading tiers"
+        print("[autograder] under 1 CPU, every capability takes about 16 minutes: tests past the budget are "
+              "reported 'not run' (choose 1 vCPU, a longer limit or fewer capabilities)", flush=True)
     (results / "results.json").unlink(missing_ok=True)  # only the suite's own results, or ours, may be there
     process = subprocess.Popen(command, cwd=SUITE, env={**os.environ, **found.env, "PYTHONUNBUFFERED": "1"},
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
@@ -139,7 +143,8 @@ def _run_suite(config: AutograderConfig, found: precheck.Found, results: Path, s
         os.killpg(process.pid, signal.SIGKILL)
         code = process.wait()
     reader.join(timeout=5)
-    return _settle(config, results, code, stopped, list(tail))
+    return _settle(config, results, code, stopped, list(tail),
+                   {"time_limit_s": config.time_limit_s, "budget_s": round(budget), "container": str(container)})
 
 
 def _forward(stream, tail: collections.deque) -> None:
@@ -150,8 +155,10 @@ def _forward(stream, tail: collections.deque) -> None:
         print(line, flush=True)
 
 
-def _settle(config: AutograderConfig, results: Path, code: int, stopped: bool, tail: list[str]) -> int:
-    """results.json says what happened: the suite's own when it wrote one, annotated when it was cut."""
+def _settle(config: AutograderConfig, results: Path, code: int, stopped: bool, tail: list[str],
+            platform: dict) -> int:
+    """results.json says what happened: the suite's own when it wrote one, with the platform's limits
+    it ran under, and a note when it was cut."""
     path = results / "results.json"
     try:
         written = json.loads(path.read_text())
@@ -167,7 +174,8 @@ def _settle(config: AutograderConfig, results: Path, code: int, stopped: bool, t
                 f"\n\nThe suite ended (exit code {code}) before its report was complete; tests that had not reported "
                 "are listed as not run.")
         written["output"] = written.get("output", "") + note
-        _write_json(path, written)
+    written.setdefault("extra_data", {})["autograder"] = platform
+    _write_json(path, written)
     return 0
 
 
