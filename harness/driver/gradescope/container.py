@@ -126,9 +126,11 @@ class _Groups:
     def members(self) -> list[int]:
         return sorted({int(pid) for path in self.paths for pid in (path / "cgroup.procs").read_text().split()})
 
-    def settled_members(self, patience_s: float = 10.0) -> list[int]:
+    def settled_members(self, patience_s: float = 60.0) -> list[int]:
         """What is left in the groups once multiprocessing's helpers (the forkserver, the resource
-        tracker: they exit on their own when the driver's end of their pipe closes) had time to go."""
+        tracker: they exit on their own when the driver's end of their pipe closes) had time to go:
+        an event (the group empties), with a generous upper guard (on a loaded machine they took over
+        10 s to be scheduled)."""
         end = time.monotonic() + patience_s
         while self.members() and time.monotonic() < end:
             time.sleep(0.1)
