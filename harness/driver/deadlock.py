@@ -26,8 +26,8 @@ What is not a deadlock, and why each is safe:
 * a machine so loaded that ranks wait for a core: their threads are runnable.
 
 A driver without CAP_SYS_PTRACE (a container's default capabilities) may not read a contained
-rank's ``/proc/<pid>/io``; the world then gives the watch a reader that asks a forked child of the
-ranks' own uid (containment.read_counters_as). Where the counters still cannot be read, the flight
+rank's ``/proc/<pid>/io``; the world gives the watch a reader that then asks a forked child of the
+ranks' own uid (World._io_counters). Where the counters still cannot be read, the flight
 recorder is off or the ranks are on other hosts, nothing is known and the deadline stays the only
 judge. NCCL worlds are not watched: a GPU's work and its
 NVLink traffic show in none of these counters.
@@ -41,6 +41,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from harness.driver import disagreement
+from harness.rank.containment import parse_io_counters
 from harness.rank.flight_recorder import ACTIVITY, ACTIVITY_OFFSET, HEADER, MAGIC, P2P
 
 SAMPLE_INTERVAL_S = 0.2  # between samples: a deadlock is known about MIN_STILL_S after it began
@@ -163,15 +164,27 @@ def read_activity(ring: str) -> tuple[int, int] | None:
     return ACTIVITY.unpack_from(header, ACTIVITY_OFFSET)
 
 
-def read_io(pid: int) -> int | None:
-    """rchar + wchar of the process: every byte it read or wrote through read/write-family calls,
-    sockets included. None where refused (another uid, without CAP_SYS_PTRACE) or gone."""
+def read_io_counters(pid: int) -> dict[str, int] | None:
+    """/proc/<pid>/io as {"rchar": ..., "wchar": ...}, or None where refused (another uid, without
+    CAP_SYS_PTRACE) or gone."""
     try:
         with open(f"/proc/{pid}/io") as io:
-            fields = dict(line.split(":", 1) for line in io if ":" in line)
-        return int(fields["rchar"]) + int(fields["wchar"])
-    except (OSError, KeyError, ValueError):
+            return parse_io_counters(" ".join(line.replace(":", "").strip() for line in io))
+    except OSError:
         return None
+
+
+def bytes_moved(counters: dict[str, int] | None) -> int | None:
+    """rchar + wchar: every byte a process read or wrote through read/write-family calls, sockets
+    included (None where its counters are unknown)."""
+    if counters is None or "rchar" not in counters or "wchar" not in counters:
+        return None
+    return counters["rchar"] + counters["wchar"]
+
+
+def read_io(pid: int) -> int | None:
+    """:func:`bytes_moved` of a process this process may read."""
+    return bytes_moved(read_io_counters(pid))
 
 
 def read_cpu(pid: int) -> tuple[int, bool] | None:
@@ -190,11 +203,6 @@ def read_cpu(pid: int) -> tuple[int, bool] | None:
         return None
 
 
-def read_io_each(pids: Sequence[int]) -> list[int | None]:
-    """:func:`read_io` of every process, by this process."""
-    return [read_io(pid) for pid in pids]
-
-
 def sample_rank(rank: int, pid: int, ring: str, replied: bool, io: int | None) -> RankSample:
     activity, cpu = read_activity(ring), read_cpu(pid)
     return RankSample(rank, replied, None if activity is None else activity[0],
@@ -211,7 +219,8 @@ class Watch:
     at a time and calls :meth:`check` after each wait."""
 
     def __init__(self, ranks: Sequence[tuple[int, int, str]], task: int, *, interval_s: float = SAMPLE_INTERVAL_S,
-                 clock=time.monotonic, read_io: Callable[[Sequence[int]], list[int | None]] = read_io_each):
+                 clock=time.monotonic,
+                 read_io: Callable[[Sequence[int]], list[int | None]] = lambda pids: [read_io(p) for p in pids]):
         self.ranks = list(ranks)
         self.task = task
         self._read_io = read_io

@@ -89,17 +89,6 @@ class _Rank:
         after = self.memory.oom_kills()
         return after is not None and after > self.oom_kills_before
 
-    def bytes_written(self) -> int | None:
-        """The kernel's count of bytes this rank's process has written (write/writev/send on any
-        file or socket), or None where it cannot be read."""
-        if self.process is None:
-            return None
-        try:
-            with open(f"/proc/{self.process.pid}/io") as io:
-                return next(int(line.split()[1]) for line in io if line.startswith("wchar:"))
-        except (OSError, StopIteration, ValueError):
-            return None
-
     @property
     def attached(self) -> bool:
         return self.process is None
@@ -403,32 +392,25 @@ class World:
                                                                      for r in self._ranks):
             return None
         return deadlock.Watch([(r.rank, r.process.pid, ring_path(r.log_path)) for r in self._ranks], task_id,
-                              read_io=self._io_counts)
+                              read_io=lambda pids: [deadlock.bytes_moved(c) for c in self._io_counters(pids)])
 
-    def _io_counts(self, pids: list[int]) -> list[int | None]:
-        """Bytes read + written by each process (the deadlock watch's counters): read here, or where the
-        driver may not (no CAP_SYS_PTRACE over a contained rank), by a reader of the ranks' own uid."""
-        counts = deadlock.read_io_each(pids)
-        unread = [i for i, count in enumerate(counts) if count is None]
+    def _io_counters(self, pids: list[int]) -> list[dict[str, int] | None]:
+        """Each process's /proc/<pid>/io counters (None where unreadable), read here or, where the
+        driver may not (no CAP_SYS_PTRACE over a contained rank: a container's default capabilities),
+        by a reader with the ranks' own uid (containment.read_counters_as)."""
+        counters = [deadlock.read_io_counters(pid) for pid in pids]
+        unread = [i for i, found in enumerate(counters) if found is None]
         if unread and self.sandbox is not None:
-            answers = containment.read_counters_as(self.sandbox.uid, [pids[i] for i in unread])
-            for i, answer in zip(unread, answers):
-                if answer is not None and "rchar" in answer and "wchar" in answer:
-                    counts[i] = answer["rchar"] + answer["wchar"]
-        return counts
+            for i, answer in zip(unread, containment.read_counters_as(self.sandbox.uid, [pids[i] for i in unread])):
+                counters[i] = answer
+        return counters
 
     def _kernel_write_counts(self) -> list[int | None]:
         """Per rank, the kernel's count of the bytes its process has written (/proc/<pid>/io wchar),
-        or None for an attached rank or one whose counters cannot be read. A driver without
-        CAP_SYS_PTRACE (a container's default capabilities) may not read a contained rank's
-        counters itself; a reader with the ranks' own uid then does (containment.read_counters_as)."""
-        counts = [rank.bytes_written() for rank in self._ranks]
-        unread = [i for i, count in enumerate(counts) if count is None and not self._ranks[i].attached]
-        if unread and self.sandbox is not None:
-            answers = containment.read_counters_as(self.sandbox.uid, [self._ranks[i].process.pid for i in unread])
-            for i, answer in zip(unread, answers):
-                counts[i] = None if answer is None else answer.get("wchar")
-        return counts
+        or None for an attached rank or one whose counters cannot be read."""
+        pids = [None if r.attached or r.process is None else r.process.pid for r in self._ranks]
+        read = dict(zip((p for p in pids if p is not None), self._io_counters([p for p in pids if p is not None])))
+        return [None if read.get(pid) is None else read[pid].get("wchar") for pid in pids]
 
     def _collect(self, rank: _Rank, task_id: int) -> tuple[str, object]:
         if rank.conn.poll():

@@ -39,10 +39,8 @@ class AutograderConfig:
 
     def check(self) -> AutograderConfig:
         """Raises ConfigError naming the first bad key; returns self."""
-        if self.is_cs336:
-            pass
-        elif (not self.expects.endswith(".py") or posixpath.isabs(self.expects)
-              or ".." in posixpath.normpath(self.expects).split("/") or "\\" in self.expects):
+        if not self.is_cs336 and (not self.expects.endswith(".py") or posixpath.isabs(self.expects)
+                                  or ".." in posixpath.normpath(self.expects).split("/") or "\\" in self.expects):
             raise ConfigError(f"expects = {self.expects!r}: expected a .py file relative to the submission's root "
                               f"(e.g. student_impl.py) or {CS336!r} (a CS336 assignment 2 repository)")
         try:

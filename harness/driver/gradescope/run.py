@@ -61,27 +61,29 @@ def main(argv: list[str] | None = None) -> int:
         return _grader_error(results, None, f"the autograder's {FILE_NAME} is not valid ({error}); rebuild the zip "
                              "with scripts/autograder")
     submission = args.root / "submission"
-    found = precheck.locate(submission, config) if submission.is_dir() else precheck.Problem(
-        "The submission has the expected file", f"no submission folder at {submission}")
-    if isinstance(found, precheck.Found):
-        staged = _staged(submission)  # removed when the run ends
-        found = _moved(found, submission, staged)
-        problem = precheck.syntax_problem(found) or precheck.import_problem(
-            found, contain=config.contain_ranks == "yes" and containment.possible())
-    else:
-        problem = found
-    if problem is not None:
-        if isinstance(found, precheck.Found):
-            shutil.rmtree(staged, ignore_errors=True)
-        print(f"[autograder] {problem.name}: no\n{problem.message}", flush=True)
-        _write_one_test(results, config, problem.name, problem.message)
-        return 0
-    if found.note:
-        print(f"[autograder] {found.note}", flush=True)
+    if not submission.is_dir():
+        return _one_failed_test(results, config, precheck.Problem(
+            "The submission has the expected file", f"no submission folder at {submission}"))
+    staged = _staged(submission)
     try:
+        found = precheck.locate(staged, config)
+        if isinstance(found, precheck.Problem):
+            return _one_failed_test(results, config, found)
+        contain = config.contain_ranks == "yes" and containment.possible()
+        problem = precheck.syntax_problem(found) or precheck.import_problem(found, contain=contain)
+        if problem is not None:
+            return _one_failed_test(results, config, problem)
+        if found.note:
+            print(f"[autograder] {found.note}", flush=True)
         return _run_suite(config, found, results, started)
     finally:
         shutil.rmtree(staged, ignore_errors=True)
+
+
+def _one_failed_test(results: Path, config: AutograderConfig, problem: precheck.Problem) -> int:
+    print(f"[autograder] {problem.name}: no\n{problem.message}", flush=True)
+    _write_one_test(results, config, problem.name, problem.message)
+    return 0
 
 
 def _staged(submission: Path) -> Path:
@@ -96,13 +98,6 @@ def _staged(submission: Path) -> Path:
             if not os.path.islink(path):
                 os.chmod(path, 0o644)
     return staged
-
-
-def _moved(found: precheck.Found, old: Path, new: Path) -> precheck.Found:
-    def moved(value: str) -> str:
-        path = Path(value)
-        return str(new / path.relative_to(old)) if path.is_absolute() and path.is_relative_to(old) else value
-    return precheck.Found(moved(found.impl), {k: moved(v) for k, v in found.env.items()}, found.note)
 
 
 def suite_command(config: AutograderConfig, found: precheck.Found, results: Path, budget_s: float) -> list[str]:
@@ -207,21 +202,16 @@ def _maximum(config: AutograderConfig | None) -> float:
     """The points the claimed capabilities are worth in the rubric (or the total the course set)."""
     if config is None:
         return 0.0
-    if config.points_possible is not None:
-        return float(config.points_possible)
-    import tomllib
-
     from harness.driver import capabilities
+    from harness.driver.reports import load_rubric  # imports torch: only on this path
 
     try:
-        with open(SUITE / config.rubric, "rb") as file:
-            rubric = tomllib.load(file)
-        if rubric.get("points_possible"):
-            return float(rubric["points_possible"])
-        claimed = capabilities.select(config.capability)
-        return float(sum(points for name, points in rubric.get("capabilities", {}).items() if name in claimed))
+        rubric = load_rubric(SUITE / config.rubric)
     except (OSError, ValueError):
         return 0.0
+    possible = config.points_possible or rubric.points_possible
+    claimed = capabilities.select(config.capability)
+    return float(possible if possible else sum(points for name, points in rubric.items() if name in claimed))
 
 
 def _write_json(path: Path, data: dict) -> None:
