@@ -3,9 +3,11 @@ starts with, a contained rank keeps nothing that gives root back, and where it c
 the grading profile refuses to run it instead of running it with the grader's rights."""
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -61,6 +63,38 @@ needs_emulation = pytest.mark.skipif(container.unavailable(DOCKER) is not None,
 needs_readable_python = pytest.mark.skipif(
     not SYSTEM_PYTHON.exists() or not world_readable(ROOT) or not world_readable(Path(__import__("torch").__path__[0])),
     reason=f"needs a world-readable {SYSTEM_PYTHON}, checkout and torch: a capability-less rank could not load them")
+
+
+@pytest.mark.skipif(not containment.possible(), reason="only root can read counters as another uid")
+def test_the_counter_reader_answers_for_its_uid_only_cannot_be_traced_and_fails_closed_when_stopped():
+    uid = containment.new_sandbox().uid
+    ready_read, ready_write = os.pipe()
+    sleeper = os.fork()
+    if sleeper == 0:  # a process of the ranks' uid, dumpable as a contained rank makes itself
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+        ctypes.CDLL(None).prctl(containment.PR_SET_DUMPABLE, 1, 0, 0, 0)
+        os.write(ready_write, b"1")
+        signal.pause()
+        os._exit(0)
+    os.close(ready_write)
+    assert os.read(ready_read, 1) == b"1"
+    os.close(ready_read)
+    reader = containment.CounterReader(uid)
+    reader.ANSWER_TIMEOUT_S = 1.0
+    try:
+        theirs, root_process = reader.read([sleeper, os.getpid()])
+        assert theirs is not None and "wchar" in theirs and root_process is None, (theirs, root_process)
+        # undumpable: the kernel gives its /proc files to root, so a rank of the same uid cannot trace it
+        assert os.stat(f"/proc/{sleeper}/mem").st_uid == uid and os.stat(f"/proc/{reader.pid}/mem").st_uid == 0
+        assert reader.read([sleeper])[0] is not None  # asked again: the same child answers
+        os.kill(reader.pid, signal.SIGSTOP)  # what a rank of its uid may do to it
+        assert reader.read([sleeper]) == [None] and reader.pid is None
+        assert reader.read([sleeper]) == [None]
+    finally:
+        reader.close()
+        os.kill(sleeper, signal.SIGKILL)
+        os.waitpid(sleeper, 0)
 
 
 @needs_emulation

@@ -176,6 +176,7 @@ class World:
         self._closed = False
         # local ranks run as a user of this world's own (harness/rank/containment.py); swept at close
         self.sandbox = containment.new_sandbox() if contain and attach_server is None else None
+        self._counter_reader: containment.CounterReader | None = None  # started on the first read it is needed for
         if attach_server is not None:
             self._attach(attach_server, start_timeout_s)
         else:
@@ -397,11 +398,13 @@ class World:
     def _io_counters(self, pids: list[int]) -> list[dict[str, int] | None]:
         """Each process's /proc/<pid>/io counters (None where unreadable), read here or, where the
         driver may not (no CAP_SYS_PTRACE over a contained rank: a container's default capabilities),
-        by a reader with the ranks' own uid (containment.read_counters_as)."""
+        by a reader with the ranks' own uid (containment.CounterReader, one per world)."""
         counters = [deadlock.read_io_counters(pid) for pid in pids]
         unread = [i for i, found in enumerate(counters) if found is None]
         if unread and self.sandbox is not None:
-            for i, answer in zip(unread, containment.read_counters_as(self.sandbox.uid, [pids[i] for i in unread])):
+            if self._counter_reader is None:
+                self._counter_reader = containment.CounterReader(self.sandbox.uid)
+            for i, answer in zip(unread, self._counter_reader.read([pids[i] for i in unread])):
                 counters[i] = answer
         return counters
 
@@ -518,6 +521,8 @@ class World:
         for rank in self._ranks:
             if rank.conn is not None:
                 rank.conn.close()
+        if self._counter_reader is not None:
+            self._counter_reader.close()
         if self.sandbox is not None:
             containment.sweep(self.sandbox)  # whatever the ranks started, detached or not
         for rank in self._ranks:
