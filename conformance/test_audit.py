@@ -42,7 +42,7 @@ from conformance.verdict import Judge, adapter_cannot
 from harness.driver import audit
 from harness.rank import models
 from harness.driver.failures import TASK_FAILURES, ImplementationIncomplete
-from harness.driver.pytest_plugin import claimed
+from harness.driver.plugin.options import claimed
 from harness.driver.pool import WorldPool
 from reference import cost_model
 from reference.collectives import DTYPES, output_split_sizes

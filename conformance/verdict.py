@@ -120,7 +120,7 @@ def run_or_skip(judge: Judge, ranks, layout: Layout, program: str, per_member: l
     """judge.run. For the project's own adapters (--impl adapters.*, a choice of the driver's
     options, never of the ranks) a NotImplementedError("... cannot ...") on every rank says what
     torch's library cannot do on this backend: the example (``judge``, one per example) is refused
-    (``ranks.refusals``, harness.driver.pytest_plugin.Refusals: rejected and another drawn inside
+    (``ranks.refusals``, harness.driver.plugin.refusals.Refusals: rejected and another drawn inside
     Hypothesis, the test skipped outside it). For any other implementation the same error is "not
     implemented": it scores 0."""
     try:

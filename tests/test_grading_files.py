@@ -232,12 +232,15 @@ def test_extra_data_holds_the_versions_and_the_hypothesis_settings(tmp_path):
     assert "hypothesis: profile grading" in summary
 
 
-def test_the_profile_is_read_where_hypothesis_keeps_it():
-    """The plugin reads the loaded profile's name from ``settings._current_profile`` (private):
-    this fails when Hypothesis moves it."""
-    from harness.driver.pytest_plugin import _profile
+def test_the_profile_in_force_is_the_one_loaded():
+    from harness.driver.plugin.profiles import current_profile
 
-    assert _profile() == settings.get_current_profile_name()
+    before = current_profile()
+    try:
+        settings.load_profile("brief")
+        assert current_profile() == "brief"
+    finally:
+        settings.load_profile(before)
 
 
 def test_the_plugin_writes_the_options_end_to_end(suite_runner, tmp_path):

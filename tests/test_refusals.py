@@ -1,5 +1,5 @@
 """What the driver does when the project's own adapters say torch's library cannot run an example
-(harness.driver.pytest_plugin.Refusals): reject it, skip a test none of whose examples ran, stop a
+(harness.driver.plugin.refusals.Refusals): reject it, skip a test none of whose examples ran, stop a
 test that ran some at the budget, and never end a test by a skip or a stop once an example failed
 (Hypothesis then shrinks the failure, and refusals on the way must not hide it)."""
 from __future__ import annotations
@@ -9,15 +9,15 @@ from types import SimpleNamespace
 import pytest
 from hypothesis.errors import StopTest, UnsatisfiedAssumption
 
-from harness.driver import pytest_plugin
-from harness.driver.pytest_plugin import EnoughRefused, Refusals
+from harness.driver.plugin import refusals as refusals_module
+from harness.driver.plugin.refusals import EnoughRefused, Refusals
 
 REASON = "torch.distributed.pipelining cannot run a schedule whose last stage runs its forwards out of order (1 0)"
 
 
 @pytest.fixture
 def in_hypothesis(monkeypatch):
-    monkeypatch.setattr(pytest_plugin, "currently_in_test_context", lambda: True)
+    monkeypatch.setattr(refusals_module, "currently_in_test_context", lambda: True)
 
 
 def refuse(refusals: Refusals) -> type:

@@ -1,4 +1,4 @@
-"""--scope cs336 (harness/driver/pytest_plugin.py SCOPES): the data-parallel examples keep to the
+"""--scope cs336 (harness/driver/plugin/options.py SCOPES): the data-parallel examples keep to the
 CS336 handout's loop (one backward per step, zero_grad(set_to_none=True), every parameter used,
 ranks seeded apart hold rank 0's buffers), the default scope still draws the rest, and a failure's reproduce line keeps the
 scope."""
@@ -9,7 +9,8 @@ from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
 from conformance.test_data_parallel import examples
-from harness.driver.pytest_plugin import SCOPES, Target
+from harness.driver.plugin.options import SCOPES
+from harness.driver.plugin.state import Target
 from harness.rank import models
 
 

@@ -2,7 +2,7 @@
 
 Worlds of ranks and their pools (world.py, pool.py), the backend per world size (backends.py), the
 failures a task can end in (failures.py, disagreement.py), the communication audit's rules
-(audit.py), the capability registry (capabilities.py), the pytest plugin (pytest_plugin.py), the
+(audit.py), the capability registry (capabilities.py), the pytest plugin (plugin/), the
 scorecard and grading reports (scorecard.py, reports.py) and the mutation runner (mutation.py).
 
 Verdicts, scores and audit figures are computed here, from what ranks sent back and from

@@ -21,7 +21,7 @@ DRAWN = 25
 
 def draws(n: int = DRAWN) -> list[str]:
     seen: list[str] = []
-    # the grading profile's drawing settings (harness/driver/pytest_plugin.py), generation only
+    # the grading profile's drawing settings (harness/driver/plugin/profiles.py), generation only
     grading = settings(max_examples=n, derandomize=True, database=None, deadline=None, phases=[Phase.generate],
                        suppress_health_check=list(HealthCheck))
 

@@ -1,0 +1,12 @@
+"""The pytest side of the harness, one job per module, loaded by the top-level conftest.py:
+
+* profiles.py: the Hypothesis profiles (quick, ci, thorough, grading, mutation, brief);
+* options.py: the suite's command-line options, checked once, and what they select;
+* state.py: what the driver keeps about the session (the target, the backend plan, the budget);
+* contain.py: whether ranks run contained, decided before any rank starts;
+* refusals.py: what torch's library or the backend cannot run, rejected instead of failed;
+* grading_files.py: results.json, junit.xml and summary.txt, written as the run goes;
+* hooks.py: the session's hooks (scorecard, deselection, the budget, outcomes);
+* fixtures.py: the world pools and the ``ranks``, ``target``, ``backend_refusals`` fixtures.
+"""
+PLUGINS = [f"harness.driver.plugin.{name}" for name in ("options", "hooks", "fixtures")]

@@ -1,0 +1,132 @@
+"""The session's fixtures: the world pools (plain and audited), ``target``, ``ranks`` (a rank
+program run on a group's members) and ``backend_refusals`` (what the backend's own collectives
+refuse, probed once)."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from harness.driver.plugin.contain import contained
+from harness.driver.plugin.options import attached_world
+from harness.driver.plugin.profiles import current_profile
+from harness.driver.plugin.refusals import BackendRefusals, Refusals
+from harness.driver.plugin.state import STATE, Target, backend_plan
+from harness.driver.pool import WorldPool
+
+
+def pool_options(config) -> dict:
+    """What every pool of the session shares: deadlines, containment, the coverage record."""
+    state = config.stash[STATE]
+    return dict(timeout_s=config.getoption("--rank-timeout"), on_run=state.world_sizes.add, contain=contained(config),
+                live_ranks=state.live_ranks,
+                time_left=state.budget.left if state.budget.deadline is not None else None)
+
+
+
+@pytest.fixture(scope="session")
+def target(pytestconfig) -> Target:
+    plan = backend_plan(pytestconfig)
+    profile = current_profile()
+    attach, attach_options = attached_world(pytestconfig), ""
+    if attach is not None:
+        attach_options = f" --attach {attach.size} --attach-address {attach.host}:{attach.port}"
+    return Target(pytestconfig.getoption("--impl"), pytestconfig.getoption("--backend"), plan.max_world_size, profile,
+                  attach_options, plan, pytestconfig.getoption("--scope"))
+
+
+
+@pytest.fixture(scope="session")
+def world_pool(target, pytestconfig):
+    attach = attached_world(pytestconfig)
+    key = os.environ.get("CONFORMANCE_AUTHKEY")
+    pool = WorldPool(target.plan, attach=attach, authkey=bytes.fromhex(key) if key else None,
+                     **pool_options(pytestconfig))
+    if attach is not None:
+        capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+        with capture.global_and_fixture_disabled():
+            print(f"\n[conformance] worlds of {attach.size} ranks run on attached ranks; waiting up to "
+                  f"{attach.timeout_s:g} s for them. On each host, from this repository's root:\n  "
+                  f"{pool.attach_command()}\n", file=sys.stderr, flush=True)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="session")
+def audited_pool(target, pytestconfig):
+    """Worlds whose ranks record every communication call (harness/rank/recording.py), for the audit;
+    the same backend per world size and the same caps as world_pool."""
+    pool = WorldPool(target.plan, audit=True, **pool_options(pytestconfig))
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(autouse=True)
+def _per_test_records(request):
+    """Clears what the driver records per test (world sizes, refusals) before it starts."""
+    state = request.config.stash[STATE]
+    state.world_sizes.clear()
+    state.refusals.clear()
+    state.refusals.watch_failures(request.function)
+
+
+
+class Ranks:
+    """Runs a rank program on the members of a group inside a persistent world and returns what
+    each member produced, keyed by global rank. Non-members take part in creating the group only."""
+
+    def __init__(self, pool: WorldPool, target: Target, refusals: Refusals | None = None):
+        self.pool = pool
+        self.target = target
+        self.refusals = refusals if refusals is not None else Refusals()
+
+    def run(self, world_size: int, members, program: str, per_member: list[dict], timeout_s: float | None = None) -> dict:
+        __tracebackhide__ = True
+        ranks = list(members) if members is not None else list(range(world_size))
+        if len(per_member) != len(ranks):
+            raise ValueError(f"{len(per_member)} argument sets for {len(ranks)} members")
+        group = list(members) if members is not None else None
+        args = [{"group": group} for _ in range(world_size)]
+        for rank, kwargs in zip(ranks, per_member):
+            args[rank] = {**kwargs, "group": group}
+        if not program.startswith("harness.rank.programs."):
+            program = f"harness.rank.programs.{program}"
+        result = self.pool.run(world_size, program, args, impl=self.target.impl, timeout_s=timeout_s)
+        self._last_world = world_size
+        return {rank: result.outputs[rank] for rank in ranks}
+
+    def disagreements(self) -> list[str]:
+        """What the flight recorders of the last task's ranks say (harness/driver/disagreement.py), for a
+        verdict that failed on values the ranks returned (a same-size dtype mismatch garbles data
+        silently)."""
+        size = getattr(self, "_last_world", None)
+        return self.pool.disagreements(size) if size is not None else []
+
+
+@pytest.fixture(scope="session")
+def ranks(world_pool, target, pytestconfig) -> Ranks:
+    return Ranks(world_pool, target, pytestconfig.stash[STATE].refusals)
+
+
+
+@pytest.fixture(scope="session")
+def backend_refusals(world_pool, target) -> BackendRefusals:
+    """Probed on each backend of the plan, at its smallest world of two ranks or more (else its
+    one world); a case any of them refuses is not drawn (the message names the backend)."""
+    from reference.collectives import DTYPES, OPS, op_applies
+
+    reductions = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor")
+    others = ("broadcast", "scatter", "gather", "all_gather", "all_gather_into_tensor", "all_to_all", "all_to_all_uneven",
+              "all_to_all_single")
+    cases = [(c, str(d).removeprefix("torch."), op) for c in reductions for d in DTYPES for op in OPS if op_applies(op, d)]
+    cases += [(c, str(d).removeprefix("torch."), None) for c in others for d in DTYPES]
+    refused, refusing = {}, []
+    for backend in target.plan.backends():
+        sizes = target.plan.sizes(backend)
+        n = next((size for size in sizes if size >= 2), sizes[0])
+        probe = world_pool.run(n, "harness.rank.programs.probe:native_refusals", [{"cases": cases}] * n, impl="torch.distributed")
+        found = {case: f"{backend}: {message}" for case, message in probe.outputs[0].items() if message is not None}
+        refusing += [backend] if found else []
+        refused = {**found, **refused}
+    return BackendRefusals(" and ".join(refusing) or "/".join(target.plan.backends()), refused)

@@ -1,0 +1,133 @@
+"""The session's hooks: the scorecard and grading files set up, tests of unclaimed capabilities
+deselected, a test not started once the budget is spent or its capability hung, and outcomes
+rewritten where a pass would say more than was tested."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.driver.failures import RanksHung
+from harness.driver.plugin import profiles  # noqa: F401 - registers the profiles before Hypothesis loads one
+from harness.driver.plugin.contain import CONTAINED, containment_note, decide_containment
+from harness.driver.plugin.grading_files import GradingFiles, junit_key
+from harness.driver.plugin.options import SCOPES, check_options, claimed
+from harness.driver.plugin.refusals import EnoughRefused
+from harness.driver.plugin.state import PLAN, STATE, Budget, RunState, backend_plan, max_live_ranks
+from harness.driver.pool import LiveRanks
+from harness.driver.reports import load_rubric, older_torch_warning
+from harness.driver.scorecard import Scorecard
+
+
+def pytest_report_header(config):
+    import torch
+
+    warning = older_torch_warning(torch.__version__)
+    return [f"WARNING: {warning}"] if warning else []
+
+
+
+@pytest.hookimpl(tryfirst=True)  # before the junitxml plugin reads its path
+def pytest_configure(config):
+    config.addinivalue_line("markers", "capability(name): the capability a test grades (scorecard row)")
+    check_options(config)
+    report_dir = config.getoption("--report-dir")
+    import torch
+
+    config.stash[CONTAINED] = decide_containment(config)
+    scorecard = Scorecard(config, coverage=lambda: (backend_plan(config).coverage() + SCOPES[config.getoption("--scope")]
+                                                    + containment_note(config)),
+                          warning=older_torch_warning(torch.__version__))
+    config.pluginmanager.register(scorecard, "conformance-scorecard")
+    if report_dir:
+        try:  # read once, now: nothing a rank does later can change the points
+            rubric = load_rubric(Path(config.getoption("--rubric")))
+        except (OSError, ValueError) as error:
+            raise pytest.UsageError(f"--rubric: {error}") from error
+        if not getattr(config.option, "xmlpath", None):
+            config.option.xmlpath = str(Path(report_dir) / "junit.xml")
+        if not hasattr(config, "workerinput"):  # the xdist controller (or the only process) writes them
+            config.pluginmanager.register(GradingFiles(config, scorecard, rubric), "conformance-grading-files")
+
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests of capabilities the implementation does not claim (--capability) are not run. Each kept
+    test is tagged with its capability here, before any fixture runs, so that a test whose session
+    fixture fails at setup (a probe that crashed, a budget spent) is still reported for its capability."""
+    chosen = claimed(config)
+    keep, drop = [], []
+    for item in items:
+        marker = item.get_closest_marker("capability")
+        dropped = marker is not None and marker.args[0] not in chosen
+        if marker is not None and not dropped:
+            item.user_properties.append(("capability", marker.args[0]))
+        (drop if dropped else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def pytest_collection_finish(session):
+    """Without xdist, the grading files know every selected test before the first runs."""
+    scorecard = session.config.pluginmanager.get_plugin("conformance-scorecard")
+    if scorecard is not None and not hasattr(session.config, "workerinput"):
+        scorecard.expect(session.items)
+
+
+def pytest_sessionstart(session):
+    """The run's state (after Hypothesis has loaded --hypothesis-profile, which sets the budget's
+    default), and the coverage line as a JUnit property of the run."""
+    session.config.stash[STATE] = RunState(Budget(session.config), LiveRanks(max_live_ranks(session.config)))
+    key = junit_key()
+    xml = session.config.stash.get(key, None) if key is not None else None
+    if xml is not None:
+        xml.add_global_property("coverage", backend_plan(session.config).coverage())
+        xml.add_global_property("implementation", session.config.getoption("--impl"))
+
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Fails the test before any of its fixtures runs (a session fixture may start worlds) when the
+    time budget is spent or its capability already hung in an earlier test (each hang costs a whole
+    deadline)."""
+    marker = item.get_closest_marker("capability")
+    state = item.config.stash.get(STATE, None)
+    if marker is None or state is None:
+        return
+    capability = marker.args[0]
+    if state.budget.spent():
+        pytest.fail(f"not run: the time budget of {state.budget.seconds:g} s (--time-budget) was spent before this "
+                    "test started", pytrace=False)
+    if capability in state.hung:
+        pytest.fail(f"not run: {capability} already hung in {state.hung[capability]} (that test shows every "
+                    "rank's stack); the rest of its tests are not run, each would wait out a deadline", pytrace=False)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Records the world sizes the test ran on. A test that passed on 1-rank worlds only, in a run
+    where no larger world can be drawn, has tested nothing distributed: it is reported as skipped
+    with the reason, never as passed."""
+    state = item.config.stash.get(STATE, None)
+    sizes = sorted(state.world_sizes) if state is not None and call.when == "call" else []
+    if sizes:
+        item.user_properties.append(("world_sizes", ",".join(map(str, sizes))))
+    outcome = yield
+    report = outcome.get_result()
+    if call.when == "call" and call.excinfo is not None and call.excinfo.errisinstance(RanksHung):
+        capability = next((value for key, value in item.user_properties if key == "capability"), None)
+        if capability is not None and state is not None:
+            state.hung.setdefault(capability, item.nodeid)
+    refusals = state.refusals if state is not None and call.when == "call" else None
+    if refusals is not None and call.excinfo is not None and call.excinfo.errisinstance(EnoughRefused):
+        report.outcome, report.longrepr = "passed", None  # every example it ran passed; it stopped drawing
+    if refusals is not None and refusals.reasons and report.passed:
+        item.user_properties.append(("note", refusals.note()))
+    plan = item.config.stash.get(PLAN, None)
+    if report.passed and sizes and max(sizes) < 2 and plan is not None and not plan.multi_rank():
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1] or 0,
+                           f"not tested: only 1-rank worlds ran ({plan.coverage()})")
+

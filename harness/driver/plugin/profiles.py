@@ -1,0 +1,28 @@
+"""The Hypothesis profiles of the suite, registered when the plugin loads (before Hypothesis's
+pytest plugin reads --hypothesis-profile), and the one that is current."""
+from __future__ import annotations
+
+from hypothesis import HealthCheck, Phase, settings
+
+# filter_too_much: an example the project's own adapters say torch cannot run is rejected
+# (conformance.verdict.run_or_skip); for torch's runtime that is most random pipeline orders
+_COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                                     HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
+PROFILES = {
+    "quick": dict(max_examples=15),
+    "ci": dict(max_examples=25, derandomize=True, print_blob=True),
+    "thorough": dict(max_examples=150, print_blob=True),
+    "grading": dict(max_examples=50, derandomize=True, print_blob=True),
+    # For harness.driver.mutation: like ci, but a mutant is killed by its first failure; no time spent shrinking.
+    "mutation": dict(max_examples=25, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate]),
+    # For harness.driver.mutation's correct implementations under outsiders/: a whole conformance file each.
+    "brief": dict(max_examples=10, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate]),
+}
+for _name, _options in PROFILES.items():
+    settings.register_profile(_name, **_options, **_COMMON)
+settings.load_profile("quick")  # without --hypothesis-profile
+
+
+def current_profile() -> str:
+    """The name of the profile in force (--hypothesis-profile, else quick)."""
+    return settings.get_current_profile_name()

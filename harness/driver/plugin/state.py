@@ -1,0 +1,90 @@
+"""What the driver keeps about the session, in ``config.stash``: what is under test and where it runs
+(the target and its backend plan), the time budget, and the per-test records."""
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass, field
+
+import pytest
+
+from harness.driver.backends import BackendPlan, visible_gpus
+from harness.driver.gradescope import limits
+from harness.driver.plugin.options import GRADING_BUDGET_S, attached_world
+from harness.driver.plugin.profiles import current_profile
+from harness.driver.plugin.refusals import Refusals
+from harness.driver.pool import LiveRanks
+
+
+@dataclass(frozen=True)
+class Target:
+    """What is under test and where it runs, as the driver knows it (never the module itself)."""
+
+    impl: str
+    backend: str  # the --backend option; plan.backend(n) is what a world of n ranks runs on
+    max_world_size: int
+    profile: str
+    attach: str = ""  # the --attach options of this run, if any
+    plan: BackendPlan | None = None
+    scope: str = "contract"  # --scope: the contract, or a handout's narrower loop (SCOPES)
+
+    def reproduce(self, nodeid: str) -> str:
+        return (f"pytest {shlex.quote(nodeid)} --impl {shlex.quote(self.impl)} --backend {self.backend} "
+                f"--hypothesis-profile={self.profile} --max-world-size {self.max_world_size}{self.attach}"
+                + (f" --scope {self.scope}" if self.scope != "contract" else ""))
+
+
+
+def backend_plan(config) -> BackendPlan:
+    """Which backend each world size runs on in this session (harness/driver/backends.py), decided once."""
+    plan = config.stash.get(PLAN, None)
+    if plan is None:
+        asked = config.getoption("--max-world-size") or (8 if current_profile() == "thorough" else 4)
+        attach = attached_world(config)
+        if attach is not None:
+            asked = attach.size  # the attached world is the largest drawn; smaller ones run here
+        plan = config.stash[PLAN] = BackendPlan.resolve(config.getoption("--backend"), visible_gpus(), asked)
+    return plan
+
+
+PLAN = pytest.StashKey[BackendPlan]()
+
+
+
+class Budget:
+    """The run's --time-budget (the grading profile's default when not given), counted from the
+    session's start in this process."""
+
+    def __init__(self, config):
+        self.seconds = config.getoption("--time-budget") or (GRADING_BUDGET_S if current_profile() == "grading" else None)
+        self.deadline = None if self.seconds is None else time.monotonic() + self.seconds
+
+    def left(self) -> float:
+        return float("inf") if self.deadline is None else self.deadline - time.monotonic()
+
+    def spent(self) -> bool:
+        return self.left() <= 0
+
+
+def max_live_ranks(config) -> int | None:
+    """--max-live-ranks: a number, or auto (what the container's memory limit holds; no cap without one)."""
+    option = config.getoption("--max-live-ranks")
+    if option == "auto":
+        return limits.live_ranks_for(limits.read().memory_bytes)
+    return int(option)
+
+
+@dataclass
+class RunState:
+    """What the driver keeps about this run between tests (in config.stash, made in pytest_configure)."""
+
+    budget: Budget
+    live_ranks: LiveRanks = field(default_factory=LiveRanks)  # the cap shared by the session's pools
+    world_sizes: set = field(default_factory=set)  # of the current test's tasks (emptied before each test)
+    hung: dict = field(default_factory=dict)  # capability -> the test in which its ranks hung
+    refusals: Refusals = field(default_factory=lambda: Refusals())  # of the current test (emptied before each)
+
+
+
+STATE = pytest.StashKey[RunState]()
+
