@@ -113,8 +113,9 @@ def test_every_test_of_a_run_without_two_ranks_is_skipped_with_why_never_failed(
     """Measured on a 1-GPU H200 with --backend nccl: tests that draw a layout of two or more ranks
     (the audit's) asked the pool for a world the plan does not have and failed with a ValueError.
     Every conformance test, at --max-world-size 1, must be skipped in the driver with the reason."""
+    # brief: what is checked (every test skipped, never passed) holds for any number of examples
     result = suite_runner.run("conformance", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
-                              "--hypothesis-profile=ci", "--max-world-size", "1", "-rs")
+                              "--hypothesis-profile=brief", "--max-world-size", "1", "-rs")
     assert result.returncode == 0, result.stdout[-3000:]
     summary = result.stdout.strip().splitlines()[-1]
     assert summary.split()[1] == "skipped" and "passed" not in summary and "failed" not in summary, summary
