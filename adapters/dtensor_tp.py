@@ -33,6 +33,21 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+# the collectives are torch's own: with them the module is a whole implementation (--impl adapters.dtensor_tp)
+from torch.distributed import (
+    all_gather,
+    all_gather_into_tensor,
+    all_reduce,
+    all_to_all,
+    all_to_all_single,
+    broadcast,
+    gather,
+    reduce,
+    reduce_scatter,
+    reduce_scatter_tensor,
+    scatter,
+)
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -134,7 +149,7 @@ class TensorParallelMLP(nn.Module):
         parallelize_module(self, _mesh(group), plan)
 
     @classmethod
-    def from_dense(cls, fc1: nn.Linear, fc2: nn.Linear, group=None, sequence_parallel: bool = False) -> "TensorParallelMLP":
+    def from_dense(cls, fc1: nn.Linear, fc2: nn.Linear, group=None, sequence_parallel: bool = False) -> TensorParallelMLP:
         if fc1.out_features != fc2.in_features:
             raise ValueError(f"fc1.out_features = {fc1.out_features} must equal fc2.in_features = {fc2.in_features}")
         _check_divisible("ffn width (fc1.out_features = fc2.in_features)", fc1.out_features, dist.get_world_size(group))

@@ -40,10 +40,10 @@ from hypothesis import strategies as st
 from conformance.examples import Layout, Values, attention_examples, layouts, mixture_examples, sentinel, shapes
 from conformance.verdict import Judge, adapter_cannot
 from harness.driver import audit
-from harness.rank import models
 from harness.driver.failures import TASK_FAILURES, ImplementationIncomplete
 from harness.driver.plugin.options import claimed
 from harness.driver.pool import WorldPool
+from harness.rank import models
 from reference import cost_model
 from reference.collectives import DTYPES, output_split_sizes
 
@@ -440,7 +440,7 @@ def test_tensor_parallel_traffic(layer, data, audited, request):
     dtype = data.draw(st.sampled_from([torch.float32, torch.float64]), label="dtype")
     seed = data.draw(st.integers(0, 2**16), label="seed")
     g = torch.Generator().manual_seed(seed)
-    normal = lambda *shape: torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)  # noqa: E731
+    normal = lambda *shape: torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
     dense = {"fc1_weight": normal(f, h), "fc1_bias": normal(f), "fc2_weight": normal(h, f), "fc2_bias": normal(h)}
     x = normal(*leading, h)
     itemsize = x.element_size()

@@ -35,7 +35,8 @@ from hypothesis import strategies as st
 import reference.likely_bugs as likely_bugs
 import reference.pipeline_parallel as ref
 import reference.pipeline_schedules as sched
-from conformance.examples import Layout, schedule_shapes as shapes
+from conformance.examples import Layout
+from conformance.examples import schedule_shapes as shapes
 from conformance.verdict import Judge, run_or_skip
 from harness.rank import pipeline_models
 from reference.pipeline_simulator import Costs, simulate

@@ -36,8 +36,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference.tensor_parallel as ref
 import reference.likely_bugs as likely_bugs
+import reference.tensor_parallel as ref
 from conformance.examples import Layout, dense_layers, layouts
 from conformance.verdict import Judge
 

@@ -24,8 +24,14 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 import reference.pipeline_schedules as sched
-from conformance.test_pipeline_parallel import (Example, check_drawn_step, examples, graded_schedule, judge_step,
-                                               run_step)
+from conformance.test_pipeline_parallel import (
+    Example,
+    check_drawn_step,
+    examples,
+    graded_schedule,
+    judge_step,
+    run_step,
+)
 from conformance.verdict import Judge
 from reference.pipeline_simulator import Costs, simulate
 

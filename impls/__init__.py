@@ -20,13 +20,13 @@ from .collectives import (
     reduce_scatter_tensor,
     scatter,
 )
-from .tensor_parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP
-from .pipeline_parallel import generate_schedule, pipeline_step
-from .data_parallel import BucketedDataParallel, DataParallel, NaiveDataParallel, OverlappedDataParallel
-from .sharded_optimizer import ShardedOptimizer
-from .expert_parallel import ExpertParallelMoE
 from .context_parallel import context_parallel_attention
+from .data_parallel import BucketedDataParallel, DataParallel, NaiveDataParallel, OverlappedDataParallel
+from .expert_parallel import ExpertParallelMoE
 from .fully_sharded import full_parameters, fully_shard
+from .pipeline_parallel import generate_schedule, pipeline_step
+from .sharded_optimizer import ShardedOptimizer
+from .tensor_parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP
 
 __all__ = [
     # collectives

@@ -48,8 +48,8 @@ Conventions shared by every function:
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -81,7 +81,7 @@ _RedOpType = ReduceOp.RedOpType
 class _Comm:
     """This process's view of a group: its global ranks and our group rank."""
 
-    group: Optional[dist.ProcessGroup]
+    group: dist.ProcessGroup | None
     ranks: tuple[int, ...]
     me: int
 
@@ -94,7 +94,7 @@ class _Comm:
         return self.ranks[group_rank % self.size]
 
 
-def _comm(group: Optional[dist.ProcessGroup]) -> Optional[_Comm]:
+def _comm(group: dist.ProcessGroup | None) -> _Comm | None:
     """The group as seen from this process, or ``None`` if we are not a member."""
     if group is not None and group == dist.GroupMember.NON_GROUP_MEMBER:
         return None
@@ -105,13 +105,13 @@ def _comm(group: Optional[dist.ProcessGroup]) -> Optional[_Comm]:
     return _Comm(group, ranks, ranks.index(rank))
 
 
-def _check_root_args(fn: str, name: str, global_rank: Optional[int], group_rank: Optional[int]) -> None:
+def _check_root_args(fn: str, name: str, global_rank: int | None, group_rank: int | None) -> None:
     """Refuse ``src`` and ``group_src`` (or ``dst`` and ``group_dst``) together."""
     if global_rank is not None and group_rank is not None:
         raise ValueError(f"{fn}: specify at most one of {name}={global_rank} and group_{name}={group_rank}")
 
 
-def _root(comm: _Comm, fn: str, name: str, global_rank: Optional[int], group_rank: Optional[int]) -> int:
+def _root(comm: _Comm, fn: str, name: str, global_rank: int | None, group_rank: int | None) -> int:
     """The root's group rank, from a global rank, a group rank, or the default 0."""
     if group_rank is not None:
         if not 0 <= group_rank < comm.size:
@@ -321,7 +321,7 @@ def _row_splits(fn: str, name: str, tensor: torch.Tensor, splits, n: int) -> lis
 # --------------------------------------------------------------------------
 
 
-def _tree_links(n: int, rel: int) -> tuple[Optional[int], list[int]]:
+def _tree_links(n: int, rel: int) -> tuple[int | None, list[int]]:
     """The binomial tree over relative ranks 0..n-1 rooted at 0: ``rel``'s parent is
     ``rel - 2^k`` where ``2^k`` is its lowest set bit (None for the root), and its children are
     ``rel + 2^j`` for every ``2^j < 2^k`` with ``rel + 2^j < n``, smallest first."""
@@ -510,7 +510,7 @@ class _CompletedWork:
         return "_CompletedWork()"
 
 
-def _done(async_op: bool, result: list[torch.Tensor]) -> Optional[_CompletedWork]:
+def _done(async_op: bool, result: list[torch.Tensor]) -> _CompletedWork | None:
     return _CompletedWork(result) if async_op else None
 
 

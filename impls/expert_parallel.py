@@ -66,7 +66,7 @@ class ExpertParallelMoE(nn.Module):
         self.group = group
 
     @classmethod
-    def from_dense(cls, router: nn.Linear, experts, group=None) -> "ExpertParallelMoE":
+    def from_dense(cls, router: nn.Linear, experts, group=None) -> ExpertParallelMoE:
         n, r = dist.get_world_size(group), dist.get_rank(group)
         experts = list(experts)
         if len(experts) != router.out_features:

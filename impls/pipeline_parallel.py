@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -291,7 +291,7 @@ def pipeline_step(stages, inputs, targets, loss_fn: Callable, num_microbatches: 
         raise ValueError(f"a batch of {inputs.shape[0]} samples cannot be cut into {m} microbatches")
     peers = _Peers(group, owner, m)
     stage_input, stage_output, output_grad, input_grad, losses, weight_pending = {}, {}, {}, {}, {}, {}
-    local = lambda stage: owner(stage) == rank  # noqa: E731
+    local = lambda stage: owner(stage) == rank
 
     for stage, kind, i in mine:
         started = time.perf_counter()

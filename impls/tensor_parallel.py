@@ -215,7 +215,7 @@ class ColumnParallelLinear(nn.Module):
 
     @classmethod
     def from_dense(cls, linear: nn.Linear, group=None, gather_output: bool = False,
-                   sequence_parallel: bool = False) -> "ColumnParallelLinear":
+                   sequence_parallel: bool = False) -> ColumnParallelLinear:
         n, r = _size(group), _rank(group)
         _check_divisible("out_features", linear.out_features, n)
         each = linear.out_features // n
@@ -247,7 +247,7 @@ class RowParallelLinear(nn.Module):
 
     @classmethod
     def from_dense(cls, linear: nn.Linear, group=None, input_is_parallel: bool = True,
-                   sequence_parallel: bool = False) -> "RowParallelLinear":
+                   sequence_parallel: bool = False) -> RowParallelLinear:
         n, r = _size(group), _rank(group)
         _check_divisible("in_features", linear.in_features, n)
         each = linear.in_features // n
@@ -278,7 +278,7 @@ class TensorParallelMLP(nn.Module):
         self.fc2 = fc2
 
     @classmethod
-    def from_dense(cls, fc1: nn.Linear, fc2: nn.Linear, group=None, sequence_parallel: bool = False) -> "TensorParallelMLP":
+    def from_dense(cls, fc1: nn.Linear, fc2: nn.Linear, group=None, sequence_parallel: bool = False) -> TensorParallelMLP:
         n = _size(group)
         if fc1.out_features != fc2.in_features:
             raise ValueError(f"fc1.out_features = {fc1.out_features} must equal fc2.in_features = {fc2.in_features}")

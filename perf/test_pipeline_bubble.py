@@ -36,8 +36,8 @@ from pathlib import Path
 import pytest
 
 import reference.pipeline_schedules as sched
-from harness.rank import pipeline_models
 from harness.driver.pool import WorldPool
+from harness.rank import pipeline_models
 from reference.pipeline_simulator import Costs, simulate
 
 IMPL = "impls.pipeline_parallel"

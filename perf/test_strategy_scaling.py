@@ -9,8 +9,6 @@ side by side, and for GPU runners where each rank has its own device.
 """
 from __future__ import annotations
 
-import pytest
-
 from perf.conftest import world_sizes
 
 TIMING = "harness.rank.programs.timing"

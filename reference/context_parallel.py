@@ -97,7 +97,7 @@ def atol(q: Tensor, k: Tensor, v: Tensor, grad_out: Tensor, dtype: torch.dtype) 
     vmax, gmax = float(v.abs().amax()) if v.numel() else 0.0, float(grad_out.abs().amax()) if grad_out.numel() else 0.0
     qmax, kmax = float(q.abs().amax()) if q.numel() else 0.0, float(k.abs().amax()) if k.numel() else 0.0
     tiny = torch.finfo(dtype).tiny
-    bound = lambda magnitude: torch.tensor(scale * magnitude + tiny, dtype=torch.float64)  # noqa: E731
+    bound = lambda magnitude: torch.tensor(scale * magnitude + tiny, dtype=torch.float64)
     return {"output": bound(vmax), "grad_v": bound(gmax * length),
             "grad_q": bound(gmax * vmax * length * kmax / root * 2),
             "grad_k": bound(gmax * vmax * length * qmax / root * 2)}

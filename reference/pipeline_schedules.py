@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import NamedTuple
 
-F, B, I, W = "F", "B", "I", "W"
+F, B, I, W = "F", "B", "I", "W"  # noqa: E741 - the zero-bubble paper's names of the four passes
 SEND_F, RECV_F, SEND_B, RECV_B = "SEND_F", "RECV_F", "SEND_B", "RECV_B"
 COMPUTE = (F, B, I, W)
 BACKWARD_INPUT = (B, I)  # what produces the gradient a stage sends to the previous one
@@ -101,13 +101,13 @@ class Action(NamedTuple):
         offset = _PEER_OFFSET.get(self.kind)
         return None if offset is None else self.stage + offset
 
-    def matching(self) -> "Action":
+    def matching(self) -> Action:
         """The receive a send feeds, or the send a receive waits for."""
         kind, offset = _MATCH[self.kind]
         return Action(self.stage + offset, kind, self.microbatch)
 
     @classmethod
-    def parse(cls, text: str) -> "Action":
+    def parse(cls, text: str) -> Action:
         match = _COMPACT.match(text.strip()) if isinstance(text, str) else None
         if match is None:
             raise ValueError(f"{text!r} is not an action in compact form <stage><kind><microbatch> with kind one of "
@@ -154,15 +154,15 @@ class Schedule:
     def to_strings(self) -> list[list[str]]:
         return [[str(a) for a in row] for row in self.rows]
 
-    def compute_only(self) -> "Schedule":
+    def compute_only(self) -> Schedule:
         return self.with_rows(tuple(a for a in row if a.is_compute) for row in self.rows)
 
-    def with_rows(self, rows) -> "Schedule":
+    def with_rows(self, rows) -> Schedule:
         return Schedule(self.num_ranks, self.num_stages, self.num_microbatches, tuple(tuple(r) for r in rows),
                         self.placement)
 
     @classmethod
-    def from_strings(cls, rows, num_microbatches: int, stages_per_rank: int = 1, placement: str = LOOP) -> "Schedule":
+    def from_strings(cls, rows, num_microbatches: int, stages_per_rank: int = 1, placement: str = LOOP) -> Schedule:
         """A schedule from plain data: one list of compact strings per rank (what a rank returns)."""
         if not isinstance(rows, (list, tuple)) or not all(isinstance(row, (list, tuple)) for row in rows):
             raise ValueError(f"a schedule is one list of compact action strings per rank, got {type(rows).__name__}")

@@ -25,8 +25,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from reference.pipeline_schedules import (B, COMPUTE, F, RECV_B, RECV_F, RELEASES, SEND_B, SEND_F, W, Action,
-                                          Schedule, ScheduleError, render_grid, validate)
+from reference.pipeline_schedules import (
+    COMPUTE,
+    RECV_B,
+    RECV_F,
+    RELEASES,
+    SEND_B,
+    SEND_F,
+    Action,
+    B,
+    F,
+    Schedule,
+    ScheduleError,
+    W,
+    render_grid,
+    validate,
+)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ class HostLayout:
     round_robin: bool = False
 
     @classmethod
-    def parse(cls, text: str) -> "HostLayout":
+    def parse(cls, text: str) -> HostLayout:
         """"2x4": 2 hosts of 4 ranks."""
         hosts, _, per = text.lower().partition("x")
         if not (hosts.isdigit() and per.isdigit() and int(hosts) >= 1 and int(per) >= 1):

@@ -8,7 +8,6 @@ scores 0 as "not implemented" and nothing else breaks. CONTRACT.md says what eac
 function must do. Build the collectives from point-to-point messages (dist.send, dist.recv,
 dist.isend, dist.irecv): the communication audit checks that no backend collective is called.
 """
-import torch.distributed as dist
 from torch.distributed import ReduceOp
 
 

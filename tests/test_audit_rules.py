@@ -170,7 +170,7 @@ def test_the_audit_never_draws_what_the_backend_refuses(data, name):
     """Measured on torch 2.11 (an H200 runner's image): gloo refuses all_to_all for every dtype, and
     the audit drew it anyway, failing torch.distributed. The audit draws as test_collectives does:
     refused dtypes are never drawn, and a collective refused for every dtype is skipped with why."""
-    draw = lambda label, strategy: data.draw(strategy, label=label)  # noqa: E731
+    draw = lambda label, strategy: data.draw(strategy, label=label)
     refused = frozenset({torch.int64, torch.float64})
     _, args, _, _ = collective_case(name, draw, Layout(2), refused_for=lambda n, op: refused if n == name else frozenset())
     values = [v for a in args for v in a.values()]

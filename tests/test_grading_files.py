@@ -14,10 +14,10 @@ from pathlib import Path
 import hypothesis
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from harness.driver.reports import (DEFAULT_RUBRIC, Rubric, apportion, graded, load_rubric, score, versions,
-                                    write)
+from harness.driver.reports import DEFAULT_RUBRIC, Rubric, apportion, graded, load_rubric, score, versions, write
 from harness.driver.scorecard import Scorecard
 from harness.driver.scorecard import TestResult as Result  # not Test*: pytest would try to collect it
 

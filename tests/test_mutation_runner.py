@@ -3,8 +3,17 @@ the bug is a hang, a deadlock report is a kill, and the runs start longest first
 seconds where there was one and by their kind's estimate where not."""
 from __future__ import annotations
 
-from harness.driver.mutation import (ESTIMATE_S, Job, Mutant, failing_line, longest_first, mutants, only_a_deadline,
-                                     read_durations, write_durations)
+from harness.driver.mutation import (
+    ESTIMATE_S,
+    Job,
+    Mutant,
+    failing_line,
+    longest_first,
+    mutants,
+    only_a_deadline,
+    read_durations,
+    write_durations,
+)
 
 DEADLINE_FAILURE = """\
     def test_all_reduce(...):

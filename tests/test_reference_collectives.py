@@ -192,7 +192,7 @@ def test_integer_sum_wraps_and_avg_truncates(n, seed, dtype):
 
 
 def test_integer_explicit_values():
-    i8 = lambda *v: [torch.tensor([a], dtype=torch.int8) for a in v]  # noqa: E731
+    i8 = lambda *v: [torch.tensor([a], dtype=torch.int8) for a in v]
     assert C.reduce_values(i8(100, 100), "SUM").item() == -56
     assert C.reduce_values(i8(100, 100), "AVG").item() == -28  # wrapped sum / 2
     assert C.reduce_values(i8(-3, 0), "AVG").item() == -1  # trunc, not floor (-2)

@@ -27,7 +27,7 @@ class BackendPlan:
     by_size: tuple[str, ...]  # by_size[n - 1] is the backend of a world of n ranks, for every n drawn
 
     @classmethod
-    def resolve(cls, requested: str, gpus: int, max_world_size: int) -> "BackendPlan":
+    def resolve(cls, requested: str, gpus: int, max_world_size: int) -> BackendPlan:
         if requested not in ("auto", "gloo", "nccl"):
             raise BackendChoiceError(f"--backend must be auto, gloo or nccl, got {requested!r}")
         if max_world_size < 1:

@@ -66,7 +66,7 @@ class Mutant:
     hang: bool = False  # its docstring says 'bug: hang': a deadline is a fair kill
 
     @classmethod
-    def read(cls, path: Path) -> "Mutant":
+    def read(cls, path: Path) -> Mutant:
         doc = ast.get_docstring(ast.parse(path.read_text())) or ""
         lines = doc.splitlines()
         targets = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("targets:")), "")
@@ -85,7 +85,7 @@ class Outsider:
     hang: bool = False  # its docstring says 'bug: hang': a deadline is a fair catch
 
     @classmethod
-    def read(cls, path: Path) -> "Outsider":
+    def read(cls, path: Path) -> Outsider:
         doc = ast.get_docstring(ast.parse(path.read_text())) or ""
         lines = doc.splitlines()
         fields = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:]) if k.strip() in

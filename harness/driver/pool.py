@@ -39,15 +39,15 @@ class LiveRanks:
 
     def __init__(self, limit: int | None = None):
         self.limit = limit
-        self._order: list[tuple["WorldPool", int]] = []  # least recently used first
+        self._order: list[tuple[WorldPool, int]] = []  # least recently used first
 
-    def used(self, pool: "WorldPool", size: int) -> None:
+    def used(self, pool: WorldPool, size: int) -> None:
         key = (pool, size)
         if key in self._order:
             self._order.remove(key)
         self._order.append(key)
 
-    def forget(self, pool: "WorldPool", size: int) -> None:
+    def forget(self, pool: WorldPool, size: int) -> None:
         if (pool, size) in self._order:
             self._order.remove((pool, size))
 

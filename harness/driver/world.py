@@ -24,10 +24,18 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 
-from harness.rank import containment, wire
-from harness.driver.failures import (TASK_FAILURES, ImplementationIncomplete, RankFailure, RankReport, RanksCrashed,
-                                     RanksDeadlocked, RanksHung, WorldStartError)
 from harness.driver import deadlock, disagreement, memory_cgroup, rank_output
+from harness.driver.failures import (
+    TASK_FAILURES,
+    ImplementationIncomplete,
+    RankFailure,
+    RankReport,
+    RanksCrashed,
+    RanksDeadlocked,
+    RanksHung,
+    WorldStartError,
+)
+from harness.rank import containment, wire
 from harness.rank.loop import STACK_DUMP_SIGNAL, RankConfig, ring_path, serve
 
 # torch._dynamo: torch imports it lazily on the first call of a function it decorated, such as the
@@ -243,7 +251,7 @@ class World:
                 continue
             try:
                 sock, _ = server.accept()
-            except (socket.timeout, BlockingIOError):  # the pool's attach listener has a timeout; another took it
+            except (TimeoutError, BlockingIOError):  # the pool's attach listener has a timeout; another took it
                 continue
             sock.settimeout(None)
             conn = Connection(sock.detach())

@@ -146,7 +146,7 @@ class _GlobalSettings:
     threads: int
 
     @classmethod
-    def read(cls) -> "_GlobalSettings":
+    def read(cls) -> _GlobalSettings:
         import torch
 
         return cls(torch.get_default_dtype(), torch.is_grad_enabled(), torch.get_num_threads())

@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 
 import impls
-from impls import *  # noqa: F401,F403
+from impls import *
 from impls import NaiveDataParallel
 
 

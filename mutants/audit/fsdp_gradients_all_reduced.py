@@ -4,7 +4,7 @@ targets: test_fully_sharded_step
 import torch.distributed as dist
 
 import impls.fully_sharded as _bundled
-from impls import *  # noqa: F401,F403
+from impls import *
 from impls import collectives
 
 

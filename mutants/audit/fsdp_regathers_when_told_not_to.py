@@ -3,7 +3,7 @@ targets: test_fully_sharded_step and zero2
 
 An implementation that accepts the option to satisfy the signature and keeps its one code path.
 """
-from impls import *  # noqa: F401,F403
+from impls import *
 from impls import fully_sharded as _bundled
 
 _fully_shard = _bundled.fully_shard

@@ -4,7 +4,7 @@ targets: test_expert_parallel_traffic
 import torch
 import torch.distributed as dist
 
-from impls import *  # noqa: F401,F403
+from impls import *
 from impls.expert_parallel import ExpertParallelMoE as _Correct
 from impls.expert_parallel import _AllToAll
 

@@ -6,9 +6,9 @@ over hosts the pipeline's messages are the ones that cross the slow links.
 """
 import torch
 
-from impls import *  # noqa: F401,F403
+from impls import *
 from impls import pipeline_parallel as _bundled
-from impls.pipeline_parallel import *  # noqa: F401,F403
+from impls.pipeline_parallel import *
 
 
 def _send_activation(self, y, stage, microbatch):

@@ -3,10 +3,16 @@ targets: test_tensor_parallel_traffic and mlp_sp
 """
 import torch
 
-from impls import *  # noqa: F401,F403
-from impls.tensor_parallel import RowParallelLinear, _all_gather, _all_reduce, _check_sequence, _split
+from impls import *
+from impls.tensor_parallel import (
+    RowParallelLinear,
+    _all_gather,
+    _all_reduce,
+    _check_sequence,
+    _split,
+    copy_to_parallel_region,
+)
 from impls.tensor_parallel import TensorParallelMLP as _Correct
-from impls.tensor_parallel import copy_to_parallel_region
 
 
 class _AllReduceThenSplit(torch.autograd.Function):
@@ -38,4 +44,4 @@ class _MLP(_Correct):
         return mlp
 
 
-TensorParallelMLP = _MLP  # noqa: F811
+TensorParallelMLP = _MLP

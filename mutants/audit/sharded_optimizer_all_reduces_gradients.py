@@ -3,7 +3,7 @@ targets: test_sharded_optimizer_step
 """
 import torch.distributed as dist
 
-from impls import *  # noqa
+from impls import *
 from impls import collectives
 from impls.sharded_optimizer import ShardedOptimizer as _Correct
 

@@ -1,7 +1,7 @@
 """TensorParallelMLP all-gathers the hidden activation and lets the row layer slice it again: right values, an all-gather of [..., ffn] per pass.
 targets: test_tensor_parallel_traffic and mlp
 """
-from impls import *  # noqa: F401,F403
+from impls import *
 from impls.tensor_parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP, _check_divisible, _size
 
 
@@ -14,4 +14,4 @@ class _GatheringMLP(TensorParallelMLP):
         return cls(column, row, group, sequence_parallel)
 
 
-TensorParallelMLP = _GatheringMLP  # noqa: F811
+TensorParallelMLP = _GatheringMLP

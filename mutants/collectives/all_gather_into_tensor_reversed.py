@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 
 import impls
-from impls import *  # noqa: F401,F403
+from impls import *
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):

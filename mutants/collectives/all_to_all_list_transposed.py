@@ -4,7 +4,7 @@ targets: test_all_to_all and not single
 import torch.distributed as dist
 
 import impls
-from impls import *  # noqa: F401,F403
+from impls import *
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):

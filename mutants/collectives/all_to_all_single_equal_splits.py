@@ -4,7 +4,7 @@ targets: test_all_to_all_single
 import torch.distributed as dist
 
 import impls
-from impls import *  # noqa: F401,F403
+from impls import *
 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False):

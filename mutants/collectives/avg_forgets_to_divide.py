@@ -4,7 +4,7 @@ targets: test_all_reduce and AVG
 import torch.distributed as dist
 
 import impls
-from impls import *  # noqa: F401,F403
+from impls import *
 
 
 def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):

@@ -2,7 +2,7 @@
 targets: test_broadcast
 """
 import impls
-from impls import *  # noqa: F401,F403
+from impls import *
 
 
 def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):

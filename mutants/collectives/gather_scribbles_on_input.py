@@ -2,7 +2,7 @@
 targets: test_gather and not scatter
 """
 import impls
-from impls import *  # noqa: F401,F403
+from impls import *
 
 
 def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group_dst=None):

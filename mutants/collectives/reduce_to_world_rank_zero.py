@@ -4,7 +4,7 @@ targets: test_reduce and SUM
 import torch.distributed as dist
 
 import impls
-from impls import *  # noqa: F401,F403
+from impls import *
 
 
 def reduce(tensor, dst=None, op=dist.ReduceOp.SUM, group=None, async_op=False, group_dst=None):

@@ -4,7 +4,7 @@ targets: test_scatter and not gather
 import torch.distributed as dist
 
 import impls
-from impls import *  # noqa: F401,F403
+from impls import *
 
 
 def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None):

@@ -10,7 +10,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from impls import *  # noqa: F401,F403
+from impls import *
 from impls.context_parallel import _chunk_rows, _PassAlongRing
 
 

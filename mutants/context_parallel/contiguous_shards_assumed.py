@@ -6,7 +6,7 @@ Its masks then compare the wrong global positions: right without a mask and on o
 import torch
 
 import impls.context_parallel as _bundled
-from impls import *  # noqa: F401,F403
+from impls import *
 
 
 def _contiguous_rows(seq_len, n, rank):

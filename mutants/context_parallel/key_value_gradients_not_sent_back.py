@@ -6,7 +6,7 @@ Each rank's dK, dV then hold only what its own queries contribute. Right on one 
 import torch
 
 import impls.context_parallel as _bundled
-from impls import *  # noqa: F401,F403
+from impls import *
 
 
 class _NoWayBack(_bundled._PassAlongRing):

@@ -9,10 +9,10 @@ or luck), wrong otherwise.
 import math
 
 import torch
-
-from impls import *  # noqa: F401,F403
-from impls.context_parallel import _chunk_rows, _PassAlongRing
 import torch.distributed as dist
+
+from impls import *
+from impls.context_parallel import _chunk_rows, _PassAlongRing
 
 
 def context_parallel_attention(q, k, v, seq_len, causal=False, group=None):

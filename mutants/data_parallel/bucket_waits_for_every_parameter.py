@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from impls import *  # noqa
+from impls import *
 
 MIB = 1024 * 1024
 
@@ -43,7 +43,7 @@ class CountingBucketedDDP(nn.Module):
         if self.ready[i] == len(self.buckets[i]):  # every gradient of the bucket is in
             bucket = self.buckets[i]
             flat = torch.cat([q.grad.reshape(-1) for q in bucket])
-            all_reduce(flat)  # noqa: F405
+            all_reduce(flat)
             flat /= dist.get_world_size()
             offset = 0
             for q in bucket:

@@ -9,7 +9,7 @@ passes per optimizer step, each copy-back replaces what the earlier micro-batche
 import torch
 import torch.distributed as dist
 
-from impls import *  # noqa: F401,F403
+from impls import *
 from impls.collectives import all_reduce, broadcast
 
 

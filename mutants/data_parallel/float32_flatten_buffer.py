@@ -7,7 +7,7 @@ gradients lose 29 bits.
 import torch
 import torch.distributed as dist
 
-from impls import *  # noqa: F401,F403
+from impls import *
 from impls.collectives import all_reduce
 from impls.data_parallel import NaiveDataParallel
 

@@ -2,7 +2,8 @@
 targets: test_gradients_are_the_mean_over_ranks
 """
 from torch import nn
-from impls import *  # noqa
+
+from impls import *
 from impls.data_parallel import _average_
 
 

@@ -2,7 +2,8 @@
 targets: test_ranks_start_from_rank_0s_parameters
 """
 from torch import nn
-from impls import *  # noqa
+
+from impls import *
 from impls.data_parallel import NaiveDataParallel, _average_
 
 

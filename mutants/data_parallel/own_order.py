@@ -3,7 +3,8 @@ targets: test_training_matches_one_process_on_the_global_batch
 """
 import torch
 import torch.distributed as dist
-from impls import *  # noqa
+
+from impls import *
 from impls.collectives import all_gather
 from impls.data_parallel import NaiveDataParallel
 

@@ -2,7 +2,8 @@
 targets: test_training_matches_one_process_on_the_global_batch
 """
 import torch
-from impls import *  # noqa
+
+from impls import *
 from impls.data_parallel import NaiveDataParallel
 
 

@@ -5,7 +5,7 @@ import copy
 
 import torch.distributed as dist
 
-from impls import *  # noqa: F401,F403
+from impls import *
 from impls.expert_parallel import ExpertParallelMoE as _Correct
 
 

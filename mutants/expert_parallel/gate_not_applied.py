@@ -3,7 +3,7 @@ targets: test_expert_parallel_moe_equals_one_process_with_every_expert
 """
 import torch
 
-from impls import *  # noqa: F401,F403
+from impls import *
 from impls.expert_parallel import ExpertParallelMoE as _Correct
 
 

@@ -4,7 +4,7 @@ targets: test_training_matches_one_process_and_memory_is_sharded
 import torch.distributed as dist
 
 import impls.fully_sharded as _bundled
-from impls import *  # noqa: F401,F403
+from impls import *
 from impls import collectives
 
 

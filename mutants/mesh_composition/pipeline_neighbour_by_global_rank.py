@@ -7,9 +7,9 @@ same stage.
 """
 import torch.distributed as dist
 
-from impls import *  # noqa: F401,F403
+from impls import *
 from impls import pipeline_parallel as _bundled
-from impls.pipeline_parallel import *  # noqa: F401,F403
+from impls.pipeline_parallel import *
 
 
 def _global_neighbour(self, stage):

@@ -5,10 +5,11 @@ On a pp x dp mesh the data-parallel group of stage s is {s dp + d}; reducing ove
 gradients of different stages (or fails on their different shapes). Its own capability's tests
 on the whole world pass.
 """
-from impls import *  # noqa: F401,F403
-from impls import collectives as _collectives
-from impls.pipeline_parallel import *  # noqa: F401,F403
 from torch.distributed import ReduceOp
+
+from impls import *
+from impls import collectives as _collectives
+from impls.pipeline_parallel import *
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):

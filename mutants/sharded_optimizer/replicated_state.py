@@ -3,7 +3,7 @@ targets: test_sharded_training_matches_one_process_with_the_whole_state
 """
 import torch.distributed as dist
 
-from impls import *  # noqa
+from impls import *
 from impls import collectives
 
 

@@ -91,7 +91,7 @@ def _staged(submission: Path) -> Path:
     in a fresh folder (the platform's own folder may not be reachable by other users)."""
     staged = Path(tempfile.mkdtemp(prefix="conformance-submission-"))
     shutil.copytree(submission, staged, symlinks=True, dirs_exist_ok=True)
-    for folder, dirs, files in os.walk(staged):
+    for folder, _dirs, files in os.walk(staged):
         os.chmod(folder, 0o755)
         for name in files:
             path = os.path.join(folder, name)

@@ -13,7 +13,6 @@ from torch import nn
 from harness.rank import models, recording
 from harness.rank.context import RankContext, on_members, require
 
-
 OVERLAP_WAIT_S = 2.0  # how long backward waits, at its last gradient, for a reduction to start
 
 
