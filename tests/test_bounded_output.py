@@ -21,7 +21,7 @@ import torch
 from harness.driver import memory_cgroup, rank_output
 from harness.driver.failures import RankReport, RanksCrashed
 from harness.driver.pool import WorldPool
-from harness.driver.world import _Rank
+from harness.driver.rank_handle import RankHandle
 
 ROOT = Path(__file__).parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -207,10 +207,10 @@ def test_a_v2_limit_is_the_least_of_the_group_and_its_ancestors(tmp_path):
     assert (group.limit(), group.oom_kills()) == (3 << 30, 0)
 
 
-def dead_rank(group: memory_cgroup.MemoryCgroup, exitcode: int) -> _Rank:
-    """A _Rank of a stand-in process that died with ``exitcode``, in the fake cgroup ``group``."""
+def dead_rank(group: memory_cgroup.MemoryCgroup, exitcode: int) -> RankHandle:
+    """A RankHandle of a stand-in process that died with ``exitcode``, in the fake cgroup ``group``."""
     process = types.SimpleNamespace(pid=os.getpid(), exitcode=None, join=lambda timeout=None: None)
-    rank = _Rank(1, process, None)
+    rank = RankHandle(1, process, None)
     rank.memory = group
     rank.begin_task()  # notes the count
     process.exitcode = exitcode

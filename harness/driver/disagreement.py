@@ -85,6 +85,19 @@ def _rank_of(path: str) -> int:
     return int(stem.split(".")[0]) if stem.split(".")[0].isdigit() else -1
 
 
+def from_flight_recorders(rings: dict[int, str | None], status: dict[int, str]) -> list[str]:
+    """The first disagreements between the calls the ranks' flight recorders (``rings``: rank -> its
+    ring file) hold for the last task they recorded; [] when they agree or any cannot be read (an
+    attached rank has no ring here)."""
+    calls = {}
+    for rank, ring in rings.items():
+        found = read(ring) if ring is not None else None
+        if found is None:
+            return []
+        calls[rank] = found[1]
+    return explain(calls, status)
+
+
 def explain(calls_by_rank: dict[int, list[Call]], status: dict[int, str]) -> list[str]:
     """Lines naming the disagreements, the first (most telling) first; [] when the ranks agree.
     ``status``: each rank's outcome ("ok", "hung", "exited", "raised", ...)."""

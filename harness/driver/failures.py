@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from harness.driver.memory_cgroup import OOM_KILLED
 from harness.driver.rank_output import shorten
 
 # How much of a rank's captured output a failure report shows: the end (the last traceback, a hung
@@ -101,3 +102,24 @@ TASK_FAILURES = (RankFailure, RanksHung, RanksCrashed, ImplementationIncomplete,
 
 class WorldStartError(RuntimeError):
     """The ranks of a world could not be started or could not form a process group."""
+
+
+def task_failure(task: str, reports: list[RankReport], disagreements: list[str], timeout_s: float,
+                 deadlock: str | None, *, world_closed: bool) -> BaseException:
+    """The failure a task ended in, from every rank's report (``task``: "program on n ranks"): an
+    incomplete implementation when every failed rank lacks something, a deadlock (``deadlock``: the
+    watch's summary) or a hang when every failed rank hung, a crash when the world had to be closed,
+    else a RankFailure. Its first line names each failed rank and the ranks' first disagreement."""
+    failed = [r for r in reports if r.status != "ok"]
+    causes = ", ".join(f"rank {r.rank} {r.status}" + (" (out of memory)" if OOM_KILLED in r.detail else "")
+                       for r in failed)  # on the first line, the one grading summaries show
+    if disagreements:
+        causes += f"; the ranks disagree: {disagreements[0]}" + "".join(f"\n  also: {line}" for line in disagreements[1:])
+    if all(r.status == "missing" for r in failed):
+        cause = failed[0].detail.strip().splitlines()[-1] if failed[0].detail.strip() else "?"
+        return ImplementationIncomplete(RankFailure(f"the implementation under test is incomplete: {cause}", reports))
+    if all(r.status == "hung" for r in failed):
+        why = deadlock if deadlock is not None else f"no result within the {timeout_s:g} s deadline"
+        return (RanksDeadlocked if deadlock is not None else RanksHung)(RankFailure(f"{task}: {why} ({causes})", reports))
+    failure = RankFailure(f"{task} failed: {causes}", reports)
+    return RanksCrashed(failure) if world_closed else failure

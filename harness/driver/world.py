@@ -18,25 +18,17 @@ import json
 import multiprocessing
 import os
 import secrets
-import signal
 import socket
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 
-from harness.driver import deadlock, disagreement, memory_cgroup, rank_output
-from harness.driver.failures import (
-    TASK_FAILURES,
-    ImplementationIncomplete,
-    RankFailure,
-    RankReport,
-    RanksCrashed,
-    RanksDeadlocked,
-    RanksHung,
-    WorldStartError,
-)
+from harness.driver import deadlock, disagreement
+from harness.driver.failures import TASK_FAILURES, RankFailure, RankReport, RanksCrashed, WorldStartError, task_failure
+from harness.driver.io_counters import IoCounters
+from harness.driver.rank_handle import RankHandle, dump_stacks
 from harness.rank import containment, wire
-from harness.rank.loop import STACK_DUMP_SIGNAL, RankConfig, ring_path, serve
+from harness.rank.loop import RankConfig, ring_path, serve
 
 # torch._dynamo: torch imports it lazily on the first call of a function it decorated, such as the
 # first optimizer's constructor, and that import cost each rank about 0.9 s of CPU in its first
@@ -45,7 +37,6 @@ from harness.rank.loop import STACK_DUMP_SIGNAL, RankConfig, ring_path, serve
 PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "harness.rank.loop", "harness.rank.programs"]
 STRAY_CHECK = "harness.rank.programs.probe:stray_messages"
 STRAY_CHECK_TIMEOUT_S = 20.0  # every rank is idle by then: the exchange takes milliseconds
-STACK_DUMP_WAIT_S = 5.0  # a hung rank writes its stacks in milliseconds; this bounds one that will not
 CLOSE_WAIT_S = 1.0  # a rank told to exit leaves at once; one that has not by then is killed
 
 
@@ -61,91 +52,6 @@ class TaskResult:
     # per rank, why its count is missing where it should have been measured (a local rank of an
     # audited world), else "": the audit fails on evidence withheld instead of skipping it
     bytes_unread: list = field(default_factory=list)
-
-
-@dataclass
-class _Rank:
-    rank: int
-    process: multiprocessing.Process | None  # None: attached by a launcher (torchrun), maybe on another host
-    log_path: str | None  # None for attached ranks: their output goes to their launcher's console
-    conn: Connection | None = None
-    # How far into this rank's output the driver has read: every byte it printed, counted whether
-    # kept or not (harness/driver/rank_output.py); the audit subtracts a task's share from the
-    # kernel's count of bytes the rank wrote (World._run). Its log file may be emptied meanwhile:
-    # log_position is where the driver stopped in the file.
-    log_offset: int = 0
-    log_position: int = 0
-    reply_bytes: int = 0  # the last reply's size on the control connection, framing included
-    memory: memory_cgroup.MemoryCgroup | None = None  # the memory cgroup it lives in; None: unknown
-    oom_kills_before: int | None = None  # that cgroup's OOM kill count when the current task started
-
-    def __post_init__(self):
-        # found while the rank is alive: once it died, its /proc entry is gone
-        self.memory = None if self.process is None else memory_cgroup.of_process(self.process.pid)
-        self.note_oom_kills()
-
-    def note_oom_kills(self) -> None:
-        """Note its memory cgroup's OOM kill count now: describe_exit compares (one read of
-        memory.oom_control, about 10 us)."""
-        self.oom_kills_before = None if self.memory is None else self.memory.oom_kills()
-
-    def killed_for_memory(self) -> bool:
-        """It died by SIGKILL and its memory cgroup's OOM kill count rose since the task started:
-        the kernel's OOM killer killed it (harness/driver/memory_cgroup.py)."""
-        if self.process is None or self.process.exitcode != -signal.SIGKILL or self.oom_kills_before is None:
-            return False
-        after = self.memory.oom_kills()
-        return after is not None and after > self.oom_kills_before
-
-    @property
-    def attached(self) -> bool:
-        return self.process is None
-
-    def waitables(self) -> list:
-        return [self.conn] if self.process is None else [self.conn, self.process.sentinel]
-
-    def has_exited(self) -> bool:
-        return self.process is not None and self.process.exitcode is not None
-
-    def describe_exit(self) -> str:
-        if self.process is None:
-            return "closed its connection to the driver (an attached rank: its launcher's console shows why)"
-        self.process.join(timeout=1.0)
-        if self.killed_for_memory():
-            return memory_cgroup.describe_oom_kill(self.memory.limit())
-        return _describe_exit(self.process.exitcode)
-
-    def read_new_output(self) -> str:
-        """What the rank printed since the driver last looked: its head and tail, the bytes between
-        counted (rank_output.read_new: the driver's memory is bounded whatever a rank prints)."""
-        if self.log_path is None:
-            return ""
-        try:
-            text, consumed, self.log_position = rank_output.read_new(self.log_path, self.log_position)
-        except FileNotFoundError:
-            return ""
-        self.log_offset += consumed
-        return text
-
-    def begin_task(self) -> None:
-        """Before a task: forget what the rank printed between tasks (no test's output), counted but
-        not read, its log file emptied past rank_output.LOG_FILE_LIMIT; and note its OOM kill count."""
-        if self.log_path is not None:
-            try:
-                passed, self.log_position = rank_output.pass_over(self.log_path, self.log_position)
-                self.log_offset += passed
-            except FileNotFoundError:
-                pass
-        self.note_oom_kills()
-
-    def remove_log(self) -> None:
-        """Delete its log file: its world is closed and nobody reads it again (a rank that printed
-        1 GiB in its last task would otherwise keep 1 GiB on disk until the session ends)."""
-        if self.log_path is not None:
-            try:
-                os.unlink(self.log_path)
-            except FileNotFoundError:
-                pass
 
 
 class World:
@@ -179,12 +85,12 @@ class World:
         self.flight_recorder = flight_recorder
         self.name = f"world{next(self._ids)}-n{size}-{secrets.token_hex(4)}"
         self._authkey = authkey
-        self._ranks: list[_Rank] = []
+        self._ranks: list[RankHandle] = []
         self._task_ids = itertools.count()
         self._closed = False
         # local ranks run as a user of this world's own (harness/rank/containment.py); swept at close
         self.sandbox = containment.new_sandbox() if contain and attach_server is None else None
-        self._counter_reader: containment.CounterReader | None = None  # started on the first read it is needed for
+        self._counters = IoCounters(self.sandbox)
         if attach_server is not None:
             self._attach(attach_server, start_timeout_s)
         else:
@@ -218,7 +124,7 @@ class World:
                 )
                 process = context.Process(target=serve, args=(config,), name=f"{self.name}-rank{rank}", daemon=True)
                 process.start()
-                self._ranks.append(_Rank(rank, process, log_path))
+                self._ranks.append(RankHandle(rank, process, log_path))
             self._accept_all(server, time.monotonic() + start_timeout_s)
             self._await_ready(time.monotonic() + start_timeout_s)
         except BaseException:
@@ -228,7 +134,7 @@ class World:
             server.close()
 
     def _attach(self, server: socket.socket, start_timeout_s: float) -> None:
-        self._ranks = [_Rank(rank, None, None) for rank in range(self.size)]
+        self._ranks = [RankHandle(rank, None, None) for rank in range(self.size)]
         try:
             self._accept_all(server, time.monotonic() + start_timeout_s)
             self._await_ready(time.monotonic() + start_timeout_s)
@@ -401,29 +307,14 @@ class World:
                                                                      for r in self._ranks):
             return None
         return deadlock.Watch([(r.rank, r.process.pid, ring_path(r.log_path)) for r in self._ranks], task_id,
-                              read_io=lambda pids: [deadlock.bytes_moved(c) for c in self._io_counters(pids)])
-
-    def _io_counters(self, pids: list[int]) -> list[dict[str, int] | None]:
-        """Each process's /proc/<pid>/io counters (None where unreadable), read here or, where the
-        driver may not (no CAP_SYS_PTRACE over a contained rank: a container's default capabilities),
-        by a reader with the ranks' own uid (containment.CounterReader, one per world)."""
-        counters = [deadlock.read_io_counters(pid) for pid in pids]
-        unread = [i for i, found in enumerate(counters) if found is None]
-        if unread and self.sandbox is not None:
-            if self._counter_reader is None:
-                self._counter_reader = containment.CounterReader(self.sandbox.uid)
-            for i, answer in zip(unread, self._counter_reader.read([pids[i] for i in unread])):
-                counters[i] = answer
-        return counters
+                              read_io=lambda pids: [deadlock.bytes_moved(c) for c in self._counters.read(pids)])
 
     def _kernel_write_counts(self) -> list[int | None]:
         """Per rank, the kernel's count of the bytes its process has written (/proc/<pid>/io wchar),
         or None for an attached rank or one whose counters cannot be read."""
-        pids = [None if r.attached or r.process is None else r.process.pid for r in self._ranks]
-        read = dict(zip((p for p in pids if p is not None), self._io_counters([p for p in pids if p is not None])))
-        return [None if read.get(pid) is None else read[pid].get("wchar") for pid in pids]
+        return self._counters.written([None if r.attached else r.process.pid for r in self._ranks])
 
-    def _collect(self, rank: _Rank, task_id: int) -> tuple[str, object]:
+    def _collect(self, rank: RankHandle, task_id: int) -> tuple[str, object]:
         if rank.conn.poll():
             try:
                 raw = rank.conn.recv_bytes()
@@ -445,23 +336,14 @@ class World:
         return "exited", rank.describe_exit()
 
     def disagreements(self, status: dict[int, str]) -> list[str]:
-        """What the ranks' flight recorders say about the last task they recorded: the first
-        disagreements between their calls (harness/driver/disagreement.py); [] when they agree or cannot
-        be read (attached ranks)."""
-        calls = {}
-        for rank in self._ranks:
-            if rank.log_path is None:
-                return []
-            found = disagreement.read(ring_path(rank.log_path))
-            if found is None:
-                return []
-            calls[rank.rank] = found[1]
-        return disagreement.explain(calls, status)
+        """What the ranks' flight recorders say about the last task they recorded (disagreement.py)."""
+        return disagreement.from_flight_recorders({r.rank: r.log_path and ring_path(r.log_path) for r in self._ranks},
+                                                  status)
 
     def _fail(self, program: str, outcome: dict, timeout_s: float, task_id: int,
               watch: deadlock.Watch | None = None) -> BaseException:
         hung = [r for r in self._ranks if r.rank not in outcome]
-        self._dump_stacks(hung)
+        dump_stacks(hung)
         reports = []
         for rank in self._ranks:
             hung_detail = ("an attached rank: its stacks and output are on its launcher's console" if rank.attached
@@ -471,41 +353,11 @@ class World:
         if hung or any(r.status in ("exited", "broken") for r in reports):
             self.close()  # a rank is gone, stuck or without a process group: the owner starts a fresh world
         failed = [r for r in reports if r.status != "ok"]
-        causes = ", ".join(f"rank {r.rank} {r.status}" + (" (out of memory)" if memory_cgroup.OOM_KILLED in r.detail else "")
-                           for r in failed)  # on the first line, the one grading summaries show
         lines = [] if all(r.status == "missing" for r in failed) else self.disagreements(
             {r.rank: r.status for r in reports})
-        if lines:  # the first disagreement on the first line (the one grading summaries show)
-            causes += f"; the ranks disagree: {lines[0]}" + "".join(f"\n  also: {line}" for line in lines[1:])
-        if all(r.status == "missing" for r in failed):
-            cause = failed[0].detail.strip().splitlines()[-1] if failed[0].detail.strip() else "?"
-            return ImplementationIncomplete(RankFailure(f"the implementation under test is incomplete: {cause}", reports))
-        if all(r.status == "hung" for r in failed):
-            found = watch is not None and watch.found is not None
-            why = watch.summary() if found else f"no result within the {timeout_s:g} s deadline"
-            return (RanksDeadlocked if found else RanksHung)(RankFailure(f"{program} on {self.size} ranks: {why} ({causes})",
-                                                                        reports))
-        failure = RankFailure(f"{program} on {self.size} ranks failed: {causes}", reports)
-        return RanksCrashed(failure) if self._closed else failure
-
-    @staticmethod
-    def _dump_stacks(hung: list[_Rank]) -> None:
-        """Every thread's stack of each hung local rank, in its log, complete when this returns.
-        A rank dies of STACK_DUMP_SIGNAL once it has written its dump (harness/rank/loop.py), so its
-        exit is the event to wait for: a few milliseconds, where a fixed sleep was either too long or,
-        under load, too short for the stacks. A rank that has not died within STACK_DUMP_WAIT_S (it
-        blocked or replaced the signal) is killed without them. Either way no hung rank is left
-        alive, so closing the world does not wait for ranks that cannot answer."""
-        local = [rank for rank in hung if not rank.attached]
-        for rank in local:
-            _signal(rank.process, STACK_DUMP_SIGNAL)
-        waiting = {rank.process.sentinel: rank for rank in local}
-        deadline = time.monotonic() + STACK_DUMP_WAIT_S
-        while waiting and time.monotonic() < deadline:
-            for sentinel in wait(list(waiting), timeout=max(0.0, deadline - time.monotonic())):
-                del waiting[sentinel]
-        for rank in waiting.values():
-            rank.process.kill()
+        deadlock_found = watch.summary() if watch is not None and watch.found is not None else None
+        return task_failure(f"{program} on {self.size} ranks", reports, lines, timeout_s, deadlock_found,
+                            world_closed=self._closed)
 
     # ----------------------------------------------------------------------------------- close
     def close(self) -> None:
@@ -518,7 +370,7 @@ class World:
                     rank.conn.send_bytes(wire.encode_trusted(("exit",)))
                 except OSError:
                     pass
-        end = time.monotonic() + CLOSE_WAIT_S  # hung ranks are gone already (_dump_stacks): no wait for them
+        end = time.monotonic() + CLOSE_WAIT_S  # hung ranks are gone already (dump_stacks): no wait for them
         local = [rank for rank in self._ranks if not rank.attached]  # attached ranks exit on "exit" or EOF
         for rank in local:
             rank.process.join(timeout=max(0.0, end - time.monotonic()))
@@ -529,8 +381,7 @@ class World:
         for rank in self._ranks:
             if rank.conn is not None:
                 rank.conn.close()
-        if self._counter_reader is not None:
-            self._counter_reader.close()
+        self._counters.close()
         if self.sandbox is not None:
             containment.sweep(self.sandbox)  # whatever the ranks started, detached or not
         for rank in self._ranks:
@@ -542,22 +393,3 @@ class World:
 
     def pids(self) -> list[int]:
         return [r.process.pid for r in self._ranks if not r.attached]
-
-
-def _signal(process: multiprocessing.Process, signum: int) -> None:
-    try:
-        os.kill(process.pid, signum)
-    except (ProcessLookupError, TypeError):
-        pass
-
-
-def _describe_exit(code: int | None) -> str:
-    if code is None:
-        return "stopped answering"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"was killed by {name} (exit code {code})"
-    return f"exited with code {code}"

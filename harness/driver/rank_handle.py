@@ -1,0 +1,141 @@
+"""The driver's side of one rank process: its exit described (a signal, an OOM kill), its output read
+as it goes, and its stacks dumped when it hangs."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+
+from harness.driver import memory_cgroup, rank_output
+from harness.rank.loop import STACK_DUMP_SIGNAL
+
+STACK_DUMP_WAIT_S = 5.0  # a hung rank writes its stacks in milliseconds; this bounds one that will not
+
+
+@dataclass
+class RankHandle:
+    """The driver's handle on one rank: its process (None when a launcher started it), its control
+    connection, how far its output has been read, and the memory cgroup that may have killed it."""
+
+    rank: int
+    process: multiprocessing.Process | None  # None: attached by a launcher (torchrun), maybe on another host
+    log_path: str | None  # None for attached ranks: their output goes to their launcher's console
+    conn: Connection | None = None
+    # How far into this rank's output the driver has read: every byte it printed, counted whether
+    # kept or not (harness/driver/rank_output.py); the audit subtracts a task's share from the
+    # kernel's count of bytes the rank wrote (World._run). Its log file may be emptied meanwhile:
+    # log_position is where the driver stopped in the file.
+    log_offset: int = 0
+    log_position: int = 0
+    reply_bytes: int = 0  # the last reply's size on the control connection, framing included
+    memory: memory_cgroup.MemoryCgroup | None = None  # the memory cgroup it lives in; None: unknown
+    oom_kills_before: int | None = None  # that cgroup's OOM kill count when the current task started
+
+    def __post_init__(self):
+        # found while the rank is alive: once it died, its /proc entry is gone
+        self.memory = None if self.process is None else memory_cgroup.of_process(self.process.pid)
+        self.note_oom_kills()
+
+    def note_oom_kills(self) -> None:
+        """Note its memory cgroup's OOM kill count now: describe_exit compares (one read of
+        memory.oom_control, about 10 us)."""
+        self.oom_kills_before = None if self.memory is None else self.memory.oom_kills()
+
+    def killed_for_memory(self) -> bool:
+        """It died by SIGKILL and its memory cgroup's OOM kill count rose since the task started:
+        the kernel's OOM killer killed it (harness/driver/memory_cgroup.py)."""
+        if self.process is None or self.process.exitcode != -signal.SIGKILL or self.oom_kills_before is None:
+            return False
+        after = self.memory.oom_kills()
+        return after is not None and after > self.oom_kills_before
+
+    @property
+    def attached(self) -> bool:
+        return self.process is None
+
+    def waitables(self) -> list:
+        return [self.conn] if self.process is None else [self.conn, self.process.sentinel]
+
+    def has_exited(self) -> bool:
+        return self.process is not None and self.process.exitcode is not None
+
+    def describe_exit(self) -> str:
+        if self.process is None:
+            return "closed its connection to the driver (an attached rank: its launcher's console shows why)"
+        self.process.join(timeout=1.0)
+        if self.killed_for_memory():
+            return memory_cgroup.describe_oom_kill(self.memory.limit())
+        return _describe_exit(self.process.exitcode)
+
+    def read_new_output(self) -> str:
+        """What the rank printed since the driver last looked: its head and tail, the bytes between
+        counted (rank_output.read_new: the driver's memory is bounded whatever a rank prints)."""
+        if self.log_path is None:
+            return ""
+        try:
+            text, consumed, self.log_position = rank_output.read_new(self.log_path, self.log_position)
+        except FileNotFoundError:
+            return ""
+        self.log_offset += consumed
+        return text
+
+    def begin_task(self) -> None:
+        """Before a task: forget what the rank printed between tasks (no test's output), counted but
+        not read, its log file emptied past rank_output.LOG_FILE_LIMIT; and note its OOM kill count."""
+        if self.log_path is not None:
+            try:
+                passed, self.log_position = rank_output.pass_over(self.log_path, self.log_position)
+                self.log_offset += passed
+            except FileNotFoundError:
+                pass
+        self.note_oom_kills()
+
+    def remove_log(self) -> None:
+        """Delete its log file: its world is closed and nobody reads it again (a rank that printed
+        1 GiB in its last task would otherwise keep 1 GiB on disk until the session ends)."""
+        if self.log_path is not None:
+            try:
+                os.unlink(self.log_path)
+            except FileNotFoundError:
+                pass
+
+
+def dump_stacks(hung: list[RankHandle]) -> None:
+    """Every thread's stack of each hung local rank, in its log, complete when this returns.
+    A rank dies of STACK_DUMP_SIGNAL once it has written its dump (harness/rank/loop.py), so its
+    exit is the event to wait for: a few milliseconds, where a fixed sleep was either too long or,
+    under load, too short for the stacks. A rank that has not died within STACK_DUMP_WAIT_S (it
+    blocked or replaced the signal) is killed without them. Either way no hung rank is left
+    alive, so closing the world does not wait for ranks that cannot answer."""
+    local = [rank for rank in hung if not rank.attached]
+    for rank in local:
+        _signal(rank.process, STACK_DUMP_SIGNAL)
+    waiting = {rank.process.sentinel: rank for rank in local}
+    deadline = time.monotonic() + STACK_DUMP_WAIT_S
+    while waiting and time.monotonic() < deadline:
+        for sentinel in wait(list(waiting), timeout=max(0.0, deadline - time.monotonic())):
+            del waiting[sentinel]
+    for rank in waiting.values():
+        rank.process.kill()
+
+
+def _signal(process: multiprocessing.Process, signum: int) -> None:
+    try:
+        os.kill(process.pid, signum)
+    except (ProcessLookupError, TypeError):
+        pass
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "stopped answering"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name} (exit code {code})"
+    return f"exited with code {code}"
