@@ -17,7 +17,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.driver.reports import DEFAULT_RUBRIC, Rubric, apportion, graded, load_rubric, score, versions, write
+from harness.driver.reports import apportion, graded, score, versions, write
+from harness.driver.rubric import DEFAULT_RUBRIC, Rubric, load_rubric
 from harness.driver.scorecard import Scorecard
 from harness.driver.scorecard import TestResult as Result  # not Test*: pytest would try to collect it
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from harness.driver.reports import load_rubric
+from harness.driver.rubric import load_rubric
 
 
 def test_reports_under_xdist(suite_runner, tmp_path):

@@ -43,7 +43,8 @@ def suite_files(root: Path = SUITE) -> list[Path]:
 
 def configure(args: argparse.Namespace) -> tuple[AutograderConfig, Path]:
     """The config the zip carries, and the rubric file it ships; raises ConfigError naming what is wrong."""
-    from harness.driver.reports import load_rubric, suite_version  # imports torch: only once the options parse
+    from harness.driver.reports import suite_version  # imports torch: only once the options parse
+    from harness.driver.rubric import load_rubric
 
     rubric_path = Path(args.rubric).resolve() if args.rubric else SUITE / "grading" / "rubric.toml"
     try:

@@ -203,7 +203,7 @@ def _maximum(config: AutograderConfig | None) -> float:
     if config is None:
         return 0.0
     from harness.driver import capabilities
-    from harness.driver.reports import load_rubric  # imports torch: only on this path
+    from harness.driver.rubric import load_rubric
 
     try:
         rubric = load_rubric(SUITE / config.rubric)

@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from harness.driver.plugin.profiles import current_profile
-from harness.driver.reports import Rubric, hypothesis_settings
+from harness.driver.reports import hypothesis_settings
 from harness.driver.reports import versions as run_versions
 from harness.driver.reports import write as write_reports
+from harness.driver.rubric import Rubric
 from harness.driver.scorecard import Scorecard
 
 

@@ -15,7 +15,8 @@ from harness.driver.plugin.options import SCOPES, check_options, claimed
 from harness.driver.plugin.refusals import EnoughRefused
 from harness.driver.plugin.state import PLAN, STATE, Budget, RunState, backend_plan, max_live_ranks
 from harness.driver.pool import LiveRanks
-from harness.driver.reports import load_rubric, older_torch_warning
+from harness.driver.reports import older_torch_warning
+from harness.driver.rubric import load_rubric
 from harness.driver.scorecard import Scorecard
 
 

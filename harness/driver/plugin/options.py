@@ -10,7 +10,7 @@ from harness.driver import capabilities
 from harness.driver.backends import BackendChoiceError, BackendPlan, visible_gpus
 from harness.driver.plugin.profiles import PROFILES
 from harness.driver.pool import Attach
-from harness.driver.reports import DEFAULT_RUBRIC
+from harness.driver.rubric import DEFAULT_RUBRIC
 
 DEFAULT_IMPL = "impls"
 GRADING_BUDGET_S = 480.0  # the grading profile's default --time-budget: within a platform's default 10 minutes, with
