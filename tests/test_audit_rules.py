@@ -9,8 +9,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from conformance.audit.collective_calls import collective_case
 from conformance.examples import Layout
-from conformance.test_audit import collective_case
 from harness.driver import audit
 from reference import cost_model
 from reference.collectives import DTYPES

@@ -144,6 +144,6 @@ def test_grading_refuses_when_a_contained_rank_could_not_read_its_python(tmp_pat
 def test_the_kernels_write_count_holds_where_the_driver_lacks_ptrace(impl, said):
     """Docker's capabilities have no CAP_SYS_PTRACE: the driver reads its contained ranks' counters
     through a reader of their uid, and a rank that closes them fails the audit instead of hiding."""
-    outcome = suite_in_container(str(SYSTEM_PYTHON), impl, test_file="conformance/test_audit.py",
+    outcome = suite_in_container(str(SYSTEM_PYTHON), impl, test_file="conformance/audit",
                                  selected="test_point_to_point_only and all_reduce")
     assert outcome.returncode == 1 and said in outcome.stdout, outcome.stdout[-3000:] + outcome.stderr[-2000:]

@@ -120,10 +120,10 @@ def test_an_implementation_cannot_decline_a_pipeline_test_by_saying_cannot(run_s
 
 def test_an_audit_of_a_claimed_strategy_is_not_skipped_because_the_ranks_say_it_is_missing(run_suite):
     result = run_suite(str(FIXTURES / "declining_impl.py"), "-k", "test_data_parallel_step and 2-mlp_frozen_fc1-default",
-                       test_file="conformance/test_audit.py")
+                       test_file="conformance/audit")
     assert result.returncode == 6 and "has no 'DataParallel'" in result.stdout, result.stdout[-3000:]
     result = run_suite(str(FIXTURES / "declining_impl.py"), "-k", "test_data_parallel_step and 2-mlp_frozen_fc1-default",
-                       "--capability", "collectives,audit", test_file="conformance/test_audit.py")
+                       "--capability", "collectives,audit", test_file="conformance/audit")
     assert result.returncode == 0 and "1 skipped" in result.stdout, result.stdout[-3000:]
 
 

@@ -186,8 +186,8 @@ def test_the_rubric_reads_the_platform_options(tmp_path):
                                                'test_point_to_point_only = "visible"\n'))
     assert (rubric.points_possible, rubric.stdout_visibility, rubric.output_format, rubric.test_output_format) == (
         50.0, "after_due_date", "md", "simple_format")
-    assert rubric.visibility_of("audit", "conformance/test_audit.py::test_point_to_point_only[gloo]") == "visible"
-    assert rubric.visibility_of("audit", "conformance/test_audit.py::test_bytes") == "hidden"
+    assert rubric.visibility_of("audit", "conformance/audit/test_collectives.py::test_point_to_point_only[gloo]") == "visible"
+    assert rubric.visibility_of("audit", "conformance/audit/test_collectives.py::test_bytes") == "hidden"
     assert rubric.visibility_of("broadcast") == "after_published" == rubric.default_visibility()
 
 

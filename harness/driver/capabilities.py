@@ -48,7 +48,7 @@ CAPABILITIES: tuple[Capability, ...] = (
                "pipeline_composition"),
     Capability("mesh_composition", ("TensorParallelMLP", "pipeline_step", "all_reduce"),
                "conformance/test_mesh_composition.py", "mesh_composition"),
-    Capability("audit", COLLECTIVES, "conformance/test_audit.py", "audit"),
+    Capability("audit", COLLECTIVES, "conformance/audit", "audit"),
 )
 BY_NAME = {c.name: c for c in CAPABILITIES}
 GROUPS = {c.group for c in CAPABILITIES if c.group}

@@ -104,12 +104,12 @@ class Outsider:
         test_file = spec.conformance if spec else next(c.conformance for c in CAPABILITIES if c.group == self.capability)
         if self.audit:  # its values alone; audit_args() holds its audit, which must fail
             return [test_file, "--capability", self.capability]
-        args = [test_file, "conformance/test_audit.py", "--capability", f"{self.capability},audit"]
+        args = [test_file, "conformance/audit", "--capability", f"{self.capability},audit"]
         return args if self.verdict == "pass" else [*args, "-x", "--rank-timeout", str(MUTANT_RANK_TIMEOUT_S)]
 
 
     def audit_args(self) -> list[str]:
-        return ["conformance/test_audit.py", "--capability", f"{self.capability},audit", "-x", "--rank-timeout",
+        return ["conformance/audit", "--capability", f"{self.capability},audit", "-x", "--rank-timeout",
                 str(MUTANT_RANK_TIMEOUT_S)]
 
 
@@ -123,7 +123,7 @@ def known_good() -> list[tuple[str, list[str], dict[str, str]]]:
     DTensor, pipelining) through adapters/torch_native.py, and a CS336 assignment-2 submission
     (the project's own, tests/fixtures/cs336_submission) through adapters/cs336.py."""
     runs = [("impls", ["conformance"]),
-            ("torch.distributed", ["conformance/test_collectives.py", "conformance/test_audit.py",
+            ("torch.distributed", ["conformance/test_collectives.py", "conformance/audit",
                                    "--capability", "collectives,audit"]),
             # the naive variant of the bundled DP (bucket_size_mb ignored): a second opinion, fewer examples
             ("impls.naive_dp", ["conformance/test_data_parallel.py", "--hypothesis-profile=brief"]),
@@ -133,7 +133,7 @@ def known_good() -> list[tuple[str, list[str], dict[str, str]]]:
             ("adapters.torch_native", ["conformance", "--hypothesis-profile=brief"])]
     runs = [(impl, args, {}) for impl, args in runs]
     runs.append(("adapters.cs336", ["conformance/test_data_parallel.py", "conformance/test_sharded_optimizer.py",
-                                    "conformance/test_audit.py", "--capability", "data_parallel,sharded_optimizer,audit",
+                                    "conformance/audit", "--capability", "data_parallel,sharded_optimizer,audit",
                                     "--hypothesis-profile=brief"],
                  {"CS336_SUBMISSION": str(CS336_FIXTURE)}))
     # the newer handout's names (get_ddp for every bucket size) under the handout's scope

@@ -1,4 +1,4 @@
-"""Rank programs of the communication audit (conformance/test_audit.py): training steps whose
+"""Rank programs of the communication audit (conformance/audit/): training steps whose
 communication is labelled by phase (harness.rank.recording.mark), so the driver can hold each phase to
 its own budget: building the wrapper (parameter broadcast, sharding) is "setup" and is not judged.
 Outside an audited world mark() is a no-op. The collectives themselves are audited through

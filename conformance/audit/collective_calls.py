@@ -1,0 +1,100 @@
+"""How each collective is called in an audited task, and the cost model's per-rank bound for it."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import strategies as st
+
+from conformance.audit.common import OPS
+from conformance.examples import Layout, Values, sentinel, shapes
+from reference import cost_model
+from reference.collectives import DTYPES, output_split_sizes
+
+COLLECTIVES = cost_model.COLLECTIVES
+
+
+def collective_case(name: str, draw, layout: Layout, refused_for=None) -> tuple[str, list[dict], dict[int, int], str]:
+    """Draw one call of collective ``name`` on ``layout``: (function, per-member arguments, per-rank
+    bound in bytes, what the bound is). ``draw(label, strategy)`` draws. ``refused_for(name, op)``
+    gives the dtypes the backend's own collective refuses (probed, as test_collectives.py does):
+    they are not drawn, and a collective refused for every dtype is skipped with the reason."""
+    n = layout.size
+    op = draw("op", st.sampled_from(OPS)) if name in ("all_reduce", "reduce", "reduce_scatter",
+                                                      "reduce_scatter_tensor") else None
+    refused = refused_for(name, op) if refused_for is not None else frozenset()
+    allowed = [d for d in DTYPES if d not in refused]
+    if not allowed:
+        pytest.skip(f"the backend refuses {name}{f' op={op}' if op else ''} for every dtype (probed with "
+                    f"torch.distributed's own {name}), so it is not drawn")
+    dtype = draw("dtype", st.sampled_from(allowed))
+    if dtype in refused:  # a fixed example asking for what the backend refuses
+        pytest.skip(f"the backend refuses {name} for {dtype} (probed), so it is not drawn")
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    seed = draw("seed", st.integers(0, 2**16))
+    shape = draw("shape", shapes(multiple_of=n) if name == "reduce_scatter_tensor" else shapes())
+    vals = Values(dtype, tuple(shape), seed, op=op)
+    numel = vals.tensor(0).numel()
+    split_bytes = None
+    if name == "all_to_all_single":
+        splits = draw("input_split_sizes", st.lists(st.lists(st.integers(0, 50), min_size=n, max_size=n),
+                                                    min_size=n, max_size=n))
+        received = output_split_sizes(splits)
+        inputs = [vals.tensor(i, (sum(splits[i]),)) for i in range(n)]
+        args = [{"output": sentinel(inputs[i], (sum(received[i]),)), "input": inputs[i],
+                 "output_split_sizes": received[i], "input_split_sizes": splits[i]} for i in range(n)]
+        split_bytes = [[s * itemsize for s in row] for row in splits]
+    elif name == "all_to_all":  # equal pieces: gloo's all_to_all refuses unequal ones
+        lists = [[vals.tensor(i * n + j) for j in range(n)] for i in range(n)]
+        args = [{"output_tensor_list": [sentinel(x) for x in lists[j]], "input_tensor_list": lists[j]} for j in range(n)]
+        split_bytes = [[numel * itemsize] * n for _ in range(n)]
+    elif name in ("scatter", "gather", "broadcast", "reduce"):
+        root = draw("root", st.sampled_from(layout.ranks))
+        pieces = [vals.tensor(i) for i in range(n)]
+        if name == "scatter":
+            args = [{"tensor": sentinel(pieces[0]), "scatter_list": pieces if r == root else None, "src": root}
+                    for r in layout.ranks]
+        elif name == "gather":
+            args = [{"tensor": x, "gather_list": [sentinel(x) for _ in pieces] if r == root else None, "dst": root}
+                    for r, x in zip(layout.ranks, pieces)]
+        elif name == "broadcast":
+            args = [{"tensor": x, "src": root} for x in pieces]
+        else:
+            args = [{"tensor": x, "dst": root, "op": op} for x in pieces]
+    elif name == "all_reduce":
+        args = [{"tensor": vals.tensor(i), "op": op} for i in range(n)]
+    elif name == "all_gather":
+        args = [{"tensor_list": [sentinel(vals.tensor(i)) for _ in range(n)], "tensor": vals.tensor(i)} for i in range(n)]
+        numel *= n
+    elif name == "all_gather_into_tensor":
+        out_shape = (n * shape[0], *shape[1:])
+        args = [{"output_tensor": sentinel(vals.tensor(i), out_shape), "input_tensor": vals.tensor(i)} for i in range(n)]
+        numel *= n
+    elif name == "reduce_scatter":
+        args = [{"output": sentinel(vals.tensor(0)), "input_list": [vals.tensor(i * n + j) for j in range(n)], "op": op}
+                for i in range(n)]
+        numel *= n
+    elif name == "reduce_scatter_tensor":
+        out_shape = (shape[0] // n, *shape[1:])
+        args = [{"output": sentinel(vals.tensor(i), out_shape), "input": vals.tensor(i), "op": op} for i in range(n)]
+    else:
+        raise ValueError(name)
+    bounds = {rank: cost_model.collective(name, n, i, numel=numel, itemsize=itemsize,
+                                          split_bytes=None if split_bytes is None else split_bytes[i])
+              for i, rank in enumerate(layout.ranks)}
+    what = f"{name} on {n} ranks, {numel} x {str(dtype).removeprefix('torch.')} ({numel * itemsize} B): {BOUND_FORMULA[name]}"
+    return name, args, bounds, what
+
+
+BOUND_FORMULA = {  # what the sizes in the message are, and the per-rank bound (reference/cost_model.py)
+    "all_reduce": "2 (numel - floor(numel/n)) itemsize, 2(n-1)/n S up to rounding",
+    "reduce_scatter": "the whole input list; (numel - floor(numel/n)) itemsize = (n-1)/n S",
+    "reduce_scatter_tensor": "the input; (numel - floor(numel/n)) itemsize = (n-1)/n S",
+    "all_gather": "the gathered output; (n-1)/n S",
+    "all_gather_into_tensor": "the gathered output; (n-1)/n S",
+    "broadcast": "ceil(log2 n) S",
+    "reduce": "S",
+    "scatter": "one piece; (n-1) pieces",
+    "gather": "one piece; (n-1) pieces",
+    "all_to_all": "one piece; the rank's pieces for the other ranks",
+    "all_to_all_single": "the rank's pieces for the other ranks",
+}

@@ -1,0 +1,56 @@
+"""The communication audit of fully sharded (the rules: harness/driver/audit.py; the bounds:
+reference/cost_model.py)."""
+from __future__ import annotations
+
+import pytest
+
+from conformance.audit.common import DP_MODELS, audits, check
+from conformance.examples import Layout
+from conformance.verdict import Judge
+from harness.driver import audit
+from harness.rank import models
+from reference import cost_model
+
+pytestmark = pytest.mark.capability("audit")
+
+
+@pytest.mark.parametrize("reshard_after_forward", [True, False], ids=["zero3", "zero2"])
+@pytest.mark.parametrize("model_name", ["mlp", "tied_lm"])
+@pytest.mark.parametrize("n", [2, 4])
+def test_fully_sharded_step(n, model_name, reshard_after_forward, audited, request):
+    """One forward and backward gathers each unit's parameters at most twice (once with
+    ``reshard_after_forward=False``: ZeRO-2's traffic, a unit keeps what it gathered for forward
+    until backward) and reduce-scatters their gradients once (cost_model.fully_sharded_step); the
+    optimizer's step sends nothing."""
+    from harness.rank.programs.fully_sharded import units
+
+    audits(request, "fully_sharded" if reshard_after_forward else "zero2")
+    if n > audited.target.max_world_size:
+        pytest.skip(f"needs {n} ranks (--max-world-size {audited.target.max_world_size})")
+    spec = {"mlp": {"kind": "mlp", "inputs": 24, "hidden": 32, "outputs": 3}, "tied_lm": DP_MODELS["tied_lm"][0]}[model_name]
+    net = models.build(spec, 0)
+    def sizes(params, trainable: bool) -> list[tuple[int, int]]:
+        return [(p.numel(), p.shape[0] if p.dim() else 1) for p in params if p.requires_grad == trainable]
+
+    held = {id(p) for u in units(net) for p in u.parameters()}
+    root = [p for p in net.parameters() if id(p) not in held]
+    in_units = [sizes(u.parameters(), True) for u in units(net)]
+    frozen = [sizes(u.parameters(), False) for u in units(net)] + [sizes(root, False)]
+    itemsize = next(net.parameters()).element_size()
+    gathers = 2 if reshard_after_forward else 1
+    bound = cost_model.fully_sharded_step(n, in_units + [sizes(root, True)], itemsize, gathers=gathers,
+                                          frozen_numels=frozen)
+    batch = models.make_batch(spec, 2 * n, seed=1)
+    slices = [{k: v[2 * r:2 * r + 2] for k, v in batch.items()} for r in range(n)]
+    optimizer = {"name": "adamw", "lr": 1e-2, "betas": [0.9, 0.999], "eps": 1e-3, "weight_decay": 0.0}
+    judge = Judge(f"world_size={n}, model={model_name} ({spec}), optimizer=adamw, reshard_after_forward="
+                  f"{reshard_after_forward}", audited.target.reproduce(request.node.nodeid))
+    _, records = audited.run(judge, Layout(n), "audit:fully_sharded_step", [
+        {"model": spec, "seed": 0, "optimizer": optimizer, "batch": slices[r],
+         "reshard_after_forward": reshard_after_forward} for r in range(n)])
+    what = (f"one fully sharded forward and backward: {len(in_units) + 1} units, each gathered at most "
+            f"{'twice' if gathers == 2 else 'once (reshard_after_forward=False)'} and reduce-scattered once")
+    violations = audit.within_bound(records, {r: bound for r in range(n)}, what, phase="step")
+    violations += audit.within_bound(records, {r: 0 for r in range(n)}, "the optimizer's step (every state is local)",
+                                     phase="optimizer")
+    check(judge, violations)
