@@ -9,14 +9,18 @@ test themselves (all_reduce == reduce_scatter then all_gather, and so on).
 """
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
-from hypothesis import event, given
+from hypothesis import given
 from hypothesis import strategies as st
 
 import reference.collectives as ref
 import reference.likely_bugs as likely_bugs
-from conformance.examples import PER_MEMBER, Layout, Values, dtypes_for, layouts, sentinel, shapes, values
+from conformance.collective_draws import Drawer, check_inputs_unchanged, split_sizes
+from conformance.collective_table import TABLE, judge_results
+from conformance.examples import PER_MEMBER, Layout, Values, sentinel, shapes
 from conformance.verdict import Judge
 from reference.tolerance import reduction_atol
 
@@ -28,47 +32,7 @@ REFUSABLE = (*REDUCTIONS, "all_to_all", "all_to_all_uneven")
 @pytest.fixture
 def example(target, backend_refusals, request):
     """``example(data)`` draws the parts of one example and builds a Judge that prints them."""
-
-    class Drawer:
-        def __init__(self, data):
-            self.data = data
-            self.parts: list[str] = []
-
-        def layout(self, min_size: int = 1) -> Layout:
-            layout = self.data.draw(layouts(target.max_world_size, min_size), label="layout")
-            event(f"world_size={layout.world_size}, group of {layout.size}" if layout.members else
-                  f"world_size={layout.world_size}, whole world")
-            self.parts.append(str(layout))
-            return layout
-
-        def values(self, collective: str, op: str | None = None, shape=None) -> Values:
-            allowed = dtypes_for(op, backend_refusals.dtypes(collective, op))
-            if not allowed:
-                pytest.skip(f"the {backend_refusals.backend} backend refuses {collective} op={op} for every dtype")
-            drawn = self.data.draw(values(allowed, op, shape), label="values")
-            self.parts.append(str(drawn) + (f" op={op}" if op else ""))
-            return drawn
-
-        def pick(self, name: str, strategy):
-            value = self.data.draw(strategy, label=name)
-            self.parts.append(f"{name}={value}")
-            return value
-
-        def judge(self) -> Judge:
-            return Judge(", ".join(self.parts), target.reproduce(request.node.nodeid))
-
-    return Drawer
-
-
-def check_inputs_unchanged(judge: Judge, outputs: dict, layout: Layout, name: str, sent: list) -> None:
-    for i, rank in enumerate(layout.ranks):
-        if sent[i] is None:
-            continue
-        what = f"rank {rank} input '{name}' after the call (an out-of-place collective must not modify it)"
-        if isinstance(sent[i], list):
-            judge.tensors(outputs[rank][name], sent[i], what=what)
-        else:
-            judge.tensor(outputs[rank][name], sent[i], what=what)
+    return functools.partial(Drawer, target=target, refusals=backend_refusals, nodeid=request.node.nodeid)
 
 
 # --------------------------------------------------------------------------- one-to-all, all-to-one
@@ -264,11 +228,6 @@ def test_all_to_all(data, example, ranks, backend_refusals):
     check_inputs_unchanged(judge, outputs, layout, "input_tensor_list", input_lists)
 
 
-def split_sizes(n: int) -> st.SearchStrategy:
-    """n x n split sizes: row i is what rank i sends to each peer; zeros and unequal sizes included."""
-    return st.lists(st.lists(st.integers(0, 50), min_size=n, max_size=n), min_size=n, max_size=n)
-
-
 @pytest.mark.capability("all_to_all_single")
 @given(data=st.data())
 def test_all_to_all_single(data, example, ranks):
@@ -302,41 +261,20 @@ def test_cases_the_backend_refuses(collective, ranks, target, backend_refusals, 
         pytest.skip(f"the {backend_refusals.backend} backend accepts every dtype and op of {collective}")
     layout = Layout(min(3, target.max_world_size))
     n = layout.size
+    collective_entry = TABLE[collective.removesuffix("_uneven")]
     declined = []
     for dtype_name, op, message in cases:
         vals = Values(getattr(torch, dtype_name), (2 * n,), seed=7, op=op)
-        inputs = [vals.tensor(i) for i in range(n)]
+        # uneven: member i sends i + 1 elements to every member
+        inputs = [vals.tensor(i, ((i + 1) * n,) if collective == "all_to_all_uneven" else None) for i in range(n)]
         judge = Judge(f"{layout}, {vals} op={op}", target.reproduce(request.node.nodeid))
-        if collective == "reduce_scatter":
-            arguments = [{"output": sentinel(x, (2,)), "input_list": list(x.split(2)), "op": op} for x in inputs]
-        elif collective == "reduce_scatter_tensor":
-            arguments = [{"output": sentinel(x, (2,)), "input": x, "op": op} for x in inputs]
-        elif collective.startswith("all_to_all"):  # uneven: rank i sends i + 1 elements to every rank
-            pieces = [[vals.tensor(i * n + j, (i + 1 if collective == "all_to_all_uneven" else 2,)) for j in range(n)]
-                      for i in range(n)]
-            arguments = [{"output_tensor_list": [sentinel(pieces[i][j]) for i in range(n)],
-                          "input_tensor_list": pieces[j]} for j in range(n)]
-        elif collective == "reduce":
-            arguments = [{"tensor": x, "dst": 0, "op": op} for x in inputs]
-        else:
-            arguments = [{"tensor": x, "op": op} for x in inputs]
         try:
-            outputs = judge.call(ranks, layout, collective.removesuffix("_uneven"), arguments)
+            outputs = judge.call(ranks, layout, collective_entry.name, collective_entry.call(inputs, 0, op))
         except Exception:  # noqa: BLE001 - raising on what the backend refuses is allowed (a crash, a hang
             # or a missing function is not: those are BaseExceptions here, and fail the test)
             declined.append((f"{dtype_name} {op or ''}".strip(), message))
             continue
-        if collective.startswith("all_to_all"):
-            for j, rank in enumerate(layout.ranks):
-                judge.tensors(outputs[rank]["output_tensor_list"], ref.all_to_all(pieces)[j], what=f"rank {rank} output")
-            continue
-        reduced = ref.reduce_values(inputs, op)
-        for rank in layout.ranks:
-            if collective == "reduce" and rank != 0:
-                continue
-            got = outputs[rank]["tensor" if "tensor" in outputs[rank] else "output"]
-            want = reduced if collective in ("all_reduce", "reduce") else reduced.split(2)[rank]
-            judge.tensor(got, want, what=f"rank {rank} result", atol=None)
+        judge_results(judge, outputs, collective_entry, collective_entry.expected(inputs, 0, op), layout.ranks, 0)
     if declined:  # allowed by the contract, so it passes: the maximum never depends on what a rank did
         by_message: dict[str, list[str]] = {}
         for case, message in declined:
@@ -375,29 +313,10 @@ def test_large_message(collective, ranks, target, request):
     judge = Judge(f"{collective}, world_size={n}, {numel} float32 elements per rank "
                   f"({numel * 4 / 2**20:.1f} MiB), integer values", target.reproduce(request.node.nodeid))
     inputs = large_inputs(n, numel)
-    judged = range(n)
-    if collective == "broadcast":
-        outputs = judge.call(ranks, layout, collective, [{"tensor": x, "src": n - 1} for x in inputs])
-        expected, name = ref.broadcast(inputs, n - 1), "tensor"
-    elif collective == "reduce":
-        outputs = judge.call(ranks, layout, collective, [{"tensor": x, "dst": 1, "op": "SUM"} for x in inputs])
-        expected, name, judged = ref.reduce(inputs, 1, "SUM"), "tensor", [1]  # only dst's buffer is defined
-    elif collective == "all_reduce":
-        outputs = judge.call(ranks, layout, collective, [{"tensor": x, "op": "SUM"} for x in inputs])
-        expected, name = ref.all_reduce(inputs, "SUM"), "tensor"
-    elif collective == "reduce_scatter_tensor":
-        outputs = judge.call(ranks, layout, collective, [
-            {"output": sentinel(x, (numel // n,)), "input": x, "op": "SUM"} for x in inputs])
-        expected, name = ref.reduce_scatter_tensor(inputs, "SUM"), "output"
-    elif collective == "all_gather_into_tensor":
-        outputs = judge.call(ranks, layout, collective, [
-            {"output_tensor": sentinel(x, (n * numel,)), "input_tensor": x} for x in inputs])
-        expected, name = ref.all_gather_into_tensor(inputs), "output_tensor"
-    else:
-        outputs = judge.call(ranks, layout, collective, [{"output": sentinel(x), "input": x} for x in inputs])
-        expected, name = ref.all_to_all_single(inputs, None), "output"
-    for rank in judged:
-        judge.tensor(outputs[rank][name], expected[rank], what=f"rank {rank} {name}")
+    root = {"broadcast": n - 1, "reduce": 1}.get(collective, 0)  # not rank 0: a hard-coded root is caught
+    entry = TABLE[collective]
+    outputs = judge.call(ranks, layout, collective, entry.call(inputs, root, "SUM"))
+    judge_results(judge, outputs, entry, entry.expected(inputs, root, "SUM"), layout.ranks, root)
 
 
 # ------------------------------------------------------------------ equivalences between functions
