@@ -27,7 +27,7 @@ What is not a deadlock, and why each is safe:
 
 A driver without CAP_SYS_PTRACE (a container's default capabilities) may not read a contained
 rank's ``/proc/<pid>/io``; the world gives the watch a reader that then asks a forked child of the
-ranks' own uid (World._io_counters). Where the counters still cannot be read, the flight
+ranks' own uid (harness/driver/io_counters.py). Where the counters still cannot be read, the flight
 recorder is off or the ranks are on other hosts, nothing is known and the deadline stays the only
 judge. NCCL worlds are not watched: a GPU's work and its
 NVLink traffic show in none of these counters.
