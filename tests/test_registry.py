@@ -36,6 +36,24 @@ def test_every_capability_marker_in_conformance_is_registered_and_every_capabili
     assert used == set(capabilities.BY_NAME)
 
 
+def test_every_file_a_capability_names_exists_and_so_does_its_contract_section():
+    headings = [line for line in (ROOT / "CONTRACT.md").read_text().splitlines() if line.startswith("#")]
+    for capability in CAPABILITIES:
+        missing = [name for name in (capability.conformance, *capability.files) if not (ROOT / name).exists()]
+        assert not missing, f"{capability.name}: the registry names {missing}, which do not exist"
+        assert capability.files, f"{capability.name}: the registry names none of its files"
+        if capability.name != "audit":  # whose rules sit in each strategy's section
+            assert any(capability.contract and capability.contract in h for h in headings), \
+                f"{capability.name}: no CONTRACT.md heading holds {capability.contract!r}"
+    # and every file of those folders belongs to a capability, but what all of them share
+    shared = {"reference/likely_bugs.py", "harness/rank/programs/probe.py", "harness/rank/programs/timing.py"}
+    named = {name for c in CAPABILITIES for name in c.files} | shared
+    for folder in ("reference", "impls", "harness/rank/programs", "adapters", "outsiders"):
+        orphans = [str(p.relative_to(ROOT)) for p in (ROOT / folder).iterdir()
+                   if not p.name.startswith(("_", ".")) and str(p.relative_to(ROOT)) not in named]
+        assert not orphans, f"{orphans}: no capability of harness/driver/capabilities.py names them"
+
+
 def test_every_mutants_folder_belongs_to_a_capability_and_every_mutant_is_run():
     folders = {p.name for p in (ROOT / "mutants").iterdir() if p.is_dir() and not p.name.startswith("_")}
     assert folders == {c.mutants for c in CAPABILITIES if c.mutants}

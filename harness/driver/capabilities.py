@@ -6,7 +6,8 @@ Driven by it: ``--capability`` (what an implementation claims), the mutation run
 a mutants folder to its conformance file, and the audit's "this audits X" skip when X is not
 claimed. Checked against it by tests/test_registry.py: the rubric's keys, every ``capability``
 marker in conformance/, the mutants folders, the starter's names and the bundled implementation's
-names. Adding a capability is one declaration here plus its own files.
+names, every file a declaration names (its reference, implementation, rank program, audit, adapter,
+outsiders and CONTRACT.md section). Adding a capability is one declaration here plus those files.
 """
 from __future__ import annotations
 
@@ -23,32 +24,90 @@ class Capability:
     conformance: str  # the test file that grades it
     mutants: str | None  # the folder under mutants/ whose implementations it must fail
     group: str = ""  # a name that selects several at once with --capability (e.g. "collectives")
+    contract: str = ""  # the heading of its section in CONTRACT.md
+    # every other file or folder of it: its reference (the oracle), the bundled implementation, the
+    # rank program, its audit test and cost model, torch's adapter, the outsiders' folder
+    files: tuple[str, ...] = ()
+
+
+def _files(reference: tuple[str, ...], impl: str | None, program: str, audit: str | None = None,
+           adapter: str | None = None, outsiders: str | None = None) -> tuple[str, ...]:
+    named = [*(f"reference/{r}.py" for r in reference), impl and f"impls/{impl}.py",
+             f"harness/rank/programs/{program}.py", audit and f"conformance/audit/test_{audit}.py",
+             audit and "reference/cost_model.py", adapter and f"adapters/{adapter}.py",
+             outsiders and f"outsiders/{outsiders}"]
+    return tuple(name for name in named if name)
+
+
+_COLLECTIVE_FILES = _files(("collectives", "tolerance"), "collectives", "collectives", "collectives",
+                           outsiders="collectives")
+_DP = ("data_parallel",)
+_PP = ("pipeline_parallel", "pipeline_schedules", "pipeline_simulator")
 
 
 CAPABILITIES: tuple[Capability, ...] = (
-    *(Capability(name, (name,), "conformance/test_collectives.py", "collectives", "collectives") for name in COLLECTIVES),
-    Capability("equivalences", COLLECTIVES, "conformance/test_collectives.py", "collectives", "collectives"),
-    Capability("data_parallel", ("DataParallel",), "conformance/test_data_parallel.py", "data_parallel"),
-    Capability("sharded_optimizer", ("ShardedOptimizer",), "conformance/test_sharded_optimizer.py", "sharded_optimizer"),
+    *(Capability(name, (name,), "conformance/test_collectives.py", "collectives", "collectives", "Collectives",
+                 _COLLECTIVE_FILES) for name in COLLECTIVES),
+    Capability("equivalences", COLLECTIVES, "conformance/test_collectives.py", "collectives", "collectives",
+               "Collectives", _COLLECTIVE_FILES),
+    Capability("data_parallel", ("DataParallel",), "conformance/test_data_parallel.py", "data_parallel",
+               contract="Data parallelism", files=(*_files(_DP, "data_parallel", "data_parallel", "data_parallel",
+                                                           "torch_ddp", "data_parallel"),
+                                                   "impls/naive_dp.py", "adapters/cs336.py")),
+    Capability("sharded_optimizer", ("ShardedOptimizer",), "conformance/test_sharded_optimizer.py", "sharded_optimizer",
+               contract="Sharded optimizer", files=(*_files(_DP, "sharded_optimizer", "sharded_optimizer",
+                                                            "sharded_optimizer", "torch_zero", "sharded_optimizer"),
+                                                    "adapters/cs336.py")),
     Capability("fully_sharded", ("fully_shard", "full_parameters"), "conformance/test_fully_sharded.py",
-               "fully_sharded"),
-    Capability("zero2", ("fully_shard", "full_parameters"), "conformance/test_fully_sharded.py", None),
+               "fully_sharded", contract="Fully sharded data parallelism",
+               files=_files(_DP, "fully_sharded", "fully_sharded", "fully_sharded", "torch_fsdp", "fully_sharded")),
+    Capability("zero2", ("fully_shard", "full_parameters"), "conformance/test_fully_sharded.py", None,
+               contract="Fully sharded data parallelism",
+               files=_files(_DP, "fully_sharded", "fully_sharded", "fully_sharded", "torch_fsdp")),
     Capability("tensor_parallel", ("ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP"),
-               "conformance/test_tensor_parallel.py", "tensor_parallel"),
-    Capability("composition", ("TensorParallelMLP", "all_reduce"), "conformance/test_composition.py", "composition"),
-    Capability("expert_parallel", ("ExpertParallelMoE",), "conformance/test_expert_parallel.py", "expert_parallel"),
+               "conformance/test_tensor_parallel.py", "tensor_parallel", contract="Tensor parallelism",
+               files=_files(("tensor_parallel",), "tensor_parallel", "tensor_parallel", "tensor_parallel", "dtensor_tp",
+                            "tensor_parallel")),
+    Capability("composition", ("TensorParallelMLP", "all_reduce"), "conformance/test_composition.py", "composition",
+               contract="Composition on a device mesh",
+               files=_files(("mesh", "topology", "tensor_parallel"), None, "composition", "composition", "torch_native",
+                            "composition")),
+    Capability("expert_parallel", ("ExpertParallelMoE",), "conformance/test_expert_parallel.py", "expert_parallel",
+               contract="Expert parallelism",
+               files=_files(("expert_parallel",), "expert_parallel", "expert_parallel", "expert_parallel", "torch_moe",
+                            "expert_parallel")),
     Capability("context_parallel", ("context_parallel_attention",), "conformance/test_context_parallel.py",
-               "context_parallel"),
-    Capability("pipeline_parallel", ("pipeline_step",), "conformance/test_pipeline_parallel.py", "pipeline_parallel"),
-    Capability("pipeline_schedules", ("generate_schedule",), "conformance/test_pipeline_parallel.py", None),
-    Capability("zero_bubble", ("pipeline_step", "generate_schedule"), "conformance/test_zero_bubble.py", "zero_bubble"),
+               "context_parallel", contract="Context parallelism",
+               files=_files(("context_parallel",), "context_parallel", "context_parallel", "context_parallel",
+                            "torch_context_parallel", "context_parallel")),
+    Capability("pipeline_parallel", ("pipeline_step",), "conformance/test_pipeline_parallel.py", "pipeline_parallel",
+               contract="`pipeline_step`",
+               files=_files(_PP, "pipeline_parallel", "pipeline_parallel", None, "torch_pipelining",
+                            "pipeline_parallel")),
+    Capability("pipeline_schedules", ("generate_schedule",), "conformance/test_pipeline_parallel.py", None,
+               contract="`generate_schedule`",
+               files=_files(_PP, "pipeline_parallel", "pipeline_parallel", None, "torch_pipelining",
+                            "pipeline_schedules")),
+    Capability("zero_bubble", ("pipeline_step", "generate_schedule"), "conformance/test_zero_bubble.py", "zero_bubble",
+               contract="Zero-bubble schedules",
+               files=_files(_PP, "pipeline_parallel", "pipeline_parallel", None, "torch_pipelining", "zero_bubble")),
     Capability("zero_bubble_v", ("pipeline_step", "generate_schedule"), "conformance/test_zero_bubble_v.py",
-               "zero_bubble_v"),
+               "zero_bubble_v", contract="The V: ZB-V",
+               files=_files(_PP, "pipeline_parallel", "pipeline_parallel", "zero_bubble_v", "torch_pipelining",
+                            "zero_bubble_v")),
     Capability("pipeline_composition", ("pipeline_step", "all_reduce"), "conformance/test_pipeline_composition.py",
-               "pipeline_composition"),
+               "pipeline_composition", contract="Data parallelism over pipelines",
+               files=_files(("mesh", "pipeline_parallel"), None, "pipeline_parallel", None, "torch_native",
+                            "pipeline_composition")),
     Capability("mesh_composition", ("TensorParallelMLP", "pipeline_step", "all_reduce"),
-               "conformance/test_mesh_composition.py", "mesh_composition"),
-    Capability("audit", COLLECTIVES, "conformance/audit", "audit"),
+               "conformance/test_mesh_composition.py", "mesh_composition",
+               contract="Data, tensor and pipeline parallelism on one mesh",
+               files=_files(("mesh", "topology", "pipeline_parallel", "tensor_parallel"), None, "pipeline_parallel",
+                            "mesh_composition", "torch_native", "mesh_composition")),
+    # the audit's rules are stated in each strategy's section of CONTRACT.md ("Communication")
+    Capability("audit", COLLECTIVES, "conformance/audit", "audit",
+               files=("reference/cost_model.py", "harness/rank/recording.py", "harness/driver/audit.py",
+                      "harness/rank/programs/audit.py")),
 )
 BY_NAME = {c.name: c for c in CAPABILITIES}
 GROUPS = {c.group for c in CAPABILITIES if c.group}
