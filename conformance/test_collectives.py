@@ -252,7 +252,7 @@ def test_all_to_all_single(data, example, ranks):
 # -------------------------------------------------------------- what the backend itself refuses
 @pytest.mark.parametrize("collective", [pytest.param(c, marks=pytest.mark.capability(c.removesuffix("_uneven")), id=c)
                                         for c in REFUSABLE])
-def test_cases_the_backend_refuses(collective, ranks, target, backend_refusals, request):
+def test_cases_the_backend_refuses(collective, ranks, target, backend_refusals, request, reproduce):
     """Cases the backend's own collectives refuse (gloo: integer AVG; on torch 2.11 every list all_to_all) are not required: if the
     implementation raises on them the case is skipped with the backend's message; if it returns,
     its result must still be right."""
@@ -267,7 +267,7 @@ def test_cases_the_backend_refuses(collective, ranks, target, backend_refusals, 
         vals = Values(getattr(torch, dtype_name), (2 * n,), seed=7, op=op)
         # uneven: member i sends i + 1 elements to every member
         inputs = [vals.tensor(i, ((i + 1) * n,) if collective == "all_to_all_uneven" else None) for i in range(n)]
-        judge = Judge(f"{layout}, {vals} op={op}", target.reproduce(request.node.nodeid))
+        judge = Judge(f"{layout}, {vals} op={op}", reproduce)
         try:
             outputs = judge.call(ranks, layout, collective_entry.name, collective_entry.call(inputs, 0, op))
         except Exception:  # noqa: BLE001 - raising on what the backend refuses is allowed (a crash, a hang
@@ -300,7 +300,7 @@ def _large(collective: str):
 
 @pytest.mark.parametrize("collective", [_large(c) for c in (
     "broadcast", "reduce", "all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "all_to_all_single")])
-def test_large_message(collective, ranks, target, request):
+def test_large_message(collective, ranks, target, reproduce):
     """One deterministic example well above the sizes Hypothesis draws: implementations that cut
     messages into segments and pipeline them (as gloo's ring, NCCL and the bundled ring do above
     a few MiB) are checked across segment boundaries and uneven last segments."""
@@ -311,7 +311,7 @@ def test_large_message(collective, ranks, target, request):
     numel = {"reduce_scatter_tensor": LARGE_NUMEL - LARGE_NUMEL % n, "all_to_all_single": LARGE_NUMEL - LARGE_NUMEL % n,
              "all_gather_into_tensor": LARGE_NUMEL // n}.get(collective, LARGE_NUMEL)
     judge = Judge(f"{collective}, world_size={n}, {numel} float32 elements per rank "
-                  f"({numel * 4 / 2**20:.1f} MiB), integer values", target.reproduce(request.node.nodeid))
+                  f"({numel * 4 / 2**20:.1f} MiB), integer values", reproduce)
     inputs = large_inputs(n, numel)
     root = {"broadcast": n - 1, "reduce": 1}.get(collective, 0)  # not rank 0: a hard-coded root is caught
     entry = TABLE[collective]

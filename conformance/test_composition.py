@@ -83,9 +83,9 @@ def replica_rows(t: torch.Tensor, example: Example, d: int) -> torch.Tensor:
 
 @pytest.mark.capability("composition")
 @given(data=st.data())
-def test_tensor_parallel_rows_and_data_parallel_columns_equal_the_dense_mlp(data, ranks, target, request):
+def test_tensor_parallel_rows_and_data_parallel_columns_equal_the_dense_mlp(data, ranks, target, reproduce):
     example = data.draw(examples(target.max_world_size), label="example")
-    judge = Judge(str(example), target.reproduce(request.node.nodeid))
+    judge = Judge(str(example), reproduce)
     t = example.tensors()
     (w1, b1), (w2, b2), x, g = t["fc1"], t["fc2"], t["x"], t["g"]
     n = example.dp * example.tp

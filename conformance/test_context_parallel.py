@@ -32,9 +32,9 @@ def run(judge: Judge, ranks, example: Example) -> dict:
 
 @pytest.mark.capability("context_parallel")
 @given(data=st.data())
-def test_ring_attention_equals_dense_attention(data, ranks, target, request):
+def test_ring_attention_equals_dense_attention(data, ranks, target, reproduce):
     example = data.draw(examples(target.max_world_size), label="example")
-    judge = Judge(str(example), target.reproduce(request.node.nodeid))
+    judge = Judge(str(example), reproduce)
     outputs = run(judge, ranks, example)
     t, n = example.tensors(), example.layout.size
     dense = ref.attention_with_grads(t["q"], t["k"], t["v"], t["grad_output"], example.causal)
@@ -49,15 +49,14 @@ def test_ring_attention_equals_dense_attention(data, ranks, target, request):
                          what=f"rank {rank} (group rank {i}, positions {rows[:3]}...) {key.replace('_', ' ')} ({note})")
 
 
+@pytest.mark.min_ranks(2)
 @pytest.mark.capability("context_parallel")
 @given(data=st.data())
-def test_causal_ring_attention_across_ranks(data, ranks, target, request):
+def test_causal_ring_attention_across_ranks(data, ranks, target, reproduce):
     """Causal only, two ranks or more: every rank's rows see keys of other ranks' chunks, before and
     after their own, so a mask on local instead of global positions is caught."""
-    if target.max_world_size < 2:
-        pytest.skip("needs a group of at least 2 ranks (--max-world-size)")
     example = data.draw(examples(target.max_world_size, min_size=2).filter(lambda e: e.causal), label="example")
-    judge = Judge(str(example), target.reproduce(request.node.nodeid))
+    judge = Judge(str(example), reproduce)
     outputs = run(judge, ranks, example)
     t, n = example.tensors(), example.layout.size
     dense = ref.attention_with_grads(t["q"], t["k"], t["v"], t["grad_output"], True)

@@ -228,11 +228,6 @@ def train_and_judge(ranks, target, request, example: Example) -> None:
     judge_training(judge, example, outputs, batch, expected, exact, target.plan.device_type(example.world_size))
 
 
-def needs_two_ranks(target) -> None:
-    if target.max_world_size < 2:
-        pytest.skip("needs a world of at least 2 ranks (--max-world-size)")
-
-
 def beyond_the_handout(target, why: str) -> None:
     """Under --scope cs336, a property the CS336 assignment 2 handout does not ask for is skipped."""
     if target.scope == "cs336":
@@ -261,23 +256,23 @@ def test_gradient_accumulation_and_both_zero_grad_modes(data, ranks, target, req
         lambda e: e.micro_batches > 1 or not e.set_to_none), label="example"))
 
 
+@pytest.mark.min_ranks(2)
 @pytest.mark.capability("data_parallel")
 @given(data=st.data())
 def test_parameters_start_from_rank_0s(data, ranks, target, request):
     """An MLP built from seed + r on rank r: right after wrapping every rank holds rank 0's."""
-    needs_two_ranks(target)
     train_and_judge(ranks, target, request, data.draw(examples(target.max_world_size, target.scope, per_rank_init=True,
                                                                min_world_size=2,
                                                                models_drawn=MLP_SPECS, accumulation=False),
                                                       label="example"))
 
 
+@pytest.mark.min_ranks(2)
 @pytest.mark.capability("data_parallel")
 @given(data=st.data())
 def test_buffers_start_from_rank_0s(data, ranks, target, request):
     """Parameters alike on every rank, buffers drawn per rank: every rank must hold rank 0's."""
     beyond_the_handout(target, "it asks for the weights to be broadcast, not the buffers")
-    needs_two_ranks(target)
     train_and_judge(ranks, target, request, data.draw(examples(
         target.max_world_size, target.scope, per_rank_init=False, min_world_size=2, models_drawn=tied_lm_with(buffers=True),
         per_rank_buffers=True, accumulation=False), label="example"))
@@ -298,13 +293,13 @@ def test_tied_frozen_and_unused_parameters(feature, data, ranks, target, request
         label="example"))
 
 
+@pytest.mark.min_ranks(2)
 @pytest.mark.capability("data_parallel")
 def test_a_single_bucket_of_equal_sized_parameters(ranks, target, request):
     """One fixed example Hypothesis may not reach: an untied tied_lm with its gain frozen, in one
     bucket: in reverse registration order the head comes first and the embedding (of the same
     size) last, so copying a reduced bucket back to the mirror-image parameter of the same size is
     caught."""
-    needs_two_ranks(target)
     model = {"kind": "tied_lm", "vocab": 7, "width": 5, "hidden": 3, "context": 2, "tied": False, "frozen": True,
              "skips": False, "buffers": False}
     total = sum(models.trainable_bytes(models.build(model, 0)))
@@ -323,21 +318,20 @@ def test_bucketed_gradients_are_the_mean_over_ranks(data, ranks, target, request
 
 @pytest.mark.capability("data_parallel")
 @given(data=st.data())
-def test_training_matches_one_process_on_the_global_batch(data, ranks, target, request):
+def test_training_matches_one_process_on_the_global_batch(data, ranks, target, reproduce):
     example = data.draw(examples(target.max_world_size, target.scope, per_rank_init=False), label="example")
-    judge = Judge(str(example), target.reproduce(request.node.nodeid))
+    judge = Judge(str(example), reproduce)
     outputs, batch, expected, exact = run_training(ranks, example)
     judge_training(judge, example, outputs, batch, expected, exact, target.plan.device_type(example.world_size))
 
 
+@pytest.mark.min_ranks(2)
 @pytest.mark.capability("data_parallel")
 @given(data=st.data())
-def test_ranks_start_from_rank_0s_parameters(data, ranks, target, request):
+def test_ranks_start_from_rank_0s_parameters(data, ranks, target, reproduce):
     """Rank r builds its model from seed + r: right after wrapping every rank must hold rank 0's
     parameters and buffers, and training must follow the reference started from them."""
-    if target.max_world_size < 2:
-        pytest.skip("needs a world of at least 2 ranks (--max-world-size)")
     example = data.draw(examples(target.max_world_size, target.scope, per_rank_init=True, min_world_size=2), label="example")
-    judge = Judge(str(example), target.reproduce(request.node.nodeid))
+    judge = Judge(str(example), reproduce)
     outputs, batch, expected, exact = run_training(ranks, example)
     judge_training(judge, example, outputs, batch, expected, exact, target.plan.device_type(example.world_size))

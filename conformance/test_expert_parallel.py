@@ -37,11 +37,11 @@ PROGRAM = "expert_parallel:forward_backward"
 
 @pytest.mark.capability("expert_parallel")
 @given(data=st.data())
-def test_expert_parallel_moe_equals_one_process_with_every_expert(data, ranks, target, request):
+def test_expert_parallel_moe_equals_one_process_with_every_expert(data, ranks, target, reproduce):
     example = data.draw(mixture_examples(target.max_world_size), label="example")
     t = example.tensors()
     assume(ref.top2_gap(torch.cat(t["xs"]), t["router"]) > ref.ROUTING_TIE)
-    judge = Judge(str(example), target.reproduce(request.node.nodeid))
+    judge = Judge(str(example), reproduce)
     n, each = example.layout.size, example.experts_per_rank
     expected = ref.moe(t["xs"], t["router"], t["experts"], t["grads"])
     outputs = judge.run(ranks, example.layout, PROGRAM, [
@@ -64,18 +64,17 @@ def test_expert_parallel_moe_equals_one_process_with_every_expert(data, ranks, t
                                   f"token routed to it from every member)")
 
 
+@pytest.mark.min_ranks(2)
 @pytest.mark.capability("expert_parallel")
 @given(data=st.data())
-def test_experts_that_do_not_split_are_refused(data, ranks, target, request):
-    if target.max_world_size < 2:
-        pytest.skip("needs a group of at least 2 ranks (--max-world-size)")
+def test_experts_that_do_not_split_are_refused(data, ranks, target, reproduce):
     layout = data.draw(layouts(target.max_world_size, min_size=2), label="layout")
     n = layout.size
     num_experts = data.draw(st.integers(1, 2 * n).filter(lambda e: e % n), label="num_experts")
     router = torch.randn(num_experts, 3, dtype=torch.float64)
     experts = [(torch.zeros(2, 3, dtype=torch.float64), torch.zeros(2, dtype=torch.float64),
                 torch.zeros(3, 2, dtype=torch.float64), torch.zeros(3, dtype=torch.float64))] * num_experts
-    judge = Judge(f"{layout}, num_experts={num_experts}", target.reproduce(request.node.nodeid))
+    judge = Judge(f"{layout}, num_experts={num_experts}", reproduce)
     outputs = judge.run(ranks, layout, "expert_parallel:refusal",
                         [{"router_weight": router, "experts": experts}] * n)
     for rank in layout.ranks:

@@ -127,7 +127,7 @@ def peak_live(executed: list[str]) -> int:
 
 
 @given(data=st.data())
-def test_a_pp_dp_tp_mesh_matches_the_dense_model_on_the_global_batch(data, ranks, target, request):
+def test_a_pp_dp_tp_mesh_matches_the_dense_model_on_the_global_batch(data, ranks, target, reproduce):
     example = data.draw(examples(target.max_world_size), label="example")
     mesh, m = example.mesh, example.num_microbatches
     batch = pipeline_models.make_block_batch(example.model, example.dp * example.per_replica, example.data_seed)
@@ -140,7 +140,7 @@ def test_a_pp_dp_tp_mesh_matches_the_dense_model_on_the_global_batch(data, ranks
         s, d, _ = mesh.coordinates(rank)
         per_rank.append({**common, "inputs": rows[0][d] if s == 0 else None,
                          "targets": rows[1][d] if s == example.pp - 1 else None})
-    judge = Judge(str(example), target.reproduce(request.node.nodeid))
+    judge = Judge(str(example), reproduce)
     outputs = judge.run(ranks, Layout(mesh.world_size), PROGRAM, per_rank)
     loss_fn = pipeline_models.loss_fn(LOSS)
     whole = ref.dense_step(_stages(example), batch["inputs"], batch["targets"], loss_fn, example.dp * m)

@@ -85,7 +85,7 @@ def _stages(example: Example):
 
 
 @given(data=st.data())
-def test_data_parallel_pipelines_match_the_dense_model_on_the_global_batch(data, ranks, target, request):
+def test_data_parallel_pipelines_match_the_dense_model_on_the_global_batch(data, ranks, target, reproduce):
     example = data.draw(examples(target.max_world_size), label="example")
     pp, dp, m = example.pp, example.dp, example.num_microbatches
     batch = pipeline_models.make_batch(example.model, dp * example.per_replica, example.data_seed)
@@ -99,7 +99,7 @@ def test_data_parallel_pipelines_match_the_dense_model_on_the_global_batch(data,
         s, d = divmod(rank, dp)
         per_rank.append({**common, "inputs": rows[0][d] if s == 0 else None,
                          "targets": rows[1][d] if s == pp - 1 else None})
-    judge = Judge(str(example), target.reproduce(request.node.nodeid))
+    judge = Judge(str(example), reproduce)
     outputs = judge.run(ranks, Layout(pp * dp), PROGRAM, per_rank)
     loss_fn = pipeline_models.loss_fn(LOSS)
     whole = ref.dense_step(_stages(example), batch["inputs"], batch["targets"], loss_fn, dp * m)

@@ -296,10 +296,10 @@ def check_theory(judge: Judge, schedule: sched.Schedule, kind: str, what: str) -
 
 @pytest.mark.capability("pipeline_schedules")
 @given(data=st.data())
-def test_generated_schedules_are_valid_and_meet_theory(data, ranks, target, request):
+def test_generated_schedules_are_valid_and_meet_theory(data, ranks, reproduce):
     kind, p, m, v = data.draw(shapes(8, max_v=3), label="shape")
     judge = Judge(f"generate_schedule({kind!r}, num_ranks={p}, num_microbatches={m}, stages_per_rank={v})",
-                  target.reproduce(request.node.nodeid))
+                  reproduce)
     out = graded_schedule(judge, ranks, kind, p, m, v)
     if "rows" not in out:
         judge.fail(f"generate_schedule refused valid arguments: {out.get('refused')}")
@@ -315,11 +315,11 @@ def test_generated_schedules_are_valid_and_meet_theory(data, ranks, target, requ
 
 @pytest.mark.capability("pipeline_schedules")
 @given(data=st.data())
-def test_interleaved_refuses_m_not_a_multiple_of_p(data, ranks, target, request):
+def test_interleaved_refuses_m_not_a_multiple_of_p(data, ranks, reproduce):
     p = data.draw(st.integers(2, 8), label="p")
     m = data.draw(st.integers(1, 16).filter(lambda k: k % p), label="m")
     judge = Judge(f"generate_schedule('interleaved', num_ranks={p}, num_microbatches={m}, stages_per_rank=2)",
-                  target.reproduce(request.node.nodeid))
+                  reproduce)
     out = graded_schedule(judge, ranks, "interleaved", p, m, 2)
     if "refused" not in out:
         judge.fail("interleaved 1F1B with m not a multiple of p must raise a ValueError that says so; "

@@ -121,8 +121,8 @@ def judge_training(judge: Judge, example: Example, outputs: dict, batch: dict, e
 
 @pytest.mark.capability("sharded_optimizer")
 @given(data=st.data())
-def test_sharded_training_matches_one_process_with_the_whole_state(data, ranks, target, request):
+def test_sharded_training_matches_one_process_with_the_whole_state(data, ranks, target, reproduce):
     example = data.draw(examples(target.max_world_size), label="example")
-    judge = Judge(str(example), target.reproduce(request.node.nodeid))
+    judge = Judge(str(example), reproduce)
     outputs, batch, expected = run_training(ranks, example)
     judge_training(judge, example, outputs, batch, expected, target.plan.device_type(example.world_size), target.scope)

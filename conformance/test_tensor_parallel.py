@@ -122,17 +122,13 @@ def judge_replicated(judge: Judge, outputs: dict, keys: list[str]) -> None:
             judge.bitwise_identical({rank: out[key] for rank, out in outputs.items()}, what=key.replace("_", " "))
 
 
-def reproduce(target, request) -> str:
-    return target.reproduce(request.node.nodeid)
-
-
 # ----------------------------------------------------------------------------------- the layers
 @pytest.mark.capability("tensor_parallel")
 @pytest.mark.parametrize("gather_output", [False, True], ids=["sharded_output", "gather_output"])
 @given(data=st.data())
-def test_column_parallel_linear(data, ranks, target, request, gather_output):
+def test_column_parallel_linear(data, ranks, target, gather_output, reproduce):
     example = data.draw(examples(target.max_world_size, "out"), label="example")
-    judge = Judge(f"{example}, gather_output={gather_output}", reproduce(target, request))
+    judge = Judge(f"{example}, gather_output={gather_output}", reproduce)
     t, n = example.tensors(), example.n
     (weight, bias), x, g = t["params"][0], t["x"], t["g"]
     dense, atol = ref.linear(x, weight, bias, g), ref.linear_atol(x, weight, bias, g, n)
@@ -156,9 +152,9 @@ def test_column_parallel_linear(data, ranks, target, request, gather_output):
 @pytest.mark.capability("tensor_parallel")
 @pytest.mark.parametrize("input_is_parallel", [True, False], ids=["parallel_input", "full_input"])
 @given(data=st.data())
-def test_row_parallel_linear(data, ranks, target, request, input_is_parallel):
+def test_row_parallel_linear(data, ranks, target, input_is_parallel, reproduce):
     example = data.draw(examples(target.max_world_size, "in"), label="example")
-    judge = Judge(f"{example}, input_is_parallel={input_is_parallel}", reproduce(target, request))
+    judge = Judge(f"{example}, input_is_parallel={input_is_parallel}", reproduce)
     t, n = example.tensors(), example.n
     (weight, bias), x, g = t["params"][0], t["x"], t["g"]
     dense, atol = ref.linear(x, weight, bias, g), ref.linear_atol(x, weight, bias, g, n)
@@ -212,16 +208,16 @@ def check_mlp(judge: Judge, ranks, example: Example, sequence_parallel: bool) ->
 
 @pytest.mark.capability("tensor_parallel")
 @given(data=st.data())
-def test_mlp_equals_the_dense_mlp(data, ranks, target, request):
+def test_mlp_equals_the_dense_mlp(data, ranks, target, reproduce):
     example = data.draw(examples(target.max_world_size, "ffn"), label="example")
-    check_mlp(Judge(str(example), reproduce(target, request)), ranks, example, sequence_parallel=False)
+    check_mlp(Judge(str(example), reproduce), ranks, example, sequence_parallel=False)
 
 
 @pytest.mark.capability("tensor_parallel")
 @given(data=st.data())
-def test_sequence_parallel_mlp_equals_the_dense_mlp(data, ranks, target, request):
+def test_sequence_parallel_mlp_equals_the_dense_mlp(data, ranks, target, reproduce):
     example = data.draw(examples(target.max_world_size, "sequence"), label="example")
-    check_mlp(Judge(f"{example}, sequence_parallel=True", reproduce(target, request)), ranks, example,
+    check_mlp(Judge(f"{example}, sequence_parallel=True", reproduce), ranks, example,
               sequence_parallel=True)
 
 
@@ -236,7 +232,7 @@ LOW_PRECISION = (torch.bfloat16, torch.float16)
 @pytest.mark.capability("tensor_parallel")
 @pytest.mark.parametrize("layer", ["row", "mlp", "mlp_sp"])
 @given(data=st.data())
-def test_the_bias_enters_once_in_low_precision(data, ranks, target, request, layer):
+def test_the_bias_enters_once_in_low_precision(data, ranks, target, layer, reproduce):
     """bfloat16 and float16, where the value bounds are too loose to see a bias added n times, with
     an example in which every result is exact: the input is zero (and for the MLP the first bias
     too, so its hidden activation is GELU(0) = 0), so the output is the last bias exactly, once; the
@@ -246,7 +242,7 @@ def test_the_bias_enters_once_in_low_precision(data, ranks, target, request, lay
     example = data.draw(examples(target.max_world_size, {"row": "in", "mlp": "ffn", "mlp_sp": "sequence"}[layer]),
                         label="example")
     judge = Judge(f"{example} (as {str(dtype).removeprefix('torch.')}, zero input, integer upstream gradient)",
-                  reproduce(target, request))
+                  reproduce)
     t, n = example.tensors(), example.n
     g = torch.Generator().manual_seed(example.seed)
     w_last, out_features = t["params"][-1][0], t["g"].shape[-1]
@@ -280,20 +276,19 @@ def test_the_bias_enters_once_in_low_precision(data, ranks, target, request, lay
                                                "upstream gradient over every row, exact)")
 
 
+@pytest.mark.min_ranks(2)
 @pytest.mark.capability("tensor_parallel")
 @pytest.mark.parametrize("layer", ["column", "row", "mlp"])
 @given(data=st.data())
-def test_a_width_that_does_not_split_is_refused(data, ranks, target, request, layer):
+def test_a_width_that_does_not_split_is_refused(data, ranks, target, layer, reproduce):
     """from_dense raises a ValueError naming the dimension, its size and the group size."""
-    if target.max_world_size < 2:
-        pytest.skip("needs a group of at least 2 ranks (--max-world-size)")
     layout = data.draw(layouts(target.max_world_size, min_size=2), label="layout")
     n = layout.size
     size = data.draw(st.integers(1, 4 * n).filter(lambda s: s % n), label="size")
     other = data.draw(st.integers(1, 6), label="other width")
     dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
     judge = Judge(f"{layout}, {layer} with {REFUSED_DIMENSION[layer][1]} = {size}, {str(dtype).removeprefix('torch.')}",
-                  reproduce(target, request))
+                  reproduce)
     shape = {"column": (size, other), "row": (other, size)}
     if layer == "mlp":
         dense = {"fc1_weight": torch.zeros(size, other, dtype=dtype), "fc1_bias": None,

@@ -59,11 +59,11 @@ ZB_COSTS = (Costs(forward=1, backward=2, weight=1), Costs(forward=2, backward=3,
 
 
 @given(data=st.data())
-def test_generated_zb_h1_is_valid_and_reproduces_the_paper(data, ranks, target, request):
+def test_generated_zb_h1_is_valid_and_reproduces_the_paper(data, ranks, reproduce):
     p = data.draw(st.integers(1, 8), label="p")
     m = data.draw(st.integers(1, 16), label="m")
     judge = Judge(f"generate_schedule('zb-h1', num_ranks={p}, num_microbatches={m}, stages_per_rank=1)",
-                  target.reproduce(request.node.nodeid))
+                  reproduce)
     out = graded_schedule(judge, ranks, "zb-h1", p, m, 1)
     if "rows" not in out:
         judge.fail(f"generate_schedule refused valid arguments: {out.get('refused')}")

@@ -58,10 +58,10 @@ def generated_zb_v(judge: Judge, ranks, p: int, m: int) -> sched.Schedule:
 
 
 @given(data=st.data())
-def test_zb_v_step_matches_the_dense_model_and_runs_its_own_schedule(data, ranks, target, request):
+def test_zb_v_step_matches_the_dense_model_and_runs_its_own_schedule(data, ranks, target, reproduce):
     example: Example = data.draw(examples(target.max_world_size, kinds=sched.V_SHAPE_KINDS), label="example")
     event(f"zb-v, p={example.num_ranks}")
-    judge = Judge(str(example), target.reproduce(request.node.nodeid))
+    judge = Judge(str(example), reproduce)
     order = generated_zb_v(judge, ranks, example.num_ranks, example.num_microbatches).compute_only()
     judge_step(judge, example, run_step(judge, ranks, example), order)
 
@@ -85,11 +85,11 @@ def test_unequal_microbatches_under_zb_v_match_the_dense_model(data, ranks, targ
 
 
 @given(data=st.data())
-def test_generated_zb_v_is_valid_and_meets_the_lower_bound(data, ranks, target, request):
+def test_generated_zb_v_is_valid_and_meets_the_lower_bound(data, ranks, reproduce):
     p = data.draw(st.integers(1, 8), label="p")
     m = data.draw(st.integers(1, 24), label="m")
     judge = Judge(f"generate_schedule('zb-v', num_ranks={p}, num_microbatches={m}, stages_per_rank=2)",
-                  target.reproduce(request.node.nodeid))
+                  reproduce)
     schedule = generated_zb_v(judge, ranks, p, m)
     if not any(a.kind == sched.W for row in schedule.rows for a in row):
         judge.fail("ZB-V splits every backward into I and W; the generated schedule has no W:\n"
@@ -110,9 +110,9 @@ def test_generated_zb_v_is_valid_and_meets_the_lower_bound(data, ranks, target, 
 
 
 @given(p=st.integers(1, 8), m=st.integers(1, 8), v=st.sampled_from([1, 3, 4]))
-def test_zb_v_refuses_other_than_two_stages_per_rank(p, m, v, ranks, target, request):
+def test_zb_v_refuses_other_than_two_stages_per_rank(p, m, v, ranks, reproduce):
     judge = Judge(f"generate_schedule('zb-v', num_ranks={p}, num_microbatches={m}, stages_per_rank={v})",
-                  target.reproduce(request.node.nodeid))
+                  reproduce)
     out = graded_schedule(judge, ranks, "zb-v", p, m, v)
     if "refused" not in out:
         judge.fail(f"ZB-V places two stages per rank; stages_per_rank={v} must raise a ValueError, it returned a "

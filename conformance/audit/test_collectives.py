@@ -35,7 +35,7 @@ def run_collective(audited: Audited, request, data, name: str):
 
 
 @pytest.mark.parametrize("name", COLLECTIVES)
-def test_point_to_point_only(name, audited, request):
+def test_point_to_point_only(name, audited, request, reproduce):
     """The collective makes send/recv calls only, on every rank. Where the rule is not required
     (--audit-require-p2p), one representative call is made and what it sent is the skip's reason."""
     audits(request, name)
@@ -49,7 +49,7 @@ def test_point_to_point_only(name, audited, request):
              "input_split_sizes": [[512, 512], [512, 512]]}
     function, args, bounds, what = collective_case(name, lambda label, _: fixed[label], layout,
                                                    refused_for=audited.refused_dtypes)
-    judge = Judge(f"{layout}, 1024 x float32", audited.target.reproduce(request.node.nodeid))
+    judge = Judge(f"{layout}, 1024 x float32", reproduce)
     _, records = audited.run(judge, layout, "collectives:call", [{"function": function, "arguments": a} for a in args])
     seen = "; ".join(f"rank {r}: {audit.describe(rs)}" for r, rs in sorted(records.items()))
     pytest.skip(f"not applicable: {audited.target.impl} is not required to be built from point-to-point "
@@ -72,7 +72,7 @@ def test_bytes_sent_within_bound(name, data, audited, request):
 
 
 @pytest.mark.parametrize("name", COLLECTIVES)
-def test_bytes_sent_within_bound_at_the_largest_world(name, audited, request):
+def test_bytes_sent_within_bound_at_the_largest_world(name, audited, request, reproduce):
     """The same rule on one fixed example that Hypothesis may not reach: the whole of the largest
     world (where a linear broadcast or a gather-everything all-reduce costs the most), 1001
     float32 elements (divisible by none of 2..8 but 7), a non-zero root, uneven all-to-all splits."""
@@ -86,6 +86,6 @@ def test_bytes_sent_within_bound_at_the_largest_world(name, audited, request):
              "input_split_sizes": [[(3 * i + 5 * j) % 17 for j in range(n)] for i in range(n)]}
     function, args, bounds, what = collective_case(name, lambda label, _: fixed[label], layout,
                                                    refused_for=audited.refused_dtypes)
-    judge = Judge(f"{layout}, {fixed['shape']} float32, root {n - 1}", audited.target.reproduce(request.node.nodeid))
+    judge = Judge(f"{layout}, {fixed['shape']} float32, root {n - 1}", reproduce)
     _, records = audited.run(judge, layout, "collectives:call", [{"function": function, "arguments": a} for a in args])
     check(judge, audit.within_bound(records, bounds, what))

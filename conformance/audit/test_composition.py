@@ -14,7 +14,7 @@ from reference import cost_model
 pytestmark = pytest.mark.capability("audit")
 
 
-def test_composition_traffic_on_hosts(audited, request):
+def test_composition_traffic_on_hosts(audited, request, reproduce):
     """A dp=2 x tp=2 mesh on 2 hosts of 2 ranks (reference/topology.py): tensor parallelism's groups
     (the mesh's rows) sit within a host; every byte each rank sends is attributed to a link class
     (within a host, across hosts) and held to the cost model's prediction: within a host at most the
@@ -40,7 +40,7 @@ def test_composition_traffic_on_hosts(audited, request):
                  "x": t["x"].chunk(dp)[mesh.coordinates(r, dp, tp)[0]].contiguous(),
                  "grad_output": t["g"].chunk(dp)[mesh.coordinates(r, dp, tp)[0]].contiguous()} for r in range(dp * tp)]
     judge = Judge(f"mesh dp={dp} x tp={tp} on {layout}, h={h}, ffn={ffn}, {rows} rows per replica, float32",
-                  audited.target.reproduce(request.node.nodeid))
+                  reproduce)
     _, records = audited.run(judge, Layout(dp * tp), "composition:dp_tp_mlp", per_rank)
     itemsize = 4
     within = cost_model.tensor_parallel_mlp(tp, rows * h, itemsize)

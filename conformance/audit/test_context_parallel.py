@@ -15,8 +15,9 @@ from reference import cost_model
 pytestmark = pytest.mark.capability("audit")
 
 
+@pytest.mark.min_ranks(2)
 @given(data=st.data())
-def test_context_parallel_traffic(data, audited, request):
+def test_context_parallel_traffic(data, audited, request, reproduce):
     """Ring attention: forward, each rank passes on the K/V blocks it holds except the last it
     receives ((n-1) blocks); backward, the blocks' gradients go back, with the blocks passed around
     again where they were not kept (cost_model.ring_attention). Gathering every block everywhere,
@@ -24,15 +25,13 @@ def test_context_parallel_traffic(data, audited, request):
     import reference.context_parallel as attention
 
     audits(request, "context_parallel")
-    if audited.target.max_world_size < 2:
-        pytest.skip("needs a group of at least 2 ranks (--max-world-size)")
     example = data.draw(attention_examples(audited.target.max_world_size, min_size=2), label="example")
     layout, n = example.layout, example.layout.size
     t = example.tensors()
     itemsize = t["k"].element_size()
     rows = [len(attention.positions(example.seq_len, n, i)) for i in range(n)]
     blocks = [2 * example.heads * r * example.width * itemsize for r in rows]
-    judge = Judge(str(example), audited.target.reproduce(request.node.nodeid))
+    judge = Judge(str(example), reproduce)
     _, records = audited.run(judge, layout, "context_parallel:attention", [
         {**{name: attention.shard(t[name], n, i) for name in ("q", "k", "v", "grad_output")},
          "seq_len": example.seq_len, "causal": example.causal} for i in range(n)])

@@ -20,7 +20,7 @@ STEP = ("backward", "last_gradient", "finish")  # the phases of a data-parallel 
 @pytest.mark.parametrize("bucket_size_mb", [None, 256 / 2**20], ids=["default_buckets", "256B_buckets"])
 @pytest.mark.parametrize("model_name", list(DP_MODELS))
 @pytest.mark.parametrize("n", [2, 4])
-def test_data_parallel_step(n, model_name, bucket_size_mb, audited, request):
+def test_data_parallel_step(n, model_name, bucket_size_mb, audited, request, reproduce):
     """One step all-reduces the trainable gradients once: per rank at most
     cost_model.data_parallel_step, and backend reductions add up to exactly their bytes. With
     bucket_size_mb given: no backend reduction exceeds the cap unless it is one oversized
@@ -42,7 +42,7 @@ def test_data_parallel_step(n, model_name, bucket_size_mb, audited, request):
     slices = [{k: v[2 * r:2 * r + 2] for k, v in batch.items()} for r in range(n)]
     layout = Layout(n)
     judge = Judge(f"world_size={n}, model={model_name} ({spec}, frozen {frozen}), bucket_size_mb={bucket_size_mb}",
-                  audited.target.reproduce(request.node.nodeid))
+                  reproduce)
     _, records = audited.run(judge, layout, "audit:data_parallel_step", [
         {"model": spec, "seed": 0, "frozen": frozen, "batch": slices[r], "bucket_size_mb": bucket_size_mb}
         for r in range(n)])

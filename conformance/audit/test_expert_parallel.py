@@ -16,8 +16,9 @@ from reference import cost_model
 pytestmark = pytest.mark.capability("audit")
 
 
+@pytest.mark.min_ranks(2)
 @given(data=st.data())
-def test_expert_parallel_traffic(data, audited, request):
+def test_expert_parallel_traffic(data, audited, request, reproduce):
     """Top-1 MoE: only the tokens whose expert lives elsewhere travel, and their results come back
     (forward, plus the per-expert counts); backward the same bytes the other way
     (cost_model.expert_parallel_moe, from the routing the driver computes). Gathering every token
@@ -25,15 +26,13 @@ def test_expert_parallel_traffic(data, audited, request):
     audits(request, "expert_parallel")
     import reference.expert_parallel as moe
 
-    if audited.target.max_world_size < 2:
-        pytest.skip("needs a group of at least 2 ranks (--max-world-size)")
     example = data.draw(mixture_examples(audited.target.max_world_size, min_size=2), label="example")
     layout, n, h, num_experts = example.layout, example.layout.size, example.h, example.num_experts
     t = example.tensors()
     router, experts, xs = t["router"], t["experts"], t["xs"]
     assume(moe.top2_gap(torch.cat(xs), router) > moe.ROUTING_TIE)
     routed = moe.routed(xs, router, n)
-    judge = Judge(str(example), audited.target.reproduce(request.node.nodeid))
+    judge = Judge(str(example), reproduce)
     _, records = audited.run(judge, layout, "audit:expert_parallel", [
         {"router_weight": router, "experts": experts, "x": xs[i], "grad_output": t["grads"][i]}
         for i in range(n)])

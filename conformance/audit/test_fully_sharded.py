@@ -17,7 +17,7 @@ pytestmark = pytest.mark.capability("audit")
 @pytest.mark.parametrize("reshard_after_forward", [True, False], ids=["zero3", "zero2"])
 @pytest.mark.parametrize("model_name", ["mlp", "tied_lm"])
 @pytest.mark.parametrize("n", [2, 4])
-def test_fully_sharded_step(n, model_name, reshard_after_forward, audited, request):
+def test_fully_sharded_step(n, model_name, reshard_after_forward, audited, request, reproduce):
     """One forward and backward gathers each unit's parameters at most twice (once with
     ``reshard_after_forward=False``: ZeRO-2's traffic, a unit keeps what it gathered for forward
     until backward) and reduce-scatters their gradients once (cost_model.fully_sharded_step); the
@@ -44,7 +44,7 @@ def test_fully_sharded_step(n, model_name, reshard_after_forward, audited, reque
     slices = [{k: v[2 * r:2 * r + 2] for k, v in batch.items()} for r in range(n)]
     optimizer = {"name": "adamw", "lr": 1e-2, "betas": [0.9, 0.999], "eps": 1e-3, "weight_decay": 0.0}
     judge = Judge(f"world_size={n}, model={model_name} ({spec}), optimizer=adamw, reshard_after_forward="
-                  f"{reshard_after_forward}", audited.target.reproduce(request.node.nodeid))
+                  f"{reshard_after_forward}", reproduce)
     _, records = audited.run(judge, Layout(n), "audit:fully_sharded_step", [
         {"model": spec, "seed": 0, "optimizer": optimizer, "batch": slices[r],
          "reshard_after_forward": reshard_after_forward} for r in range(n)])

@@ -14,7 +14,7 @@ from reference import cost_model
 pytestmark = pytest.mark.capability("audit")
 
 
-def test_mesh_traffic_on_hosts(audited, request):
+def test_mesh_traffic_on_hosts(audited, request, reproduce):
     """A pp=2 x dp=1 x tp=2 mesh on 2 hosts of 2 ranks (reference/mesh.py, ``Mesh``; the pipeline
     outermost, so each tensor-parallel group sits within a host and each pipeline group crosses
     hosts). Every byte a rank sends is charged to the mesh axis it travels along and to the link it
@@ -44,7 +44,7 @@ def test_mesh_traffic_on_hosts(audited, request):
                  "inputs": batch["inputs"] if grid.coordinates(r)[0] == 0 else None,
                  "targets": batch["targets"] if grid.coordinates(r)[0] == 1 else None} for r in range(grid.world_size)]
     judge = Judge(f"{grid} on {layout}, h={h}, ffn={ffn}, blocks per stage {blocks}, m={m}, {samples} samples, "
-                  f"1f1b, float32", audited.target.reproduce(request.node.nodeid))
+                  f"1f1b, float32", reproduce)
     _, records = audited.run(judge, Layout(grid.world_size), "pipeline_parallel:mesh_step", per_rank)
     itemsize, sizes = 4, [len(c) for c in torch.tensor_split(torch.arange(samples), m)]
     by_axis = audit.bytes_by_axis(records, layout, axes, phase=("pipeline", "data_parallel"))

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.capability("audit")
 
 @pytest.mark.parametrize("layer", ["mlp", "mlp_sp", "column"])
 @given(data=st.data())
-def test_tensor_parallel_traffic(layer, data, audited, request):
+def test_tensor_parallel_traffic(layer, data, audited, request, reproduce):
     """MLP: one all-reduce of the activation forward and one backward, no all-gather of the hidden
     activation. Sequence-parallel MLP (Korthikanti et al. 2022, sec. 4.2.2: "the same communication
     volume"): an all-gather and a reduce-scatter per pass, together one all-reduce's bytes. Column
@@ -58,7 +58,7 @@ def test_tensor_parallel_traffic(layer, data, audited, request):
         budget = cost_model.column_parallel(n, x.numel(), itemsize)
         what = f"the column-parallel linear ({h} -> {f}, gather_output=False) on {n} ranks, input {tuple(x.shape)}"
     judge = Judge(f"{layout}, {layer}, h={h}, ffn={f}, leading={leading}, {dtype}, seed={seed}",
-                  audited.target.reproduce(request.node.nodeid))
+                  reproduce)
     _, records = audited.run(judge, layout, "audit:tensor_parallel", [
         {"layer": layer, "dense": dense, "x": inputs[i].contiguous(), "grad_output": grads[i].contiguous()}
         for i in range(n)])

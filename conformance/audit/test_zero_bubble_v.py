@@ -14,7 +14,7 @@ pytestmark = pytest.mark.capability("audit")
 
 
 @pytest.mark.parametrize("p", [2, 3])
-def test_pipeline_traffic_on_the_v(p, audited, request):
+def test_pipeline_traffic_on_the_v(p, audited, request, reproduce):
     """ZB-V on the V placement (capability zero_bubble_v), p ranks, m = 2p - 1 equal microbatches of
     a float32 stack of Linear+Tanh layers of width h: each stage sends one activation forward per
     microbatch unless the next stage is on its own rank (the last stage, and the turn of the V,
@@ -36,7 +36,7 @@ def test_pipeline_traffic_on_the_v(p, audited, request):
     per_rank = [{**common, "inputs": batch["inputs"] if r == 0 else None,
                  "targets": batch["targets"] if r == 0 else None} for r in range(p)]
     judge = Judge(f"zb-v on p={p} ranks, m={m}, width {h}, {samples_per_microbatch} samples per microbatch, float32",
-                  audited.target.reproduce(request.node.nodeid))
+                  reproduce)
     _, records = audited.run(judge, Layout(p), "pipeline_parallel:train_step", per_rank)
     activation = samples_per_microbatch * h * itemsize
     violations = []

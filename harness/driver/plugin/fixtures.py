@@ -37,6 +37,12 @@ def target(pytestconfig) -> Target:
 
 
 
+@pytest.fixture
+def reproduce(target, request) -> str:
+    """The command that reruns this test alone, printed with every failure (conformance.verdict.Judge)."""
+    return target.reproduce(request.node.nodeid)
+
+
 @pytest.fixture(scope="session")
 def world_pool(target, pytestconfig):
     attach = attached_world(pytestconfig)

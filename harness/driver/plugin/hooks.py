@@ -31,6 +31,7 @@ def pytest_report_header(config):
 @pytest.hookimpl(tryfirst=True)  # before the junitxml plugin reads its path
 def pytest_configure(config):
     config.addinivalue_line("markers", "capability(name): the capability a test grades (scorecard row)")
+    config.addinivalue_line("markers", "min_ranks(n): skipped, in the driver, where no world of n ranks can be drawn")
     check_options(config)
     report_dir = config.getoption("--report-dir")
     import torch
@@ -90,9 +91,13 @@ def pytest_sessionstart(session):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    """Fails the test before any of its fixtures runs (a session fixture may start worlds) when the
-    time budget is spent or its capability already hung in an earlier test (each hang costs a whole
-    deadline)."""
+    """Before any of its fixtures runs (a session fixture may start worlds): skips a test that needs
+    more ranks than this run draws (min_ranks), and fails one when the time budget is spent or its
+    capability already hung in an earlier test (each hang costs a whole deadline)."""
+    fewest = item.get_closest_marker("min_ranks")
+    if fewest is not None and backend_plan(item.config).max_world_size < fewest.args[0]:
+        pytest.skip(f"needs a world of at least {fewest.args[0]} ranks; this run draws at most "
+                    f"{backend_plan(item.config).max_world_size} (--max-world-size, or the GPUs visible under --backend nccl)")
     marker = item.get_closest_marker("capability")
     state = item.config.stash.get(STATE, None)
     if marker is None or state is None:
