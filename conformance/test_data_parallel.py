@@ -105,12 +105,14 @@ def examples(draw, max_world_size: int, scope: str, per_rank_init: bool, min_wor
     """``buckets``: "any" (None or a size), "none" (bucket_size_mb=None) or "sized" (never None).
     ``accumulation``: draw 1-3 micro-batches per step and both zero_grad modes (else 1 and None).
     ``scope`` "cs336" (the handout's loop): no accumulation, set_to_none=True, every parameter used
-    in every step (torch's DDP needs find_unused_parameters=True otherwise), and ranks seeded apart
-    still hold rank 0's buffers (the handout asks to broadcast the weights)."""
+    in every step (torch's DDP needs find_unused_parameters=True otherwise), float32 models, and
+    ranks seeded apart still hold rank 0's buffers (the handout asks to broadcast the weights)."""
     accumulation = accumulation and scope == "contract"
     model = draw(models_drawn)
     if scope == "cs336" and model["kind"] == "tied_lm":  # every parameter used in every step
         model = {**model, "skips": False, "skips_first": False, "skips_in_unit": False}
+    if scope == "cs336":  # the handout trains float32 models only; float64 stays the contract's
+        model = {**model, "dtype": "float32"}
     bucket = draw(bucket_sizes(model).filter(lambda b: {"any": True, "none": b is None, "sized": b is not None}[buckets]))
     return Example(
         world_size=draw(st.integers(min_world_size, max_world_size)),

@@ -1,6 +1,6 @@
 """--scope cs336 (harness/driver/plugin/options.py SCOPES): the data-parallel examples keep to the
 CS336 handout's loop (one backward per step, zero_grad(set_to_none=True), every parameter used,
-ranks seeded apart hold rank 0's buffers), the default scope still draws the rest, and a failure's reproduce line keeps the
+float32 models, ranks seeded apart hold rank 0's buffers), the default scope still draws the rest, and a failure's reproduce line keeps the
 scope."""
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from harness.rank import models
 @given(example=st.booleans().flatmap(lambda init: examples(4, "cs336", per_rank_init=init)))
 def test_the_cs336_scope_draws_only_the_handouts_loop(example):
     assert example.micro_batches == 1 and example.set_to_none
+    assert example.model["dtype"] == "float32"  # the handout trains float32 models only
     if example.model["kind"] == "tied_lm":  # TiedLM's default is to skip a parameter on alternate steps
         assert all(example.model[k] is False for k in ("skips", "skips_first", "skips_in_unit")), example.model
     rank_zero = dict(models.build(example.model_of(0), example.seed_of(0)).named_buffers())
@@ -28,6 +29,7 @@ def test_the_cs336_scope_draws_only_the_handouts_loop(example):
 
 def test_the_contract_scope_still_draws_accumulation_and_buffers_apart():
     find(examples(4, "contract", per_rank_init=False), lambda e: e.micro_batches > 1 and not e.set_to_none)
+    find(examples(4, "contract", per_rank_init=False), lambda e: e.model["dtype"] == "float64")
     apart = find(examples(4, "contract", per_rank_init=True),
                  lambda e: e.world_size > 1 and e.model.get("buffers", True) and e.model["kind"] == "tied_lm")
     first = dict(models.build(apart.model_of(0), apart.seed_of(0)).named_buffers())

@@ -20,7 +20,7 @@ GRADING_BUDGET_S = 480.0  # the grading profile's default --time-budget: within 
 # --scope: what the implementation is held to, and what the coverage line adds for it
 SCOPES = {"contract": "",
           "cs336": "; scope: the CS336 handout (one backward per step, set_to_none=True, every parameter used, "
-                   "weights broadcast, not buffers; ZeRO-1 balanced in parameters, not elements): tests beyond it "
+                   "float32 models, weights broadcast, not buffers; ZeRO-1 balanced in parameters, not elements): tests beyond it "
                    "skipped"}
 
 
