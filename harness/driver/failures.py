@@ -18,7 +18,9 @@ class RankReport:
     """What happened on one rank during one task."""
 
     rank: int
-    status: str  # "ok", "raised", "missing" (a name or the module itself), "broken" (the world), "exited", "hung"
+    # "ok", "raised", "missing" (a name or the module itself), "unloadable" (a dependency it imports is
+    # absent), "broken" (the world), "exited", "hung"
+    status: str
     detail: str = ""  # traceback, exit cause, or Python stacks of a hung rank
     output: str = ""  # the rank's captured stdout/stderr during the task
 
@@ -48,7 +50,7 @@ class RankFailure(Exception):
     def same_error_everywhere(self) -> str | None:
         """The last line of the error if every rank raised the same one (e.g. a missing function)."""
         details = {r.detail.strip().splitlines()[-1] for r in self.ranks if r.detail.strip()}
-        if len(details) == 1 and all(r.status in ("raised", "missing", "broken") for r in self.ranks if r.status != "ok"):
+        if len(details) == 1 and all(r.status in ("raised", "missing", "unloadable", "broken") for r in self.ranks if r.status != "ok"):
             return details.pop()
         return None
 
@@ -96,8 +98,14 @@ class ImplementationIncomplete(_Unshrinkable):
     the same on every example, so there is nothing to shrink."""
 
 
+class ImplementationUnloadable(_Unshrinkable):
+    """The implementation under test imports what this machine lacks (harness/rank/loader.py,
+    MissingDependency): a failure, not "not implemented", and the same on every example."""
+
+
 # Everything a task on ranks can end in besides a result (for ``except`` clauses that annotate it).
-TASK_FAILURES = (RankFailure, RanksHung, RanksCrashed, ImplementationIncomplete, BudgetExhausted)
+TASK_FAILURES = (RankFailure, RanksHung, RanksCrashed, ImplementationIncomplete, ImplementationUnloadable,
+                 BudgetExhausted)
 
 
 class WorldStartError(RuntimeError):
@@ -118,6 +126,10 @@ def task_failure(task: str, reports: list[RankReport], disagreements: list[str],
     if all(r.status == "missing" for r in failed):
         cause = failed[0].detail.strip().splitlines()[-1] if failed[0].detail.strip() else "?"
         return ImplementationIncomplete(RankFailure(f"the implementation under test is incomplete: {cause}", reports))
+    if all(r.status == "unloadable" for r in failed):
+        cause = failed[0].detail.strip().splitlines()[-1] if failed[0].detail.strip() else "?"
+        return ImplementationUnloadable(RankFailure(f"the implementation under test cannot be loaded here: {cause}",
+                                                    reports))
     if all(r.status == "hung" for r in failed):
         why = deadlock if deadlock is not None else f"no result within the {timeout_s:g} s deadline"
         return (RanksDeadlocked if deadlock is not None else RanksHung)(RankFailure(f"{task}: {why} ({causes})", reports))

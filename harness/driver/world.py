@@ -331,7 +331,7 @@ class World:
                     return "raised", f"the rank sent communication records the driver cannot read: {error}"
                 return "ok", (message[2], records)
             if message[0] == "error":
-                return (message[3] if message[3] in ("missing", "broken") else "raised"), message[2]
+                return (message[3] if message[3] in ("missing", "unloadable", "broken") else "raised"), message[2]
             return "raised", f"unexpected message from rank: {message[:2]!r}"
         return "exited", rank.describe_exit()
 
@@ -353,7 +353,7 @@ class World:
         if hung or any(r.status in ("exited", "broken") for r in reports):
             self.close()  # a rank is gone, stuck or without a process group: the owner starts a fresh world
         failed = [r for r in reports if r.status != "ok"]
-        lines = [] if all(r.status == "missing" for r in failed) else self.disagreements(
+        lines = [] if all(r.status in ("missing", "unloadable") for r in failed) else self.disagreements(
             {r.rank: r.status for r in reports})
         deadlock_found = watch.summary() if watch is not None and watch.found is not None else None
         return task_failure(f"{program} on {self.size} ranks", reports, lines, timeout_s, deadlock_found,

@@ -24,7 +24,7 @@ from multiprocessing.connection import Client
 
 from harness.rank import containment, flight_recorder, wire
 from harness.rank.context import MissingFunction, RankContext
-from harness.rank.loader import load_implementation
+from harness.rank.loader import MissingDependency, load_implementation
 
 STACK_DUMP_SIGNAL = signal.SIGUSR1
 PR_SET_PDEATHSIG = 1
@@ -121,7 +121,8 @@ def serve(config: RankConfig) -> None:
             reply = ("done", task_id, result, json.dumps(recorder.stop()) if recorder else "")
             payload = wire.encode_untrusted(reply)
         except BaseException as error:  # noqa: BLE001 - everything a rank raises goes to the driver
-            status = "missing" if isinstance(error, (MissingFunction, ImportError, NotImplementedError)) else "raised"
+            status = ("unloadable" if isinstance(error, MissingDependency) else
+                      "missing" if isinstance(error, (MissingFunction, ImportError, NotImplementedError)) else "raised")
             raised = traceback.format_exc()
             payload = wire.encode_untrusted(("error", task_id, raised, status))
         settings.restore()  # one test's torch.set_default_dtype & co. never leak into the next
