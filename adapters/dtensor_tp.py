@@ -33,28 +33,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-
-# the collectives are torch's own: with them the module is a whole implementation (--impl adapters.dtensor_tp)
-from torch.distributed import (
-    all_gather,
-    all_gather_into_tensor,
-    all_reduce,
-    all_to_all,
-    all_to_all_single,
-    broadcast,
-    gather,
-    reduce,
-    reduce_scatter,
-    reduce_scatter_tensor,
-    scatter,
-)
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-__all__ = ["ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP", "broadcast", "reduce", "all_reduce", "scatter",
-           "gather", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
-           "all_to_all_single"]
+__all__ = ["ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP"]  # the tensor-parallel contract only
 
 _meshes: dict = {}
 
