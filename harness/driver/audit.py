@@ -220,7 +220,8 @@ PER_P2P_CALL = 128
 PER_COLLECTIVE_PER_MEMBER = 768
 # torch's gloo reduce_scatter of a list writes more transport bytes than its other collectives:
 # measured up to 1424 B per member beyond three times its charged bytes at n=4 (771 B at n=3),
-# where every other collective stayed under 170 B (float32, 1-5000 elements, 2-4 ranks)
+# where every other collective stayed under 170 B (float32, 1-5000 elements, 2-4 ranks); a new torch
+# or backend measures its own with perf/test_transport_allowance.py
 PER_MEMBER_BY_OP = {"reduce_scatter": 2048}
 FIXED = 1024
 BACKEND_FACTOR = 3  # gloo's own algorithms may send up to twice the optimum (reduce_scatter as all-reduce)
