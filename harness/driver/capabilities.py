@@ -39,10 +39,11 @@ def _files(reference: tuple[str, ...], impl: str | None, program: str, audit: st
     return tuple(name for name in named if name)
 
 
-_COLLECTIVE_FILES = _files(("collectives", "tolerance"), "collectives", "collectives", "collectives",
-                           outsiders="collectives")
+_COLLECTIVE_FILES = (*_files(("collectives", "tolerance"), "collectives", "collectives", "collectives",
+                            outsiders="collectives"), "impls/collective_args.py", "impls/ring_and_tree.py")
 _DP = ("data_parallel",)
-_PP = ("pipeline_parallel", "pipeline_schedules", "pipeline_simulator")
+_PP = ("pipeline_parallel", "pipeline_schedules", "schedule_format", "schedule_generators", "schedule_theory",
+       "schedule_validator", "pipeline_simulator")
 
 
 CAPABILITIES: tuple[Capability, ...] = (
