@@ -227,15 +227,24 @@ FIXED = 1024
 BACKEND_FACTOR = 3  # gloo's own algorithms may send up to twice the optimum (reduce_scatter as all-reduce)
 
 
+def payload_explained(record: dict) -> int:
+    """The bytes a call's own data explains: a point-to-point call its charge, a backend collective
+    up to BACKEND_FACTOR times its charge (its algorithm is not visible)."""
+    point_to_point = record["op"] in P2P_OPS or record["op"] in NEUTRAL_OPS
+    return charged_bytes(record) * (1 if point_to_point else BACKEND_FACTOR)
+
+
+def transport_allowance(record: dict) -> int:
+    """The transport's own bytes allowed for a call on top of its payload (measured:
+    perf/test_transport_allowance.py)."""
+    if record["op"] in P2P_OPS or record["op"] in NEUTRAL_OPS:
+        return PER_P2P_CALL
+    return PER_MEMBER_BY_OP.get(record["op"], PER_COLLECTIVE_PER_MEMBER) * len(record["group"])
+
+
 def unexplained_bytes(records: list[dict], written: int) -> tuple[int, int]:
     """(bytes the kernel saw the rank write beyond what its records explain, what they explain)."""
-    explained = FIXED
-    for record in records:
-        if record["op"] in P2P_OPS or record["op"] in NEUTRAL_OPS:
-            explained += charged_bytes(record) + PER_P2P_CALL
-        else:
-            per_member = PER_MEMBER_BY_OP.get(record["op"], PER_COLLECTIVE_PER_MEMBER)
-            explained += BACKEND_FACTOR * charged_bytes(record) + per_member * len(record["group"])
+    explained = FIXED + sum(payload_explained(r) + transport_allowance(r) for r in records)
     return written - explained, explained
 
 

@@ -123,13 +123,11 @@ def task_failure(task: str, reports: list[RankReport], disagreements: list[str],
                        for r in failed)  # on the first line, the one grading summaries show
     if disagreements:
         causes += f"; the ranks disagree: {disagreements[0]}" + "".join(f"\n  also: {line}" for line in disagreements[1:])
-    if all(r.status == "missing" for r in failed):
-        cause = failed[0].detail.strip().splitlines()[-1] if failed[0].detail.strip() else "?"
-        return ImplementationIncomplete(RankFailure(f"the implementation under test is incomplete: {cause}", reports))
-    if all(r.status == "unloadable" for r in failed):
-        cause = failed[0].detail.strip().splitlines()[-1] if failed[0].detail.strip() else "?"
-        return ImplementationUnloadable(RankFailure(f"the implementation under test cannot be loaded here: {cause}",
-                                                    reports))
+    for status, kind, what in (("missing", ImplementationIncomplete, "is incomplete"),
+                               ("unloadable", ImplementationUnloadable, "cannot be loaded here")):
+        if all(r.status == status for r in failed):  # the same on every example: nothing to shrink
+            cause = failed[0].detail.strip().splitlines()[-1] if failed[0].detail.strip() else "?"
+            return kind(RankFailure(f"the implementation under test {what}: {cause}", reports))
     if all(r.status == "hung" for r in failed):
         why = deadlock if deadlock is not None else f"no result within the {timeout_s:g} s deadline"
         return (RanksDeadlocked if deadlock is not None else RanksHung)(RankFailure(f"{task}: {why} ({causes})", reports))

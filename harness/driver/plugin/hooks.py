@@ -95,9 +95,10 @@ def pytest_runtest_setup(item):
     more ranks than this run draws (min_ranks), and fails one when the time budget is spent or its
     capability already hung in an earlier test (each hang costs a whole deadline)."""
     fewest = item.get_closest_marker("min_ranks")
-    if fewest is not None and backend_plan(item.config).max_world_size < fewest.args[0]:
-        pytest.skip(f"needs a world of at least {fewest.args[0]} ranks; this run draws at most "
-                    f"{backend_plan(item.config).max_world_size} (--max-world-size, or the GPUs visible under --backend nccl)")
+    largest = backend_plan(item.config).max_world_size
+    if fewest is not None and largest < fewest.args[0]:
+        pytest.skip(f"needs a world of at least {fewest.args[0]} ranks; this run draws at most {largest} "
+                    "(--max-world-size, or the GPUs visible under --backend nccl)")
     marker = item.get_closest_marker("capability")
     state = item.config.stash.get(STATE, None)
     if marker is None or state is None:
