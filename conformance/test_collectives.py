@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import reference.collectives as ref
 import reference.likely_bugs as likely_bugs
 from conformance.collective_draws import Drawer, check_inputs_unchanged, split_sizes
-from conformance.collective_table import TABLE, judge_results
+from conformance.collective_table import TABLE, Case, judge_results
 from conformance.examples import PER_MEMBER, Layout, Values, sentinel, shapes
 from conformance.verdict import Judge
 from reference.tolerance import reduction_atol
@@ -269,12 +269,12 @@ def test_cases_the_backend_refuses(collective, ranks, target, backend_refusals, 
         inputs = [vals.tensor(i, ((i + 1) * n,) if collective == "all_to_all_uneven" else None) for i in range(n)]
         judge = Judge(f"{layout}, {vals} op={op}", reproduce)
         try:
-            outputs = judge.call(ranks, layout, collective_entry.name, collective_entry.call(inputs, 0, op))
+            outputs = judge.call(ranks, layout, collective_entry.name, collective_entry.call(inputs, Case(op=op)))
         except Exception:  # noqa: BLE001 - raising on what the backend refuses is allowed (a crash, a hang
             # or a missing function is not: those are BaseExceptions here, and fail the test)
             declined.append((f"{dtype_name} {op or ''}".strip(), message))
             continue
-        judge_results(judge, outputs, collective_entry, collective_entry.expected(inputs, 0, op), layout.ranks, 0)
+        judge_results(judge, outputs, collective_entry, collective_entry.expected(inputs, Case(op=op)), layout.ranks, 0)
     if declined:  # allowed by the contract, so it passes: the maximum never depends on what a rank did
         by_message: dict[str, list[str]] = {}
         for case, message in declined:
@@ -315,8 +315,9 @@ def test_large_message(collective, ranks, target, reproduce):
     inputs = large_inputs(n, numel)
     root = {"broadcast": n - 1, "reduce": 1}.get(collective, 0)  # not rank 0: a hard-coded root is caught
     entry = TABLE[collective]
-    outputs = judge.call(ranks, layout, collective, entry.call(inputs, root, "SUM"))
-    judge_results(judge, outputs, entry, entry.expected(inputs, root, "SUM"), layout.ranks, root)
+    case = Case(root, "SUM")
+    outputs = judge.call(ranks, layout, collective, entry.call(inputs, case))
+    judge_results(judge, outputs, entry, entry.expected(inputs, case), layout.ranks, root)
 
 
 # ------------------------------------------------------------------ equivalences between functions

@@ -25,7 +25,7 @@ SPEEDUP_GOAL = 100.0
 
 
 GATED_IMPL = "torch.distributed"
-SILENT = "harness.rank.programs.probe:native_refusals"  # with no cases: a task that communicates nothing
+SILENT = "harness.rank.programs.probe:native_refusals"  # with no calls: a task that communicates nothing
 
 
 def example(n: int) -> list[dict]:
@@ -60,7 +60,7 @@ def test_warm_world_against_a_fresh_world_per_example(benchmark, figures, n):
         for impl in ("impls", GATED_IMPL):
             pool.run(n, CALL, args, impl=impl)  # start and warm up
         benchmark.pedantic(lambda: pool.run(n, CALL, args, impl=GATED_IMPL), rounds=60, warmup_rounds=5)
-        harness_only = median_task_seconds(pool, n, SILENT, [{"cases": []}] * n, impl=GATED_IMPL)
+        harness_only = median_task_seconds(pool, n, SILENT, [{"calls": []}] * n, impl=GATED_IMPL)
         bundled = median_task_seconds(pool, n, CALL, args, impl="impls")
     warm = benchmark.stats.stats.median
     spawn = fresh_world_seconds("spawn", n, repeats=3)

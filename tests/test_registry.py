@@ -61,10 +61,11 @@ def test_every_mutants_folder_belongs_to_a_capability_and_every_mutant_is_run():
 
 
 def test_every_implementation_written_from_the_contract_alone_says_what_it_claims_and_is_run():
-    """outsiders/: each file's docstring states its bug (or that it is correct), the verdict the
-    suite must give and a registered capability (Outsider.read raises otherwise)."""
+    """outsiders/: each file's docstring (a bug's diff's too) states its bug (or that it is correct),
+    the verdict the suite must give and a registered capability (Outsider.read raises otherwise)."""
     every = outsiders()
-    assert len(every) == sum(1 for p in (ROOT / "outsiders").glob("*/*.py") if p.name != "__init__.py")
+    files = sum(1 for p in (ROOT / "outsiders").glob("*/*.py") if p.name != "__init__.py")
+    assert len(every) == files + len(list((ROOT / "outsiders").glob("*/bugs/*.diff")))
     assert {o.verdict for o in every} == {"pass", "fail"}
     assert all(capabilities.BY_NAME.get(o.capability) or o.capability in capabilities.GROUPS for o in every)
 

@@ -1,4 +1,5 @@
-"""How each collective is called in an audited task, and the cost model's per-rank bound for it."""
+"""One drawn call of each collective in an audited task (called as conformance/collective_table.py
+says), and the cost model's per-rank bound for it."""
 from __future__ import annotations
 
 import pytest
@@ -6,9 +7,10 @@ import torch
 from hypothesis import strategies as st
 
 from conformance.audit.common import OPS
-from conformance.examples import Layout, Values, sentinel, shapes
+from conformance.collective_table import TABLE, Case
+from conformance.examples import Layout, Values, shapes
 from reference import cost_model
-from reference.collectives import DTYPES, output_split_sizes
+from reference.collectives import DTYPES
 
 COLLECTIVES = cost_model.COLLECTIVES
 
@@ -31,53 +33,23 @@ def collective_case(name: str, draw, layout: Layout, refused_for=None) -> tuple[
         pytest.skip(f"the backend refuses {name} for {dtype} (probed), so it is not drawn")
     itemsize = torch.empty((), dtype=dtype).element_size()
     seed = draw("seed", st.integers(0, 2**16))
-    shape = draw("shape", shapes(multiple_of=n) if name == "reduce_scatter_tensor" else shapes())
+    entry = TABLE[name]
+    shape = draw("shape", shapes(multiple_of=n) if entry.divisible else shapes())
     vals = Values(dtype, tuple(shape), seed, op=op)
-    numel = vals.tensor(0).numel()
-    split_bytes = None
+    root, splits, split_bytes = 0, None, None
+    if name in ("scatter", "gather", "broadcast", "reduce"):
+        root = layout.ranks.index(draw("root", st.sampled_from(layout.ranks)))
     if name == "all_to_all_single":
         splits = draw("input_split_sizes", st.lists(st.lists(st.integers(0, 50), min_size=n, max_size=n),
                                                     min_size=n, max_size=n))
-        received = output_split_sizes(splits)
         inputs = [vals.tensor(i, (sum(splits[i]),)) for i in range(n)]
-        args = [{"output": sentinel(inputs[i], (sum(received[i]),)), "input": inputs[i],
-                 "output_split_sizes": received[i], "input_split_sizes": splits[i]} for i in range(n)]
         split_bytes = [[s * itemsize for s in row] for row in splits]
-    elif name == "all_to_all":  # equal pieces: gloo's all_to_all refuses unequal ones
-        lists = [[vals.tensor(i * n + j) for j in range(n)] for i in range(n)]
-        args = [{"output_tensor_list": [sentinel(x) for x in lists[j]], "input_tensor_list": lists[j]} for j in range(n)]
+    else:  # flat: what the audit counts is bytes, and the table cuts pieces from flat inputs
+        inputs = [vals.tensor(i).reshape(-1) for i in range(n)]
+    args = entry.call(inputs, Case(root, op, splits, tuple(layout.ranks)))
+    numel = entry.message_numel(inputs[0].numel(), n)
+    if name == "all_to_all":  # a piece of numel elements for each peer
         split_bytes = [[numel * itemsize] * n for _ in range(n)]
-    elif name in ("scatter", "gather", "broadcast", "reduce"):
-        root = draw("root", st.sampled_from(layout.ranks))
-        pieces = [vals.tensor(i) for i in range(n)]
-        if name == "scatter":
-            args = [{"tensor": sentinel(pieces[0]), "scatter_list": pieces if r == root else None, "src": root}
-                    for r in layout.ranks]
-        elif name == "gather":
-            args = [{"tensor": x, "gather_list": [sentinel(x) for _ in pieces] if r == root else None, "dst": root}
-                    for r, x in zip(layout.ranks, pieces)]
-        elif name == "broadcast":
-            args = [{"tensor": x, "src": root} for x in pieces]
-        else:
-            args = [{"tensor": x, "dst": root, "op": op} for x in pieces]
-    elif name == "all_reduce":
-        args = [{"tensor": vals.tensor(i), "op": op} for i in range(n)]
-    elif name == "all_gather":
-        args = [{"tensor_list": [sentinel(vals.tensor(i)) for _ in range(n)], "tensor": vals.tensor(i)} for i in range(n)]
-        numel *= n
-    elif name == "all_gather_into_tensor":
-        out_shape = (n * shape[0], *shape[1:])
-        args = [{"output_tensor": sentinel(vals.tensor(i), out_shape), "input_tensor": vals.tensor(i)} for i in range(n)]
-        numel *= n
-    elif name == "reduce_scatter":
-        args = [{"output": sentinel(vals.tensor(0)), "input_list": [vals.tensor(i * n + j) for j in range(n)], "op": op}
-                for i in range(n)]
-        numel *= n
-    elif name == "reduce_scatter_tensor":
-        out_shape = (shape[0] // n, *shape[1:])
-        args = [{"output": sentinel(vals.tensor(i), out_shape), "input": vals.tensor(i), "op": op} for i in range(n)]
-    else:
-        raise ValueError(name)
     bounds = {rank: cost_model.collective(name, n, i, numel=numel, itemsize=itemsize,
                                           split_bytes=None if split_bytes is None else split_bytes[i])
               for i, rank in enumerate(layout.ranks)}

@@ -11,10 +11,12 @@ from CONTRACT.md and the starter alone, by authors who never read the tests, eac
 'verdict: pass' (a correct one: it must pass) or 'verdict: fail' (one realistic bug: the suite must
 catch it) and the 'capability:' it claims. They run against that capability's whole conformance
 file and the communication audit of what they claim, and the kill rate on them is reported apart;
-a bug that gets through fails the run (the suite then gets the check that catches it). 'audit:' on
-a correct one says why its communication exceeds the audit's
-bounds by its author's design (e.g. an all-reduce that sends whole tensors): its values must pass
-and its audit must fail.
+a bug that gets through fails the run (the suite then gets the check that catches it). Each buggy
+one is kept as a diff against its author's correct file (outsiders/<capability>/bugs/<name>.diff,
+harness/driver/outsider_patches.py), written out under its own name into a temporary folder for the
+runner's whole run and named by it in the report. 'audit:' on a correct one says why its
+communication exceeds the audit's bounds by its author's design (e.g. an all-reduce that sends
+whole tensors): its values must pass and its audit must fail.
 
 A kill must be evidence, not load: a buggy implementation whose first failure is a task's deadline
 ("no result within the N s deadline") counts as a failure of the runner, since a deadline missed on
@@ -31,7 +33,9 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -39,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.driver.capabilities import BY_NAME, CAPABILITIES, GROUPS, conformance_file_of_mutants
+from harness.driver.outsider_patches import materialise, patched
 from harness.driver.warm_pytest import WarmPytest
 from harness.driver.world import PRELOAD
 
@@ -77,7 +82,7 @@ class Mutant:
 
 @dataclass(frozen=True)
 class Outsider:
-    path: Path
+    path: Path  # a whole .py, or a .diff under <capability>/bugs/ against its author's correct file
     summary: str  # the docstring's first line: the bug, or "Correct: ..."
     verdict: str  # "pass" or "fail": what the suite must say
     capability: str  # what it claims (a capability or a group of harness/driver/capabilities.py)
@@ -86,7 +91,8 @@ class Outsider:
 
     @classmethod
     def read(cls, path: Path) -> Outsider:
-        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        source = patched(path)[1] if path.suffix == ".diff" else path.read_text()
+        doc = ast.get_docstring(ast.parse(source)) or ""
         lines = doc.splitlines()
         fields = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:]) if k.strip() in
                   ("verdict", "capability", "audit", "bug")}
@@ -96,6 +102,22 @@ class Outsider:
                              f"(a capability or group of harness/driver/capabilities.py), got verdict={verdict!r}, "
                              f"capability={capability!r}")
         return cls(path, lines[0], verdict, capability, fields.get("audit", ""), fields.get("bug") == "hang")
+
+    @property
+    def name(self) -> str:
+        """<capability folder>/<its file's stem>, a diff's too (e.g. collectives/bug_all_reduce_torch_chunk)."""
+        folder = self.path.parent.parent if self.path.suffix == ".diff" else self.path.parent
+        return f"{folder.name}/{self.path.stem}"
+
+    def impl(self, scratch: Path) -> str:
+        """The --impl of its run: a whole file's path from the root, or a diff written out (absolute)
+        under scratch/<capability>/, world-readable (the ranks may run as another user)."""
+        if self.path.suffix != ".diff":
+            return str(self.path.relative_to(ROOT))
+        folder = scratch / self.name.split("/")[0]
+        folder.mkdir(mode=0o755, exist_ok=True)
+        folder.chmod(0o755)
+        return str(materialise(self.path, folder))
 
     def pytest_args(self) -> list[str]:
         """Its capability's conformance file and the communication audit of what it claims (the
@@ -114,7 +136,9 @@ class Outsider:
 
 
 def outsiders() -> list[Outsider]:
-    return [Outsider.read(p) for p in sorted(OUTSIDERS.glob("*/*.py")) if p.name != "__init__.py"]
+    """Every file under outsiders/<capability>/ and every diff under its bugs/, by name."""
+    paths = [p for p in OUTSIDERS.glob("*/*.py") if p.name != "__init__.py"] + list(OUTSIDERS.glob("*/bugs/*.diff"))
+    return sorted((Outsider.read(p) for p in paths), key=lambda o: o.name)
 
 
 def known_good() -> list[tuple[str, list[str], dict[str, str]]]:
@@ -242,8 +266,10 @@ def main(argv=None) -> int:
                              f"(default {DURATIONS_FILE.name} at the repository's root)")
     options = parser.parse_args(argv)
     # every run's ranks are forked from the template's forkserver: about 2.4 s of CPU less per run
-    with WarmPytest(forkserver_preload=PRELOAD) as runner:
-        return _run_all(options, runner)
+    # the buggy outsiders kept as diffs are written out here, for the whole run
+    with WarmPytest(forkserver_preload=PRELOAD) as runner, tempfile.TemporaryDirectory(prefix="outsiders-") as scratch:
+        os.chmod(scratch, 0o755)
+        return _run_all(options, runner, Path(scratch))
 
 
 def _name(path: Path) -> str:
@@ -255,8 +281,7 @@ def run_mutant(runner: WarmPytest, mutant: Mutant, profile: str) -> tuple[int, s
                                                                "--rank-timeout", str(MUTANT_RANK_TIMEOUT_S)], profile)
 
 
-def run_outsider(runner: WarmPytest, outsider: Outsider, options) -> tuple[int, str, float]:
-    impl = str(outsider.path.relative_to(ROOT))
+def run_outsider(runner: WarmPytest, outsider: Outsider, impl: str, options) -> tuple[int, str, float]:
     profile = options.outsider_profile if outsider.verdict == "pass" else options.mutant_profile
     code, output, seconds = pytest(runner, impl, outsider.pytest_args(), profile)
     if outsider.audit and code == 0:  # right values; the audit must then find what its author chose
@@ -268,16 +293,17 @@ def run_outsider(runner: WarmPytest, outsider: Outsider, options) -> tuple[int, 
     return code, output, seconds
 
 
-def _run_all(options, runner: WarmPytest) -> int:
+def _run_all(options, runner: WarmPytest, scratch: Path) -> int:
     goods = [] if options.mutants_only or options.outsiders_only else known_good()
     every_mutant = [] if options.outsiders_only else mutants()
     every_outsider = outsiders()
+    impls = {o.path: o.impl(scratch) for o in every_outsider}
     good_jobs = [Job(f"known good: {impl} {' '.join(args)}", "known good",
                      lambda impl=impl, args=args, env=env: pytest(runner, impl, args, options.profile, env))
                  for impl, args, env in goods]
     mutant_jobs = [Job(f"mutant: {_name(m.path)}", "mutant", lambda m=m: run_mutant(runner, m, options.mutant_profile))
                    for m in every_mutant]
-    outsider_jobs = [Job(f"outsider: {_name(o.path)}", "outsider", lambda o=o: run_outsider(runner, o, options))
+    outsider_jobs = [Job(f"outsider: {o.name}", "outsider", lambda o=o: run_outsider(runner, o, impls[o.path], options))
                      for o in every_outsider]
     jobs = [*good_jobs, *outsider_jobs, *mutant_jobs]
     started = time.monotonic()
@@ -352,7 +378,7 @@ def _report_outsiders(every_outsider, jobs, result) -> tuple[list[str], list[str
     caught, missed, outside_false = [], [], []
     for outsider, job in zip(every_outsider, jobs):
         code, output, seconds = result(job)
-        name = _name(outsider.path)
+        name = outsider.name
         head = f"{name:<50} {seconds:5.1f} s  {outsider.summary}"
         if outsider.verdict == "pass":
             ok = code == 0

@@ -7,6 +7,7 @@
 * refusals.py: what torch's library or the backend cannot run, rejected instead of failed;
 * grading_files.py: results.json, junit.xml and summary.txt, written as the run goes;
 * hooks.py: the session's hooks (scorecard, deselection, the budget, outcomes);
-* fixtures.py: the world pools and the ``ranks``, ``target``, ``backend_refusals`` fixtures.
+* fixtures.py: the world pools and the ``ranks`` and ``target`` fixtures (``backend_refusals`` is
+  conformance/conftest.py's: it calls the collectives from conformance/collective_table.py).
 """
 PLUGINS = [f"harness.driver.plugin.{name}" for name in ("options", "hooks", "fixtures")]

@@ -1,6 +1,6 @@
-"""The session's fixtures: the world pools (plain and audited), ``target``, ``ranks`` (a rank
-program run on a group's members) and ``backend_refusals`` (what the backend's own collectives
-refuse, probed once)."""
+"""The session's fixtures: the world pools (plain and audited), ``target`` and ``ranks`` (a rank
+program run on a group's members). What the backend's own collectives refuse is probed by
+conformance/conftest.py, which calls them as conformance/collective_table.py says."""
 from __future__ import annotations
 
 import os
@@ -11,7 +11,7 @@ import pytest
 from harness.driver.plugin.contain import contained
 from harness.driver.plugin.options import attached_world
 from harness.driver.plugin.profiles import current_profile
-from harness.driver.plugin.refusals import BackendRefusals, Refusals
+from harness.driver.plugin.refusals import Refusals
 from harness.driver.plugin.state import STATE, Target, backend_plan
 from harness.driver.pool import WorldPool
 
@@ -113,26 +113,3 @@ class Ranks:
 @pytest.fixture(scope="session")
 def ranks(world_pool, target, pytestconfig) -> Ranks:
     return Ranks(world_pool, target, pytestconfig.stash[STATE].refusals)
-
-
-
-@pytest.fixture(scope="session")
-def backend_refusals(world_pool, target) -> BackendRefusals:
-    """Probed on each backend of the plan, at its smallest world of two ranks or more (else its
-    one world); a case any of them refuses is not drawn (the message names the backend)."""
-    from reference.collectives import DTYPES, OPS, op_applies
-
-    reductions = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor")
-    others = ("broadcast", "scatter", "gather", "all_gather", "all_gather_into_tensor", "all_to_all", "all_to_all_uneven",
-              "all_to_all_single")
-    cases = [(c, str(d).removeprefix("torch."), op) for c in reductions for d in DTYPES for op in OPS if op_applies(op, d)]
-    cases += [(c, str(d).removeprefix("torch."), None) for c in others for d in DTYPES]
-    refused, refusing = {}, []
-    for backend in target.plan.backends():
-        sizes = target.plan.sizes(backend)
-        n = next((size for size in sizes if size >= 2), sizes[0])
-        probe = world_pool.run(n, "harness.rank.programs.probe:native_refusals", [{"cases": cases}] * n, impl="torch.distributed")
-        found = {case: f"{backend}: {message}" for case, message in probe.outputs[0].items() if message is not None}
-        refusing += [backend] if found else []
-        refused = {**found, **refused}
-    return BackendRefusals(" and ".join(refusing) or "/".join(target.plan.backends()), refused)

@@ -7,53 +7,25 @@ import sys
 import torch
 
 from harness.rank.context import RankContext
+from harness.rank.programs.collectives import REDUCTION_ARGUMENT
 
 
-def _tensor(dtype, numel, device):
-    return torch.ones(numel, dtype=dtype, device=device)
-
-
-def native_refusals(ctx: RankContext, impl, cases: list[tuple[str, str, str | None]]) -> dict:
-    """For each (collective, dtype name, op name or None): the backend's error message, or None."""
+def native_refusals(ctx: RankContext, impl, calls: list[tuple[tuple, str, dict]]) -> dict:
+    """For each (case, function, this member's keyword arguments), as the driver built them from
+    conformance/collective_table.py: torch.distributed's own function called on the world, and the
+    backend's error message, or None where it accepted the call."""
     import torch.distributed as dist
 
-    n = ctx.world_size
     refusals = {}
-    for collective, dtype_name, op in cases:
-        dtype = getattr(torch, dtype_name)
-        kw = {} if op is None else {"op": getattr(dist.ReduceOp, op)}
-        x = _tensor(dtype, n, ctx.device)
+    for case, function, arguments in calls:
+        kwargs = {k: ctx.to_device(v) for k, v in arguments.items()}
+        if REDUCTION_ARGUMENT in kwargs:
+            kwargs[REDUCTION_ARGUMENT] = getattr(dist.ReduceOp, kwargs[REDUCTION_ARGUMENT])
         try:
-            if collective in ("all_reduce",):
-                dist.all_reduce(x, **kw)
-            elif collective == "reduce":
-                dist.reduce(x, dst=0, **kw)
-            elif collective == "reduce_scatter":
-                dist.reduce_scatter(_tensor(dtype, 1, ctx.device), list(x.split(1)), **kw)
-            elif collective == "reduce_scatter_tensor":
-                dist.reduce_scatter_tensor(_tensor(dtype, 1, ctx.device), x, **kw)
-            elif collective == "broadcast":
-                dist.broadcast(x, src=0)
-            elif collective == "scatter":
-                dist.scatter(_tensor(dtype, 1, ctx.device), list(x.split(1)) if ctx.rank == 0 else None, src=0)
-            elif collective == "gather":
-                dist.gather(_tensor(dtype, 1, ctx.device), list(x.split(1)) if ctx.rank == 0 else None, dst=0)
-            elif collective == "all_gather":
-                dist.all_gather(list(x.split(1)), _tensor(dtype, 1, ctx.device))
-            elif collective == "all_gather_into_tensor":
-                dist.all_gather_into_tensor(x, _tensor(dtype, 1, ctx.device))
-            elif collective == "all_to_all":
-                dist.all_to_all(list(x.clone().split(1)), list(x.split(1)))
-            elif collective == "all_to_all_uneven":  # rank r sends r + 1 elements to everyone
-                ins = [_tensor(dtype, ctx.rank + 1, ctx.device) for _ in range(n)]
-                dist.all_to_all([_tensor(dtype, peer + 1, ctx.device) for peer in range(n)], ins)
-            elif collective == "all_to_all_single":
-                dist.all_to_all_single(x.clone(), x)
-            else:
-                raise ValueError(f"no probe for {collective}")
-            refusals[(collective, dtype_name, op)] = None
+            getattr(dist, function)(**kwargs)
+            refusals[case] = None
         except Exception as error:  # noqa: BLE001 - a refusal is what we are looking for
-            refusals[(collective, dtype_name, op)] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+            refusals[case] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
     return refusals
 
 

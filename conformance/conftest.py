@@ -1,0 +1,53 @@
+"""The ``backend_refusals`` fixture: what the backend's own collectives refuse, probed once per
+backend of the plan with torch.distributed's functions called as conformance/collective_table.py
+says, so a case the backend itself cannot run is not drawn (the message names the backend)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conformance.collective_table import TABLE, Case
+from harness.driver.plugin.refusals import BackendRefusals
+from reference.collectives import DTYPES, OPS, op_applies
+
+REDUCTIONS = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor")
+# all_to_all_uneven: all_to_all where member i sends i + 1 elements to every member
+OTHERS = ("broadcast", "scatter", "gather", "all_gather", "all_gather_into_tensor", "all_to_all", "all_to_all_uneven",
+          "all_to_all_single")
+
+
+def probe_cases() -> list[tuple[str, str, str | None]]:
+    """(collective, dtype name, op name or None): every dtype and applicable op of every collective."""
+    cases = [(c, str(d).removeprefix("torch."), op) for c in REDUCTIONS for d in DTYPES for op in OPS if op_applies(op, d)]
+    return cases + [(c, str(d).removeprefix("torch."), None) for c in OTHERS for d in DTYPES]
+
+
+def probe_calls(cases: list[tuple[str, str, str | None]], n: int) -> list[list[tuple[tuple, str, dict]]]:
+    """Each member's (case, function, keyword arguments) for the probe program, on tiny tensors."""
+    calls: list[list[tuple[tuple, str, dict]]] = [[] for _ in range(n)]
+    for case in cases:
+        collective, dtype_name, op = case
+        uneven = collective.endswith("_uneven")
+        entry = TABLE[collective.removesuffix("_uneven")]
+        inputs = [torch.ones(((i + 1) * n if uneven else n,), dtype=getattr(torch, dtype_name)) for i in range(n)]
+        for member, arguments in enumerate(entry.call(inputs, Case(op=op))):
+            calls[member].append((case, entry.name, arguments))
+    return calls
+
+
+@pytest.fixture(scope="session")
+def backend_refusals(world_pool, target) -> BackendRefusals:
+    """Probed on each backend of the plan, at its smallest world of two ranks or more (else its
+    one world); a case any of them refuses is not drawn."""
+    cases = probe_cases()
+    refused, refusing = {}, []
+    for backend in target.plan.backends():
+        sizes = target.plan.sizes(backend)
+        n = next((size for size in sizes if size >= 2), sizes[0])
+        calls = probe_calls(cases, n)
+        probe = world_pool.run(n, "harness.rank.programs.probe:native_refusals", [{"calls": c} for c in calls],
+                               impl="torch.distributed")
+        found = {case: f"{backend}: {message}" for case, message in probe.outputs[0].items() if message is not None}
+        refusing += [backend] if found else []
+        refused = {**found, **refused}
+    return BackendRefusals(" and ".join(refusing) or "/".join(target.plan.backends()), refused)
