@@ -7,19 +7,8 @@ built on them (:mod:`impls.data_parallel`, :mod:`impls.sharded_optimizer`,
 :mod:`impls.tensor_parallel`, :mod:`impls.pipeline_parallel`, :mod:`impls.expert_parallel`).  ``impls`` never imports the ``reference`` package.
 """
 
-from .collectives import (
-    all_gather,
-    all_gather_into_tensor,
-    all_reduce,
-    all_to_all,
-    all_to_all_single,
-    broadcast,
-    gather,
-    reduce,
-    reduce_scatter,
-    reduce_scatter_tensor,
-    scatter,
-)
+from . import collectives
+from .collectives import *  # noqa: F403 - the eleven, named once: collectives.__all__
 from .context_parallel import context_parallel_attention
 from .data_parallel import BucketedDataParallel, DataParallel, NaiveDataParallel, OverlappedDataParallel
 from .expert_parallel import ExpertParallelMoE
@@ -29,18 +18,7 @@ from .sharded_optimizer import ShardedOptimizer
 from .tensor_parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP
 
 __all__ = [
-    # collectives
-    "broadcast",
-    "reduce",
-    "all_reduce",
-    "scatter",
-    "gather",
-    "all_gather",
-    "all_gather_into_tensor",
-    "reduce_scatter",
-    "reduce_scatter_tensor",
-    "all_to_all",
-    "all_to_all_single",
+    *collectives.__all__,  # the eleven, in torch.distributed's order
     # data parallelism
     "DataParallel",
     "NaiveDataParallel",

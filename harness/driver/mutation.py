@@ -152,8 +152,8 @@ def known_good() -> list[tuple[str, list[str], dict[str, str]]]:
             # the naive variant of the bundled DP (bucket_size_mb ignored): a second opinion, fewer examples
             ("impls.naive_dp", ["conformance/test_data_parallel.py", "--hypothesis-profile=brief"]),
             # every capability; context parallelism is skipped with torch's reason (not adapted). A second
-            # opinion on the same tests as the first run, so fewer examples: under ci it was the longest
-            # run (13 min of a 37 min CI on a slow day), under brief about half
+            # opinion on the same tests as the first run, so fewer examples: under ci it is the runner's
+            # longest run, under brief about half as long
             ("adapters.torch_native", ["conformance", "--hypothesis-profile=brief"])]
     runs = [(impl, args, {}) for impl, args in runs]
     runs.append(("adapters.cs336", ["conformance/test_data_parallel.py", "conformance/test_sharded_optimizer.py",
