@@ -18,6 +18,9 @@ the grading process imports neither this module nor the submission.
 | ``.on_train_batch_start(optimizer)`` | ``ddp_bucketed_on_train_batch_start(ddp_model, optimizer)`` where the handout has it |
 | ``.finish_gradient_synchronization()`` | ``ddp_*_on_after_backward(ddp_model, optimizer)`` |
 | ``ShardedOptimizer(params, optimizer_class, **defaults)`` | ``get_sharded_optimizer(params, optimizer_class, **defaults)``, after averaging gradients |
+| ``fully_shard(unit)``, then ``fully_shard(root)`` | ``get_fsdp(root)`` (the 2026 handout), the model rebuilt from the submission's cs336_basics layers first (``adapters/cs336_layers.py``) |
+| after each ``loss.backward()`` | ``fsdp_on_after_backward(fsdp_model, optimizer)`` (queued by the backward itself) |
+| ``full_parameters(module)`` | ``fsdp_gather_full_params(fsdp_model)``, under the suite's names |
 
 What differs from the handout's own tests, so that a failure here is read right:
 
@@ -33,6 +36,12 @@ What differs from the handout's own tests, so that a failure here is read right:
   held to the whole contract. ``on_train_batch_start`` runs once per step, before ``zero_grad``.
 * ``.module`` is the submission's ``ddp_model.module`` (the handout's tests read it too), or the
   module it was given when the wrapper has none.
+* The contract's FSDP loop has no hook after backward: the adapter queues the handout's
+  ``fsdp_on_after_backward`` at the end of every backward of the loss the model returned, as the
+  handout's tests call it after each ``backward()``. Its ``optimizer`` is the loop's, which the
+  adapter never sees (the loop builds it from the model's parameters): a hook that reads it fails
+  with a message saying so. ``fully_shard`` of a unit is a no-op: the handout's FSDP wraps the
+  whole model once, at the root.
 * The suite's models take ``(inputs, targets)`` and return the loss; the handout's tests call
   ``ddp_model(x)`` and compute the loss outside, so a DDP whose ``forward`` takes one input is right.
   For one, the module's own ``forward`` is given the targets for the length of the call.
@@ -47,6 +56,8 @@ import sys
 
 import torch
 import torch.distributed as dist
+
+from adapters import cs336_layers
 
 SUBMISSION_VARIABLE = "CS336_SUBMISSION"
 
@@ -63,7 +74,9 @@ def _load_submission():
     if not os.path.isfile(path):
         raise ImportError(f"{SUBMISSION_VARIABLE}={where}: no {path}")
     root = os.path.dirname(os.path.dirname(path))
-    for folder in (root, os.path.dirname(path)):
+    # the 2026 template vendors the course's cs336_basics in cs336-basics/ (installed, not on the path)
+    vendored = os.path.join(root, "cs336-basics")
+    for folder in ([vendored] if os.path.isdir(vendored) else []) + [root, os.path.dirname(path)]:
         if folder not in sys.path:
             sys.path.insert(0, folder)
     spec = importlib.util.spec_from_file_location("cs336_submission_adapters", path)
@@ -224,3 +237,84 @@ class ShardedOptimizer:
                 dist.all_reduce(parameter.grad)  # SUM, then divide: AVG is not on every backend
                 parameter.grad.div_(dist.get_world_size())
         return self.sharded.step() if closure is None else self.sharded.step(closure)
+
+
+class _OptimizerOfTheLoop:
+    """What ``fsdp_on_after_backward`` gets as its optimizer: the contract's loop builds its own from
+    the model's parameters, after ``fully_shard``, so the adapter cannot hand it over."""
+
+    def __getattr__(self, name):
+        raise AttributeError(f"adapters.cs336: the submission's fsdp_on_after_backward read optimizer.{name}; the "
+                             "suite's loop builds its optimizer from the model's parameters after fully_shard and "
+                             "never gives it to the adapter, so a hook that uses it cannot be graded here")
+
+
+class _FullyShardedModel:
+    """The root's ``fully_shard``: ``get_fsdp`` runs at first use (the loop's ``parameters()`` for its
+    optimizer), on the model rebuilt from the submission's layers. Called as the suite's models are,
+    ``(inputs, targets)`` -> loss, with the handout's after-backward hook queued on that loss."""
+
+    def __init__(self, module):
+        self.module = module
+        self._fsdp = None
+        self._renamed = None
+
+    def fsdp_model(self):
+        if self._fsdp is None:
+            make = _entry("get_fsdp")
+            if make is None:
+                raise _not_implemented("get_fsdp")
+            self._renamed = cs336_layers.convert(self.module)
+            self._fsdp = make(self.module)
+        return self._fsdp
+
+    def parameters(self, recurse: bool = True):
+        return self.fsdp_model().parameters(recurse)
+
+    def named_buffers(self, *args, **kwargs):
+        return self.module.named_buffers(*args, **kwargs)
+
+    def __call__(self, inputs, targets):
+        fsdp_model = self.fsdp_model()
+        if _takes_two_inputs(fsdp_model.forward):
+            loss = fsdp_model(inputs, targets)
+        else:
+            module_forward = self.module.forward
+            self.module.forward = lambda x, *args, **kwargs: module_forward(x, targets, *args, **kwargs)
+            try:
+                loss = fsdp_model(inputs)
+            finally:
+                del self.module.forward
+        if loss.requires_grad:
+            loss.register_hook(self._queue_after_backward)
+        return loss
+
+    def _queue_after_backward(self, grad):
+        torch.autograd.Variable._execution_engine.queue_callback(self._after_backward)
+        return grad
+
+    def _after_backward(self):
+        hook = _entry("fsdp_on_after_backward")
+        if hook is None:
+            raise _not_implemented("fsdp_on_after_backward")
+        hook(self._fsdp, _OptimizerOfTheLoop())
+
+    def full_parameters(self) -> dict:
+        gather = _entry("fsdp_gather_full_params")
+        if gather is None:
+            raise _not_implemented("fsdp_gather_full_params")
+        return self._renamed.full(gather(self.fsdp_model()))
+
+
+def fully_shard(module, group=None):
+    """Its module's FSDP, built at first use: the loop uses only the root's (the last call), so a
+    unit's is never built and the handout's FSDP wraps the whole model once."""
+    if group is not None:
+        raise ValueError("the handout's get_fsdp shards over the whole world; no group")
+    return _FullyShardedModel(module)
+
+
+def full_parameters(module) -> dict:
+    if not isinstance(module, _FullyShardedModel):
+        raise TypeError("full_parameters: pass the model fully_shard returned")
+    return module.full_parameters()

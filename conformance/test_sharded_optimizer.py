@@ -25,7 +25,8 @@ rank by rank:
   Under --scope cs336 the balance is the handout's "each rank handles about 1/world_size of the
   parameters", counted in parameter tensors: with T the parameters given to the optimizer and
   T_r those rank r holds state for, max_r T_r <= ceil(T / n) (dealing them round-robin by index
-  passes, whatever their sizes); the first bound (no element's state twice) holds in both.
+  passes, whatever their sizes) or the balance in elements above (a split by size passes); the
+  first bound (no element's state twice) holds in both.
 """
 from __future__ import annotations
 
@@ -69,15 +70,20 @@ def judge_state_sharding(judge: Judge, example: Example, held: dict[int, int], u
         judge.fail(f"after {step}: the ranks' local optimizers hold {sum(held.values())} state elements in all "
                    f"({per_rank}), one process holds {total}: state is replicated, not sharded (ZeRO stage 1 keeps "
                    f"each element's state on one rank; allowed {total} + {k * (n - 1)} of padding)")
-    if scope == "cs336":
-        most = math.ceil(parameters / n)
-        if any(not isinstance(v, int) or v < 0 for v in tensors.values()) or max(tensors.values()) > most:
-            judge.fail(f"after {step}: a rank's local optimizer holds state for {max(tensors.values())} parameters "
-                       f"({', '.join(f'rank {r}: {tensors[r]}' for r in sorted(tensors))}); the handout asks each of "
-                       f"{n} ranks to handle about 1/{n} of the {parameters} parameters: at most {most}")
-        return
     bound = math.ceil(total / n) + largest + k
-    if max(held.values()) > bound:
+    balanced_in_elements = max(held.values()) <= bound
+    if scope == "cs336":  # the handout's "about 1/world_size of the parameters": in tensors or in elements
+        most = math.ceil(parameters / n)
+        if any(not isinstance(v, int) or v < 0 for v in tensors.values()):
+            judge.fail(f"after {step}: the ranks reported parameter counts {tensors}, not counts")
+        if max(tensors.values()) > most and not balanced_in_elements:
+            judge.fail(f"after {step}: a rank's local optimizer holds state for {max(tensors.values())} parameters "
+                       f"({', '.join(f'rank {r}: {tensors[r]}' for r in sorted(tensors))}) and {max(held.values())} "
+                       f"state elements ({per_rank}); the handout asks each of {n} ranks to handle about 1/{n} of the "
+                       f"{parameters} parameters: at most {most} of them, or at most ceil({total}/{n}) + {largest} "
+                       f"(the largest parameter's state) + {k} = {bound} elements")
+        return
+    if not balanced_in_elements:
         judge.fail(f"after {step}: a rank's local optimizer holds {max(held.values())} state elements ({per_rank}); "
                    f"a balanced split of {total} over {n} ranks holds at most ceil({total}/{n}) + {largest} (the "
                    f"largest parameter's state) + {k} = {bound}")

@@ -8,7 +8,9 @@ import torch
 from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
+from conformance.examples import training_examples
 from conformance.test_data_parallel import examples
+from conformance.test_fully_sharded import handout_example
 from harness.driver.plugin.options import SCOPES
 from harness.driver.plugin.state import Target
 from harness.rank import models
@@ -44,7 +46,7 @@ def test_a_failure_reproduces_with_its_scope_and_the_coverage_line_names_it():
     assert SCOPES["contract"] == "" and "CS336" in SCOPES["cs336"]
 
 
-def test_the_cs336_scope_judges_the_zero_balance_in_parameter_tensors():
+def test_the_cs336_scope_judges_the_zero_balance_in_parameter_tensors_or_elements():
     """Three weights and three biases dealt round-robin by index: every weight's state on rank 0
     (the figures of a CS336 submission: 54 and 12 AdamW state elements of 66): unbalanced in
     elements, as the contract counts them, balanced in parameters, as the handout words it; all
@@ -66,3 +68,25 @@ def test_the_cs336_scope_judges_the_zero_balance_in_parameter_tensors():
         judge_state_sharding(judge, example, {0: 66, 1: 0}, unsharded, "step 1", "cs336", {0: 6, 1: 0}, 6)
     with pytest.raises(AssertionError, match="replicated"):
         judge_state_sharding(judge, example, {0: 66, 1: 66}, unsharded, "step 1", "cs336", {0: 6, 1: 6}, 6)
+    # whole parameters by size (largest first to the least loaded rank), as the project's own CS336
+    # fixture does: an MLP's 48-element weight on rank 0, its three small parameters on rank 1 is
+    # unbalanced in tensors (1 and 3 of 4) and balanced in elements: the handout's words allow both
+    sizes = {"fc1.weight": 96, "fc1.bias": 24, "fc2.weight": 24, "fc2.bias": 2}
+    judge_state_sharding(judge, example, {0: 96, 1: 50}, sizes, "step 1", "cs336", {0: 1, 1: 3}, 4)
+
+
+@settings(max_examples=30, deadline=None)
+@given(example=training_examples(4))
+def test_the_cs336_scope_trains_fsdp_on_the_handouts_models(example):
+    """Float32, every parameter used, nothing tied, frozen or buffered, every weight's first
+    dimension a multiple of the world size (the handout's test: even shapes at 2 ranks)."""
+    handout = handout_example(example)
+    assert handout.world_size == example.world_size and handout.model["dtype"] == "float32"
+    net = models.build(handout.model, handout.seed)
+    assert not list(net.named_buffers()) and all(p.requires_grad for p in net.parameters())
+    names = [name for name, _ in net.named_parameters()]
+    assert len(names) == len({id(p) for p in net.parameters()}) == len(list(net.parameters()))
+    if handout.model["kind"] == "tied_lm":
+        assert "head.weight" in names  # untied
+    for name, p in net.named_parameters():
+        assert p.shape[0] % handout.world_size == 0, (name, tuple(p.shape), handout.world_size)

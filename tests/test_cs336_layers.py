@@ -1,0 +1,74 @@
+"""adapters/cs336_layers.py: the suite's models rebuilt from a CS336 submission's cs336_basics
+layers compute what the suite's torch.nn models compute, keep a tied weight one parameter, and map
+the submission's names and layouts back; a submission without the layers is one clear error."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from adapters import cs336_layers
+from harness.rank import models
+
+BASICS = Path(__file__).parent / "fixtures" / "cs336_submission" / "cs336-basics"
+MODELS = [{"kind": "mlp", "inputs": 3, "hidden": 5, "outputs": 2, "dtype": "float64"},
+          {"kind": "tied_lm", "vocab": 7, "width": 4, "hidden": 6, "context": 3, "dtype": "float64",
+           "skips": False, "skips_in_unit": True}]
+
+
+@pytest.fixture
+def basics(monkeypatch):
+    monkeypatch.syspath_prepend(str(BASICS))
+    yield
+    for name in [m for m in sys.modules if m.startswith("cs336_basics")]:
+        del sys.modules[name]
+
+
+@pytest.mark.parametrize("spec", MODELS, ids=lambda s: s["kind"])
+def test_the_rebuilt_model_computes_the_same_loss_and_maps_its_names_back(spec, basics):
+    suite, rebuilt = models.build(spec, 3), models.build(spec, 3)
+    renamed = cs336_layers.convert(rebuilt)
+    from cs336_basics.model import Embedding, Linear
+
+    assert not any(type(m) in (nn.Linear, nn.Embedding) for m in rebuilt.modules())
+    assert any(isinstance(m, Linear) for m in rebuilt.modules())
+    batch = models.make_batch(spec, 4, 5)
+    torch.testing.assert_close(rebuilt(batch["inputs"], batch["targets"]), suite(batch["inputs"], batch["targets"]))
+    full = renamed.full({name: p.detach() for name, p in rebuilt.named_parameters()})
+    want = dict(suite.named_parameters())
+    assert set(full) == set(want)
+    for name, tensor in full.items():
+        assert torch.equal(tensor, want[name]), name
+    if spec["kind"] == "tied_lm":
+        assert isinstance(rebuilt.embed, Embedding) and rebuilt.head.weight is rebuilt.embed.weight
+
+
+def test_a_module_prefix_and_a_transposed_layout_are_mapped_back(basics, monkeypatch):
+    import cs336_basics.model as model
+
+    class Transposed(nn.Module):  # a Linear that stores (in, out), under another name
+        def __init__(self, d_in, d_out):
+            super().__init__()
+            self.W = nn.Parameter(torch.zeros(d_in, d_out))
+
+        def forward(self, x):
+            return x @ self.W
+
+    monkeypatch.setattr(model, "Linear", Transposed)
+    spec = MODELS[0]
+    suite, rebuilt = models.build(spec, 1), models.build(spec, 1)
+    renamed = cs336_layers.convert(rebuilt)
+    batch = models.make_batch(spec, 2, 0)
+    torch.testing.assert_close(rebuilt(batch["inputs"], batch["targets"]), suite(batch["inputs"], batch["targets"]))
+    full = renamed.full({f"module.{name}": p.detach() for name, p in rebuilt.named_parameters()})
+    assert {name: t.shape for name, t in full.items()} == {name: p.shape for name, p in suite.named_parameters()}
+    assert torch.equal(full["fc1.weight"], suite.fc1.weight)
+
+
+def test_a_submission_without_cs336_basics_is_one_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cs336_basics", None)
+    with pytest.raises(ImportError, match="cs336_basics.model cannot be imported"):
+        cs336_layers.convert(models.build(MODELS[0], 0))
