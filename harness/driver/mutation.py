@@ -56,6 +56,7 @@ CS336_FIXTURE = ROOT / "tests" / "fixtures" / "cs336_submission"  # a CS336 subm
 MUTANT_RANK_TIMEOUT_S = 10
 DEADLINE = "no result within the"  # how a deadline's failure reads (harness/driver/world.py, World._fail)
 HANG = "bug: hang"  # the docstring line of a buggy implementation whose bug is ranks waiting forever
+CS336_MUTANT = "graded as: a CS336 submission"  # the docstring line of a mutant that is a tests/adapters.py
 DURATIONS_FILE = ROOT / ".mutation-durations.json"  # each run's seconds in the last run (git ignores it)
 # A run never timed is placed by its kind: the median seconds of each kind, measured on the 2-core
 # machine with tests/ beside the runner (known-good runs were 36-279 s: first in any order).
@@ -69,6 +70,7 @@ class Mutant:
     targets: str
     test_file: str
     hang: bool = False  # its docstring says 'bug: hang': a deadline is a fair kill
+    submission: bool = False  # its docstring says 'graded as: a CS336 submission': a tests/adapters.py
 
     @classmethod
     def read(cls, path: Path) -> Mutant:
@@ -77,7 +79,15 @@ class Mutant:
         targets = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("targets:")), "")
         if not lines or not targets:
             raise ValueError(f"{path}: the docstring must state the bug in its first line and have a 'targets:' line")
-        return cls(path, lines[0], targets, conformance_file_of_mutants(path.parent.name), HANG in lines[1:])
+        return cls(path, lines[0], targets, conformance_file_of_mutants(path.parent.name), HANG in lines[1:],
+                   CS336_MUTANT in lines[1:])
+
+    def impl_and_env(self) -> tuple[str, dict[str, str] | None]:
+        """A CS336 mutant is a student's tests/adapters.py: graded through adapters.cs336, as a
+        course grades one; any other is the implementation itself."""
+        if self.submission:
+            return "adapters.cs336", {"CS336_SUBMISSION": str(self.path)}
+        return str(self.path.relative_to(ROOT)), None
 
 
 @dataclass(frozen=True)
@@ -145,7 +155,8 @@ def known_good() -> list[tuple[str, list[str], dict[str, str]]]:
     """(implementation, pytest arguments, environment) that must pass: the bundled implementations
     (the naive DP variant too), torch.distributed's collectives, torch's own everything (DDP,
     DTensor, pipelining) through adapters/torch_native.py, and a CS336 assignment-2 submission
-    (the project's own, tests/fixtures/cs336_submission) through adapters/cs336.py."""
+    (the project's own, tests/fixtures/cs336_submission) through adapters/cs336.py, under both
+    handouts' names and both scopes."""
     runs = [("impls", ["conformance"]),
             ("torch.distributed", ["conformance/test_collectives.py", "conformance/audit",
                                    "--capability", "collectives,audit"]),
@@ -160,16 +171,21 @@ def known_good() -> list[tuple[str, list[str], dict[str, str]]]:
                                     "conformance/audit", "--capability", "data_parallel,sharded_optimizer,audit",
                                     "--hypothesis-profile=brief"],
                  {"CS336_SUBMISSION": str(CS336_FIXTURE)}))
-    # the newer handout's names (get_ddp for every bucket size) under the handout's scope
-    runs.append(("adapters.cs336", ["conformance/test_data_parallel.py", "--capability", "data_parallel", "--scope",
-                                    "cs336", "-k", "mean_over_ranks or start_from", "--hypothesis-profile=brief"],
-                 {"CS336_SUBMISSION": str(CS336_FIXTURE / "tests" / "adapters_newer.py")}))
+    # the 2026 handout's names (get_ddp for every bucket size, get_fsdp) under the handout's scope
+    # and, for its FSDP, the contract's
+    newer = {"CS336_SUBMISSION": str(CS336_FIXTURE / "tests" / "adapters_newer.py")}
+    runs.append(("adapters.cs336", ["conformance/test_data_parallel.py", "conformance/test_fully_sharded.py",
+                                    "conformance/test_sharded_optimizer.py", "conformance/audit", "--capability",
+                                    "data_parallel,fully_sharded,sharded_optimizer,audit", "--scope", "cs336",
+                                    "--hypothesis-profile=brief"], newer))
+    runs.append(("adapters.cs336", ["conformance/test_fully_sharded.py", "conformance/audit", "--capability",
+                                    "fully_sharded,audit", "--hypothesis-profile=brief"], newer))
     return runs
 
 
 def mutants() -> list[Mutant]:
     """Every mutant; a folder no capability of harness/driver/capabilities.py claims is an error, never skipped."""
-    return [Mutant.read(p) for p in sorted(MUTANTS.glob("*/*.py")) if p.name != "__init__.py"]
+    return [Mutant.read(p) for p in sorted(MUTANTS.glob("*/*.py")) if not p.name.startswith("_")]
 
 
 def pytest(runner: WarmPytest, impl: str, args: list[str], profile: str,
@@ -277,8 +293,9 @@ def _name(path: Path) -> str:
 
 
 def run_mutant(runner: WarmPytest, mutant: Mutant, profile: str) -> tuple[int, str, float]:
-    return pytest(runner, str(mutant.path.relative_to(ROOT)), [mutant.test_file, "-x", "-k", mutant.targets,
-                                                               "--rank-timeout", str(MUTANT_RANK_TIMEOUT_S)], profile)
+    impl, env = mutant.impl_and_env()
+    return pytest(runner, impl, [mutant.test_file, "-x", "-k", mutant.targets, "--rank-timeout",
+                                 str(MUTANT_RANK_TIMEOUT_S)], profile, env)
 
 
 def run_outsider(runner: WarmPytest, outsider: Outsider, impl: str, options) -> tuple[int, str, float]:

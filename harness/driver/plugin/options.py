@@ -20,8 +20,8 @@ GRADING_BUDGET_S = 480.0  # the grading profile's default --time-budget: within 
 # --scope: what the implementation is held to, and what the coverage line adds for it
 SCOPES = {"contract": "",
           "cs336": "; scope: the CS336 handout (one backward per step, set_to_none=True, every parameter used, "
-                   "float32 models, weights broadcast, not buffers; ZeRO-1 balanced in parameters, not elements): tests beyond it "
-                   "skipped"}
+                   "float32 models, weights broadcast, not buffers; ZeRO-1 balanced in parameters or elements; FSDP on "
+                   "untied models whose weights' rows divide by the world size): tests beyond it skipped"}
 
 
 def pytest_addoption(parser):
@@ -66,7 +66,8 @@ def pytest_addoption(parser):
                     help="what the implementation is held to: contract (CONTRACT.md, the default) or cs336 (the "
                          "CS336 assignment 2 handout's data-parallel loop: one backward per step, "
                          "zero_grad(set_to_none=True), every parameter used in every step, the weights broadcast "
-                         "but not the buffers; its sharded optimizer balanced in parameters, not elements; the "
+                         "but not the buffers; its sharded optimizer balanced in parameters or elements; its FSDP "
+                         "trained on untied float32 models whose weights' rows divide by the world size; the "
                          "tests of what lies beyond it are skipped, and the coverage line says so)")
     group.addoption("--max-live-ranks", default="auto",
                     help="how many rank processes may stay alive at once across the session's worlds (least "
