@@ -57,7 +57,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from adapters import cs336_layers
+from adapters import cs336_layers, cs336_metadata
 
 SUBMISSION_VARIABLE = "CS336_SUBMISSION"
 
@@ -75,6 +75,7 @@ def _load_submission():
         raise ImportError(f"{SUBMISSION_VARIABLE}={where}: no {path}")
     root = os.path.dirname(os.path.dirname(path))
     # the 2026 template vendors the course's cs336_basics in cs336-basics/ (installed, not on the path)
+    cs336_metadata.declare(root)  # its packages' versions, as the template reads them at import
     vendored = os.path.join(root, "cs336-basics")
     for folder in ([vendored] if os.path.isdir(vendored) else []) + [root, os.path.dirname(path)]:
         if folder not in sys.path:

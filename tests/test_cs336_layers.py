@@ -72,3 +72,30 @@ def test_a_submission_without_cs336_basics_is_one_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "cs336_basics", None)
     with pytest.raises(ImportError, match="cs336_basics.model cannot be imported"):
         cs336_layers.convert(models.build(MODELS[0], 0))
+
+
+def test_a_template_package_that_reads_its_installed_version_imports_without_being_installed(tmp_path, monkeypatch):
+    """The 2026 template's cs336_systems/__init__.py reads importlib.metadata.version at import:
+    the declared name and version are served from pyproject.toml, nothing installed or run."""
+    import importlib.metadata
+
+    from adapters import cs336_metadata
+
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "cs336-systems-probe"\nversion = "26.1.1"\n')
+    (tmp_path / "cs336-basics").mkdir()
+    (tmp_path / "cs336-basics" / "pyproject.toml").write_text('[project]\nname = "cs336_basics_probe"\nversion = "26.0.0"\n')
+    package = tmp_path / "cs336_systems_probe"
+    package.mkdir()
+    (package / "__init__.py").write_text('import importlib.metadata\n__version__ = importlib.metadata.version("cs336-systems-probe")\n')
+    before = list(sys.meta_path)
+    monkeypatch.setattr(sys, "meta_path", before)  # restored afterwards
+    with pytest.raises(importlib.metadata.PackageNotFoundError):
+        importlib.metadata.version("cs336-systems-probe")
+    assert cs336_metadata.declare(str(tmp_path)) == ["cs336-systems-probe 26.1.1", "cs336_basics_probe 26.0.0"]
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import cs336_systems_probe
+
+    assert cs336_systems_probe.__version__ == "26.1.1"
+    assert importlib.metadata.version("cs336_basics_probe") == "26.0.0"
+    assert cs336_metadata.declare(str(tmp_path / "missing")) == []
+    del sys.modules["cs336_systems_probe"]
