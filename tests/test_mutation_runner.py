@@ -6,14 +6,13 @@ from __future__ import annotations
 from harness.driver.mutation import (
     ESTIMATE_S,
     Job,
-    Mutant,
     failing_line,
     longest_first,
-    mutants,
     only_a_deadline,
     read_durations,
     write_durations,
 )
+from harness.driver.mutation_catalog import Mutant, mutants
 
 DEADLINE_FAILURE = """\
     def test_all_reduce(...):

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from harness.driver import capabilities
 from harness.driver.capabilities import CAPABILITIES, COLLECTIVES
-from harness.driver.mutation import mutants, outsiders
+from harness.driver.mutation_catalog import mutants, outsiders
 from harness.driver.rubric import DEFAULT_RUBRIC, load_rubric
 
 ROOT = Path(__file__).parent.parent

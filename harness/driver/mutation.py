@@ -31,7 +31,6 @@ long straggler. The last lines say where the time went.
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import os
 import sys
@@ -42,151 +41,24 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.driver.capabilities import BY_NAME, CAPABILITIES, GROUPS, conformance_file_of_mutants
-from harness.driver.outsider_patches import materialise, patched
+from harness.driver.mutation_catalog import (
+    HANG,
+    MUTANT_RANK_TIMEOUT_S,
+    ROOT,
+    Mutant,
+    Outsider,
+    known_good,
+    mutants,
+    outsiders,
+)
 from harness.driver.warm_pytest import WarmPytest
 from harness.driver.world import PRELOAD
 
-ROOT = Path(__file__).resolve().parents[2]
-MUTANTS = ROOT / "mutants"
-OUTSIDERS = ROOT / "outsiders"
-CS336_FIXTURE = ROOT / "tests" / "fixtures" / "cs336_submission"  # a CS336 submission of the project's own
-# a mutant's tasks take well under a second; a deadlock is reported long before this, so only a
-# rank that computes forever waits it out
-MUTANT_RANK_TIMEOUT_S = 10
 DEADLINE = "no result within the"  # how a deadline's failure reads (harness/driver/world.py, World._fail)
-HANG = "bug: hang"  # the docstring line of a buggy implementation whose bug is ranks waiting forever
-CS336_MUTANT = "graded as: a CS336 submission"  # the docstring line of a mutant that is a tests/adapters.py
 DURATIONS_FILE = ROOT / ".mutation-durations.json"  # each run's seconds in the last run (git ignores it)
 # A run never timed is placed by its kind: the median seconds of each kind, measured on the 2-core
 # machine with tests/ beside the runner (known-good runs were 36-279 s: first in any order).
 ESTIMATE_S = {"known good": 120.0, "outsider": 20.0, "mutant": 9.0}
-
-
-@dataclass(frozen=True)
-class Mutant:
-    path: Path
-    bug: str
-    targets: str
-    test_file: str
-    hang: bool = False  # its docstring says 'bug: hang': a deadline is a fair kill
-    submission: bool = False  # its docstring says 'graded as: a CS336 submission': a tests/adapters.py
-
-    @classmethod
-    def read(cls, path: Path) -> Mutant:
-        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
-        lines = doc.splitlines()
-        targets = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("targets:")), "")
-        if not lines or not targets:
-            raise ValueError(f"{path}: the docstring must state the bug in its first line and have a 'targets:' line")
-        return cls(path, lines[0], targets, conformance_file_of_mutants(path.parent.name), HANG in lines[1:],
-                   CS336_MUTANT in lines[1:])
-
-    def impl_and_env(self) -> tuple[str, dict[str, str] | None]:
-        """A CS336 mutant is a student's tests/adapters.py: graded through adapters.cs336, as a
-        course grades one; any other is the implementation itself."""
-        if self.submission:
-            return "adapters.cs336", {"CS336_SUBMISSION": str(self.path)}
-        return str(self.path.relative_to(ROOT)), None
-
-
-@dataclass(frozen=True)
-class Outsider:
-    path: Path  # a whole .py, or a .diff under <capability>/bugs/ against its author's correct file
-    summary: str  # the docstring's first line: the bug, or "Correct: ..."
-    verdict: str  # "pass" or "fail": what the suite must say
-    capability: str  # what it claims (a capability or a group of harness/driver/capabilities.py)
-    audit: str  # for a correct one whose communication exceeds the audit's bounds: why ('' otherwise)
-    hang: bool = False  # its docstring says 'bug: hang': a deadline is a fair catch
-
-    @classmethod
-    def read(cls, path: Path) -> Outsider:
-        source = patched(path)[1] if path.suffix == ".diff" else path.read_text()
-        doc = ast.get_docstring(ast.parse(source)) or ""
-        lines = doc.splitlines()
-        fields = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:]) if k.strip() in
-                  ("verdict", "capability", "audit", "bug")}
-        verdict, capability = fields.get("verdict", ""), fields.get("capability", "")
-        if not lines or verdict not in ("pass", "fail") or not (capability in BY_NAME or capability in GROUPS):
-            raise ValueError(f"{path}: the docstring needs a first line, 'verdict: pass|fail' and 'capability: NAME' "
-                             f"(a capability or group of harness/driver/capabilities.py), got verdict={verdict!r}, "
-                             f"capability={capability!r}")
-        return cls(path, lines[0], verdict, capability, fields.get("audit", ""), fields.get("bug") == "hang")
-
-    @property
-    def name(self) -> str:
-        """<capability folder>/<its file's stem>, a diff's too (e.g. collectives/bug_all_reduce_torch_chunk)."""
-        folder = self.path.parent.parent if self.path.suffix == ".diff" else self.path.parent
-        return f"{folder.name}/{self.path.stem}"
-
-    def impl(self, scratch: Path) -> str:
-        """The --impl of its run: a whole file's path from the root, or a diff written out (absolute)
-        under scratch/<capability>/, world-readable (the ranks may run as another user)."""
-        if self.path.suffix != ".diff":
-            return str(self.path.relative_to(ROOT))
-        folder = scratch / self.name.split("/")[0]
-        folder.mkdir(mode=0o755, exist_ok=True)
-        folder.chmod(0o755)
-        return str(materialise(self.path, folder))
-
-    def pytest_args(self) -> list[str]:
-        """Its capability's conformance file and the communication audit of what it claims (the
-        audit of a capability runs only when that capability is claimed)."""
-        spec = BY_NAME.get(self.capability)
-        test_file = spec.conformance if spec else next(c.conformance for c in CAPABILITIES if c.group == self.capability)
-        if self.audit:  # its values alone; audit_args() holds its audit, which must fail
-            return [test_file, "--capability", self.capability]
-        args = [test_file, "conformance/audit", "--capability", f"{self.capability},audit"]
-        return args if self.verdict == "pass" else [*args, "-x", "--rank-timeout", str(MUTANT_RANK_TIMEOUT_S)]
-
-
-    def audit_args(self) -> list[str]:
-        return ["conformance/audit", "--capability", f"{self.capability},audit", "-x", "--rank-timeout",
-                str(MUTANT_RANK_TIMEOUT_S)]
-
-
-def outsiders() -> list[Outsider]:
-    """Every file under outsiders/<capability>/ and every diff under its bugs/, by name."""
-    paths = [p for p in OUTSIDERS.glob("*/*.py") if p.name != "__init__.py"] + list(OUTSIDERS.glob("*/bugs/*.diff"))
-    return sorted((Outsider.read(p) for p in paths), key=lambda o: o.name)
-
-
-def known_good() -> list[tuple[str, list[str], dict[str, str]]]:
-    """(implementation, pytest arguments, environment) that must pass: the bundled implementations
-    (the naive DP variant too), torch.distributed's collectives, torch's own everything (DDP,
-    DTensor, pipelining) through adapters/torch_native.py, and a CS336 assignment-2 submission
-    (the project's own, tests/fixtures/cs336_submission) through adapters/cs336.py, under both
-    handouts' names and both scopes."""
-    runs = [("impls", ["conformance"]),
-            ("torch.distributed", ["conformance/test_collectives.py", "conformance/audit",
-                                   "--capability", "collectives,audit"]),
-            # the naive variant of the bundled DP (bucket_size_mb ignored): a second opinion, fewer examples
-            ("impls.naive_dp", ["conformance/test_data_parallel.py", "--hypothesis-profile=brief"]),
-            # every capability; context parallelism is skipped with torch's reason (not adapted). A second
-            # opinion on the same tests as the first run, so fewer examples: under ci it is the runner's
-            # longest run, under brief about half as long
-            ("adapters.torch_native", ["conformance", "--hypothesis-profile=brief"])]
-    runs = [(impl, args, {}) for impl, args in runs]
-    runs.append(("adapters.cs336", ["conformance/test_data_parallel.py", "conformance/test_sharded_optimizer.py",
-                                    "conformance/audit", "--capability", "data_parallel,sharded_optimizer,audit",
-                                    "--hypothesis-profile=brief"],
-                 {"CS336_SUBMISSION": str(CS336_FIXTURE)}))
-    # the 2026 handout's names (get_ddp for every bucket size, get_fsdp) under the handout's scope
-    # and, for its FSDP, the contract's
-    newer = {"CS336_SUBMISSION": str(CS336_FIXTURE / "tests" / "adapters_newer.py")}
-    runs.append(("adapters.cs336", ["conformance/test_data_parallel.py", "conformance/test_fully_sharded.py",
-                                    "conformance/test_sharded_optimizer.py", "conformance/audit", "--capability",
-                                    "data_parallel,fully_sharded,sharded_optimizer,audit", "--scope", "cs336",
-                                    "--hypothesis-profile=brief"], newer))
-    runs.append(("adapters.cs336", ["conformance/test_fully_sharded.py", "conformance/audit", "--capability",
-                                    "fully_sharded,audit", "--hypothesis-profile=brief"], newer))
-    return runs
-
-
-def mutants() -> list[Mutant]:
-    """Every mutant; a folder no capability of harness/driver/capabilities.py claims is an error, never skipped."""
-    return [Mutant.read(p) for p in sorted(MUTANTS.glob("*/*.py")) if not p.name.startswith("_")]
-
 
 def pytest(runner: WarmPytest, impl: str, args: list[str], profile: str,
            env: dict[str, str] | None = None) -> tuple[int, str, float]:
