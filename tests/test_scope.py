@@ -90,3 +90,10 @@ def test_the_cs336_scope_trains_fsdp_on_the_handouts_models(example):
         assert "head.weight" in names  # untied
     for name, p in net.named_parameters():
         assert p.shape[0] % handout.world_size == 0, (name, tuple(p.shape), handout.world_size)
+
+
+def test_a_cs336_failure_reproduces_with_its_submission(monkeypatch):
+    monkeypatch.setenv("CS336_SUBMISSION", "/submissions/a student")
+    line = Target("adapters.cs336", "auto", 2, "ci", scope="cs336").reproduce("t")
+    assert line.startswith("CS336_SUBMISSION='/submissions/a student' pytest t --impl adapters.cs336")
+    assert not Target("impls", "auto", 2, "ci").reproduce("t").startswith("CS336")

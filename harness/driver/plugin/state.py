@@ -2,6 +2,7 @@
 (the target and its backend plan), the time budget, and the per-test records."""
 from __future__ import annotations
 
+import os
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -29,7 +30,9 @@ class Target:
     scope: str = "contract"  # --scope: the contract, or a handout's narrower loop (SCOPES)
 
     def reproduce(self, nodeid: str) -> str:
-        return (f"pytest {shlex.quote(nodeid)} --impl {shlex.quote(self.impl)} --backend {self.backend} "
+        """The command that reruns one test; a CS336 submission's folder is part of it."""
+        submission = os.environ.get("CS336_SUBMISSION") if self.impl == "adapters.cs336" else None
+        return ((f"CS336_SUBMISSION={shlex.quote(submission)} " if submission else "") + f"pytest {shlex.quote(nodeid)} --impl {shlex.quote(self.impl)} --backend {self.backend} "
                 f"--hypothesis-profile={self.profile} --max-world-size {self.max_world_size}{self.attach}"
                 + (f" --scope {self.scope}" if self.scope != "contract" else ""))
 
