@@ -83,7 +83,11 @@ def _load_submission():
     spec = importlib.util.spec_from_file_location("cs336_submission_adapters", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as error:
+        raise ImportError(f"the submission's code does not parse under Python {sys.version.split()[0]}: "
+                          f"{error}{cs336_metadata.python_mismatch(root)}") from error
     return module
 
 

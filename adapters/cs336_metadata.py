@@ -4,11 +4,14 @@ installed, without installing it: the 2026 template's ``cs336_systems/__init__.p
 and installing would run the submission's build backend (its code) in the grader. Here the name and
 version are read from each ``pyproject.toml`` (the submission's root and ``cs336-basics/``) with
 ``tomllib`` and served by a finder on ``sys.meta_path``; nothing is built, run or written. A
-distribution that is installed for real is left to it."""
+distribution that is installed for real is left to it. ``python_mismatch`` says when the
+submission asks for a newer Python than the grader's (the 2026 template asks for 3.12 or later),
+for the error of code that does not parse here."""
 from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 import sys
 import tomllib
 
@@ -67,3 +70,17 @@ def declare(root: str) -> list[str]:
     if found:
         sys.meta_path.append(_DeclaredFinder(found))
     return [f"{d.metadata['Name']} {d.version}" for d in found.values()]
+
+
+def python_mismatch(root: str) -> str:
+    """'; it asks for Python >=3.12 (requires-python in pyproject.toml)' when the submission's
+    lower bound is above the running Python (the 2026 template's is), else ''."""
+    try:
+        with open(os.path.join(root, "pyproject.toml"), "rb") as file:
+            wanted = tomllib.load(file).get("project", {}).get("requires-python", "")
+    except (OSError, tomllib.TOMLDecodeError):
+        return ""
+    lower = re.search(r">=\s*(\d+)\.(\d+)", wanted) if isinstance(wanted, str) else None
+    if lower and (int(lower[1]), int(lower[2])) > sys.version_info[:2]:
+        return f"; it asks for Python {wanted} (requires-python in its pyproject.toml): grade it with that Python"
+    return ""

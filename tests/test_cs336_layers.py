@@ -99,3 +99,13 @@ def test_a_template_package_that_reads_its_installed_version_imports_without_bei
     assert importlib.metadata.version("cs336_basics_probe") == "26.0.0"
     assert cs336_metadata.declare(str(tmp_path / "missing")) == []
     del sys.modules["cs336_systems_probe"]
+
+
+def test_a_submission_written_for_a_newer_python_says_so(tmp_path):
+    from adapters import cs336_metadata
+
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\nversion = "1"\nrequires-python = ">=3.99,<4"\n')
+    assert "asks for Python >=3.99,<4" in cs336_metadata.python_mismatch(str(tmp_path))
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\nversion = "1"\nrequires-python = ">=3.8"\n')
+    assert cs336_metadata.python_mismatch(str(tmp_path)) == ""
+    assert cs336_metadata.python_mismatch(str(tmp_path / "missing")) == ""
