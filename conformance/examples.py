@@ -320,6 +320,21 @@ class TrainingExample:
                 f"optimizer=({describe_spec(self.optimizer, 'name')}), seed={self.seed}, data_seed={self.data_seed}")
 
 
+SHARDED_DIMENSIONS = {"mlp": ("hidden", "outputs"), "tied_lm": ("vocab", "width", "hidden")}  # weights' rows
+
+
+def handout_fsdp_model(model: dict, n: int) -> dict:
+    """The model spec ``model`` as the CS336 2026 handout's FSDP test would train it (--scope
+    cs336): float32, every parameter used in every step, nothing tied, frozen or buffered, and
+    every weight's first dimension a multiple of the world size ``n`` (the handout's shapes are
+    all even, at 2 ranks)."""
+    model = {**model, "dtype": "float32"}
+    if model["kind"] == "tied_lm":
+        model.update({k: False for k in ("tied", "frozen", "skips", "buffers", "skips_first", "skips_in_unit")})
+    model.update({k: -(-model[k] // n) * n for k in SHARDED_DIMENSIONS[model["kind"]]})
+    return model
+
+
 @st.composite
 def training_examples(draw, max_world_size: int, min_world_size: int = 1, max_steps: int = 5) -> TrainingExample:
     return TrainingExample(

@@ -31,7 +31,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import reference.data_parallel as ref
-from conformance.examples import Layout, training_examples
+from conformance.examples import Layout, handout_fsdp_model, training_examples
 from conformance.examples import TrainingExample as Example
 from conformance.verdict import Judge, check_names
 from harness.rank import models
@@ -103,19 +103,10 @@ def check_training(data, ranks, target, request, reshard: bool) -> None:
     judge_training(example, micro_batches, ranks, target, request, reshard)
 
 
-SHARDED_DIMENSIONS = {"mlp": ("hidden", "outputs"), "tied_lm": ("vocab", "width", "hidden")}
-
-
 def handout_example(example: Example) -> Example:
-    """--scope cs336: what the CS336 2026 handout's FSDP test trains (one backward per step is the
-    caller's): float32, every parameter used in every step, no tied, frozen or buffer, and every
-    weight's first dimension a multiple of the world size (its shapes are all even, at 2 ranks)."""
-    n = example.world_size
-    model = {**example.model, "dtype": "float32"}
-    if model["kind"] == "tied_lm":
-        model.update({k: False for k in ("tied", "frozen", "skips", "buffers", "skips_first", "skips_in_unit")})
-    model.update({k: -(-model[k] // n) * n for k in SHARDED_DIMENSIONS[model["kind"]]})
-    return dataclasses.replace(example, model=model)
+    """--scope cs336: the example on the handout's model (conformance.examples.handout_fsdp_model);
+    one backward per step is the caller's."""
+    return dataclasses.replace(example, model=handout_fsdp_model(example.model, example.world_size))
 
 
 def judge_training(example: Example, micro_batches: int, ranks, target, request, reshard: bool) -> None:

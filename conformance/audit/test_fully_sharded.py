@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conformance.audit.common import DP_MODELS, audits, check
-from conformance.examples import Layout
+from conformance.examples import Layout, handout_fsdp_model
 from conformance.verdict import Judge
 from harness.driver import audit
 from harness.rank import models
@@ -21,13 +21,16 @@ def test_fully_sharded_step(n, model_name, reshard_after_forward, audited, reque
     """One forward and backward gathers each unit's parameters at most twice (once with
     ``reshard_after_forward=False``: ZeRO-2's traffic, a unit keeps what it gathered for forward
     until backward) and reduce-scatters their gradients once (cost_model.fully_sharded_step); the
-    optimizer's step sends nothing."""
+    optimizer's step sends nothing. Under --scope cs336 the models are the handout's
+    (conformance.examples.handout_fsdp_model)."""
     from harness.rank.programs.fully_sharded import units
 
     audits(request, "fully_sharded" if reshard_after_forward else "zero2")
     if n > audited.target.max_world_size:
         pytest.skip(f"needs {n} ranks (--max-world-size {audited.target.max_world_size})")
     spec = {"mlp": {"kind": "mlp", "inputs": 24, "hidden": 32, "outputs": 3}, "tied_lm": DP_MODELS["tied_lm"][0]}[model_name]
+    if audited.target.scope == "cs336":  # the handout's models: untied, rows that divide by n
+        spec = handout_fsdp_model(spec, n)
     net = models.build(spec, 0)
     def sizes(params, trainable: bool) -> list[tuple[int, int]]:
         return [(p.numel(), p.shape[0] if p.dim() else 1) for p in params if p.requires_grad == trainable]
