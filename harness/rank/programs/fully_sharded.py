@@ -64,7 +64,8 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
                 "gradients": sum(_local_numel(p.grad) for p in trainable if p.grad is not None),
                 "optimizer_state": sum(_local_numel(v) for state in opt.state.values() for v in state.values()
                                        if torch.is_tensor(v) and v.dim() > 0)}
-        state = {name: tensor.detach() for name, tensor in full_parameters(net).items()}
+        # copies: an implementation may return its live replicated parameters (the handout says "as they are")
+        state = {name: tensor.detach().clone() for name, tensor in full_parameters(net).items()}
         state.update({name: b.detach().clone() for name, b in net.named_buffers()})
         result["steps"].append({"loss": torch.stack(losses), "state": state, "held": held})
     return ctx.to_cpu(result)
