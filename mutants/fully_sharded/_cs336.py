@@ -27,3 +27,16 @@ def handout_functions(fsdp_class):
         return fsdp_model.gather_full_params()
 
     return get_fsdp, fsdp_on_after_backward, fsdp_gather_full_params
+
+
+class WithShards(fsdp.FSDP):
+    """The fixture's FSDP building its shards with ``shard_class`` (a mutant's _Shard)."""
+
+    shard_class = fsdp._Shard
+
+    def __init__(self, module, compute_dtype=None):
+        original, fsdp._Shard = fsdp._Shard, self.shard_class
+        try:
+            super().__init__(module, compute_dtype)
+        finally:
+            fsdp._Shard = original

@@ -6,7 +6,7 @@ The handout trains float32 models only (at least 8 public submissions crash or c
 """
 import torch
 
-from mutants.fully_sharded._cs336 import fsdp, handout_functions
+from mutants.fully_sharded._cs336 import WithShards, fsdp, handout_functions
 
 
 class _Float32Shard(fsdp._Shard):
@@ -15,13 +15,8 @@ class _Float32Shard(fsdp._Shard):
         self.param = torch.nn.Parameter(self.param.detach().to(torch.float32))
 
 
-class FSDP(fsdp.FSDP):
-    def __init__(self, module, compute_dtype=None):
-        fsdp._Shard = _Float32Shard
-        try:
-            super().__init__(module, compute_dtype)
-        finally:
-            fsdp._Shard = _Float32Shard.__mro__[1]
+class FSDP(WithShards):
+    shard_class = _Float32Shard
 
 
 get_fsdp, fsdp_on_after_backward, fsdp_gather_full_params = handout_functions(FSDP)

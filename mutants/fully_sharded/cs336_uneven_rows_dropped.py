@@ -7,7 +7,7 @@ The handout's shapes are all even at 2 ranks (4 public submissions drop rows thi
 import torch
 import torch.distributed as dist
 
-from mutants.fully_sharded._cs336 import fsdp, handout_functions
+from mutants.fully_sharded._cs336 import WithShards, fsdp, handout_functions
 
 
 class _FloorShard(fsdp._Shard):
@@ -18,13 +18,8 @@ class _FloorShard(fsdp._Shard):
         self.param = torch.nn.Parameter(rows.clone())
 
 
-class FSDP(fsdp.FSDP):
-    def __init__(self, module, compute_dtype=None):
-        fsdp._Shard = _FloorShard
-        try:
-            super().__init__(module, compute_dtype)
-        finally:
-            fsdp._Shard = _FloorShard.__mro__[1]
+class FSDP(WithShards):
+    shard_class = _FloorShard
 
     def gather(self, param, dtype=None):  # the dropped rows come back as zeros
         shard = self.shards[id(param)]
