@@ -121,15 +121,7 @@ class _DataParallel:
         self._optimizer = None
 
     def __call__(self, inputs, targets):
-        if _takes_two_inputs(self.ddp_model.forward):
-            return self.ddp_model(inputs, targets)
-        module = self._given
-        module_forward = module.forward
-        module.forward = lambda x, *args, **kwargs: module_forward(x, targets, *args, **kwargs)
-        try:
-            return self.ddp_model(inputs)
-        finally:
-            del module.forward  # the class's forward again
+        return _called_with_targets(self.ddp_model, self._given, inputs, targets)
 
     def on_train_batch_start(self, optimizer) -> None:
         self._optimizer = optimizer
@@ -138,6 +130,20 @@ class _DataParallel:
 
     def finish_gradient_synchronization(self) -> None:
         self._after_backward(self.ddp_model, self._optimizer)
+
+
+def _called_with_targets(wrapper, module, inputs, targets):
+    """The submission's wrapper of ``module`` on a batch, returning the loss: given both when its
+    ``forward`` takes two inputs; else as the handout's tests call it, ``wrapper(x)``, with
+    ``module``'s own ``forward`` given the targets for the length of the call."""
+    if _takes_two_inputs(wrapper.forward):
+        return wrapper(inputs, targets)
+    module_forward = module.forward
+    module.forward = lambda x, *args, **kwargs: module_forward(x, targets, *args, **kwargs)
+    try:
+        return wrapper(inputs)
+    finally:
+        del module.forward  # the class's forward again
 
 
 def _takes_two_inputs(forward) -> bool:
@@ -263,12 +269,16 @@ class _FullyShardedModel:
         self.module = module
         self._fsdp = None
         self._renamed = None
+        self._after_backward_hook = None
 
     def fsdp_model(self):
         if self._fsdp is None:
             make = _entry("get_fsdp")
             if make is None:
                 raise _not_implemented("get_fsdp")
+            self._after_backward_hook = _entry("fsdp_on_after_backward")
+            if self._after_backward_hook is None:
+                raise _not_implemented("fsdp_on_after_backward")
             self._renamed = cs336_layers.convert(self.module)
             self._fsdp = make(self.module)
         return self._fsdp
@@ -280,16 +290,7 @@ class _FullyShardedModel:
         return self.module.named_buffers(*args, **kwargs)
 
     def __call__(self, inputs, targets):
-        fsdp_model = self.fsdp_model()
-        if _takes_two_inputs(fsdp_model.forward):
-            loss = fsdp_model(inputs, targets)
-        else:
-            module_forward = self.module.forward
-            self.module.forward = lambda x, *args, **kwargs: module_forward(x, targets, *args, **kwargs)
-            try:
-                loss = fsdp_model(inputs)
-            finally:
-                del self.module.forward
+        loss = _called_with_targets(self.fsdp_model(), self.module, inputs, targets)
         if loss.requires_grad:
             loss.register_hook(self._queue_after_backward)
         return loss
@@ -299,10 +300,7 @@ class _FullyShardedModel:
         return grad
 
     def _after_backward(self):
-        hook = _entry("fsdp_on_after_backward")
-        if hook is None:
-            raise _not_implemented("fsdp_on_after_backward")
-        hook(self._fsdp, _OptimizerOfTheLoop())
+        self._after_backward_hook(self._fsdp, _OptimizerOfTheLoop())
 
     def full_parameters(self) -> dict:
         gather = _entry("fsdp_gather_full_params")

@@ -16,13 +16,20 @@ def _reduce_op(name: str):
     return getattr(dist.ReduceOp, name)
 
 
+def keyword_arguments(ctx: RankContext, arguments: dict) -> dict:
+    """A call's arguments as the driver sent them (conformance/collective_table.py) ready for the
+    call: tensors on this rank's device, the reduction's name as a ReduceOp."""
+    kwargs = {k: ctx.to_device(v) for k, v in arguments.items()}
+    if REDUCTION_ARGUMENT in kwargs:
+        kwargs[REDUCTION_ARGUMENT] = _reduce_op(kwargs[REDUCTION_ARGUMENT])
+    return kwargs
+
+
 @on_members
 def call(ctx: RankContext, impl, process_group, function: str, arguments: dict) -> dict | None:
     """``impl.<function>(**arguments, group=...)`` on the members of ``group`` (global ranks; None
     is the whole world). Tensors and lists of tensors come back after the call."""
-    kwargs = {k: ctx.to_device(v) for k, v in arguments.items()}
-    if REDUCTION_ARGUMENT in kwargs:
-        kwargs[REDUCTION_ARGUMENT] = _reduce_op(kwargs[REDUCTION_ARGUMENT])
+    kwargs = keyword_arguments(ctx, arguments)
     require(impl, function)(**kwargs, group=process_group)
     return {k: ctx.to_cpu(v) for k, v in kwargs.items() if k != REDUCTION_ARGUMENT}
 

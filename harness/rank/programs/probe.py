@@ -7,7 +7,7 @@ import sys
 import torch
 
 from harness.rank.context import RankContext
-from harness.rank.programs.collectives import REDUCTION_ARGUMENT
+from harness.rank.programs.collectives import keyword_arguments
 
 
 def native_refusals(ctx: RankContext, impl, calls: list[tuple[tuple, str, dict]]) -> dict:
@@ -18,11 +18,8 @@ def native_refusals(ctx: RankContext, impl, calls: list[tuple[tuple, str, dict]]
 
     refusals = {}
     for case, function, arguments in calls:
-        kwargs = {k: ctx.to_device(v) for k, v in arguments.items()}
-        if REDUCTION_ARGUMENT in kwargs:
-            kwargs[REDUCTION_ARGUMENT] = getattr(dist.ReduceOp, kwargs[REDUCTION_ARGUMENT])
         try:
-            getattr(dist, function)(**kwargs)
+            getattr(dist, function)(**keyword_arguments(ctx, arguments))
             refusals[case] = None
         except Exception as error:  # noqa: BLE001 - a refusal is what we are looking for
             refusals[case] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
