@@ -18,7 +18,7 @@ the grading process imports neither this module nor the submission.
 | ``.on_train_batch_start(optimizer)`` | ``ddp_bucketed_on_train_batch_start(ddp_model, optimizer)`` where the handout has it |
 | ``.finish_gradient_synchronization()`` | ``ddp_*_on_after_backward(ddp_model, optimizer)`` |
 | ``ShardedOptimizer(params, optimizer_class, **defaults)`` | ``get_sharded_optimizer(params, optimizer_class, **defaults)``, after averaging gradients |
-| ``fully_shard(unit)``, then ``fully_shard(root)`` | ``get_fsdp(root)`` (the 2026 handout), the model rebuilt from the submission's cs336_basics layers first (``adapters/cs336_layers.py``) |
+| ``fully_shard(unit)``, then ``fully_shard(root, compute_dtype=d)`` | ``get_fsdp(root, compute_dtype=d)`` (the 2026 handout; the keyword only when given), the model rebuilt from the submission's cs336_basics layers first (``adapters/cs336_layers.py``) |
 | after each ``loss.backward()`` | ``fsdp_on_after_backward(fsdp_model, optimizer)`` (queued by the backward itself) |
 | ``full_parameters(module)`` | ``fsdp_gather_full_params(fsdp_model)``, under the suite's names |
 
@@ -265,8 +265,8 @@ class _FullyShardedModel:
     optimizer), on the model rebuilt from the submission's layers. Called as the suite's models are,
     ``(inputs, targets)`` -> loss, with the handout's after-backward hook queued on that loss."""
 
-    def __init__(self, module):
-        self.module = module
+    def __init__(self, module, compute_dtype=None):
+        self.module, self.compute_dtype = module, compute_dtype
         self._fsdp = None
         self._renamed = None
         self._after_backward_hook = None
@@ -280,7 +280,9 @@ class _FullyShardedModel:
             if self._after_backward_hook is None:
                 raise _not_implemented("fsdp_on_after_backward")
             self._renamed = cs336_layers.convert(self.module)
-            self._fsdp = make(self.module)
+            # the keyword only when set: a 2025-style get_fsdp(module) still grades without one
+            options = {} if self.compute_dtype is None else {"compute_dtype": self.compute_dtype}
+            self._fsdp = make(self.module, **options)
         return self._fsdp
 
     def parameters(self, recurse: bool = True):
@@ -309,12 +311,13 @@ class _FullyShardedModel:
         return self._renamed.full(gather(self.fsdp_model()))
 
 
-def fully_shard(module, group=None):
+def fully_shard(module, group=None, compute_dtype=None):
     """Its module's FSDP, built at first use: the loop uses only the root's (the last call), so a
-    unit's is never built and the handout's FSDP wraps the whole model once."""
+    unit's is never built and the handout's FSDP wraps the whole model once, with ``get_fsdp``'s
+    ``compute_dtype``."""
     if group is not None:
         raise ValueError("the handout's get_fsdp shards over the whole world; no group")
-    return _FullyShardedModel(module)
+    return _FullyShardedModel(module, compute_dtype)
 
 
 def full_parameters(module) -> dict:

@@ -320,7 +320,8 @@ class TrainingExample:
                 f"optimizer=({describe_spec(self.optimizer, 'name')}), seed={self.seed}, data_seed={self.data_seed}")
 
 
-SHARDED_DIMENSIONS = {"mlp": ("hidden", "outputs"), "tied_lm": ("vocab", "width", "hidden")}  # weights' rows
+SHARDED_DIMENSIONS = {"mlp": ("hidden", "outputs"), "tied_lm": ("vocab", "width", "hidden"),
+                      "relu_lm": ("vocab", "width", "hidden")}  # weights' rows
 
 
 def handout_fsdp_model(model: dict, n: int) -> dict:
@@ -331,6 +332,8 @@ def handout_fsdp_model(model: dict, n: int) -> dict:
     model = {**model, "dtype": "float32"}
     if model["kind"] == "tied_lm":
         model.update({k: False for k in ("tied", "frozen", "skips", "buffers", "skips_first", "skips_in_unit")})
+    elif model["kind"] == "relu_lm":
+        model["tied"] = False
     model.update({k: -(-model[k] // n) * n for k in SHARDED_DIMENSIONS[model["kind"]]})
     return model
 

@@ -205,7 +205,8 @@ def pipeline_stage(stages: int, stage: int, microbatches: int, activation_bytes:
 
 
 def fully_sharded_step(n: int, unit_numels: list[list[tuple[int, int]]], itemsize: int, gathers: int = 2,
-                       frozen_numels: list[list[tuple[int, int]]] | None = None) -> int:
+                       frozen_numels: list[list[tuple[int, int]]] | None = None,
+                       reduce_itemsize: int | None = None) -> int:
     """One forward and backward of a model whose units hold the trainable parameters
     ``unit_numels[u]`` = [(numel, rows), ...]: each unit's parameters all-gathered at most twice
     (before forward, again before backward after resharding) and their gradients reduce-scattered
@@ -215,7 +216,9 @@ def fully_sharded_step(n: int, unit_numels: list[list[tuple[int, int]]], itemsiz
     (FSDP2's ``reshard_after_forward=False``, ZeRO-2's traffic: the all-gather and reduce-scatter
     halves of one all-reduce, Rajbhandari et al. 2020, sec. 7). ``frozen_numels[u]``: unit u's
     frozen parameters, which an implementation may shard too (FSDP2 does: they are all-gathered
-    with the rest, never reduce-scattered)."""
+    with the rest, never reduce-scattered). ``reduce_itemsize``: the gradients' element size when it
+    differs from the gathered parameters' (a compute dtype: parameters gathered in it, gradients
+    reduce-scattered in it or in the masters' dtype, at most ``reduce_itemsize``)."""
     def padded(numel: int, rows: int) -> int:
         return max(-(-numel // n) * n, -(-rows // n) * n * (numel // max(rows, 1)))
 
@@ -224,7 +227,7 @@ def fully_sharded_step(n: int, unit_numels: list[list[tuple[int, int]]], itemsiz
     for unit, frozen in zip(unit_numels, frozen_numels, strict=True):
         trainable = sum(padded(numel, rows) for numel, rows in unit)
         gathered = trainable + sum(padded(numel, rows) for numel, rows in frozen)
-        total += gathers * all_gather(n, gathered, itemsize) + reduce_scatter(n, trainable, itemsize)
+        total += gathers * all_gather(n, gathered, itemsize) + reduce_scatter(n, trainable, reduce_itemsize or itemsize)
     return total
 
 

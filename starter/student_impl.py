@@ -90,10 +90,12 @@ class ShardedOptimizer:
 
 # ------------------------------------------------------------------ fully sharded data parallelism
 # CONTRACT.md, "Fully sharded data parallelism"
-def fully_shard(module, group=None, reshard_after_forward=True):
+def fully_shard(module, group=None, reshard_after_forward=True, compute_dtype=None):
     """ZeRO-3 / FSDP2-style: shard ``module``'s parameters not held by an inner unit (units first,
     then the root); gather them for forward and backward, reduce-scatter their gradients; return it.
-    ``reshard_after_forward=False``: keep what forward gathered until backward (gather once)."""
+    ``reshard_after_forward=False``: keep what forward gathered until backward (gather once).
+    ``compute_dtype``: cast each piece to it before gathering and compute in it; the masters, their
+    gradients and the optimizer state keep the parameters' dtype."""
     raise NotImplementedError("fully_shard")
 
 

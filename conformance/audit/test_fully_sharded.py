@@ -3,6 +3,7 @@ reference/cost_model.py)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from conformance.audit.common import DP_MODELS, audits, check
 from conformance.examples import Layout, handout_fsdp_model
@@ -54,6 +55,41 @@ def test_fully_sharded_step(n, model_name, reshard_after_forward, audited, reque
     what = (f"one fully sharded forward and backward: {len(in_units) + 1} units, each gathered at most "
             f"{'twice' if gathers == 2 else 'once (reshard_after_forward=False)'} and reduce-scattered once")
     violations = audit.within_bound(records, {r: bound for r in range(n)}, what, phase="step")
+    violations += audit.within_bound(records, {r: 0 for r in range(n)}, "the optimizer's step (every state is local)",
+                                     phase="optimizer")
+    check(judge, violations)
+
+
+@pytest.mark.parametrize("compute_dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("n", [2, 4])
+def test_fully_sharded_step_gathers_in_the_compute_dtype(n, compute_dtype, audited, request, reproduce):
+    """With ``compute_dtype`` the parameters are cast before they are gathered (the CS336 handout:
+    "cast before communication"; FSDP2's ``param_dtype``): each unit's all-gathers are charged at
+    the compute dtype's element size, its reduce-scatter at most at the masters' (in either dtype).
+    Gathering float32 and casting after costs twice the gathers' bound, and a backend all-gather
+    says its dtype."""
+    from harness.rank.programs.fully_sharded import units
+
+    audits(request, "fsdp_compute_dtype")
+    if n > audited.target.max_world_size:
+        pytest.skip(f"needs {n} ranks (--max-world-size {audited.target.max_world_size})")
+    spec = handout_fsdp_model({"kind": "relu_lm", "vocab": 12, "width": 8, "hidden": 16, "context": 2}, n)
+    net = models.build(spec, 0)
+    unit_sizes = [[(p.numel(), p.shape[0]) for p in u.parameters()] for u in units(net)]
+    compute = torch.empty((), dtype=getattr(torch, compute_dtype)).element_size()
+    master = next(net.parameters()).element_size()
+    bound = cost_model.fully_sharded_step(n, unit_sizes + [[]], compute, reduce_itemsize=master)
+    batch = models.make_batch(spec, 2 * n, seed=1)
+    slices = [{k: v[2 * r:2 * r + 2] for k, v in batch.items()} for r in range(n)]
+    optimizer = {"name": "sgd", "lr": 2.0 ** -3, "momentum": 0.5, "weight_decay": 0.0}
+    judge = Judge(f"world_size={n}, model={spec}, compute_dtype={compute_dtype}", reproduce)
+    _, records = audited.run(judge, Layout(n), "audit:fully_sharded_step", [
+        {"model": spec, "seed": 0, "optimizer": optimizer, "batch": slices[r], "compute_dtype": compute_dtype}
+        for r in range(n)])
+    what = (f"one fully sharded forward and backward in {compute_dtype}: {len(unit_sizes)} units, each gathered at "
+            f"most twice in {compute_dtype} ({compute} B an element) and reduce-scattered once (at most {master} B)")
+    violations = audit.within_bound(records, {r: bound for r in range(n)}, what, phase="step")
+    violations += audit.gathered_in(records, compute_dtype, "parameters (cast before communication)", phase="step")
     violations += audit.within_bound(records, {r: 0 for r in range(n)}, "the optimizer's step (every state is local)",
                                      phase="optimizer")
     check(judge, violations)

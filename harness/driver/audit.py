@@ -128,6 +128,20 @@ def within_bound(records_by_rank: dict[int, list[dict]], bounds: dict[int, int],
     return violations
 
 
+def gathered_in(records_by_rank: dict[int, list[dict]], dtype: str, what: str, phase: str | None = None) -> list[str]:
+    """Every backend all-gather of floating data moves ``dtype`` (parameters cast before they are
+    gathered). An all-gather built from sends is held to the byte bound instead: a send does not say
+    what it is part of."""
+    violations = []
+    for rank, records in sorted(records_by_rank.items()):
+        other = [r for r in _in_phase(records, phase) if r["op"] in ALL_GATHERS and r["dtype"] in FLOATING
+                 and r["dtype"] != dtype]
+        if other:
+            violations.append(f"rank {rank}: {len(other)} all-gather(s) of {what} in {other[0]['dtype']}, not {dtype}: "
+                              f"{'; '.join(_call(r) for r in other[:3])}")
+    return violations
+
+
 def reduced_once(records_by_rank: dict[int, list[dict]], expected_bytes: int, what: str,
                  phase: str | None = None) -> list[str]:
     """Backend reductions of floating-point data add up to ``expected_bytes`` on every rank that

@@ -134,10 +134,11 @@ def known_good() -> list[tuple[str, list[str], dict[str, str]]]:
     newer = {"CS336_SUBMISSION": str(CS336_FIXTURE / "tests" / "adapters_newer.py")}
     runs.append(("adapters.cs336", ["conformance/test_data_parallel.py", "conformance/test_fully_sharded.py",
                                     "conformance/test_sharded_optimizer.py", "conformance/audit", "--capability",
-                                    "data_parallel,fully_sharded,sharded_optimizer,audit", "--scope", "cs336",
+                                    "data_parallel,fully_sharded,fsdp_compute_dtype,sharded_optimizer,audit",
+                                    "--scope", "cs336",
                                     "--hypothesis-profile=brief"], newer))
     runs.append(("adapters.cs336", ["conformance/test_fully_sharded.py", "conformance/audit", "--capability",
-                                    "fully_sharded,audit", "--hypothesis-profile=brief"], newer))
+                                    "fully_sharded,fsdp_compute_dtype,audit", "--hypothesis-profile=brief"], newer))
     return runs
 
 

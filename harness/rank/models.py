@@ -27,6 +27,12 @@ batch's samples, so the mean over ranks of per-rank losses on equal slices is th
   property and grade it on its own (partial credit). ``"buffer_seed": k`` draws the buffers from
   seed k instead of the model's seed (ranks that differ in their buffers only). ``"dtype":
   "float64"`` (or another floating dtype) builds every floating parameter, buffer and input in it.
+* ``relu_lm``: the model of the compute-dtype tests, on which low precision computes exactly: an
+  embedding, Linear -> ReLU -> Linear, an output head (``"tied": True`` ties it to the embedding),
+  no bias, every weight in {-1, 0, 1}; its loss is minus the target's logit, averaged over the
+  batch's positions (computed in float32 from the logits, whatever their dtype), so it is linear in
+  the logits and every product, sum and gradient is an integer multiple of 1/positions.
+  ``reference/mixed_precision.py`` says when float16 and bfloat16 then hold every value exactly.
 """
 from __future__ import annotations
 
@@ -36,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-KINDS = ("mlp", "tied_lm")
+KINDS = ("mlp", "tied_lm", "relu_lm")
 
 
 class MLP(nn.Module):
@@ -98,6 +104,21 @@ class TiedLM(nn.Module):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+class ReluLM(nn.Module):
+    def __init__(self, vocab: int, width: int, hidden: int, tied: bool = False):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.fc1 = nn.Linear(width, hidden, bias=False)
+        self.fc2 = nn.Linear(hidden, width, bias=False)
+        self.head = nn.Linear(width, vocab, bias=False)
+        if tied:
+            self.head.weight = self.embed.weight
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.head(self.fc2(torch.relu(self.fc1(self.embed(inputs)))))
+        return -logits.float().gather(-1, targets.unsqueeze(-1)).mean()
+
+
 def build(spec: dict, seed: int) -> nn.Module:
     """The model ``spec`` describes, every floating parameter and buffer drawn from ``seed`` (in
     named order, from a private generator: the global RNG is neither used nor disturbed)."""
@@ -108,6 +129,8 @@ def build(spec: dict, seed: int) -> nn.Module:
         model = TiedLM(spec["vocab"], spec["width"], spec["hidden"],
                        **{k: bool(spec[k]) for k in ("tied", "frozen", "skips", "buffers", "skips_first", "skips_in_unit")
                           if k in spec})
+    elif kind == "relu_lm":
+        model = ReluLM(spec["vocab"], spec["width"], spec["hidden"], bool(spec.get("tied", False)))
     else:
         raise ValueError(f"unknown model kind {kind!r} (known: {', '.join(KINDS)})")
     if "dtype" in spec:  # floating parameters and buffers in that dtype (the counter stays int64)
@@ -121,6 +144,9 @@ def build(spec: dict, seed: int) -> nn.Module:
                 continue
             if name in buffers:
                 tensor.copy_(torch.randn(tensor.shape, generator=buffer_generator) / math.sqrt(max(tensor.numel(), 1)))
+                continue
+            if kind == "relu_lm":  # integers in {-1, 0, 1}: see reference/mixed_precision.py
+                tensor.copy_(torch.randint(-1, 2, tensor.shape, generator=generator))
                 continue
             if name == "gain":
                 tensor.copy_(1.0 + 0.5 * torch.rand(tensor.shape, generator=generator))
@@ -141,7 +167,7 @@ def make_batch(spec: dict, batch_size: int, seed: int) -> dict:
     if spec["kind"] == "mlp":
         inputs = torch.randn((batch_size, spec["inputs"]), generator=generator).to(_floating(spec))
         targets = torch.randn((batch_size, spec["outputs"]), generator=generator).to(_floating(spec))
-    elif spec["kind"] == "tied_lm":
+    elif spec["kind"] in ("tied_lm", "relu_lm"):
         shape = (batch_size, spec["context"])
         inputs = torch.randint(0, spec["vocab"], shape, generator=generator)
         targets = torch.randint(0, spec["vocab"], shape, generator=generator)

@@ -138,7 +138,7 @@ def tensor_parallel(ctx: RankContext, impl, process_group, layer: str, dense: di
 
 
 def fully_sharded_step(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, batch: dict,
-                       reshard_after_forward: bool = True, group=None) -> dict:
+                       reshard_after_forward: bool = True, compute_dtype: str | None = None, group=None) -> dict:
     """Shard every unit, then the root ("setup", harness/rank/programs/fully_sharded.py's units), then one
     step: forward and backward ("step"), the optimizer's step ("optimizer"). Returns the loss."""
     from harness.rank.programs.fully_sharded import sharded_model
@@ -146,7 +146,7 @@ def fully_sharded_step(ctx: RankContext, impl, model: dict, seed: int, optimizer
     if group is not None:
         raise ValueError("fully sharded data parallelism is audited on the whole world, not a subgroup")
     recording.mark("setup")
-    net = sharded_model(ctx, impl, model, seed, reshard_after_forward)
+    net = sharded_model(ctx, impl, model, seed, reshard_after_forward, compute_dtype)
     opt = models.build_optimizer(optimizer, net.parameters())
     inputs, targets = ctx.to_device(batch["inputs"]), ctx.to_device(batch["targets"])
     recording.mark("step")

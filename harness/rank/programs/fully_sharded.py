@@ -5,7 +5,8 @@ optimizer over the sharded ``module.parameters()`` on this rank's slices of the 
 micro-batches (one backward each, gradients accumulating, then one optimizer step); after every
 step report the losses (one per micro-batch), the full parameters (the implementation's ``full_parameters``) and
 buffers, and how many elements this rank holds: its trainable parameters, their gradients and the
-optimizer state, local pieces only (a DTensor counts its local shard)."""
+optimizer state, local pieces only (a DTensor counts its local shard), and the dtypes of each kind
+(with a compute dtype, every one must stay the model's)."""
 from __future__ import annotations
 
 import torch
@@ -30,12 +31,15 @@ def units(net) -> list:
     return [child for name, child in net.named_children() if name not in shared and any(True for _ in child.parameters())]
 
 
-def sharded_model(ctx: RankContext, impl, model: dict, seed: int, reshard_after_forward: bool = True):
+def sharded_model(ctx: RankContext, impl, model: dict, seed: int, reshard_after_forward: bool = True,
+                  compute_dtype: str | None = None):
     """The model of ``model`` (harness/rank/models.py) from ``seed``, every unit fully sharded, then
-    the root; ``reshard_after_forward`` is passed only when False (ZeRO-2), so an implementation of
-    ZeRO-3 alone need not accept it."""
+    the root; ``reshard_after_forward`` is passed only when False (ZeRO-2) and ``compute_dtype`` (a
+    torch dtype's name) only when set, so an implementation of ZeRO-3 alone need not accept them."""
     fully_shard = require(impl, "fully_shard")
     options = {} if reshard_after_forward else {"reshard_after_forward": False}
+    if compute_dtype is not None:
+        options["compute_dtype"] = getattr(torch, compute_dtype)
     net = models.build(model, seed).to(ctx.device)
     for unit in units(net):
         fully_shard(unit, **options)
@@ -43,11 +47,11 @@ def sharded_model(ctx: RankContext, impl, model: dict, seed: int, reshard_after_
 
 
 def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps: int, batches: list[dict],
-          reshard_after_forward: bool = True, group=None) -> dict:
+          reshard_after_forward: bool = True, compute_dtype: str | None = None, group=None) -> dict:
     if group is not None:
         raise ValueError("fully sharded data parallelism is tested on the whole world, not a subgroup")
     full_parameters = require(impl, "full_parameters")
-    net = sharded_model(ctx, impl, model, seed, reshard_after_forward)
+    net = sharded_model(ctx, impl, model, seed, reshard_after_forward, compute_dtype)
     opt = models.build_optimizer(optimizer, net.parameters())
     micro = [(ctx.to_device(b["inputs"]), ctx.to_device(b["targets"])) for b in batches]
     result = {"steps": []}
@@ -60,12 +64,13 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
             losses.append(loss.detach())
         opt.step()
         trainable = [p for p in net.parameters() if p.requires_grad]
-        held = {"parameters": sum(_local_numel(p) for p in trainable),
-                "gradients": sum(_local_numel(p.grad) for p in trainable if p.grad is not None),
-                "optimizer_state": sum(_local_numel(v) for state in opt.state.values() for v in state.values()
-                                       if torch.is_tensor(v) and v.dim() > 0)}
+        kinds = {"parameters": trainable, "gradients": [p.grad for p in trainable if p.grad is not None],
+                 "optimizer_state": [v for state in opt.state.values() for v in state.values()
+                                     if torch.is_tensor(v) and v.dim() > 0]}
+        held = {kind: sum(_local_numel(t) for t in tensors) for kind, tensors in kinds.items()}
+        dtypes = {kind: sorted({str(t.dtype).removeprefix("torch.") for t in tensors}) for kind, tensors in kinds.items()}
         # copies: an implementation may return its live replicated parameters (the handout says "as they are")
         state = {name: tensor.detach().clone() for name, tensor in full_parameters(net).items()}
         state.update({name: b.detach().clone() for name, b in net.named_buffers()})
-        result["steps"].append({"loss": torch.stack(losses), "state": state, "held": held})
+        result["steps"].append({"loss": torch.stack(losses), "state": state, "held": held, "dtypes": dtypes})
     return ctx.to_cpu(result)
