@@ -24,8 +24,8 @@ Under ``--scope cs336`` the examples are the CS336 2026 handout's (``handout_exa
 Capability ``fsdp_compute_dtype``: ``compute_dtype`` float16 or bfloat16 (the handout's
 ``get_fsdp(module, compute_dtype)``, FSDP2's ``param_dtype``), one step on examples where nothing
 computed in low precision can round (reference/mixed_precision.py): each rank's losses bitwise,
-the float32 masters within the few roundings of the average and the update, and every parameter,
-gradient and optimizer state still float32. The audit (conformance/audit/test_fully_sharded.py)
+the float32 masters within the few roundings of the average and the update, every parameter,
+gradient and optimizer state still float32, and memory sharded as above. The audit (conformance/audit/test_fully_sharded.py)
 holds the gathers to the compute dtype.
 """
 from __future__ import annotations
@@ -198,8 +198,14 @@ def test_compute_dtype_computes_low_and_keeps_float32_masters(data, ranks, targe
         {"model": example.model, "seed": example.seed, "optimizer": example.optimizer, "steps": 1,
          "batches": per_rank[r], "compute_dtype": dtype_name} for r in range(n)])
     master = str(next(iter(expected.initial.values())).dtype).removeprefix("torch.")
+    one, bound, formula = memory_bound(example)
     for r in range(n):
         got = outputs[r]["steps"][0]
+        held = got["held"]
+        total = sum(held.values()) if isinstance(held, dict) else -1
+        if total > bound:
+            judge.fail(f"rank {r} holds {total} elements ({held}); one process holds {one}, a fully sharded rank at "
+                       f"most {formula} = {bound}: something is replicated, not sharded")
         judge.tensor(got["loss"].reshape(-1), expected.losses[r],
                      what=f"rank {r} losses (per micro-batch; exact: every logit is an integer computed exactly in "
                           f"{dtype_name})")
