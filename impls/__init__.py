@@ -13,6 +13,7 @@ from .context_parallel import context_parallel_attention
 from .data_parallel import BucketedDataParallel, DataParallel, NaiveDataParallel, OverlappedDataParallel
 from .expert_parallel import ExpertParallelMoE
 from .fully_sharded import full_parameters, fully_shard
+from .grad_clipping import clip_grad_norm_
 from .pipeline_parallel import generate_schedule, pipeline_step
 from .sharded_optimizer import ShardedOptimizer
 from .tensor_parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP
@@ -30,6 +31,8 @@ __all__ = [
     # fully sharded data parallelism
     "fully_shard",
     "full_parameters",
+    # gradient clipping by the global norm
+    "clip_grad_norm_",
     # context parallelism
     "context_parallel_attention",
     # tensor parallelism

@@ -21,7 +21,7 @@ Never imports torch.distributed.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
@@ -41,6 +41,7 @@ class Trajectory:
     grads: list[dict[str, Tensor]]  # the gradient step s applied, for parameters that had one
     losses: list[Tensor]  # the global-batch loss at step s (the state before the step)
     optimizer_state: list[dict[str, int]]  # after step s: {parameter: elements of its optimizer state}
+    norms: list[Tensor] = field(default_factory=list)  # with clipping: the total gradient norm at step s
 
 
 @dataclass
@@ -95,12 +96,13 @@ def state(model: nn.Module) -> dict[str, Tensor]:
 
 
 def train(model: nn.Module, optimizer_spec: dict, batch: dict[str, Tensor], steps: int, micro_batches: int = 1,
-          set_to_none: bool = True) -> Trajectory:
+          set_to_none: bool = True, clip: dict | None = None) -> Trajectory:
     """``steps`` optimizer steps of ``model`` (trained in place) on the whole ``batch``:
     zero_grad(set_to_none); for each of the ``micro_batches`` global micro-batches, loss =
     model(inputs, targets), its mean, and loss.backward() (gradients accumulate); optimizer.step().
     With set_to_none=False a parameter keeps a zero .grad once it has had one, and the optimizer
-    then steps it (momentum, weight decay) like any other."""
+    then steps it (momentum, weight decay) like any other. ``clip`` ({"max_norm", "norm_type"}):
+    the gradients are clipped before every step (``clip_gradients``)."""
     opt = optimizer(optimizer_spec, model.parameters())
     trajectory = Trajectory(state(model), [], [], [], [])
     for _ in range(steps):
@@ -110,11 +112,35 @@ def train(model: nn.Module, optimizer_spec: dict, batch: dict[str, Tensor], step
             loss.backward()
         trajectory.grads.append({name: p.grad.detach().clone() for name, p in model.named_parameters()
                                  if p.grad is not None})
+        if clip is not None:
+            trajectory.norms.append(clip_gradients(model, clip["max_norm"], clip["norm_type"]))
         opt.step()
         trajectory.losses.append(loss.detach())
         trajectory.states.append(state(model))
         trajectory.optimizer_state.append(optimizer_state_numel(opt, model))
     return trajectory
+
+
+def total_norm(grads: list[Tensor], norm_type: float) -> Tensor:
+    """The norm of all gradients as one vector: (sum_p sum_e |g_pe|^q)^(1/q), or max_pe |g_pe| for
+    q = inf (what torch.nn.utils.clip_grad_norm_ returns), in float64. A tied parameter is one
+    parameter: its gradient counts once."""
+    if not grads:
+        return torch.zeros((), dtype=torch.float64)
+    flat = torch.cat([g.detach().double().reshape(-1) for g in grads])
+    return torch.linalg.vector_norm(flat, norm_type)
+
+
+def clip_gradients(model: nn.Module, max_norm: float, norm_type: float) -> Tensor:
+    """torch.nn.utils.clip_grad_norm_'s rule, written out: with N = ``total_norm`` of every .grad,
+    each gradient is multiplied by min(1, max_norm / (N + 1e-6)). Returns N (float64)."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    norm = total_norm(grads, norm_type)
+    coefficient = min(1.0, max_norm / (float(norm) + 1e-6))
+    with torch.no_grad():
+        for g in grads:
+            g.mul_(coefficient)
+    return norm
 
 
 def optimizer_state_numel(opt: torch.optim.Optimizer, model: nn.Module) -> dict[str, int]:

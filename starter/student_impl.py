@@ -104,6 +104,15 @@ def full_parameters(module):
     raise NotImplementedError("full_parameters")
 
 
+# -------------------------------------------------------------- gradient clipping by the global norm
+# CONTRACT.md, "Gradient clipping by the global norm"
+def clip_grad_norm_(module, max_norm, norm_type=2.0):
+    """The norm N of every gradient of ``module`` as one vector (each element counted once, wherever
+    it lives: a shard on one rank, a replicated or tied parameter once); scale every gradient by
+    min(1, max_norm / (N + 1e-6)); return N, the same on every rank."""
+    raise NotImplementedError("clip_grad_norm_")
+
+
 # ----------------------------------------------------------------------------- expert parallelism
 # CONTRACT.md, "Expert parallelism"
 class ExpertParallelMoE:

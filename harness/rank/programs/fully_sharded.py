@@ -47,12 +47,16 @@ def sharded_model(ctx: RankContext, impl, model: dict, seed: int, reshard_after_
 
 
 def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps: int, batches: list[dict],
-          reshard_after_forward: bool = True, compute_dtype: str | None = None, group=None) -> dict:
+          reshard_after_forward: bool = True, compute_dtype: str | None = None, clip: dict | None = None,
+          group=None) -> dict:
+    """``clip`` ({"max_norm", "norm_type"}): the implementation's ``clip_grad_norm_(module, max_norm,
+    norm_type)`` after the step's backwards, before the optimizer's step; what it returns is reported."""
     if group is not None:
         raise ValueError("fully sharded data parallelism is tested on the whole world, not a subgroup")
     full_parameters = require(impl, "full_parameters")
     net = sharded_model(ctx, impl, model, seed, reshard_after_forward, compute_dtype)
     opt = models.build_optimizer(optimizer, net.parameters())
+    clip_grad_norm_ = require(impl, "clip_grad_norm_") if clip is not None else None
     micro = [(ctx.to_device(b["inputs"]), ctx.to_device(b["targets"])) for b in batches]
     result = {"steps": []}
     for _ in range(steps):
@@ -62,6 +66,10 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
             loss = net(inputs, targets)
             loss.backward()
             losses.append(loss.detach())
+        norm = None
+        if clip_grad_norm_ is not None:
+            norm = clip_grad_norm_(net, clip["max_norm"], clip["norm_type"])
+            norm = norm.detach().clone() if torch.is_tensor(norm) else norm
         opt.step()
         trainable = [p for p in net.parameters() if p.requires_grad]
         kinds = {"parameters": trainable, "gradients": [p.grad for p in trainable if p.grad is not None],
@@ -72,5 +80,6 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
         # copies: an implementation may return its live replicated parameters (the handout says "as they are")
         state = {name: tensor.detach().clone() for name, tensor in full_parameters(net).items()}
         state.update({name: b.detach().clone() for name, b in net.named_buffers()})
-        result["steps"].append({"loss": torch.stack(losses), "state": state, "held": held, "dtypes": dtypes})
+        result["steps"].append({"loss": torch.stack(losses), "state": state, "held": held, "dtypes": dtypes,
+                                "norm": norm})
     return ctx.to_cpu(result)

@@ -1,0 +1,72 @@
+"""Gradient clipping by the global norm, across the layouts of the bundled implementations
+(CONTRACT.md, "Gradient clipping"): ``clip_grad_norm_(module, max_norm, norm_type=2.0)``.
+
+The norm is the one of every gradient as one vector, N = (sum_p sum_e |g_pe|^q)^(1/q) (max for
+q = inf), as one process would compute it on the full gradients (torch.nn.utils.clip_grad_norm_),
+and every gradient is scaled by min(1, max_norm / (N + 1e-6)). Each rank holds pieces, so each
+part of the sum is counted where it lives, once:
+
+* a parameter sharded by ``fully_shard`` (impls.fully_sharded): rank i holds piece i of the
+  (zero-padded) gradient, so the pieces' sum of |g|^q is all-reduced (SUM; MAX for q = inf) over
+  the unit's group: every element is counted on exactly one rank;
+* any other parameter with a gradient is replicated (data parallelism keeps whole, averaged
+  gradients everywhere): counted locally, once, never reduced (reducing it would count it n times);
+* a parameter held by two modules (tied weights) is one parameter, counted once.
+
+The partial sums are taken in float64, so the returned norm (float64, 0-d, identical on every rank:
+every rank combines the same reduced numbers) does not depend on how the pieces are cut.
+
+Never imports reference/.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from . import collectives
+from .fully_sharded import _STATE
+
+
+def _partial(grads: list[torch.Tensor], norm_type: float) -> torch.Tensor:
+    """sum |g|^q of ``grads`` (max |g| for q = inf), float64."""
+    total = torch.zeros((), dtype=torch.float64)
+    for g in grads:
+        g = g.detach().double()
+        total = torch.maximum(total, g.abs().max()) if math.isinf(norm_type) else total + g.abs().pow(norm_type).sum()
+    return total
+
+
+def clip_grad_norm_(module: nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    """Scale every gradient of ``module`` by min(1, max_norm / (N + 1e-6)), N the global norm of
+    all of them (module docstring); returns N."""
+    norm_type = float(norm_type)
+    if norm_type <= 0:
+        raise ValueError(f"norm_type must be positive or inf, got {norm_type}")
+    sharded: dict[int, tuple[object, list[torch.Tensor]]] = {}  # id(group) -> (group, gradients)
+    in_units: set[int] = set()
+    for m in module.modules():
+        unit = getattr(m, _STATE, None)
+        if unit is None:
+            continue
+        for piece in unit.pieces():
+            if id(piece) not in in_units and piece.grad is not None:
+                sharded.setdefault(id(unit.group), (unit.group, []))[1].append(piece.grad)
+            in_units.add(id(piece))
+    replicated = [p.grad for p in module.parameters() if id(p) not in in_units and p.grad is not None]
+    combine = torch.maximum if math.isinf(norm_type) else torch.add
+    total = _partial(replicated, norm_type)
+    for group, grads in sharded.values():
+        part = _partial(grads, norm_type).reshape(1)
+        op = dist.ReduceOp.MAX if math.isinf(norm_type) else dist.ReduceOp.SUM
+        collectives.all_reduce(part, op=op, group=group)
+        total = combine(total, part[0])
+    norm = total if math.isinf(norm_type) else total.pow(1.0 / norm_type)
+    coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.grad is not None:
+                p.grad.mul_(coefficient.to(p.grad.dtype))
+    return norm
