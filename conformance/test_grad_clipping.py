@@ -1,18 +1,19 @@
 """Conformance of gradient clipping by the global norm (``clip_grad_norm_(module, max_norm,
-norm_type=2.0)``, CONTRACT.md), against reference/data_parallel.py, on fully sharded modules.
+norm_type=2.0)``, CONTRACT.md), against reference/data_parallel.py, on fully sharded modules and
+on the module of a DataParallel (replicated gradients: each counted once, not once per rank).
 
 The bugs teams ship here leave the loss curve looking normal: a norm computed over the local shard
 only (pytorch#170862: FSDP2 returned a local norm; torchtitan#596: clipping saw one pipeline
 stage), a tied weight counted twice (Megatron-LM#7227), replicated parameters counted once per rank
-(ROCm/TransformerEngine#715), an infinity norm combined wrongly (torchrec#3199). Each rank then
-clips by its own wrong factor.
+(ROCm/TransformerEngine#715), an infinity norm gone wrong (torchrec#3199 reported one always 1.0). The
+clipping factor is then wrong, on every rank or on some.
 
 Each test draws a training example (conformance.examples.training_examples: the MLP or the model
 with tied weights, a frozen parameter, a parameter unused on some steps and buffers; float32 or
-float64; SGD with momentum or AdamW; 1-3 micro-batches), a norm type (2, 1 or inf) and max_norm as
+float64; SGD with momentum or AdamW; 1-2 steps of 1-3 micro-batches), a norm type (2, 1 or inf) and max_norm as
 a multiple of the first step's norm (0.25 and 0.5 clip, 4 does not); the ranks shard every unit
-and the root (harness/rank/programs/fully_sharded.py) and call ``clip_grad_norm_`` after the
-step's backwards. In the driver, step by step:
+and the root (harness/rank/programs/fully_sharded.py), or wrap the model in their DataParallel
+(harness/rank/programs/data_parallel.py), and call ``clip_grad_norm_`` after the step's backwards. In the driver, step by step:
 
 * the norm each rank returns is the norm of the averaged full gradient at the ranks' own state
   before the step (reference ``total_norm`` of ``evaluate``'s gradients), within the norm of the
@@ -35,7 +36,6 @@ from conformance.verdict import Judge, check_names, run_or_skip
 from harness.rank import models
 from reference.tolerance import unit_roundoff
 
-PROGRAM = "fully_sharded:train"
 NORM_TYPES = (2.0, 1.0, math.inf)
 MAX_NORM_FACTORS = (0.25, 0.5, 4.0)  # times the first step's norm: clipped, clipped, not clipped
 
@@ -52,10 +52,15 @@ def norm_atol(evaluation: ref.Evaluation, norm_type: float, norm: float, dtype: 
     return spread + (elements + 2) * unit_roundoff(dtype) * norm + torch.finfo(dtype).tiny
 
 
+PROGRAMS = {"fully_sharded": ("fully_sharded:train", {}),
+            "data_parallel": ("data_parallel:train", {"bucket_size_mb": None})}
+
+
 @pytest.mark.capability("grad_clipping")
+@pytest.mark.parametrize("layout", PROGRAMS)
 @given(data=st.data())
-def test_the_norm_is_global_and_every_rank_clips_by_it(data, ranks, target, request):
-    example = data.draw(training_examples(target.max_world_size, max_steps=3), label="example")
+def test_the_norm_is_global_and_every_rank_clips_by_it(layout, data, ranks, target, request):
+    example = data.draw(training_examples(target.max_world_size, max_steps=2), label="example")
     micro_batches = data.draw(st.integers(1, 3), label="micro_batches")
     norm_type = data.draw(st.sampled_from(NORM_TYPES), label="norm_type")
     factor = data.draw(st.sampled_from(MAX_NORM_FACTORS), label="max_norm / first norm")
@@ -67,9 +72,10 @@ def test_the_norm_is_global_and_every_rank_clips_by_it(data, ranks, target, requ
     clip = {"max_norm": max_norm, "norm_type": norm_type}
     judge = Judge(f"{example}, micro_batches={micro_batches}, norm_type={norm_type}, max_norm={max_norm:.6g} "
                   f"({factor} x the first step's norm)", target.reproduce(request.node.nodeid))
-    outputs = run_or_skip(judge, ranks, Layout(n), PROGRAM, [
+    program, options = PROGRAMS[layout]
+    outputs = run_or_skip(judge, ranks, Layout(n), program, [
         {"model": example.model, "seed": example.seed, "optimizer": example.optimizer, "steps": example.steps,
-         "batches": [slices[r] for slices in micro], "clip": clip} for r in range(n)])
+         "batches": [slices[r] for slices in micro], "clip": clip, **options} for r in range(n)])
     model = models.build(example.model, example.seed)
     dtype = next(model.parameters()).dtype
     exact = {name for name, p in model.named_parameters() if not p.requires_grad} | {n for n, _ in model.named_buffers()}

@@ -14,11 +14,13 @@ CONTRACT = ("module", "finish_gradient_synchronization")
 
 
 def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps: int, batches: list,
-          bucket_size_mb: float | None, set_to_none: bool = True, group=None) -> dict:
+          bucket_size_mb: float | None, set_to_none: bool = True, clip: dict | None = None, group=None) -> dict:
     """Per step: wrapped.on_train_batch_start(optimizer) where the wrapper has it (the hook of CS336's
     handout); zero_grad(set_to_none); for each micro-batch of this rank (gradient accumulation
     when there are several): loss = wrapped(inputs, targets); loss.backward();
-    wrapped.finish_gradient_synchronization(); then optimizer.step()."""
+    wrapped.finish_gradient_synchronization(); with ``clip`` ({"max_norm", "norm_type"}) the
+    implementation's clip_grad_norm_(wrapped.module, max_norm, norm_type), its result reported;
+    then optimizer.step()."""
     if group is not None:
         raise ValueError("data parallelism is tested on the whole world, not a subgroup")
     DataParallel = require(impl, "DataParallel")
@@ -32,6 +34,7 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
     result = {"wrapped": models.state(module), "steps": []}
     opt = models.build_optimizer(optimizer, module.parameters())
     micro = [(ctx.to_device(b["inputs"]), ctx.to_device(b["targets"])) for b in batches]
+    clip_grad_norm_ = require(impl, "clip_grad_norm_") if clip is not None else None
     start = getattr(wrapped, "on_train_batch_start", None)
     for _ in range(steps):
         if start is not None:
@@ -44,6 +47,11 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
             wrapped.finish_gradient_synchronization()
             losses.append(loss.detach())
         grads = {name: p.grad.detach().clone() for name, p in module.named_parameters() if p.grad is not None}
+        norm = None
+        if clip_grad_norm_ is not None:
+            norm = clip_grad_norm_(module, clip["max_norm"], clip["norm_type"])
+            norm = norm.detach().clone() if torch.is_tensor(norm) else norm
         opt.step()
-        result["steps"].append({"loss": torch.stack(losses), "grads": grads, "state": models.state(module)})
+        result["steps"].append({"loss": torch.stack(losses), "grads": grads, "state": models.state(module),
+                                "norm": norm})
     return ctx.to_cpu(result)
