@@ -213,6 +213,22 @@ def buckets_within_cap(records_by_rank: dict[int, list[dict]], cap_bytes: int, p
     return violations
 
 
+def all_reduced_at_most(records_by_rank: dict[int, list[dict]], numel: int, what: str,
+                        phase: str | None = None) -> list[str]:
+    """Backend all-reduces of floating data carry at most ``numel`` elements in all (``what`` says
+    whose gradients may be all-reduced: fully sharded data parallelism reduce-scatters the rest).
+    An all-reduce built from sends is held to the byte bound instead."""
+    violations = []
+    for rank, records in sorted(records_by_rank.items()):
+        reduced = [r for r in _in_phase(records, phase) if r["op"] in ("allreduce", "allreduce_coalesced")
+                   and r["dtype"] in FLOATING]
+        total = sum(r["numel"] for r in reduced)
+        if total > numel:
+            violations.append(f"rank {rank}: all-reduces {total} elements where at most {numel} ({what}) may be; "
+                              f"the others must be reduce-scattered: {'; '.join(_call(r) for r in reduced[:3])}")
+    return violations
+
+
 def no_full_all_gather(records_by_rank: dict[int, list[dict]], full_bytes: int, what: str,
                        phase: str | None = None) -> list[str]:
     """No all-gather whose output is the whole of ``what`` (``full_bytes``): the layout keeps it

@@ -37,6 +37,7 @@ e.g. a data-parallel communication thread, go to the same list): ``start()`` bef
 """
 from __future__ import annotations
 
+import gc
 from datetime import timedelta
 
 import torch
@@ -48,6 +49,9 @@ NEUTRAL_OPS = frozenset({"barrier", "monitored_barrier"})  # synchronisation: mo
 
 _records: list | None = None  # None: not recording
 _phase: str | None = None  # the label mark() set last, copied into every record
+_watched: list | None = None  # storages all-gathers and receives wrote since watch() (None: not watching)
+GATHERED_OPS = frozenset({"recv", "recv_anysource", "allgather", "allgather_coalesced", "allgather_into_tensor",
+                          "allgather_into_tensor_coalesced"})
 
 
 def start() -> None:
@@ -68,6 +72,32 @@ def stop() -> list[dict]:
     global _records
     records, _records = _records or [], None
     return records
+
+
+def watch() -> None:
+    """From now on (while recording), keep a reference to the storage of every output an all-gather
+    or a receive writes: ``still_held`` then tells which of them the code under test still holds."""
+    global _watched
+    _watched = [] if _records is not None else None
+
+
+def still_held() -> list[dict]:
+    """Stop watching. For each distinct storage watched: {"bytes": its size now, "held": whether
+    anything besides the watch references it} (torch counts a storage's references: each tensor or
+    view on it holds one, as does each storage object the watch keeps). A storage freed in place
+    (resized to 0, as FSDP2 frees unsharded parameters) has 0 bytes."""
+    global _watched
+    watched, _watched = _watched or [], None
+    if watched:
+        gc.collect()  # garbage in reference cycles is not held, only not yet freed
+    mine: dict[int, list] = {}
+    for storage in watched:
+        mine.setdefault(storage.data_ptr(), []).append(storage)
+    held = []
+    for storages in mine.values():
+        references = torch._C._storage_Use_Count(storages[0]._cdata)
+        held.append({"bytes": storages[0].nbytes(), "held": references > len(storages)})
+    return held
 
 
 def count(phase: str) -> int:
@@ -194,6 +224,8 @@ class RecordingProcessGroup(dist.ProcessGroup):
         if _records is None:
             return
         ins, outs = _tensors(inputs), _tensors(outputs)
+        if _watched is not None and op in GATHERED_OPS:
+            _watched.extend(t.untyped_storage() for t in outs)
         first = (ins or outs or [None])[0]
         _records.append({
             "op": op,

@@ -140,7 +140,10 @@ def tensor_parallel(ctx: RankContext, impl, process_group, layer: str, dense: di
 def fully_sharded_step(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, batch: dict,
                        reshard_after_forward: bool = True, compute_dtype: str | None = None, group=None) -> dict:
     """Shard every unit, then the root ("setup", harness/rank/programs/fully_sharded.py's units), then one
-    step: forward and backward ("step"), the optimizer's step ("optimizer"). Returns the loss."""
+    step: forward and backward ("step"), the optimizer's step ("optimizer"). Returns the loss and,
+    as forward ends, the bytes of what the step's all-gathers and receives wrote that the
+    implementation still holds (``held_after_forward``, recording.still_held: full weights kept
+    for backward instead of gathered again)."""
     from harness.rank.programs.fully_sharded import sharded_model
 
     if group is not None:
@@ -150,9 +153,11 @@ def fully_sharded_step(ctx: RankContext, impl, model: dict, seed: int, optimizer
     opt = models.build_optimizer(optimizer, net.parameters())
     inputs, targets = ctx.to_device(batch["inputs"]), ctx.to_device(batch["targets"])
     recording.mark("step")
+    recording.watch()
     loss = net(inputs, targets)
+    held = sum(s["bytes"] for s in recording.still_held() if s["held"])
     loss.backward()
     recording.mark("optimizer")
     opt.step()
     recording.mark("after")
-    return {"loss": loss.detach().cpu()}
+    return {"loss": loss.detach().cpu(), "held_after_forward": held}
