@@ -1,6 +1,7 @@
 """Conformance of gradient clipping by the global norm (``clip_grad_norm_(module, max_norm,
-norm_type=2.0)``, CONTRACT.md), against reference/data_parallel.py, on fully sharded modules and
-on the module of a DataParallel (replicated gradients: each counted once, not once per rank).
+norm_type=2.0)``, CONTRACT.md), against reference/data_parallel.py, on fully sharded modules, on
+the module of a DataParallel (replicated gradients: each counted once, not once per rank) and on a
+tensor-parallel MLP (shards summed over the group, the row layer's whole bias counted once).
 
 The bugs teams ship here leave the loss curve looking normal: a norm computed over the local shard
 only (pytorch#170862: FSDP2 returned a local norm; torchtitan#596: clipping saw one pipeline
@@ -31,7 +32,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import reference.data_parallel as ref
+import reference.tensor_parallel as ref_tp
 from conformance.examples import Layout, training_examples
+from conformance.test_tensor_parallel import examples as tp_examples
 from conformance.verdict import Judge, check_names, run_or_skip
 from harness.rank import models
 from reference.tolerance import unit_roundoff
@@ -111,3 +114,59 @@ def test_the_norm_is_global_and_every_rank_clips_by_it(layout, data, ranks, targ
             judge.bitwise_identical({r: outputs[r]["steps"][s]["state"][name] for r in range(n)},
                                     what=f"'{name}' after {step}")
         before = outputs[0]["steps"][s]["state"]
+
+
+@pytest.mark.capability("grad_clipping")
+@given(data=st.data())
+def test_a_tensor_parallel_mlp_counts_its_replicated_bias_once(data, ranks, target, reproduce):
+    """The layout of tensor parallelism (CONTRACT.md's TensorParallelMLP: fc1 column parallel, fc2
+    row parallel): the norm of the dense MLP's gradients, where each member holds its shards of
+    both weights and of fc1's bias, and fc2's whole bias (ROCm/TransformerEngine#715 counted such
+    replicated parameters once per member). Checked: every member's returned norm against the dense
+    gradients' norm, bitwise the same on every member, and every clipped gradient shard against the
+    dense one times min(1, max_norm / (N + 1e-6))."""
+    example = data.draw(tp_examples(target.max_world_size, "ffn"), label="example")
+    norm_type = data.draw(st.sampled_from(NORM_TYPES), label="norm_type")
+    factor = data.draw(st.sampled_from(MAX_NORM_FACTORS), label="max_norm / norm")
+    t, n = example.tensors(), example.n
+    (w1, b1), (w2, b2) = t["params"]
+    dense = ref_tp.mlp(t["x"], (w1, b1), (w2, b2), t["g"])
+    atol = ref_tp.mlp_atol(t["x"], (w1, b1), (w2, b2), t["g"], n)
+    keys = [k for k in ("grad_fc1_weight", "grad_fc1_bias", "grad_fc2_weight", "grad_fc2_bias") if k in dense]
+    want = float(ref.total_norm([dense[k] for k in keys], norm_type))
+    max_norm = factor * want + 1e-3
+    spread = float(torch.linalg.vector_norm(torch.cat([atol[k].reshape(-1) for k in keys]), norm_type))
+    elements = sum(dense[k].numel() for k in keys)
+    allowed = spread + (elements + 2) * unit_roundoff(example.dtype) * want + torch.finfo(example.dtype).tiny
+    coefficient = min(1.0, max_norm / (want + 1e-6))
+    judge = Judge(f"{example}, norm_type={norm_type}, max_norm={max_norm:.6g} ({factor} x the norm)", reproduce)
+    weights = {"fc1_weight": w1, "fc1_bias": b1, "fc2_weight": w2, "fc2_bias": b2}
+    outputs = run_or_skip(judge, ranks, example.layout, "tensor_parallel:clip", [
+        {"dense": weights, "options": {}, "x": t["x"], "grad_output": t["g"],
+         "clip": {"max_norm": max_norm, "norm_type": norm_type}} for _ in range(n)])
+    norms = {}
+    for i, rank in enumerate(example.layout.ranks):
+        got = outputs[rank]
+        norm = got["norm"]
+        if not torch.is_tensor(norm) or norm.numel() != 1 or not norm.is_floating_point():
+            judge.fail(f"rank {rank}: clip_grad_norm_ returned {norm!r}; the contract asks for the total norm as a "
+                       f"floating tensor of one element")
+        norms[rank] = norm.reshape(())
+        if not abs(float(norm) - want) <= allowed:
+            judge.fail(f"rank {rank}: clip_grad_norm_ returned the norm {float(norm)!r}, the dense MLP's gradients have "
+                       f"{want!r} (allowed difference {allowed:.3g}; ratio {float(norm) / want if want else math.inf:.4g})"
+                       f": each member's shards count once, and fc2's bias, whole on every member, once in all")
+        for prefix, split in (("fc1_", ref_tp.column_shard), ("fc2_", ref_tp.row_shard)):
+            gw, gb = split(dense["grad_" + prefix + "weight"], dense.get("grad_" + prefix + "bias"), n, i)
+            tw, tb = split(atol["grad_" + prefix + "weight"], atol.get("grad_" + prefix + "bias"), n, i)
+            for key, g, tol in (("weight", gw, tw), ("bias", gb, tb)):
+                if g is None:
+                    continue
+                # the shard scaled by the coefficient; the norm's own error moves the coefficient by
+                # at most coefficient x allowed / N
+                bound = coefficient * tol + g.abs() * coefficient * allowed / max(want, 1e-300) \
+                    + unit_roundoff(example.dtype) * g.abs() * coefficient
+                judge.tensor(got["grad_" + prefix + key], g * coefficient, atol=bound.to(torch.float64),
+                             what=f"rank {rank} {prefix}{key} gradient after clipping (its shard of the dense gradient "
+                                  f"times min(1, max_norm / (N + 1e-6)) = {coefficient:.6g})")
+    judge.bitwise_identical(norms, what="the norm returned")

@@ -9,6 +9,9 @@ part of the sum is counted where it lives, once:
 * a parameter sharded by ``fully_shard`` (impls.fully_sharded): rank i holds piece i of the
   (zero-padded) gradient, so the pieces' sum of |g|^q is all-reduced (SUM; MAX for q = inf) over
   the unit's group: every element is counted on exactly one rank;
+* a tensor-parallel layer (impls.tensor_parallel) holds its shard of the weight, and the column
+  layer its shard of the bias, so those are reduced over the layer's group; the row layer's bias
+  is whole on every member: replicated;
 * any other parameter with a gradient is replicated (data parallelism keeps whole, averaged
   gradients everywhere): counted locally, once, never reduced (reducing it would count it n times);
 * a parameter held by two modules (tied weights) is one parameter, counted once.
@@ -28,6 +31,7 @@ from torch import nn
 
 from . import collectives
 from .fully_sharded import _STATE
+from .tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
 
 def _partial(grads: list[torch.Tensor], norm_type: float) -> torch.Tensor:
@@ -39,6 +43,19 @@ def _partial(grads: list[torch.Tensor], norm_type: float) -> torch.Tensor:
     return total
 
 
+def _sharded_parameters(module: nn.Module):
+    """(group, its parameters sharded over that group) for every layer of ``module`` that holds
+    shards: fully sharded units and tensor-parallel layers."""
+    for m in module.modules():
+        unit = getattr(m, _STATE, None)
+        if unit is not None:
+            yield unit.group, unit.pieces()
+        elif isinstance(m, ColumnParallelLinear):
+            yield m.group, [p for p in (m.weight, m.bias) if p is not None]
+        elif isinstance(m, RowParallelLinear):
+            yield m.group, [m.weight]
+
+
 def clip_grad_norm_(module: nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
     """Scale every gradient of ``module`` by min(1, max_norm / (N + 1e-6)), N the global norm of
     all of them (module docstring); returns N."""
@@ -47,13 +64,10 @@ def clip_grad_norm_(module: nn.Module, max_norm: float, norm_type: float = 2.0) 
         raise ValueError(f"norm_type must be positive or inf, got {norm_type}")
     sharded: dict[int, tuple[object, list[torch.Tensor]]] = {}  # id(group) -> (group, gradients)
     in_units: set[int] = set()
-    for m in module.modules():
-        unit = getattr(m, _STATE, None)
-        if unit is None:
-            continue
-        for piece in unit.pieces():
+    for group, pieces in _sharded_parameters(module):
+        for piece in pieces:
             if id(piece) not in in_units and piece.grad is not None:
-                sharded.setdefault(id(unit.group), (unit.group, []))[1].append(piece.grad)
+                sharded.setdefault(id(group), (group, []))[1].append(piece.grad)
             in_units.add(id(piece))
     replicated = [p.grad for p in module.parameters() if id(p) not in in_units and p.grad is not None]
     combine = torch.maximum if math.isinf(norm_type) else torch.add

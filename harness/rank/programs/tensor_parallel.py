@@ -92,6 +92,21 @@ def forward_backward(ctx: RankContext, impl, process_group, layer: str, dense: d
 
 
 @on_members
+def clip(ctx: RankContext, impl, process_group, dense: dict, options: dict, x: torch.Tensor,
+         grad_output: torch.Tensor, clip: dict) -> dict:
+    """The MLP's forward and backward as ``forward_backward``, then the implementation's
+    ``clip_grad_norm_(module, max_norm, norm_type)``: what it returned (a DTensor's full value) and
+    every parameter's shard and clipped gradient."""
+    module = _build(ctx, impl, process_group, "mlp", dense, options)
+    x = ctx.to_device(x).requires_grad_(True)
+    module(x).backward(ctx.to_device(grad_output))
+    norm = require(impl, "clip_grad_norm_")(module, clip["max_norm"], clip["norm_type"])
+    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    return ctx.to_cpu({"norm": norm.detach().clone() if torch.is_tensor(norm) else norm,
+                       **_parameters(module, "mlp")})
+
+
+@on_members
 def refusal(ctx: RankContext, impl, process_group, layer: str, dense: dict, options: dict, x: torch.Tensor) -> dict:
     """Build and run forward on sizes that do not split: what was raised, if anything."""
     try:
