@@ -17,7 +17,7 @@ OVERLAP_WAIT_S = 2.0  # how long backward waits, at its last gradient, for a red
 
 
 def data_parallel_step(ctx: RankContext, impl, model: dict, seed: int, frozen: list[str], batch: dict,
-                       bucket_size_mb: float | None, group=None) -> dict:
+                       bucket_size_mb: float | None, clip: dict | None = None, group=None) -> dict:
     """Build ``model`` (harness.rank.models spec) from ``seed``, freeze the parameters named in ``frozen``,
     wrap it with the implementation's DataParallel ("setup"), then one step: forward and backward
     ("backward"), finish_gradient_synchronization ("finish"). Returns the loss.
@@ -28,7 +28,8 @@ def data_parallel_step(ctx: RankContext, impl, model: dict, seed: int, frozen: l
     overlaps reduces the buckets that are ready by then, one that defers everything to
     finish_gradient_synchronization, or to the last gradient's own hook, shows no call in
     "backward" (what follows the wait is "last_gradient"). Deterministic, not timed: a correct
-    implementation is waited for, never raced."""
+    implementation is waited for, never raced. With ``clip`` ({"max_norm", "norm_type"}) the
+    implementation's clip_grad_norm_ on the module follows ("clip")."""
     if group is not None:
         raise ValueError("data parallelism is audited on the whole world, not a subgroup")
     recording.mark("setup")
@@ -49,6 +50,9 @@ def data_parallel_step(ctx: RankContext, impl, model: dict, seed: int, frozen: l
     loss.backward()
     recording.mark("finish")
     wrapped.finish_gradient_synchronization()
+    if clip is not None:
+        recording.mark("clip")
+        require(impl, "clip_grad_norm_")(wrapped.module, clip["max_norm"], clip["norm_type"])
     recording.mark("after")
     return {"loss": loss.detach().cpu()}
 
@@ -138,12 +142,14 @@ def tensor_parallel(ctx: RankContext, impl, process_group, layer: str, dense: di
 
 
 def fully_sharded_step(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, batch: dict,
-                       reshard_after_forward: bool = True, compute_dtype: str | None = None, group=None) -> dict:
+                       reshard_after_forward: bool = True, compute_dtype: str | None = None,
+                       clip: dict | None = None, group=None) -> dict:
     """Shard every unit, then the root ("setup", harness/rank/programs/fully_sharded.py's units), then one
     step: forward and backward ("step"), the optimizer's step ("optimizer"). Returns the loss and,
     as forward ends, the bytes of what the step's all-gathers and receives wrote that the
     implementation still holds (``held_after_forward``, recording.still_held: full weights kept
-    for backward instead of gathered again)."""
+    for backward instead of gathered again). With ``clip`` the implementation's clip_grad_norm_
+    runs between backward and the optimizer's step ("clip")."""
     from harness.rank.programs.fully_sharded import sharded_model
 
     if group is not None:
@@ -157,6 +163,9 @@ def fully_sharded_step(ctx: RankContext, impl, model: dict, seed: int, optimizer
     loss = net(inputs, targets)
     held = sum(s["bytes"] for s in recording.still_held() if s["held"])
     loss.backward()
+    if clip is not None:
+        recording.mark("clip")
+        require(impl, "clip_grad_norm_")(net, clip["max_norm"], clip["norm_type"])
     recording.mark("optimizer")
     opt.step()
     recording.mark("after")
