@@ -11,6 +11,7 @@ from . import collectives
 from .collectives import *  # noqa: F403 - the eleven, named once: collectives.__all__
 from .context_parallel import context_parallel_attention
 from .data_parallel import BucketedDataParallel, DataParallel, NaiveDataParallel, OverlappedDataParallel
+from .data_sampling import DistributedSampler
 from .expert_parallel import ExpertParallelMoE
 from .fully_sharded import full_parameters, fully_shard
 from .grad_clipping import clip_grad_norm_
@@ -26,6 +27,7 @@ __all__ = [
     "OverlappedDataParallel",
     "BucketedDataParallel",
     "ShardedOptimizer",
+    "DistributedSampler",
     # expert parallelism
     "ExpertParallelMoE",
     # fully sharded data parallelism

@@ -104,6 +104,17 @@ def full_parameters(module):
     raise NotImplementedError("full_parameters")
 
 
+# ------------------------------------------------------------------------------ distributed sampling
+# CONTRACT.md, "Distributed sampling"
+class DistributedSampler:
+    """torch.utils.data.DistributedSampler's signature and rules: each replica yields ceil(N / n)
+    indices (floor with drop_last), the epoch padded with repeats; the order depends on seed, epoch
+    (``set_epoch``) and replica only."""
+
+    def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0, drop_last=False):
+        raise NotImplementedError("DistributedSampler")
+
+
 # -------------------------------------------------------------- gradient clipping by the global norm
 # CONTRACT.md, "Gradient clipping by the global norm"
 def clip_grad_norm_(module, max_norm, norm_type=2.0):
