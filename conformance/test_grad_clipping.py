@@ -59,6 +59,18 @@ PROGRAMS = {"fully_sharded": ("fully_sharded:train", {}),
             "data_parallel": ("data_parallel:train", {"bucket_size_mb": None})}
 
 
+def check_norm(judge: Judge, who: str, norm, want: float, allowed: float, truth: str, rule: str) -> torch.Tensor:
+    """What clip_grad_norm_ returned (``norm``) is a floating tensor of one element within
+    ``allowed`` of ``want``; returned as a 0-d tensor for the bitwise comparison across ranks."""
+    if not torch.is_tensor(norm) or norm.numel() != 1 or not norm.is_floating_point():
+        judge.fail(f"{who}: clip_grad_norm_ returned {norm!r}; the contract asks for the total norm as a floating "
+                   f"tensor of one element")
+    if not abs(float(norm) - want) <= allowed:
+        judge.fail(f"{who}: clip_grad_norm_ returned the norm {float(norm)!r}, {truth} {want!r} (allowed difference "
+                   f"{allowed:.3g}; ratio {float(norm) / want if want else math.inf:.4g}): {rule}")
+    return norm.reshape(())
+
+
 @pytest.mark.capability("grad_clipping")
 @pytest.mark.parametrize("layout", PROGRAMS)
 @given(data=st.data())
@@ -93,16 +105,9 @@ def test_the_norm_is_global_and_every_rank_clips_by_it(layout, data, ranks, targ
         norms = {}
         for r in range(n):
             got = outputs[r]["steps"][s]
-            norm = got["norm"]
-            if not torch.is_tensor(norm) or norm.numel() != 1 or not norm.is_floating_point():
-                judge.fail(f"rank {r} at {step}: clip_grad_norm_ returned {norm!r}; the contract asks for the total "
-                           f"norm as a floating tensor of one element")
-            norms[r] = norm.reshape(())
-            if not abs(float(norm) - want) <= atol:
-                judge.fail(f"rank {r} at {step}: clip_grad_norm_ returned the norm {float(norm)!r}, the norm of the "
-                           f"averaged full gradient is {want!r} (allowed difference {atol:.3g}; ratio "
-                           f"{float(norm) / want if want else math.inf:.4g}): the norm must count every element of "
-                           f"every gradient once, on every rank")
+            norms[r] = check_norm(judge, f"rank {r} at {step}", got["norm"], want, atol,
+                                  "the norm of the averaged full gradient is",
+                                  "the norm must count every element of every gradient once, on every rank")
             check_names(judge, got["state"], expected.states[s], f"rank {r} after {step}: full parameters and buffers")
             for name, value in expected.states[s].items():
                 judge.tensor(got["state"][name], value,
@@ -147,15 +152,8 @@ def test_a_tensor_parallel_mlp_counts_its_replicated_bias_once(data, ranks, targ
     norms = {}
     for i, rank in enumerate(example.layout.ranks):
         got = outputs[rank]
-        norm = got["norm"]
-        if not torch.is_tensor(norm) or norm.numel() != 1 or not norm.is_floating_point():
-            judge.fail(f"rank {rank}: clip_grad_norm_ returned {norm!r}; the contract asks for the total norm as a "
-                       f"floating tensor of one element")
-        norms[rank] = norm.reshape(())
-        if not abs(float(norm) - want) <= allowed:
-            judge.fail(f"rank {rank}: clip_grad_norm_ returned the norm {float(norm)!r}, the dense MLP's gradients have "
-                       f"{want!r} (allowed difference {allowed:.3g}; ratio {float(norm) / want if want else math.inf:.4g})"
-                       f": each member's shards count once, and fc2's bias, whole on every member, once in all")
+        norms[rank] = check_norm(judge, f"rank {rank}", got["norm"], want, allowed, "the dense MLP's gradients have",
+                                 "each member's shards count once, and fc2's bias, whole on every member, once in all")
         for prefix, split in (("fc1_", ref_tp.column_shard), ("fc2_", ref_tp.row_shard)):
             gw, gb = split(dense["grad_" + prefix + "weight"], dense.get("grad_" + prefix + "bias"), n, i)
             tw, tb = split(atol["grad_" + prefix + "weight"], atol.get("grad_" + prefix + "bias"), n, i)
