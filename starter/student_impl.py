@@ -124,6 +124,14 @@ def clip_grad_norm_(module, max_norm, norm_type=2.0):
     raise NotImplementedError("clip_grad_norm_")
 
 
+# -------------------------------------------------------------- vocabulary-parallel cross entropy
+# CONTRACT.md, "Vocabulary-parallel cross entropy"
+def vocab_parallel_cross_entropy(logits, targets, vocab_size, group=None):
+    """Per-token cross entropy over a vocabulary split across the group (padded to a multiple of
+    its size; the padding columns never reach the softmax), without gathering the logits."""
+    raise NotImplementedError("vocab_parallel_cross_entropy")
+
+
 # ----------------------------------------------------------------------------- expert parallelism
 # CONTRACT.md, "Expert parallelism"
 class ExpertParallelMoE:

@@ -107,6 +107,18 @@ def clip(ctx: RankContext, impl, process_group, dense: dict, options: dict, x: t
 
 
 @on_members
+def vocab_cross_entropy(ctx: RankContext, impl, process_group, logits: torch.Tensor, targets: torch.Tensor,
+                        vocab_size: int, grad_output: torch.Tensor) -> dict:
+    """The implementation's ``vocab_parallel_cross_entropy`` on this rank's logit columns, then
+    backward with the upstream gradient: the per-token losses and the gradient of the columns."""
+    function = require(impl, "vocab_parallel_cross_entropy")
+    logits = ctx.to_device(logits).requires_grad_(True)
+    loss = function(logits, ctx.to_device(targets), vocab_size, group=process_group)
+    loss.backward(ctx.to_device(grad_output))
+    return ctx.to_cpu({"loss": _local(loss), "grad_logits": logits.grad})
+
+
+@on_members
 def refusal(ctx: RankContext, impl, process_group, layer: str, dense: dict, options: dict, x: torch.Tensor) -> dict:
     """Build and run forward on sizes that do not split: what was raised, if anything."""
     try:

@@ -1,0 +1,63 @@
+"""Vocabulary-parallel cross entropy (Megatron-LM, Shoeybi et al. 2019, section 3), on the bundled
+point-to-point collectives: ``vocab_parallel_cross_entropy(logits, targets, vocab_size, group=None)``.
+
+Rank r holds the logit columns [r V_pad / n, (r + 1) V_pad / n) of the vocabulary padded to
+V_pad = n ceil(V / n); the columns >= V are padding. Per token: the global max m of the real
+logits (all-reduce MAX), the sum of exp(z - m) over the real columns (all-reduce SUM), and the
+target's logit, which one rank holds (all-reduce SUM of it or zero); loss = m + log(sum) - z_t.
+Backward needs no communication: softmax(z) - onehot(t) on this rank's real columns, zero on the
+padding, times the token's upstream gradient. The logits are never gathered.
+
+Never imports reference/.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from . import collectives
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, targets, vocab_size, group):
+        rank = dist.get_rank(group)
+        width = logits.shape[-1]
+        start = rank * width
+        real = max(0, min(width, vocab_size - start))  # this rank's columns below V
+        z = logits[..., :real]
+        local_max = z.amax(dim=-1) if real else torch.full(logits.shape[:-1], float("-inf"), dtype=logits.dtype,
+                                                            device=logits.device)
+        top = local_max.contiguous()
+        collectives.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+        shifted = torch.exp(z - top.unsqueeze(-1))
+        total = shifted.sum(dim=-1).contiguous()
+        collectives.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+        mine = (targets >= start) & (targets < start + real)
+        local_index = torch.where(mine, targets - start, torch.zeros_like(targets))
+        picked = torch.gather(logits, -1, local_index.unsqueeze(-1)).squeeze(-1) if width else torch.zeros_like(top)
+        target_logit = torch.where(mine, picked, torch.zeros_like(picked)).contiguous()
+        collectives.all_reduce(target_logit, op=dist.ReduceOp.SUM, group=group)
+        softmax = torch.zeros_like(logits)
+        softmax[..., :real] = shifted / total.unsqueeze(-1)
+        ctx.save_for_backward(softmax, mine, local_index)
+        return top + torch.log(total) - target_logit
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        softmax, mine, local_index = ctx.saved_tensors
+        grad = softmax.clone()
+        hit = torch.zeros_like(grad).scatter_(-1, local_index.unsqueeze(-1), mine.unsqueeze(-1).to(grad.dtype))
+        return (grad - hit) * grad_loss.unsqueeze(-1), None, None, None
+
+
+def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int,
+                                 group=None) -> torch.Tensor:
+    """Per-token cross entropy over the vocabulary split across ``group`` (module docstring):
+    ``logits`` [..., V_pad / n] this rank's columns, ``targets`` [...] global ids < vocab_size;
+    returns the per-token losses [...], the same on every rank, differentiable in ``logits``."""
+    n = dist.get_world_size(group)
+    if logits.shape[-1] * n < vocab_size:
+        raise ValueError(f"{n} ranks of {logits.shape[-1]} logit columns hold {logits.shape[-1] * n} < the vocabulary "
+                         f"{vocab_size}")
+    return _VocabParallelCrossEntropy.apply(logits, targets, vocab_size, group)
