@@ -48,3 +48,26 @@ class _LossParallel(torch.autograd.Function):
 
 def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, group=None):
     return _LossParallel.apply(logits, targets, vocab_size, group)
+
+
+class VocabParallelEmbedding:
+    """torch's ``RowwiseParallel`` on an ``nn.Embedding`` (the table sharded by rows as a DTensor,
+    the lookup masked per rank and the partial rows summed), on the table padded with zero rows to
+    a multiple of the group, the contract's layout (torch alone would cut V rows by torch.chunk)."""
+
+    @staticmethod
+    def from_dense(embedding, group=None):
+        from torch import nn
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.tensor import Replicate
+        from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
+
+        mesh = DeviceMesh.from_group(group or dist.group.WORLD, embedding.weight.device.type)
+        vocab, width = embedding.weight.shape
+        padded = -(-vocab // mesh.size()) * mesh.size()
+        table = nn.Embedding(padded, width, dtype=embedding.weight.dtype, device=embedding.weight.device)
+        with torch.no_grad():
+            table.weight.zero_()
+            table.weight[:vocab] = embedding.weight
+        # the token ids are the same on every rank (replicated), not a shard of a longer input
+        return parallelize_module(table, mesh, RowwiseParallel(input_layouts=Replicate()))

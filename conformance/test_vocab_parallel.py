@@ -1,5 +1,6 @@
-"""Conformance of vocabulary-parallel cross entropy (``vocab_parallel_cross_entropy(logits,
-targets, vocab_size, group=None)``, CONTRACT.md), against reference/vocab_parallel.py.
+"""Conformance of the vocabulary split across a group (``VocabParallelEmbedding.from_dense`` and
+``vocab_parallel_cross_entropy(logits, targets, vocab_size, group=None)``, CONTRACT.md), against
+reference/vocab_parallel.py.
 
 Megatron-LM#1754: with a vocabulary padded to a multiple of the group (50257 at TP=2) the loss was
 50% off after 2000 steps: padding columns reached the softmax. Each test draws a group, a
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 import reference.vocab_parallel as ref
 from conformance.examples import layouts
 from conformance.verdict import Judge
+from reference.tolerance import unit_roundoff
 
 PROGRAM = "tensor_parallel:vocab_cross_entropy"
 DTYPES = (torch.float32, torch.float64)
@@ -57,3 +59,40 @@ def test_the_loss_and_its_gradient_equal_the_dense_cross_entropy(data, ranks, ta
                      what=f"rank {rank} gradient of its logit columns (softmax - onehot of the target, zero in the "
                           f"padding)")
     judge.bitwise_identical({rank: outputs[rank]["loss"] for rank in layout.ranks}, what="the per-token losses")
+
+
+@pytest.mark.capability("vocab_parallel")
+@given(data=st.data())
+def test_the_embedding_equals_the_dense_embedding(data, ranks, target, reproduce):
+    """``VocabParallelEmbedding.from_dense``: every member's output is the dense lookup, exactly (one
+    member contributes each row, the others zeros) and bitwise the same on every member; its
+    ``.weight`` its rows of the table padded with zero rows; their gradient its rows of the dense
+    gradient, zero in the padding rows (a sum over the tokens of a row, in any order: (T + 1) u
+    times the sum of magnitudes, T the tokens)."""
+    layout = data.draw(layouts(target.max_world_size), label="layout")
+    n = layout.size
+    vocab = data.draw(st.integers(1, 4 * n + 3), label="vocab")
+    width = data.draw(st.integers(1, 5), label="width")
+    leading = tuple(data.draw(st.lists(st.integers(1, 3), min_size=1, max_size=2), label="leading dims"))
+    dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
+    seed = data.draw(st.integers(0, 2**16), label="seed")
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.randn((vocab, width), generator=g).to(dtype)
+    tokens = torch.randint(0, vocab, leading, generator=g)
+    grad_output = torch.randn((*leading, width), generator=g).to(dtype)
+    judge = Judge(f"{layout}, vocab={vocab} (padded to {ref.padded_vocabulary(vocab, n)}), width={width}, leading "
+                  f"dims {leading}, {str(dtype).removeprefix('torch.')}, seed={seed}", reproduce)
+    dense = ref.embedding(weight, tokens, grad_output)
+    magnitudes = ref.embedding(weight, tokens, grad_output.abs())["grad_weight"].double()
+    atol = (tokens.numel() + 1) * unit_roundoff(dtype) * magnitudes + torch.finfo(dtype).tiny
+    outputs = judge.run(ranks, layout, "tensor_parallel:vocab_embedding",
+                        [{"weight": weight, "tokens": tokens, "grad_output": grad_output} for _ in range(n)])
+    for i, rank in enumerate(layout.ranks):
+        got = outputs[rank]
+        judge.tensor(got["output"], dense["output"], what=f"rank {rank} output (the dense lookup W[tokens], exact)")
+        judge.tensor(got["weight"], ref.padded_rows(weight, n, i),
+                     what=f"rank {rank} weight (its rows of the table padded with zero rows)")
+        judge.tensor(got["grad_weight"], ref.padded_rows(dense["grad_weight"], n, i),
+                     atol=ref.padded_rows(atol, n, i),
+                     what=f"rank {rank} weight gradient (its rows of the dense gradient; zero in the padding)")
+    judge.bitwise_identical({rank: outputs[rank]["output"] for rank in layout.ranks}, what="the output")

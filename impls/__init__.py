@@ -18,7 +18,7 @@ from .grad_clipping import clip_grad_norm_
 from .pipeline_parallel import generate_schedule, pipeline_step
 from .sharded_optimizer import ShardedOptimizer
 from .tensor_parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP
-from .vocab_parallel import vocab_parallel_cross_entropy
+from .vocab_parallel import VocabParallelEmbedding, vocab_parallel_cross_entropy
 
 __all__ = [
     *collectives.__all__,  # the eleven, in torch.distributed's order
@@ -42,6 +42,7 @@ __all__ = [
     "ColumnParallelLinear",
     "RowParallelLinear",
     "TensorParallelMLP",
+    "VocabParallelEmbedding",
     "vocab_parallel_cross_entropy",
     # pipeline parallelism
     "pipeline_step",

@@ -1,5 +1,11 @@
-"""Vocabulary-parallel cross entropy (Megatron-LM, Shoeybi et al. 2019, section 3), on the bundled
-point-to-point collectives: ``vocab_parallel_cross_entropy(logits, targets, vocab_size, group=None)``.
+"""The vocabulary split across a group (Megatron-LM, Shoeybi et al. 2019, section 3), on the bundled
+point-to-point collectives: ``VocabParallelEmbedding.from_dense(embedding, group=None)`` and
+``vocab_parallel_cross_entropy(logits, targets, vocab_size, group=None)``.
+
+The embedding: rank r keeps rows [r V_pad / n, (r + 1) V_pad / n) of the table padded with zero
+rows to V_pad = n ceil(V / n); a token's row comes from the rank that holds it, zeros from the
+others, summed by one all-reduce (backward: identity, so each rank's rows get the gradient of the
+tokens it looked up; the padding rows, never looked up, get none).
 
 Rank r holds the logit columns [r V_pad / n, (r + 1) V_pad / n) of the vocabulary padded to
 V_pad = n ceil(V / n); the columns >= V are padding. Per token: the global max m of the real
@@ -14,8 +20,37 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
 
 from . import collectives
+from .tensor_parallel import reduce_from_parallel_region
+
+
+class VocabParallelEmbedding(nn.Module):
+    """This rank's rows of the padded embedding table; forward returns the full embeddings of the
+    tokens on every rank (module docstring)."""
+
+    def __init__(self, weight: torch.Tensor, vocab_size: int, group=None):
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach().clone())
+        self.vocab_size, self.group = vocab_size, group
+
+    @classmethod
+    def from_dense(cls, embedding: nn.Embedding, group=None) -> VocabParallelEmbedding:
+        n, rank = dist.get_world_size(group), dist.get_rank(group)
+        vocab, width = embedding.weight.shape
+        each = -(-vocab // n)
+        padded = embedding.weight.new_zeros((each * n, width))
+        padded[:vocab] = embedding.weight.detach()
+        return cls(padded[rank * each:(rank + 1) * each], vocab, group)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        each = self.weight.shape[0]
+        start = dist.get_rank(self.group) * each
+        mine = (tokens >= start) & (tokens < start + each)
+        rows = F.embedding(torch.where(mine, tokens - start, torch.zeros_like(tokens)), self.weight)
+        return reduce_from_parallel_region(rows * mine.unsqueeze(-1).to(rows.dtype), self.group)
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):

@@ -1,6 +1,11 @@
-"""Single-process truth for vocabulary-parallel cross entropy (Megatron-LM, Shoeybi et al. 2019,
-section 3: the output embedding's GEMM is split along the vocabulary, and the loss is computed
-without gathering the logits).
+"""Single-process truth for the vocabulary split across a group (Megatron-LM, Shoeybi et al. 2019,
+section 3): the input embedding's table split by rows, and the output layer's logits split along the
+vocabulary with the loss computed without gathering them.
+
+The embedding: the table [V, d] padded with zero rows to V_pad rows, rank r holding rows
+[r V_pad / n, (r + 1) V_pad / n); the output is the dense lookup W[t] exactly (one rank contributes
+a row, the others zeros), and the gradient of row v is the sum of the upstream gradients of the
+tokens equal to v (zero for the padding rows).
 
 With a vocabulary of V entries on n ranks, the vocabulary is padded to V_pad = n ceil(V / n) and
 rank r holds the logit columns [r V_pad / n, (r + 1) V_pad / n); the columns >= V are padding and
@@ -33,6 +38,22 @@ def padded_vocabulary(vocab: int, n: int) -> int:
     if vocab < 1 or n < 1:
         raise ValueError(f"the vocabulary and the group size must be at least 1, got {vocab} and {n}")
     return n * math.ceil(vocab / n)
+
+
+def embedding(weight: Tensor, tokens: Tensor, grad_output: Tensor) -> dict[str, Tensor]:
+    """The dense lookup W[tokens] and, for the upstream gradient [..., d], the table's gradient
+    [V, d]: each row the sum of its tokens' upstream gradients, in float64. Keys: output, grad_weight."""
+    grad = torch.zeros(weight.shape, dtype=torch.float64)
+    grad.index_add_(0, tokens.reshape(-1), grad_output.reshape(-1, weight.shape[1]).double())
+    return {"output": weight[tokens], "grad_weight": grad.to(weight.dtype)}
+
+
+def padded_rows(table: Tensor, n: int, index: int) -> Tensor:
+    """Rank ``index``'s rows of ``table`` [V, ...] padded with zero rows to V_pad."""
+    each = -(-table.shape[0] // n)
+    padded = table.new_zeros((each * n, *table.shape[1:]))
+    padded[:table.shape[0]] = table
+    return padded[index * each:(index + 1) * each].clone()
 
 
 def logits_shard(logits: Tensor, n: int, index: int) -> Tensor:

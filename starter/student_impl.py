@@ -126,6 +126,15 @@ def clip_grad_norm_(module, max_norm, norm_type=2.0):
 
 # -------------------------------------------------------------- vocabulary-parallel cross entropy
 # CONTRACT.md, "Vocabulary-parallel cross entropy"
+class VocabParallelEmbedding:
+    """This rank's rows of the embedding table padded to a multiple of the group; forward returns
+    the full embeddings of the tokens on every rank (one all-reduce)."""
+
+    @classmethod
+    def from_dense(cls, embedding, group=None):
+        raise NotImplementedError("VocabParallelEmbedding")
+
+
 def vocab_parallel_cross_entropy(logits, targets, vocab_size, group=None):
     """Per-token cross entropy over a vocabulary split across the group (padded to a multiple of
     its size; the padding columns never reach the softmax), without gathering the logits."""

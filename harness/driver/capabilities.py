@@ -84,7 +84,7 @@ CAPABILITIES: tuple[Capability, ...] = (
                "conformance/test_tensor_parallel.py", "tensor_parallel", contract="Tensor parallelism",
                files=_files(("tensor_parallel",), "tensor_parallel", "tensor_parallel", "tensor_parallel", "dtensor_tp",
                             "tensor_parallel")),
-    Capability("vocab_parallel", ("vocab_parallel_cross_entropy",), "conformance/test_vocab_parallel.py",
+    Capability("vocab_parallel", ("VocabParallelEmbedding", "vocab_parallel_cross_entropy"), "conformance/test_vocab_parallel.py",
                "vocab_parallel", contract="Vocabulary-parallel cross entropy",
                files=_files(("vocab_parallel",), "vocab_parallel", "tensor_parallel", adapter="torch_vocab_parallel")),
     Capability("composition", ("TensorParallelMLP", "all_reduce"), "conformance/test_composition.py", "composition",

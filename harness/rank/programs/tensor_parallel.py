@@ -107,6 +107,26 @@ def clip(ctx: RankContext, impl, process_group, dense: dict, options: dict, x: t
 
 
 @on_members
+def vocab_embedding(ctx: RankContext, impl, process_group, weight: torch.Tensor, tokens: torch.Tensor,
+                    grad_output: torch.Tensor) -> dict:
+    """The implementation's ``VocabParallelEmbedding.from_dense`` of the dense table ``weight``,
+    forward on the tokens (the same on every rank), backward with the upstream gradient: the
+    output, and this rank's rows of the table and their gradient."""
+    dense = nn.Embedding(*weight.shape, dtype=weight.dtype, device=ctx.device)
+    with torch.no_grad():
+        dense.weight.copy_(ctx.to_device(weight))
+    module = require(impl, "VocabParallelEmbedding").from_dense(dense, group=process_group)
+    output = module(ctx.to_device(tokens))
+    output.backward(ctx.to_device(grad_output))
+    grad = module.weight.grad
+    if hasattr(grad, "redistribute") and grad.placements != module.weight.placements:
+        # torch 2.13's sharded embedding leaves a replicated gradient on a row-sharded table: the
+        # rows this rank holds are what it is judged by (a local slice, nothing sent)
+        grad = grad.redistribute(placements=module.weight.placements)
+    return ctx.to_cpu({"output": _local(output), "weight": _local(module.weight), "grad_weight": _local(grad)})
+
+
+@on_members
 def vocab_cross_entropy(ctx: RankContext, impl, process_group, logits: torch.Tensor, targets: torch.Tensor,
                         vocab_size: int, grad_output: torch.Tensor) -> dict:
     """The implementation's ``vocab_parallel_cross_entropy`` on this rank's logit columns, then
