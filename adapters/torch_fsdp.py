@@ -32,26 +32,3 @@ def full_parameters(module: nn.Module) -> dict:
     return {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
             for name, p in module.named_parameters()}
 
-
-def clip_grad_norm_(module: nn.Module, max_norm: float, norm_type: float = 2.0):
-    """torch.nn.utils.clip_grad_norm_ over the module's parameters: with FSDP2's DTensor gradients
-    the norm is a DTensor reduced over the mesh; its full value is returned.
-
-    torch 2.13 cannot take the infinity norm when a rank's shard of a gradient is empty (a
-    parameter with fewer rows than ranks: FSDP2 cuts dim 0 with torch.chunk): ``_foreach_norm``
-    refuses the empty tensor on that rank while the others wait in the reduction. Every rank sees
-    the global shapes, so every rank refuses that case alike, before any communication."""
-    import math
-
-    import torch
-
-    parameters = [p for p in module.parameters() if p.grad is not None]
-    if math.isinf(norm_type):
-        for p in parameters:
-            mesh = getattr(p, "device_mesh", None)
-            if mesh is not None and p.dim() and len(torch.empty(p.shape[0]).chunk(mesh.size())) < mesh.size():
-                raise NotImplementedError(
-                    f"torch's clip_grad_norm_ cannot take the infinity norm of FSDP2 gradients when a rank's shard is "
-                    f"empty (a parameter of {p.shape[0]} rows on {mesh.size()} ranks: _foreach_norm of an empty tensor)")
-    norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type)
-    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm

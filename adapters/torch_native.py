@@ -28,7 +28,8 @@ from torch.distributed import (  # noqa: F401 - re-exported: the contract's coll
 from adapters.dtensor_tp import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP  # noqa: F401 - re-exported: the contract's names
 from adapters.torch_context_parallel import context_parallel_attention  # noqa: F401 - raises: not adapted, why
 from adapters.torch_ddp import DataParallel  # noqa: F401 - re-exported: the contract's names
-from adapters.torch_fsdp import clip_grad_norm_, full_parameters, fully_shard  # noqa: F401 - re-exported: the contract's names
+from adapters.torch_fsdp import full_parameters, fully_shard  # noqa: F401 - re-exported: the contract's names
+from adapters.torch_grad_clipping import clip_grad_norm_  # noqa: F401 - re-exported: the contract's names
 from adapters.torch_moe import ExpertParallelMoE  # noqa: F401 - re-exported: the contract's names
 from adapters.torch_pipelining import generate_schedule, pipeline_step  # noqa: F401 - re-exported: the contract's names
 from adapters.torch_sampler import DistributedSampler  # noqa: F401 - re-exported: the contract's names

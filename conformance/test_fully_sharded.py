@@ -67,6 +67,15 @@ def memory_bound(example: Example) -> tuple[int, int, str]:
                         f"(the largest unit's full parameters)")
 
 
+def check_sharded_memory(judge: Judge, who: str, held, memory: tuple[int, int, str]) -> None:
+    """``held`` ({kind: elements}, as the rank program counts them) within ``memory_bound``'s bound."""
+    one, bound, formula = memory
+    total = sum(held.values()) if isinstance(held, dict) else -1
+    if total > bound:
+        judge.fail(f"{who} holds {total} elements ({held}); one process holds {one}, a fully sharded rank at most "
+                   f"{formula} = {bound}: something is replicated, not sharded")
+
+
 @pytest.mark.capability("fully_sharded")
 @given(data=st.data())
 def test_training_matches_one_process_and_memory_is_sharded(data, ranks, target, request):
@@ -130,7 +139,7 @@ def judge_training(example: Example, micro_batches: int, ranks, target, request,
     model = models.build(example.model, example.seed)
     exact = {name for name, p in model.named_parameters() if not p.requires_grad} | {n for n, _ in model.named_buffers()}
     expected = ref.train(model, example.optimizer, batch, example.steps, micro_batches)
-    one, bound, formula = memory_bound(example)
+    memory = memory_bound(example)
     before = expected.initial
     for s in range(example.steps):
         step = f"step {s + 1}"
@@ -144,11 +153,7 @@ def judge_training(example: Example, micro_batches: int, ranks, target, request,
             for name, want in expected.states[s].items():
                 judge.tensor(got["state"][name], want, atol=None if name in exact else ref.param_atol(expected, s + 1, name),
                              what=f"rank {r} '{name}' after {step} (full_parameters; one process on the global batch)")
-            held = got["held"]
-            total = sum(held.values()) if isinstance(held, dict) else -1
-            if total > bound:
-                judge.fail(f"rank {r} after {step} holds {total} elements ({held}); one process holds {one}, a fully "
-                           f"sharded rank at most {formula} = {bound}: something is replicated, not sharded")
+            check_sharded_memory(judge, f"rank {r} after {step}", got["held"], memory)
         for name in expected.states[s]:
             judge.bitwise_identical({r: outputs[r]["steps"][s]["state"][name] for r in range(n)},
                                     what=f"'{name}' after {step}")
@@ -198,14 +203,10 @@ def test_compute_dtype_computes_low_and_keeps_float32_masters(data, ranks, targe
         {"model": example.model, "seed": example.seed, "optimizer": example.optimizer, "steps": 1,
          "batches": per_rank[r], "compute_dtype": dtype_name} for r in range(n)])
     master = str(next(iter(expected.initial.values())).dtype).removeprefix("torch.")
-    one, bound, formula = memory_bound(example)
+    memory = memory_bound(example)
     for r in range(n):
         got = outputs[r]["steps"][0]
-        held = got["held"]
-        total = sum(held.values()) if isinstance(held, dict) else -1
-        if total > bound:
-            judge.fail(f"rank {r} holds {total} elements ({held}); one process holds {one}, a fully sharded rank at "
-                       f"most {formula} = {bound}: something is replicated, not sharded")
+        check_sharded_memory(judge, f"rank {r}", got["held"], memory)
         judge.tensor(got["loss"].reshape(-1), expected.losses[r],
                      what=f"rank {r} losses (per micro-batch; exact: every logit is an integer computed exactly in "
                           f"{dtype_name})")

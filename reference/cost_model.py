@@ -204,6 +204,12 @@ def pipeline_stage(stages: int, stage: int, microbatches: int, activation_bytes:
             "backward": microbatches * gradient_bytes if stage > 0 else 0}
 
 
+def sharded_numel(n: int, numel: int, rows: int) -> int:
+    """Elements of a parameter of ``numel`` elements and ``rows`` rows once padded for n ranks: to a
+    multiple of n elements (flat sharding) or of n rows (dim-0 sharding, as FSDP2 does), the larger."""
+    return max(-(-numel // n) * n, -(-rows // n) * n * (numel // max(rows, 1)))
+
+
 def fully_sharded_step(n: int, unit_numels: list[list[tuple[int, int]]], itemsize: int, gathers: int = 2,
                        frozen_numels: list[list[tuple[int, int]]] | None = None,
                        reduce_itemsize: int | None = None) -> int:
@@ -219,14 +225,11 @@ def fully_sharded_step(n: int, unit_numels: list[list[tuple[int, int]]], itemsiz
     with the rest, never reduce-scattered). ``reduce_itemsize``: the gradients' element size when it
     differs from the gathered parameters' (a compute dtype: parameters gathered in it, gradients
     reduce-scattered in it or in the masters' dtype, at most ``reduce_itemsize``)."""
-    def padded(numel: int, rows: int) -> int:
-        return max(-(-numel // n) * n, -(-rows // n) * n * (numel // max(rows, 1)))
-
     frozen_numels = frozen_numels or [[] for _ in unit_numels]
     total = 0
     for unit, frozen in zip(unit_numels, frozen_numels, strict=True):
-        trainable = sum(padded(numel, rows) for numel, rows in unit)
-        gathered = trainable + sum(padded(numel, rows) for numel, rows in frozen)
+        trainable = sum(sharded_numel(n, numel, rows) for numel, rows in unit)
+        gathered = trainable + sum(sharded_numel(n, numel, rows) for numel, rows in frozen)
         total += gathers * all_gather(n, gathered, itemsize) + reduce_scatter(n, trainable, reduce_itemsize or itemsize)
     return total
 

@@ -90,8 +90,7 @@ def kept_for_backward(outputs: dict, net, n: int, itemsize: int) -> list[str]:
     from harness.rank.programs.fully_sharded import units
 
     def padded(p) -> int:
-        rows = p.shape[0] if p.dim() else 1
-        return max(-(-p.numel() // n) * n, -(-rows // n) * n * (p.numel() // max(rows, 1)))
+        return cost_model.sharded_numel(n, p.numel(), p.shape[0] if p.dim() else 1)
 
     in_units = {id(p) for u in units(net) for p in u.parameters()}
     root = [p for p in net.parameters() if id(p) not in in_units]

@@ -74,7 +74,7 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability("grad_clipping", ("clip_grad_norm_",), "conformance/test_grad_clipping.py", "grad_clipping",
                contract="Gradient clipping by the global norm",
                files=(*_files((*_DP, "tensor_parallel"), "grad_clipping", "fully_sharded", "grad_clipping",
-                             "torch_fsdp"),
+                             "torch_grad_clipping"),
                       "harness/rank/programs/data_parallel.py", "harness/rank/programs/tensor_parallel.py")),
     Capability("data_sampler", ("DistributedSampler",), "conformance/test_data_sampler.py", "data_sampler",
                contract="Distributed sampling",
