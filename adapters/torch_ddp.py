@@ -5,9 +5,18 @@ DDP averages gradients during backward (bucketed all-reduces started from autogr
 step leave some parameters without a gradient (DDP then keeps .grad None for a parameter no rank
 used, as single-process training does); ``broadcast_buffers=True`` sends rank 0's buffers at every
 forward, and DDP's constructor broadcasts rank 0's parameters and buffers.
+
+``gradient_divide_factor`` f: a communication hook (``register_comm_hook``, the documented way to
+change DDP's reduction; DDP leaves the division to a hook it is given) sums each bucket over ranks
+and divides by f. DDP's reducer puts each parameter's accumulated .grad in the bucket, which
+averaging may reduce whole but a sum may not (under gradient accumulation the part synchronized by
+earlier backwards would be counted n times), so the hook reduces only what the latest backward
+added: the bucket less what the bucket's .grads held when forward ran.
 """
 from __future__ import annotations
 
+import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 
@@ -16,7 +25,34 @@ class _DistributedDataParallel(DistributedDataParallel):
         """Nothing to do: DDP has averaged every gradient by the end of backward."""
 
 
-def DataParallel(module, bucket_size_mb=None):
+class _SummingDistributedDataParallel(_DistributedDataParallel):
+    """DDP whose hook sums what the latest backward added to each bucket (the module docstring)."""
+
+    def forward(self, *args, **kwargs):
+        self._held = {id(p): None if p.grad is None else p.grad.detach().clone() for p in self.module.parameters()}
+        return super().forward(*args, **kwargs)
+
+    def held_before(self, bucket) -> torch.Tensor:
+        held = getattr(self, "_held", {})
+        return torch.cat([(held.get(id(p)) if held.get(id(p)) is not None else torch.zeros_like(p)).reshape(-1)
+                          for p in bucket.parameters()])
+
+
+def _sum_divided_by_factor(wrapped: _SummingDistributedDataParallel, bucket):
+    """A DDP communication hook: what .grad held before, plus the sum over ranks of what this
+    backward added, divided by the wrapper's ``divide_factor``."""
+    before = wrapped.held_before(bucket)
+    added = bucket.buffer() - before.to(bucket.buffer().dtype)
+    future = dist.all_reduce(added, async_op=True).get_future()
+    return future.then(lambda done: before + done.value()[0] / wrapped.divide_factor)
+
+
+def DataParallel(module, bucket_size_mb=None, gradient_divide_factor=None):
     """DDP over the default group; buckets of ``bucket_size_mb`` MiB, or DDP's default (25)."""
     options = {} if bucket_size_mb is None else {"bucket_cap_mb": bucket_size_mb}
-    return _DistributedDataParallel(module, broadcast_buffers=True, find_unused_parameters=True, **options)
+    kind = _DistributedDataParallel if gradient_divide_factor is None else _SummingDistributedDataParallel
+    wrapped = kind(module, broadcast_buffers=True, find_unused_parameters=True, **options)
+    if gradient_divide_factor is not None:
+        wrapped.divide_factor = float(gradient_divide_factor)
+        wrapped.register_comm_hook(wrapped, _sum_divided_by_factor)
+    return wrapped

@@ -6,14 +6,25 @@ backward, gradients reduce-scattered; the root not resharded after forward).
 ``compute_dtype`` becomes ``MixedPrecisionPolicy(param_dtype=compute_dtype)``: parameters cast
 before the all-gather, forward inputs cast, gradients reduce-scattered in it (torch's default
 ``reduce_dtype``) and kept in the parameters' dtype.
+``gradient_divide_factor`` f: torch's ``set_gradient_divide_factor(f)`` on the module (the
+reduce-scattered sum divided by f instead of the mesh's size). torch reduces with NCCL's
+``PREMUL_SUM`` then, which gloo refuses ("Cannot use ReduceOp.PREMUL_SUM with Gloo"), so off NCCL
+``set_force_sum_reduction_for_comms(True)`` makes it a SUM followed by the division, torch's own
+path for backends without it. On a world of one torch 2.13 divides the gradient it copies (there
+is nothing to reduce) by f, and then again by its post-division factor whenever it takes the SUM
+path: with that option or a reduce dtype other than float32 and bfloat16 (float64, float16). The
+gradient ends divided by f^2 (measured: 1 became 0.25 with f = 2), so the option is not set on a
+world of one, and a world of one in those dtypes with f != 1 is refused, naming torch's bug.
 ``full_parameters(module)`` gathers each DTensor parameter with ``full_tensor()``."""
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 from torch import nn
 
 
-def fully_shard(module: nn.Module, group=None, reshard_after_forward: bool = True, compute_dtype=None) -> nn.Module:
+def fully_shard(module: nn.Module, group=None, reshard_after_forward: bool = True, compute_dtype=None,
+                gradient_divide_factor=None) -> nn.Module:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import MixedPrecisionPolicy
     from torch.distributed.fsdp import fully_shard as torch_fully_shard
@@ -25,6 +36,17 @@ def fully_shard(module: nn.Module, group=None, reshard_after_forward: bool = Tru
     if compute_dtype is not None:
         options["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype)
     torch_fully_shard(module, mesh=mesh, **options)
+    if gradient_divide_factor is not None:
+        reduce_dtypes = {compute_dtype} if compute_dtype is not None else \
+            {p.dtype for p in module.parameters() if p.is_floating_point()}
+        if mesh.size() == 1 and gradient_divide_factor != 1 and reduce_dtypes - {torch.float32, torch.bfloat16}:
+            raise NotImplementedError(
+                f"torch's FSDP2 cannot apply gradient_divide_factor={gradient_divide_factor:g} on a world of one when it "
+                f"reduces in {sorted(str(d).removeprefix('torch.') for d in reduce_dtypes)}: it divides by the factor "
+                "twice (torch 2.13, foreach_reduce)")
+        module.set_gradient_divide_factor(float(gradient_divide_factor))
+        if dist.get_backend(group) != "nccl" and mesh.size() > 1:
+            module.set_force_sum_reduction_for_comms(True)
     return module
 
 

@@ -33,5 +33,6 @@ from adapters.torch_grad_clipping import clip_grad_norm_  # noqa: F401 - re-expo
 from adapters.torch_moe import ExpertParallelMoE  # noqa: F401 - re-exported: the contract's names
 from adapters.torch_pipelining import generate_schedule, pipeline_step  # noqa: F401 - re-exported: the contract's names
 from adapters.torch_sampler import DistributedSampler  # noqa: F401 - re-exported: the contract's names
+from adapters.torch_token_loss import global_token_count  # noqa: F401 - re-exported: the contract's names
 from adapters.torch_vocab_parallel import VocabParallelEmbedding, vocab_parallel_cross_entropy  # noqa: F401 - re-exported: the contract's names
 from adapters.torch_zero import ShardedOptimizer  # noqa: F401 - re-exported: the contract's names

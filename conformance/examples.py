@@ -9,6 +9,7 @@ import torch
 from hypothesis import strategies as st
 
 import reference.pipeline_schedules as sched
+from harness.rank import models
 from reference.collectives import DTYPES, op_applies
 
 FLOAT_DTYPES = tuple(d for d in DTYPES if d.is_floating_point)
@@ -191,6 +192,18 @@ optimizer_specs = st.one_of(
                            "betas": st.just([0.9, 0.999]), "eps": st.just(1e-3),
                            "weight_decay": st.sampled_from([0.0, 0.01])}),
 )
+
+
+MIB = 2**20
+
+
+@st.composite
+def bucket_sizes(draw, model: dict):
+    """None, or a size in bytes from 1 (every parameter alone in its bucket) to the sum of all
+    trainable parameters (a single bucket), as MiB (exact: a power-of-two division)."""
+    total = sum(models.trainable_bytes(models.build(model, 0)))
+    size = draw(st.one_of(st.none(), st.just(1), st.integers(1, total), st.just(total)))
+    return None if size is None else size / MIB
 
 
 def describe_spec(spec: dict, first: str) -> str:

@@ -33,12 +33,11 @@ from hypothesis import strategies as st
 
 import reference.data_parallel as ref
 import reference.likely_bugs as likely_bugs
-from conformance.examples import MODEL_DTYPES, describe_spec, model_specs, optimizer_specs
+from conformance.examples import MIB, MODEL_DTYPES, bucket_sizes, describe_spec, model_specs, optimizer_specs
 from conformance.verdict import Judge, check_names, mismatch
 from harness.rank import models
 
 PROGRAM = "data_parallel:train"
-MIB = 2**20
 
 
 @dataclass(frozen=True)
@@ -87,15 +86,6 @@ class Example:
         return (f"world_size={self.world_size}, global_batch={self.global_batch} ({self.per_rank_batch} per rank), "
                 f"model=({spec}), steps={self.steps}{accumulation}, zero_grad(set_to_none={self.set_to_none}), "
                 f"optimizer=({opt}), bucket_size_mb={bucket}, init: {init}, data_seed={self.data_seed}")
-
-
-@st.composite
-def bucket_sizes(draw, model: dict):
-    """None, or a size in bytes from 1 (every parameter alone in its bucket) to the sum of all
-    trainable parameters (a single bucket), as MiB (exact: a power-of-two division)."""
-    total = sum(models.trainable_bytes(models.build(model, 0)))
-    size = draw(st.one_of(st.none(), st.just(1), st.integers(1, total), st.just(total)))
-    return None if size is None else size / MIB
 
 
 @st.composite

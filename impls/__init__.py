@@ -18,6 +18,7 @@ from .grad_clipping import clip_grad_norm_
 from .pipeline_parallel import generate_schedule, pipeline_step
 from .sharded_optimizer import ShardedOptimizer
 from .tensor_parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP
+from .token_loss import global_token_count
 from .vocab_parallel import VocabParallelEmbedding, vocab_parallel_cross_entropy
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "BucketedDataParallel",
     "ShardedOptimizer",
     "DistributedSampler",
+    "global_token_count",
     # expert parallelism
     "ExpertParallelMoE",
     # fully sharded data parallelism

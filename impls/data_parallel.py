@@ -27,6 +27,10 @@ and every rank submits the same reductions in the same order, so messages match.
 Which parameters take part is decided per parameter, identically on every rank:
 * a parameter shared by several modules (tied weights) is one parameter: one hook, one reduction;
 * a frozen parameter (requires_grad=False) is broadcast at construction and never reduced;
+* with ``gradient_divide_factor`` f the reduction is the sum divided by f, and a rank reduces only
+  what the latest backward added to .grad (.grad less what it held when forward ran): under
+  gradient accumulation the part already synchronized is the same on every rank, which an average
+  leaves unchanged but a sum would count n times;
 * a parameter that got no gradient in a step (no forward used it) keeps .grad None, so torch's
   optimizers skip it, exactly as in single-process training. This assumes, like the contract, that
   the same parameters go unused on every rank (no data-dependent control flow); torch's DDP pays an
@@ -58,18 +62,25 @@ def _communication_thread() -> ThreadPoolExecutor:
         return _executor
 
 
-def _average_(tensor: torch.Tensor, group) -> None:
-    """tensor <- (1/n) sum over the group's ranks of tensor, in place."""
-    all_reduce(tensor, op=dist.ReduceOp.AVG, group=group)
+def _reduce_(tensor: torch.Tensor, group, divide_factor: float | None) -> None:
+    """tensor <- (1/n) sum over the group's ranks of tensor, in place; with ``divide_factor`` f,
+    (1/f) sum instead (f = 1: the sum, for a loss already divided by the global token count)."""
+    if divide_factor is None:
+        all_reduce(tensor, op=dist.ReduceOp.AVG, group=group)
+    else:
+        all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
+        tensor.div_(divide_factor)
 
 
 class _DataParallelBase(nn.Module):
     """Holds the module, broadcasts group rank 0's state, forwards calls to the module."""
 
-    def __init__(self, module: nn.Module, process_group=None):
+    def __init__(self, module: nn.Module, process_group=None, gradient_divide_factor: float | None = None):
         super().__init__()
         self.module = module
         self.process_group = process_group
+        self.divide_factor = gradient_divide_factor
+        self._held: dict[int, torch.Tensor | None] = {}  # under a divide factor: each .grad when forward ran
         with torch.no_grad():
             for tensor in [*module.parameters(), *module.buffers()]:
                 broadcast(tensor.detach(), group=process_group, group_src=0)
@@ -77,10 +88,25 @@ class _DataParallelBase(nn.Module):
         self._trainable = [p for p in module.parameters() if p.requires_grad]
 
     def forward(self, *args, **kwargs):
+        if self.divide_factor is not None:
+            self._held = {id(p): None if p.grad is None else p.grad.detach().clone() for p in self._trainable}
         return self.module(*args, **kwargs)
 
     def finish_gradient_synchronization(self) -> None:
         raise NotImplementedError
+
+    def _contribution(self, param: nn.Parameter) -> torch.Tensor:
+        """What this rank reduces for ``param``: .grad itself when averaging, else only what the
+        latest backward added to it (the module docstring says why)."""
+        if self.divide_factor is None:
+            return param.grad
+        held = self._held.get(id(param))
+        return param.grad.detach().clone() if held is None else param.grad.detach() - held
+
+    def _landed(self, param: nn.Parameter, reduced: torch.Tensor) -> torch.Tensor:
+        """What .grad holds once ``reduced`` (the reduction of ``_contribution``) is back."""
+        held = self._held.get(id(param)) if self.divide_factor is not None else None
+        return reduced if held is None else held + reduced
 
 
 class NaiveDataParallel(_DataParallelBase):
@@ -89,25 +115,32 @@ class NaiveDataParallel(_DataParallelBase):
     def finish_gradient_synchronization(self) -> None:
         for param in self._trainable:
             if param.grad is not None:
-                _average_(param.grad, self.process_group)
+                work = self._contribution(param)
+                _reduce_(work, self.process_group, self.divide_factor)
+                if work is not param.grad:
+                    param.grad.copy_(self._landed(param, work))
 
 
 class OverlappedDataParallel(_DataParallelBase):
     """Start each gradient's all-reduce from its post-accumulate-grad hook, on the communication
     thread, while backward continues; wait for all of them in finish_gradient_synchronization."""
 
-    def __init__(self, module: nn.Module, process_group=None):
-        super().__init__(module, process_group)
-        self._pending: list[Future] = []
+    def __init__(self, module: nn.Module, process_group=None, gradient_divide_factor: float | None = None):
+        super().__init__(module, process_group, gradient_divide_factor)
+        self._pending: list[tuple[nn.Parameter, torch.Tensor, Future]] = []
         self._hooks = [p.register_post_accumulate_grad_hook(self._ready) for p in self._trainable]
 
     def _ready(self, param: nn.Parameter) -> None:
-        self._pending.append(_communication_thread().submit(_average_, param.grad, self.process_group))
+        work = self._contribution(param)
+        self._pending.append((param, work, _communication_thread().submit(_reduce_, work, self.process_group,
+                                                                          self.divide_factor)))
 
     def finish_gradient_synchronization(self) -> None:
         pending, self._pending = self._pending, []
-        for future in pending:
+        for param, work, future in pending:
             future.result()  # re-raises what the communication thread raised
+            if work is not param.grad:
+                param.grad.copy_(self._landed(param, work))
 
 
 class _Bucket:
@@ -131,8 +164,9 @@ class BucketedDataParallel(_DataParallelBase):
     """Gradients packed into buckets of at most ``bucket_size_mb`` MiB, in reverse registration
     order; a bucket's all-reduce starts (on the communication thread) as soon as it is full."""
 
-    def __init__(self, module: nn.Module, bucket_size_mb: float, process_group=None):
-        super().__init__(module, process_group)
+    def __init__(self, module: nn.Module, bucket_size_mb: float, process_group=None,
+                 gradient_divide_factor: float | None = None):
+        super().__init__(module, process_group, gradient_divide_factor)
         if bucket_size_mb is None or bucket_size_mb <= 0:
             raise ValueError(f"bucket_size_mb must be positive, got {bucket_size_mb!r}")
         self.bucket_bytes = int(bucket_size_mb * MIB)
@@ -163,13 +197,13 @@ class BucketedDataParallel(_DataParallelBase):
     def _ready(self, param: nn.Parameter) -> None:
         b, i = self._where[id(param)]
         bucket = self._buckets[b]
-        bucket.slot(i).copy_(param.grad)
+        bucket.slot(i).copy_(self._contribution(param))
         bucket.ready.add(i)
         if len(bucket.ready) == len(bucket.params):
             self._start(bucket)
 
     def _start(self, bucket: _Bucket) -> None:
-        bucket.future = _communication_thread().submit(_average_, bucket.flat, self.process_group)
+        bucket.future = _communication_thread().submit(_reduce_, bucket.flat, self.process_group, self.divide_factor)
 
     def finish_gradient_synchronization(self) -> None:
         # Buckets with a parameter that got no gradient this step were never full: reduce what they
@@ -181,15 +215,17 @@ class BucketedDataParallel(_DataParallelBase):
             if bucket.future is not None:
                 bucket.future.result()
                 for i in bucket.ready:
-                    bucket.params[i].grad.copy_(bucket.slot(i))
+                    bucket.params[i].grad.copy_(self._landed(bucket.params[i], bucket.slot(i)))
             bucket.flat.zero_()
             bucket.ready.clear()
             bucket.future = None
 
 
-def DataParallel(module: nn.Module, bucket_size_mb: float | None = None, process_group=None) -> nn.Module:
+def DataParallel(module: nn.Module, bucket_size_mb: float | None = None, process_group=None,
+                 gradient_divide_factor: float | None = None) -> nn.Module:
     """The contract's entry point: overlapped per-parameter all-reduces when ``bucket_size_mb`` is
-    None, else buckets of at most ``bucket_size_mb`` MiB."""
+    None, else buckets of at most ``bucket_size_mb`` MiB; gradients averaged over the group, or
+    summed and divided by ``gradient_divide_factor`` when given."""
     if bucket_size_mb is None:
-        return OverlappedDataParallel(module, process_group)
-    return BucketedDataParallel(module, bucket_size_mb, process_group)
+        return OverlappedDataParallel(module, process_group, gradient_divide_factor)
+    return BucketedDataParallel(module, bucket_size_mb, process_group, gradient_divide_factor)

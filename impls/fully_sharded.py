@@ -24,6 +24,10 @@ are in it, and so are the floating inputs of the unit's forward (FSDP2's ``cast_
 the gradient is reduce-scattered in it and the cast's own backward brings the averaged piece back
 to the parameter's dtype, so the masters, their .grad and the optimizer state stay there.
 
+``gradient_divide_factor`` f (FSDP2's ``set_gradient_divide_factor``): the reduce-scattered sum is
+divided by f instead of n; f = 1 sums, for a loss already divided by the global token count
+(impls/token_loss.py).
+
 ``full_parameters(module) -> {name: full tensor}`` gathers every parameter (for checkpoints and the
 conformance suite's judge).
 
@@ -43,11 +47,12 @@ _STATE = "_fully_sharded"  # attribute holding a unit's bookkeeping
 
 class _Gather(torch.autograd.Function):
     """Forward: the full flat parameter from every rank's piece (all-gather). Backward: the full
-    gradient's piece of this rank, reduce-scattered and divided by n (the mean over ranks)."""
+    gradient's piece of this rank, reduce-scattered and divided by ``divisor`` (n: the mean over
+    ranks)."""
 
     @staticmethod
-    def forward(ctx, piece, n, group):
-        ctx.n, ctx.group = n, group
+    def forward(ctx, piece, n, group, divisor):
+        ctx.n, ctx.group, ctx.divisor = n, group, divisor
         full = piece.new_empty(piece.numel() * n)
         collectives.all_gather_into_tensor(full, piece.detach().contiguous(), group=group)
         return full
@@ -56,13 +61,15 @@ class _Gather(torch.autograd.Function):
     def backward(ctx, grad):
         piece = grad.new_empty(grad.numel() // ctx.n)
         collectives.reduce_scatter_tensor(piece, grad.contiguous(), op=dist.ReduceOp.SUM, group=ctx.group)
-        return piece / ctx.n, None, None
+        return piece / ctx.divisor, None, None, None
 
 
 class _Unit:
-    def __init__(self, module: nn.Module, group, leaf: bool, compute_dtype: torch.dtype | None = None):
+    def __init__(self, module: nn.Module, group, leaf: bool, compute_dtype: torch.dtype | None = None,
+                 divide_factor: float | None = None):
         self.group, self.leaf, self.compute_dtype = group, leaf, compute_dtype
         self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        self.divisor = self.n if divide_factor is None else divide_factor
         # one entry per parameter object: every (owner, name) that holds it (tied weights), its shape
         self.sharded: list[tuple[list[tuple[nn.Module, str]], torch.Size, int]] = []
         claimed = {id(p) for m in module.modules() if m is not module and hasattr(m, _STATE)
@@ -92,7 +99,7 @@ class _Unit:
 
     def gathered(self, pieces) -> list[torch.Tensor]:
         dtype = self.compute_dtype
-        return [_Gather.apply(piece if dtype is None else piece.to(dtype), self.n, self.group)[:numel].view(shape)
+        return [_Gather.apply(piece if dtype is None else piece.to(dtype), self.n, self.group, self.divisor)[:numel].view(shape)
                 for piece, (_, shape, numel) in zip(pieces, self.sharded)]
 
     def cast_inputs(self, args):
@@ -124,7 +131,7 @@ class _Unit:
 
 
 def fully_shard(module: nn.Module, group=None, reshard_after_forward: bool = True,
-                compute_dtype: torch.dtype | None = None) -> nn.Module:
+                compute_dtype: torch.dtype | None = None, gradient_divide_factor: float | None = None) -> nn.Module:
     """Shard ``module``'s trainable parameters not already held by an inner unit; returns it."""
     if hasattr(module, _STATE):
         raise ValueError(f"{type(module).__name__} is already fully sharded")
@@ -132,7 +139,7 @@ def fully_shard(module: nn.Module, group=None, reshard_after_forward: bool = Tru
     with torch.no_grad():
         for buffer in module.buffers():
             collectives.broadcast(buffer, group=group, group_src=0)
-    unit = _Unit(module, group, leaf and reshard_after_forward, compute_dtype)
+    unit = _Unit(module, group, leaf and reshard_after_forward, compute_dtype, gradient_divide_factor)
     setattr(module, _STATE, unit)
     forward = module.forward
     module.forward = lambda *args, **kwargs: unit.run(forward, args, kwargs)

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from reference.tolerance import unit_roundoff
 
 # C in the tolerances (grad_atol, loss_atol, param_atol); see there.
+IGNORE = -100  # a target that is not a token: torch's cross_entropy ignore_index
 ATOL_FACTOR = 512
 
 
@@ -96,19 +97,22 @@ def state(model: nn.Module) -> dict[str, Tensor]:
 
 
 def train(model: nn.Module, optimizer_spec: dict, batch: dict[str, Tensor], steps: int, micro_batches: int = 1,
-          set_to_none: bool = True, clip: dict | None = None) -> Trajectory:
+          set_to_none: bool = True, clip: dict | None = None, per_token: bool = False) -> Trajectory:
     """``steps`` optimizer steps of ``model`` (trained in place) on the whole ``batch``:
     zero_grad(set_to_none); for each of the ``micro_batches`` global micro-batches, loss =
     model(inputs, targets), its mean, and loss.backward() (gradients accumulate); optimizer.step().
     With set_to_none=False a parameter keeps a zero .grad once it has had one, and the optimizer
     then steps it (momentum, weight decay) like any other. ``clip`` ({"max_norm", "norm_type"}):
-    the gradients are clipped before every step (``clip_gradients``)."""
+    the gradients are clipped before every step (``clip_gradients``). ``per_token``: the model
+    returns the sum of its per-token losses, and each micro-batch's is divided by the step's count
+    of valid targets (reference/token_loss.py)."""
     opt = optimizer(optimizer_spec, model.parameters())
     trajectory = Trajectory(state(model), [], [], [], [])
+    scale = 1.0 / valid_targets(batch) if per_token else 1.0
     for _ in range(steps):
         opt.zero_grad(set_to_none=set_to_none)
         for micro in split_micro_batches(batch, micro_batches):
-            loss = model(micro["inputs"], micro["targets"])
+            loss = model(micro["inputs"], micro["targets"]) * scale
             loss.backward()
         trajectory.grads.append({name: p.grad.detach().clone() for name, p in model.named_parameters()
                                  if p.grad is not None})
@@ -119,6 +123,11 @@ def train(model: nn.Module, optimizer_spec: dict, batch: dict[str, Tensor], step
         trajectory.states.append(state(model))
         trajectory.optimizer_state.append(optimizer_state_numel(opt, model))
     return trajectory
+
+
+def valid_targets(batch: dict[str, Tensor]) -> int:
+    """The number of targets that are tokens: every one but ``IGNORE`` (torch's ignore_index)."""
+    return int((batch["targets"] != IGNORE).sum())
 
 
 def total_norm(grads: list[Tensor], norm_type: float) -> Tensor:

@@ -81,6 +81,28 @@ def data_parallel_gradient(slice_grads: list[dict[str, Tensor]], name: str, rank
     return candidates
 
 
+def token_loss_gradient(slice_grads: list[dict[str, Tensor]], rank_counts: list[int], divide_factor: float,
+                        name: str, atol: Tensor) -> list[Candidate]:
+    """Wrong gradients of ``name`` for a loss normalised by the global token count C = sum_r c_r
+    (reference/token_loss.py), from each rank's sum_j grad S_rj (``slice_grads``), its valid
+    targets c_r (``rank_counts``) and the divide factor f: averaged over the n ranks instead of
+    divided by f (the truth times f / n), or each rank's sum divided by its own count."""
+    n, total = len(slice_grads), sum(rank_counts)
+    if n < 2 or total == 0:
+        return []
+    summed = torch.zeros_like(slice_grads[0][name])
+    own = torch.zeros_like(summed)
+    for grads, count in zip(slice_grads, rank_counts):
+        summed += grads[name]
+        if count:
+            own += grads[name] / count
+    return [(f"the truth times f/n = {divide_factor:g}/{n}: the gradients were averaged over the ranks, not divided by "
+             "gradient_divide_factor, after the loss was already divided by the global count (divided twice, "
+             "torchtitan#2323)", summed / total * divide_factor / n, atol * max(1.0, divide_factor / n)),
+            ("each rank's loss divided by its own count of valid targets, not the global one: global_token_count "
+             "must sum the ranks' counts", own, None)]
+
+
 def row_parallel_output(output: Tensor, bias: Tensor | None, n: int, atol: Tensor) -> list[Candidate]:
     """A row-parallel layer's (or the MLP's) full output, y = x W^T + b, when each of the n ranks
     adds the bias to its partial sum before the all-reduce: y + (n - 1) b."""

@@ -70,11 +70,12 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
 
 # ------------------------------------------------------------------------------- data parallelism
 # CONTRACT.md, "Data parallelism"
-def DataParallel(module, bucket_size_mb=None):
+def DataParallel(module, bucket_size_mb=None, gradient_divide_factor=None):
     """Wrap ``module``: broadcast rank 0's parameters and buffers, and make
     ``finish_gradient_synchronization()`` (called after every backward) leave every gradient averaged
     over ranks. With ``bucket_size_mb`` given: buckets of at most that size, each reduced as soon as
-    it is full, during backward (CONTRACT.md)."""
+    it is full, during backward (CONTRACT.md). With ``gradient_divide_factor`` f: the sum over ranks
+    divided by f instead (CONTRACT.md, "Loss normalised by the global token count")."""
     raise NotImplementedError("DataParallel")
 
 
@@ -90,18 +91,27 @@ class ShardedOptimizer:
 
 # ------------------------------------------------------------------ fully sharded data parallelism
 # CONTRACT.md, "Fully sharded data parallelism"
-def fully_shard(module, group=None, reshard_after_forward=True, compute_dtype=None):
+def fully_shard(module, group=None, reshard_after_forward=True, compute_dtype=None, gradient_divide_factor=None):
     """ZeRO-3 / FSDP2-style: shard ``module``'s parameters not held by an inner unit (units first,
     then the root); gather them for forward and backward, reduce-scatter their gradients; return it.
     ``reshard_after_forward=False``: keep what forward gathered until backward (gather once).
     ``compute_dtype``: cast each piece to it before gathering and compute in it; the masters, their
-    gradients and the optimizer state keep the parameters' dtype."""
+    gradients and the optimizer state keep the parameters' dtype. ``gradient_divide_factor`` f: the
+    reduce-scattered sum divided by f instead of the group's size."""
     raise NotImplementedError("fully_shard")
 
 
 def full_parameters(module):
     """{name: full parameter} of a fully sharded module (its pieces all-gathered)."""
     raise NotImplementedError("full_parameters")
+
+
+# ---------------------------------------------------------- loss normalised by the global token count
+# CONTRACT.md, "Loss normalised by the global token count"
+def global_token_count(local_count, group=None):
+    """The sum over the group's ranks of ``local_count`` (this rank's valid targets of the step), as
+    an int: every rank divides its summed loss by it."""
+    raise NotImplementedError("global_token_count")
 
 
 # ------------------------------------------------------------------------------ distributed sampling

@@ -27,6 +27,9 @@ batch's samples, so the mean over ranks of per-rank losses on equal slices is th
   property and grade it on its own (partial credit). ``"buffer_seed": k`` draws the buffers from
   seed k instead of the model's seed (ranks that differ in their buffers only). ``"dtype":
   "float64"`` (or another floating dtype) builds every floating parameter, buffer and input in it.
+  ``"loss": "sum"`` returns the sum of the per-token losses over the valid targets instead of their
+  mean (a target equal to ``IGNORE`` counts nothing): the loss a trainer divides by the global
+  token count itself (CONTRACT.md, "Loss normalised by the global token count").
 * ``relu_lm``: the model of the compute-dtype tests, on which low precision computes exactly: an
   embedding, Linear -> ReLU -> Linear, an output head (``"tied": True`` ties it to the embedding),
   no bias, every weight in {-1, 0, 1}; its loss is minus the target's logit, averaged over the
@@ -43,6 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 KINDS = ("mlp", "tied_lm", "relu_lm")
+IGNORE = -100  # a target that is not a token (padding, a prompt): torch's cross_entropy ignore_index
 
 
 class MLP(nn.Module):
@@ -71,8 +75,12 @@ class ScaledResidual(nn.Module):
 
 class TiedLM(nn.Module):
     def __init__(self, vocab: int, width: int, hidden: int, tied: bool = True, frozen: bool = True,
-                 skips: bool = True, buffers: bool = True, skips_first: bool = False, skips_in_unit: bool = False):
+                 skips: bool = True, buffers: bool = True, skips_first: bool = False, skips_in_unit: bool = False,
+                 loss: str = "mean"):
         super().__init__()
+        if loss not in ("mean", "sum"):
+            raise ValueError(f"loss must be 'mean' or 'sum' (over the valid targets), got {loss!r}")
+        self.reduction = loss
         self.skips, self.used_on = skips, 0 if skips_first else 1
         self.embed = nn.Embedding(vocab, width)
         self.aux = ScaledResidual(width) if skips_in_unit else nn.Linear(width, width, bias=False)
@@ -101,7 +109,8 @@ class TiedLM(nn.Module):
             h = h + self.aux(h)
         h = h + self.mlp_out(torch.tanh(self.mlp_in(h)))
         logits = self.head(h * self.gain)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE,
+                               reduction=self.reduction)
 
 
 class ReluLM(nn.Module):
@@ -128,7 +137,7 @@ def build(spec: dict, seed: int) -> nn.Module:
     elif kind == "tied_lm":
         model = TiedLM(spec["vocab"], spec["width"], spec["hidden"],
                        **{k: bool(spec[k]) for k in ("tied", "frozen", "skips", "buffers", "skips_first", "skips_in_unit")
-                          if k in spec})
+                          if k in spec}, loss=spec.get("loss", "mean"))
     elif kind == "relu_lm":
         model = ReluLM(spec["vocab"], spec["width"], spec["hidden"], bool(spec.get("tied", False)))
     else:

@@ -15,7 +15,7 @@ class _AllReducingGather(_bundled._Gather):
         collectives.all_reduce(full, op=dist.ReduceOp.SUM, group=ctx.group)
         size = full.numel() // ctx.n
         rank = dist.get_rank(ctx.group)
-        return full[rank * size:(rank + 1) * size] / ctx.n, None, None
+        return full[rank * size:(rank + 1) * size] / ctx.divisor, None, None, None
 
 
 _bundled._Gather = _AllReducingGather

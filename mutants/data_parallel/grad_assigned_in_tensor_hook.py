@@ -4,7 +4,7 @@ targets: test_gradients_are_the_mean_over_ranks
 from torch import nn
 
 from impls import *
-from impls.data_parallel import _average_
+from impls.data_parallel import _reduce_
 
 
 class HookAssignsGrad(nn.Module):
@@ -23,7 +23,7 @@ class HookAssignsGrad(nn.Module):
     def _hook_for(p):
         def hook(grad):
             averaged = grad.detach().clone()
-            _average_(averaged, None)
+            _reduce_(averaged, None, None)
             p.grad = averaged  # what the optimizer should see ...
             return grad  # ... but autograd now accumulates grad into it as well
         return hook

@@ -4,7 +4,7 @@ targets: test_ranks_start_from_rank_0s_parameters
 from torch import nn
 
 from impls import *
-from impls.data_parallel import NaiveDataParallel, _average_
+from impls.data_parallel import NaiveDataParallel, _reduce_
 
 
 class NoBroadcast(nn.Module):
@@ -18,7 +18,7 @@ class NoBroadcast(nn.Module):
     def finish_gradient_synchronization(self):
         for p in self.module.parameters():
             if p.grad is not None:
-                _average_(p.grad, None)
+                _reduce_(p.grad, None, None)
 
 
 def DataParallel(module, bucket_size_mb=None):

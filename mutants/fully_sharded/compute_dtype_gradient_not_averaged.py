@@ -13,7 +13,7 @@ class _Gather(_bundled._Gather):
     def backward(ctx, grad):
         piece = grad.new_empty(grad.numel() // ctx.n)
         collectives.reduce_scatter_tensor(piece, grad.contiguous(), op=dist.ReduceOp.SUM, group=ctx.group)
-        return (piece if grad.dtype in (_bundled.torch.float16, _bundled.torch.bfloat16) else piece / ctx.n), None, None
+        return (piece if grad.dtype in (_bundled.torch.float16, _bundled.torch.bfloat16) else piece / ctx.divisor), None, None, None
 
 
 _bundled._Gather = _Gather

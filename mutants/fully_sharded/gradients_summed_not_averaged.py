@@ -13,7 +13,7 @@ class _SummingGather(_bundled._Gather):
     def backward(ctx, grad):
         piece = grad.new_empty(grad.numel() // ctx.n)
         collectives.reduce_scatter_tensor(piece, grad.contiguous(), op=dist.ReduceOp.SUM, group=ctx.group)
-        return piece, None, None
+        return piece, None, None, None
 
 
 _bundled._Gather = _SummingGather

@@ -9,23 +9,29 @@ import torch
 
 from harness.rank import models
 from harness.rank.context import RankContext, require
+from harness.rank.token_loss import scale_of_step
 
 CONTRACT = ("module", "finish_gradient_synchronization")
 
 
 def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps: int, batches: list,
-          bucket_size_mb: float | None, set_to_none: bool = True, clip: dict | None = None, group=None) -> dict:
+          bucket_size_mb: float | None, set_to_none: bool = True, clip: dict | None = None,
+          divide_factor: float | None = None, group=None) -> dict:
     """Per step: wrapped.on_train_batch_start(optimizer) where the wrapper has it (the hook of CS336's
     handout); zero_grad(set_to_none); for each micro-batch of this rank (gradient accumulation
     when there are several): loss = wrapped(inputs, targets); loss.backward();
     wrapped.finish_gradient_synchronization(); with ``clip`` ({"max_norm", "norm_type"}) the
     implementation's clip_grad_norm_(wrapped.module, max_norm, norm_type), its result reported;
-    then optimizer.step()."""
+    then optimizer.step(). With ``divide_factor`` f (a loss normalised by the global token count,
+    harness/rank/token_loss.py): DataParallel(..., gradient_divide_factor=f), and each micro-batch's
+    summed loss is scaled by f / global_token_count(this rank's valid targets of the step); the
+    count is reported."""
     if group is not None:
         raise ValueError("data parallelism is tested on the whole world, not a subgroup")
     DataParallel = require(impl, "DataParallel")
     net = models.build(model, seed).to(ctx.device)
-    wrapped = DataParallel(net, bucket_size_mb=bucket_size_mb)
+    options = {} if divide_factor is None else {"gradient_divide_factor": divide_factor}
+    wrapped = DataParallel(net, bucket_size_mb=bucket_size_mb, **options)
     missing = [name for name in CONTRACT if not hasattr(wrapped, name)]
     if missing:
         raise TypeError(f"DataParallel(module, bucket_size_mb) returned a {type(wrapped).__name__} without "
@@ -41,9 +47,10 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
             start(opt)
         opt.zero_grad(set_to_none=set_to_none)
         losses = []
+        scale, count = scale_of_step(impl, micro, divide_factor) if divide_factor is not None else (1.0, None)
         for inputs, targets in micro:
             loss = wrapped(inputs, targets)
-            loss.backward()
+            (loss * scale if divide_factor is not None else loss).backward()
             wrapped.finish_gradient_synchronization()
             losses.append(loss.detach())
         grads = {name: p.grad.detach().clone() for name, p in module.named_parameters() if p.grad is not None}
@@ -53,5 +60,5 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
             norm = norm.detach().clone() if torch.is_tensor(norm) else norm
         opt.step()
         result["steps"].append({"loss": torch.stack(losses), "grads": grads, "state": models.state(module),
-                                "norm": norm})
+                                "norm": norm, "count": count})
     return ctx.to_cpu(result)

@@ -13,6 +13,7 @@ import torch
 
 from harness.rank import models
 from harness.rank.context import RankContext, require
+from harness.rank.token_loss import scale_of_step
 
 
 def _local_numel(tensor) -> int:
@@ -32,14 +33,17 @@ def units(net) -> list:
 
 
 def sharded_model(ctx: RankContext, impl, model: dict, seed: int, reshard_after_forward: bool = True,
-                  compute_dtype: str | None = None):
+                  compute_dtype: str | None = None, divide_factor: float | None = None):
     """The model of ``model`` (harness/rank/models.py) from ``seed``, every unit fully sharded, then
-    the root; ``reshard_after_forward`` is passed only when False (ZeRO-2) and ``compute_dtype`` (a
-    torch dtype's name) only when set, so an implementation of ZeRO-3 alone need not accept them."""
+    the root; ``reshard_after_forward`` is passed only when False (ZeRO-2), ``compute_dtype`` (a
+    torch dtype's name) and ``gradient_divide_factor`` only when set, so an implementation of ZeRO-3
+    alone need not accept them."""
     fully_shard = require(impl, "fully_shard")
     options = {} if reshard_after_forward else {"reshard_after_forward": False}
     if compute_dtype is not None:
         options["compute_dtype"] = getattr(torch, compute_dtype)
+    if divide_factor is not None:
+        options["gradient_divide_factor"] = divide_factor
     net = models.build(model, seed).to(ctx.device)
     for unit in units(net):
         fully_shard(unit, **options)
@@ -48,13 +52,16 @@ def sharded_model(ctx: RankContext, impl, model: dict, seed: int, reshard_after_
 
 def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps: int, batches: list[dict],
           reshard_after_forward: bool = True, compute_dtype: str | None = None, clip: dict | None = None,
-          group=None) -> dict:
+          divide_factor: float | None = None, group=None) -> dict:
     """``clip`` ({"max_norm", "norm_type"}): the implementation's ``clip_grad_norm_(module, max_norm,
-    norm_type)`` after the step's backwards, before the optimizer's step; what it returns is reported."""
+    norm_type)`` after the step's backwards, before the optimizer's step; what it returns is reported.
+    ``divide_factor`` f: a loss normalised by the global token count (harness/rank/token_loss.py):
+    every unit sharded with ``gradient_divide_factor=f``, each micro-batch's summed loss scaled by
+    f / global_token_count(...); the count is reported."""
     if group is not None:
         raise ValueError("fully sharded data parallelism is tested on the whole world, not a subgroup")
     full_parameters = require(impl, "full_parameters")
-    net = sharded_model(ctx, impl, model, seed, reshard_after_forward, compute_dtype)
+    net = sharded_model(ctx, impl, model, seed, reshard_after_forward, compute_dtype, divide_factor)
     opt = models.build_optimizer(optimizer, net.parameters())
     clip_grad_norm_ = require(impl, "clip_grad_norm_") if clip is not None else None
     micro = [(ctx.to_device(b["inputs"]), ctx.to_device(b["targets"])) for b in batches]
@@ -62,9 +69,10 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
     for _ in range(steps):
         opt.zero_grad(set_to_none=True)
         losses = []
+        scale, count = scale_of_step(impl, micro, divide_factor) if divide_factor is not None else (1.0, None)
         for inputs, targets in micro:  # gradient accumulation: .grad adds up over the backwards
             loss = net(inputs, targets)
-            loss.backward()
+            (loss * scale if divide_factor is not None else loss).backward()
             losses.append(loss.detach())
         norm = None
         if clip_grad_norm_ is not None:
@@ -81,5 +89,5 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
         state = {name: tensor.detach().clone() for name, tensor in full_parameters(net).items()}
         state.update({name: b.detach().clone() for name, b in net.named_buffers()})
         result["steps"].append({"loss": torch.stack(losses), "state": state, "held": held, "dtypes": dtypes,
-                                "norm": norm})
+                                "norm": norm, "count": count})
     return ctx.to_cpu(result)
