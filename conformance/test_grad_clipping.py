@@ -25,6 +25,8 @@ and the root (harness/rank/programs/fully_sharded.py), or wrap the model in thei
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from functools import cached_property
 
 import pytest
 import torch
@@ -33,7 +35,7 @@ from hypothesis import strategies as st
 
 import reference.data_parallel as ref
 import reference.tensor_parallel as ref_tp
-from conformance.examples import Layout, training_examples
+from conformance.examples import Layout, TrainingExample, training_examples
 from conformance.test_tensor_parallel import examples as tp_examples
 from conformance.verdict import Judge, check_names, run_or_skip
 from harness.rank import models
@@ -71,26 +73,62 @@ def check_norm(judge: Judge, who: str, norm, want: float, allowed: float, truth:
     return norm.reshape(())
 
 
+@dataclass(frozen=True)
+class ClipExample:
+    """A training example clipped after every step's backwards: ``norm_type`` and max_norm as
+    ``max_norm_factor`` times the first step's norm."""
+
+    training: TrainingExample
+    micro_batches: int
+    norm_type: float
+    max_norm_factor: float
+
+    def batch(self) -> dict:
+        example = self.training
+        return models.make_batch(example.model, example.world_size * example.per_rank_batch * self.micro_batches,
+                                 example.data_seed)
+
+    @cached_property
+    def clip(self) -> dict:
+        example = self.training
+        first = ref.evaluate(models.build(example.model, example.seed), self.batch(), example.world_size,
+                             self.micro_batches)
+        norm = float(ref.total_norm(list(first.grads.values()), self.norm_type))
+        return {"max_norm": self.max_norm_factor * norm + 1e-3, "norm_type": self.norm_type}
+
+    def __str__(self) -> str:
+        return (f"{self.training}, micro_batches={self.micro_batches}, norm_type={self.norm_type}, "
+                f"max_norm={self.clip['max_norm']:.6g} ({self.max_norm_factor} x the first step's norm)")
+
+
+def rank_inputs(example: ClipExample, layout: str) -> list[dict]:
+    """What each rank's program (``PROGRAMS[layout]``) gets: its slices of the micro-batches."""
+    training, n = example.training, example.training.world_size
+    micro = [ref.split_batch(b, n) for b in ref.split_micro_batches(example.batch(), example.micro_batches)]
+    return [{"model": training.model, "seed": training.seed, "optimizer": training.optimizer, "steps": training.steps,
+             "batches": [slices[r] for slices in micro], "clip": example.clip, **PROGRAMS[layout][1]}
+            for r in range(n)]
+
+
 @pytest.mark.capability("grad_clipping")
 @pytest.mark.parametrize("layout", PROGRAMS)
 @given(data=st.data())
 def test_the_norm_is_global_and_every_rank_clips_by_it(layout, data, ranks, target, request):
-    example = data.draw(training_examples(target.max_world_size, max_steps=2), label="example")
-    micro_batches = data.draw(st.integers(1, 3), label="micro_batches")
-    norm_type = data.draw(st.sampled_from(NORM_TYPES), label="norm_type")
-    factor = data.draw(st.sampled_from(MAX_NORM_FACTORS), label="max_norm / first norm")
-    n = example.world_size
-    batch = models.make_batch(example.model, n * example.per_rank_batch * micro_batches, example.data_seed)
-    micro = [ref.split_batch(b, n) for b in ref.split_micro_batches(batch, micro_batches)]
-    first = ref.evaluate(models.build(example.model, example.seed), batch, n, micro_batches)
-    max_norm = factor * float(ref.total_norm(list(first.grads.values()), norm_type)) + 1e-3
-    clip = {"max_norm": max_norm, "norm_type": norm_type}
-    judge = Judge(f"{example}, micro_batches={micro_batches}, norm_type={norm_type}, max_norm={max_norm:.6g} "
-                  f"({factor} x the first step's norm)", target.reproduce(request.node.nodeid))
-    program, options = PROGRAMS[layout]
-    outputs = run_or_skip(judge, ranks, Layout(n), program, [
-        {"model": example.model, "seed": example.seed, "optimizer": example.optimizer, "steps": example.steps,
-         "batches": [slices[r] for slices in micro], "clip": clip, **options} for r in range(n)])
+    example = ClipExample(data.draw(training_examples(target.max_world_size, max_steps=2), label="example"),
+                          data.draw(st.integers(1, 3), label="micro_batches"),
+                          data.draw(st.sampled_from(NORM_TYPES), label="norm_type"),
+                          data.draw(st.sampled_from(MAX_NORM_FACTORS), label="max_norm / first norm"))
+    judge = Judge(str(example), target.reproduce(request.node.nodeid))
+    n = example.training.world_size
+    outputs = run_or_skip(judge, ranks, Layout(n), PROGRAMS[layout][0], rank_inputs(example, layout))
+    judge_clipping(judge, example, outputs, target.plan.device_type(n))
+
+
+def judge_clipping(judge: Judge, clipped: ClipExample, outputs: dict, device: str = "cpu") -> None:
+    """Step by step: every rank's returned norm and its full parameters after the step (the module
+    docstring)."""
+    example, micro_batches, norm_type, clip = clipped.training, clipped.micro_batches, clipped.norm_type, clipped.clip
+    n, batch, max_norm = example.world_size, clipped.batch(), clip["max_norm"]
     model = models.build(example.model, example.seed)
     dtype = next(model.parameters()).dtype
     exact = {name for name, p in model.named_parameters() if not p.requires_grad} | {n for n, _ in model.named_buffers()}
@@ -99,7 +137,7 @@ def test_the_norm_is_global_and_every_rank_clips_by_it(layout, data, ranks, targ
     for s in range(example.steps):
         step = f"step {s + 1}"
         truth = ref.evaluate(ref.load_state(models.build(example.model, 0), before), batch, n, micro_batches,
-                             device=target.plan.device_type(n))
+                             device=device)
         want = float(ref.total_norm(list(truth.grads.values()), norm_type))
         atol = norm_atol(truth, norm_type, want, dtype)
         norms = {}

@@ -101,15 +101,25 @@ def examples(draw, max_world_size: int, buckets: bool) -> Example:
                    bucket_size_mb=draw(bucket_sizes(model)) if buckets else None)
 
 
+def rank_inputs(example: Example, layout: str) -> list[dict]:
+    """What each rank's program (``PROGRAMS[layout]``) gets: its slices of the micro-batches."""
+    n = example.world_size
+    micro = [ref.split_batch(b, n) for b in ref.split_micro_batches(example.batch(), example.micro_batches)]
+    options = {"bucket_size_mb": example.bucket_size_mb} if layout == "data_parallel" else {}
+    return [{"model": example.model, "seed": example.seed, "optimizer": example.optimizer, "steps": example.steps,
+             "batches": [slices[r] for slices in micro], "divide_factor": example.divide_factor, **options}
+            for r in range(n)]
+
+
 def train_and_judge(judge: Judge, ranks, example: Example, layout: str, device: str) -> None:
+    outputs = run_or_skip(judge, ranks, Layout(example.world_size), PROGRAMS[layout], rank_inputs(example, layout))
+    judge_training(judge, example, layout, outputs, device)
+
+
+def judge_training(judge: Judge, example: Example, layout: str, outputs: dict, device: str = "cpu") -> None:
+    """Every rank's outputs of ``PROGRAMS[layout]`` against the reference (the module docstring)."""
     n, k = example.world_size, example.micro_batches
     batch = example.batch()
-    micro = [ref.split_batch(b, n) for b in ref.split_micro_batches(batch, k)]
-    options = {"bucket_size_mb": example.bucket_size_mb} if layout == "data_parallel" else {}
-    outputs = run_or_skip(judge, ranks, Layout(n), PROGRAMS[layout], [
-        {"model": example.model, "seed": example.seed, "optimizer": example.optimizer, "steps": example.steps,
-         "batches": [slices[r] for slices in micro], "divide_factor": example.divide_factor, **options}
-        for r in range(n)])
     model = models.build(example.model, example.seed)
     exact = {name: "frozen parameter" for name, p in model.named_parameters() if not p.requires_grad}
     exact.update({name: "buffer" for name, _ in model.named_buffers()})
