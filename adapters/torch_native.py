@@ -3,6 +3,7 @@ capability (``--impl adapters.torch_native``).
 
 * the eleven collectives: torch.distributed's, as they are;
 * ``DataParallel``: torch.nn.parallel.DistributedDataParallel (adapters/torch_ddp.py);
+* ``global_token_count``: torch.distributed.all_reduce of the count (adapters/torch_token_loss.py);
 * ``ShardedOptimizer``: torch.distributed.optim.ZeroRedundancyOptimizer (adapters/torch_zero.py);
 * ``ExpertParallelMoE``: the bundled routing over torch.distributed.all_to_all_single
   (adapters/torch_moe.py; torch has no MoE layer);
