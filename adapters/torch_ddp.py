@@ -12,6 +12,13 @@ and divides by f. DDP's reducer puts each parameter's accumulated .grad in the b
 averaging may reduce whole but a sum may not (under gradient accumulation the part synchronized by
 earlier backwards would be counted n times), so the hook reduces only what the latest backward
 added: the bucket less what the bucket's .grads held when forward ran.
+
+``compute_dtype`` d: DDP's own mixed precision (``mixed_precision=_MixedPrecision(param_dtype=d,
+reduce_dtype=d, buffer_dtype=d)``, the constructor's argument; its class is private in torch 2.13):
+forward and backward on parameters cast to d, gradients reduced in d and kept in the masters' dtype.
+It cannot run on CPU ranks: its forward pre-hook copies the parameters to d on a side stream and
+records an event (torch 2.13: "cpu backend doesn't support events"), so there it is refused, on
+every rank, before anything is built.
 """
 from __future__ import annotations
 
@@ -47,9 +54,17 @@ def _sum_divided_by_factor(wrapped: _SummingDistributedDataParallel, bucket):
     return future.then(lambda done: before + done.value()[0] / wrapped.divide_factor)
 
 
-def DataParallel(module, bucket_size_mb=None, gradient_divide_factor=None):
+def DataParallel(module, bucket_size_mb=None, gradient_divide_factor=None, compute_dtype=None):
     """DDP over the default group; buckets of ``bucket_size_mb`` MiB, or DDP's default (25)."""
     options = {} if bucket_size_mb is None else {"bucket_cap_mb": bucket_size_mb}
+    if compute_dtype is not None:
+        from torch.nn.parallel.distributed import _MixedPrecision
+
+        if next(module.parameters()).device.type == "cpu":
+            raise NotImplementedError("torch's DDP cannot run mixed_precision on CPU ranks: it records a stream event "
+                                      "for its parameter casts, which the cpu backend does not support")
+        options["mixed_precision"] = _MixedPrecision(param_dtype=compute_dtype, reduce_dtype=compute_dtype,
+                                                     buffer_dtype=compute_dtype)
     kind = _DistributedDataParallel if gradient_divide_factor is None else _SummingDistributedDataParallel
     wrapped = kind(module, broadcast_buffers=True, find_unused_parameters=True, **options)
     if gradient_divide_factor is not None:

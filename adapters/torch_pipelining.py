@@ -2,9 +2,11 @@
 adapters/torch_native.py combines it with torch's other capabilities.
 
 ``pipeline_step`` wraps each local stage in a ``PipelineStage`` (stage index c * p + rank for the
-c-th chunk) and runs ``ScheduleGPipe``, ``Schedule1F1B`` or ``ScheduleInterleaved1F1B`` with
-``scale_grads=True`` (torch divides the accumulated gradients by m at the end: the gradient of the
-mean over microbatches); "zb-v" runs ``ScheduleZBVZeroBubble`` on the V placement (stage indices r
+c-th chunk) and runs ``ScheduleGPipe``, ``Schedule1F1B`` or ``ScheduleInterleaved1F1B`` on the
+loss divided by m (the gradient of the mean over microbatches) with ``scale_grads=False``, as
+torchtitan runs them: with ``scale_grads=True`` torch 2.13 divides every .grad of the stage by m at
+the end of the step, what earlier steps accumulated included (torchtitan#1733; measured: after two
+calls the gradient was 1.5 times the step's, not 2 at m = 2); "zb-v" runs ``ScheduleZBVZeroBubble`` on the V placement (stage indices r
 and 2p - 1 - r). Beyond the contract's kinds, "looped-bfs", "dualpipev" and "interleaved-zb" run
 torch's ScheduleLoopedBFS, ScheduleDualPipeV and ScheduleInterleavedZeroBubble (for
 tests/test_torch_schedules.py). Where a public schedule class does not apply, the same stages run under
@@ -199,7 +201,7 @@ def _runtime(stages: list, m: int, loss_fn, rows, owner) -> _ir._PipelineSchedul
     its BACKWARD_INPUT and BACKWARD_WEIGHT); a REDUCE_GRAD (the 1/m scaling) follows each stage's
     last backward (B, or W when split). The runtime reads the stage placement off the rows."""
     _refuse_what_the_runtime_cannot_run(rows, stages[0].group_size, stages[0].num_stages, owner)
-    runtime = _ir._PipelineScheduleRuntime(stages, m, loss_fn=loss_fn, scale_grads=True)
+    runtime = _ir._PipelineScheduleRuntime(stages, m, loss_fn=loss_fn, scale_grads=False)
     actions = {}
     for rank, row in enumerate(rows):
         done, out = Counter(), []
@@ -248,22 +250,27 @@ def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="
         raise ValueError(f"the {placement} placement puts {len(mine)} stages on rank {rank}; it was given {v}")
     _refuse_messages_to_oneself(p * v, owner, device)
     staged = [PipelineStage(chunk, s, p * v, device, group=group) for s, chunk in zip(mine, chunks)]
+    contract_loss_fn = loss_fn
+
+    def loss_fn(output, target):  # each microbatch's share of the mean: see the module docstring
+        return contract_loss_fn(output, target) / m
+
     if callable(schedule):
         runner = _runtime(staged, m, loss_fn, schedule(p, m, v), owner)
     else:
         _check(schedule, p, m, v)
         if schedule == "zb-v":
-            runner = ScheduleZBVZeroBubble(staged, m, loss_fn=loss_fn, scale_grads=True)
+            runner = ScheduleZBVZeroBubble(staged, m, loss_fn=loss_fn, scale_grads=False)
         elif schedule in TORCH_ONLY:
-            runner = getattr(_ir, TORCH_ONLY[schedule])(staged, m, loss_fn=loss_fn, scale_grads=True)
+            runner = getattr(_ir, TORCH_ONLY[schedule])(staged, m, loss_fn=loss_fn, scale_grads=False)
         elif schedule == "gpipe":
-            runner = ScheduleGPipe(staged[0], m, loss_fn=loss_fn, scale_grads=True)
+            runner = ScheduleGPipe(staged[0], m, loss_fn=loss_fn, scale_grads=False)
         elif (schedule == "1f1b" or v == 1) and m >= p:
-            runner = Schedule1F1B(staged[0], m, loss_fn=loss_fn, scale_grads=True)
+            runner = Schedule1F1B(staged[0], m, loss_fn=loss_fn, scale_grads=False)
         elif schedule == "1f1b" or v == 1:  # Schedule1F1B refuses m < p; the same order as data
             runner = _runtime(staged, m, loss_fn, generate_schedule("1f1b", p, m, 1), owner)
         else:
-            runner = ScheduleInterleaved1F1B(staged, m, loss_fn=loss_fn, scale_grads=True)
+            runner = ScheduleInterleaved1F1B(staged, m, loss_fn=loss_fn, scale_grads=False)
     holds_last = owner(p * v - 1) == rank
     losses: list = []
     kwargs = {"target": targets, "losses": losses} if holds_last else {}
@@ -273,4 +280,4 @@ def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="
         runner.step(**kwargs)
     if not holds_last:
         return None
-    return torch.stack([loss.detach() for loss in losses]).mean()
+    return torch.stack([loss.detach() for loss in losses]).sum()  # each already divided by m

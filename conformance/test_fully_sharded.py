@@ -34,12 +34,11 @@ import dataclasses
 import math
 
 import pytest
-import torch
-from hypothesis import assume, given
+from hypothesis import given
 from hypothesis import strategies as st
 
 import reference.data_parallel as ref
-import reference.mixed_precision as ref_mixed
+from conformance.compute_dtype import compute_dtype_examples, judge_one_step, run_one_step
 from conformance.examples import Layout, handout_fsdp_model, training_examples
 from conformance.examples import TrainingExample as Example
 from conformance.verdict import Judge, check_names
@@ -160,69 +159,14 @@ def judge_training(example: Example, micro_batches: int, ranks, target, request,
         before = outputs[0]["steps"][s]["state"]
 
 
-@st.composite
-def compute_dtype_examples(draw, max_world_size: int, scope: str) -> tuple[Example, int, str]:
-    """(one step of the relu_lm model, micro-batches, the compute dtype's name): sizes small enough
-    that float16 and bfloat16 compute exactly (reference/mixed_precision.py), positions per slice a
-    power of two, SGD with powers of two; under --scope cs336 the handout's model and one backward."""
-    n = draw(st.integers(1, max_world_size), label="world_size")
-    model = {"kind": "relu_lm", "vocab": draw(st.integers(2, 8), label="vocab"),
-             "width": draw(st.integers(1, 4), label="width"), "hidden": draw(st.integers(1, 4), label="hidden"),
-             "context": draw(st.sampled_from([1, 2]), label="context"), "tied": draw(st.booleans(), label="tied"),
-             "dtype": "float32"}
-    optimizer = {"name": "sgd", "lr": draw(st.sampled_from([2.0 ** -3, 2.0 ** -5]), label="lr"),
-                 "momentum": draw(st.sampled_from([0.0, 0.5]), label="momentum"),
-                 "weight_decay": draw(st.sampled_from([0.0, 2.0 ** -4]), label="weight_decay")}
-    micro_batches = draw(st.integers(1, 3), label="micro_batches")
-    if scope == "cs336":
-        model, micro_batches = handout_fsdp_model(model, n), 1
-    example = Example(world_size=n, per_rank_batch=draw(st.sampled_from([1, 2]), label="per_rank_batch"),
-                      model=model, steps=1, optimizer=optimizer, seed=draw(st.integers(0, 2**16), label="seed"),
-                      data_seed=draw(st.integers(0, 2**16), label="data_seed"))
-    return example, micro_batches, draw(st.sampled_from(["float16", "bfloat16"]), label="compute_dtype")
-
-
 @pytest.mark.capability("fsdp_compute_dtype")
 @given(data=st.data())
 def test_compute_dtype_computes_low_and_keeps_float32_masters(data, ranks, target, request):
     example, micro_batches, dtype_name = data.draw(compute_dtype_examples(target.max_world_size, target.scope),
                                                    label="example")
-    dtype, n = getattr(torch, dtype_name), example.world_size
-    batch = models.make_batch(example.model, n * example.per_rank_batch * micro_batches, example.data_seed)
-    micro = [ref.split_batch(b, n) for b in ref.split_micro_batches(batch, micro_batches)]
-    per_rank = [[slices[r] for slices in micro] for r in range(n)]
-    model = models.build(example.model, example.seed)
-    try:
-        ref_mixed.check_exact(model, per_rank, dtype)
-    except ValueError:
-        assume(False)  # the sizes drawn keep almost every example exact; the rare sum beyond 2^p is redrawn
-    expected = ref_mixed.one_step(model, example.optimizer, per_rank, dtype)
-    judge = Judge(f"{example}, micro_batches={micro_batches}, compute_dtype={dtype_name}",
-                  target.reproduce(request.node.nodeid))
-    outputs = judge.run(ranks, Layout(n), PROGRAM, [
-        {"model": example.model, "seed": example.seed, "optimizer": example.optimizer, "steps": 1,
-         "batches": per_rank[r], "compute_dtype": dtype_name} for r in range(n)])
-    master = str(next(iter(expected.initial.values())).dtype).removeprefix("torch.")
+    judge, expected, outputs = run_one_step(lambda what: Judge(what, target.reproduce(request.node.nodeid)), ranks,
+                                            PROGRAM, example, micro_batches, dtype_name)
     memory = memory_bound(example)
-    for r in range(n):
-        got = outputs[r]["steps"][0]
-        check_sharded_memory(judge, f"rank {r}", got["held"], memory)
-        judge.tensor(got["loss"].reshape(-1), expected.losses[r],
-                     what=f"rank {r} losses (per micro-batch; exact: every logit is an integer computed exactly in "
-                          f"{dtype_name})")
-        for kind, dtypes in got["dtypes"].items():
-            if any(d != master for d in dtypes):
-                judge.fail(f"rank {r}: its {kind.replace('_', ' ')} are {', '.join(dtypes)}; with compute_dtype="
-                           f"{dtype_name} the masters, their gradients and the optimizer state stay {master} (only "
-                           f"the copies gathered for forward and backward are {dtype_name})")
-        check_names(judge, got["state"], expected.after, f"rank {r} after the step: full parameters")
-        for name, want in expected.after.items():
-            full = got["state"][name]
-            if full.dtype != expected.initial[name].dtype:
-                judge.fail(f"rank {r} '{name}': full_parameters returned {full.dtype}, the master is "
-                           f"{expected.initial[name].dtype}")
-            judge.tensor(full.double(), want, atol=expected.atol[name],
-                         what=f"rank {r} '{name}' after the step (the gradients exact in {dtype_name}, averaged, then "
-                              f"SGD on the {master} masters; the bound counts each rounding left)")
-    for name in expected.after:
-        judge.bitwise_identical({r: outputs[r]["steps"][0]["state"][name] for r in range(n)}, what=f"'{name}'")
+    for r in range(example.world_size):
+        check_sharded_memory(judge, f"rank {r}", outputs[r]["steps"][0]["held"], memory)
+    judge_one_step(judge, expected, outputs, example.world_size, dtype_name, "full_parameters")

@@ -26,6 +26,7 @@ schedules rejected, deadlocks detected) is tested once, in tests/test_reference_
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
@@ -61,6 +62,7 @@ class Example:
     seed: int
     data_seed: int
     schedule_seed: int
+    calls: int = 1  # pipeline_step calls on the same batch before the gradients are judged (accumulation)
 
     @property
     def model(self) -> dict:
@@ -92,7 +94,8 @@ class Example:
         kind = self.kind if not self.kind.startswith("random") else f"{self.kind} (seed {self.schedule_seed})"
         return (f"p={self.num_ranks}, v={self.stages_per_rank}, schedule={kind}, m={self.num_microbatches}, "
                 f"layers per stage={list(self.layers_per_stage)}, widths={list(self.widths)}, "
-                f"batch={self.batch_size}, seed={self.seed}, data_seed={self.data_seed}")
+                f"batch={self.batch_size}, seed={self.seed}, data_seed={self.data_seed}"
+                + (f", {self.calls} pipeline_step calls accumulating" if self.calls > 1 else ""))
 
 
 @st.composite
@@ -122,6 +125,8 @@ def run_step(judge: Judge, ranks, example: Example) -> dict:
         common.update(schedule=example.kind)
     if example.placement != sched.LOOP:
         common.update(placement=example.placement)
+    if example.calls > 1:
+        common.update(calls=example.calls)
     per_rank = [{**common, "inputs": batch["inputs"] if r == 0 else None,
                  "targets": batch["targets"] if r == example.last_rank else None} for r in range(p)]
     return run_or_skip(judge, ranks, Layout(p), PROGRAM, per_rank)
@@ -224,12 +229,14 @@ def judge_step(judge: Judge, example: Example, outputs: dict, order: sched.Sched
         if set(got["grads"]) != want:
             judge.fail(f"rank {r}: parameters with a .grad after pipeline_step: expected {sorted(want)}, got "
                        f"{sorted(got['grads'])} (missing {sorted(want - set(got['grads']))})")
+        calls = example.calls  # the same batch each call: .grad holds calls times the gradient (exact for 2)
         for name in sorted(want):
-            judge.tensor(got["grads"][name], expected.grads[name], atol=expected.grad_atol[name],
+            judge.tensor(got["grads"][name], expected.grads[name] * calls, atol=expected.grad_atol[name] * calls,
                          suspects=lambda: likely_bugs.pipeline_gradient(expected.microbatch_grads, name,
-                                                                        expected.grad_atol[name]),
+                                                                        expected.grad_atol[name], calls),
                          what=f"rank {r} gradient of '{name}' (of the mean over microbatches of the "
-                              f"per-microbatch loss)")
+                              f"per-microbatch loss" + (f", accumulated over {calls} pipeline_step calls)" if calls > 1
+                                                        else ")"))
 
 
 def check_drawn_step(data, ranks, target, request, kinds=sched.KINDS, unequal: bool = False) -> Example:
@@ -245,6 +252,18 @@ def check_drawn_step(data, ranks, target, request, kinds=sched.KINDS, unequal: b
 @given(data=st.data())
 def test_pipeline_step_matches_the_dense_model(data, ranks, target, request):
     check_drawn_step(data, ranks, target, request)
+
+
+@pytest.mark.capability("pipeline_parallel")
+@given(data=st.data())
+def test_gradients_accumulate_across_pipeline_steps(data, ranks, target, request):
+    """Two pipeline_step calls on the same batch before the gradients are read (gradient
+    accumulation across steps, as a trainer runs several before one optimizer step): .grad holds
+    twice the gradient. Dividing the whole .grad by m at the end of a step, as a stage's
+    ``scale_grads`` does, divides what earlier steps accumulated again (torchtitan#1733)."""
+    example = dataclasses.replace(data.draw(examples(target.max_world_size), label="example"), calls=2)
+    judge = Judge(str(example), target.reproduce(request.node.nodeid))
+    judge_step(judge, example, run_step(judge, ranks, example))
 
 
 @pytest.mark.capability("pipeline_parallel")

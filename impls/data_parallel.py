@@ -31,6 +31,10 @@ Which parameters take part is decided per parameter, identically on every rank:
   what the latest backward added to .grad (.grad less what it held when forward ran): under
   gradient accumulation the part already synchronized is the same on every rank, which an average
   leaves unchanged but a sum would count n times;
+* with ``compute_dtype`` d the forward calls the module with its trainable floating parameters
+  cast to d (``torch.func.functional_call``; the casts are in the graph, so backward runs in d and
+  each cast's backward brings the gradient back to the master's dtype, where it is reduced): the
+  masters, their .grad and the optimizer state keep the module's dtype;
 * a parameter that got no gradient in a step (no forward used it) keeps .grad None, so torch's
   optimizers skip it, exactly as in single-process training. This assumes, like the contract, that
   the same parameters go unused on every rank (no data-dependent control flow); torch's DDP pays an
@@ -75,11 +79,13 @@ def _reduce_(tensor: torch.Tensor, group, divide_factor: float | None) -> None:
 class _DataParallelBase(nn.Module):
     """Holds the module, broadcasts group rank 0's state, forwards calls to the module."""
 
-    def __init__(self, module: nn.Module, process_group=None, gradient_divide_factor: float | None = None):
+    def __init__(self, module: nn.Module, process_group=None, gradient_divide_factor: float | None = None,
+                 compute_dtype: torch.dtype | None = None):
         super().__init__()
         self.module = module
         self.process_group = process_group
         self.divide_factor = gradient_divide_factor
+        self.compute_dtype = compute_dtype
         self._held: dict[int, torch.Tensor | None] = {}  # under a divide factor: each .grad when forward ran
         with torch.no_grad():
             for tensor in [*module.parameters(), *module.buffers()]:
@@ -90,7 +96,12 @@ class _DataParallelBase(nn.Module):
     def forward(self, *args, **kwargs):
         if self.divide_factor is not None:
             self._held = {id(p): None if p.grad is None else p.grad.detach().clone() for p in self._trainable}
-        return self.module(*args, **kwargs)
+        if self.compute_dtype is None:
+            return self.module(*args, **kwargs)
+        cast = {name: p.to(self.compute_dtype) for name, p in self.module.named_parameters()
+                if p.requires_grad and p.is_floating_point()}
+        args = tuple(a.to(self.compute_dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
+        return torch.func.functional_call(self.module, cast, args, kwargs)
 
     def finish_gradient_synchronization(self) -> None:
         raise NotImplementedError
@@ -125,8 +136,9 @@ class OverlappedDataParallel(_DataParallelBase):
     """Start each gradient's all-reduce from its post-accumulate-grad hook, on the communication
     thread, while backward continues; wait for all of them in finish_gradient_synchronization."""
 
-    def __init__(self, module: nn.Module, process_group=None, gradient_divide_factor: float | None = None):
-        super().__init__(module, process_group, gradient_divide_factor)
+    def __init__(self, module: nn.Module, process_group=None, gradient_divide_factor: float | None = None,
+                 compute_dtype: torch.dtype | None = None):
+        super().__init__(module, process_group, gradient_divide_factor, compute_dtype)
         self._pending: list[tuple[nn.Parameter, torch.Tensor, Future]] = []
         self._hooks = [p.register_post_accumulate_grad_hook(self._ready) for p in self._trainable]
 
@@ -165,8 +177,8 @@ class BucketedDataParallel(_DataParallelBase):
     order; a bucket's all-reduce starts (on the communication thread) as soon as it is full."""
 
     def __init__(self, module: nn.Module, bucket_size_mb: float, process_group=None,
-                 gradient_divide_factor: float | None = None):
-        super().__init__(module, process_group, gradient_divide_factor)
+                 gradient_divide_factor: float | None = None, compute_dtype: torch.dtype | None = None):
+        super().__init__(module, process_group, gradient_divide_factor, compute_dtype)
         if bucket_size_mb is None or bucket_size_mb <= 0:
             raise ValueError(f"bucket_size_mb must be positive, got {bucket_size_mb!r}")
         self.bucket_bytes = int(bucket_size_mb * MIB)
@@ -222,10 +234,11 @@ class BucketedDataParallel(_DataParallelBase):
 
 
 def DataParallel(module: nn.Module, bucket_size_mb: float | None = None, process_group=None,
-                 gradient_divide_factor: float | None = None) -> nn.Module:
+                 gradient_divide_factor: float | None = None, compute_dtype: torch.dtype | None = None) -> nn.Module:
     """The contract's entry point: overlapped per-parameter all-reduces when ``bucket_size_mb`` is
     None, else buckets of at most ``bucket_size_mb`` MiB; gradients averaged over the group, or
-    summed and divided by ``gradient_divide_factor`` when given."""
+    summed and divided by ``gradient_divide_factor`` when given; forward and backward in
+    ``compute_dtype`` when given."""
     if bucket_size_mb is None:
-        return OverlappedDataParallel(module, process_group, gradient_divide_factor)
-    return BucketedDataParallel(module, bucket_size_mb, process_group, gradient_divide_factor)
+        return OverlappedDataParallel(module, process_group, gradient_divide_factor, compute_dtype)
+    return BucketedDataParallel(module, bucket_size_mb, process_group, gradient_divide_factor, compute_dtype)

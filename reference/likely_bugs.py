@@ -117,9 +117,12 @@ def pipeline_loss(loss: Tensor, m: int, atol: Tensor) -> list[Candidate]:
     return [(f"{m} times the mean: the microbatch losses were summed, not averaged", loss * m, atol * m)] if m > 1 else []
 
 
-def pipeline_gradient(microbatch_grads: list[dict[str, Tensor]], name: str, atol: Tensor) -> list[Candidate]:
-    """A parameter's gradient, sum_k grad(L_k / m), when the 1/m is missing or .grad is reset
-    between microbatches (only the last, or the first, microbatch's term is left)."""
+def pipeline_gradient(microbatch_grads: list[dict[str, Tensor]], name: str, atol: Tensor,
+                      calls: int = 1) -> list[Candidate]:
+    """A parameter's gradient, sum_k grad(L_k / m) (``calls`` times, accumulated over that many
+    pipeline_step calls), when the 1/m is missing or .grad is reset between microbatches (only the
+    last, or the first, microbatch's term is left), or when each call divides the whole accumulated
+    .grad by m."""
     terms = [g[name] for g in microbatch_grads]
     m = len(terms)
     if m < 2:
@@ -127,6 +130,11 @@ def pipeline_gradient(microbatch_grads: list[dict[str, Tensor]], name: str, atol
     total = terms[0].clone()
     for t in terms[1:]:
         total = total + t
+    if calls == 2:
+        return [(f"the gradient times 1 + 1/{m}: the earlier call's accumulated .grad was divided by m again when "
+                 "the later call rescaled every .grad at its end (torchtitan#1733): divide each microbatch's loss, "
+                 "not the accumulated gradients", total * (1 + 1 / m), atol * 2),
+                ("the gradient of the last call alone: .grad was reset at the start of pipeline_step", total, atol)]
     return [(f"{m} times the gradient: each microbatch's loss was not divided by m", total * m, atol * m),
             ("the last microbatch's term alone: .grad is zeroed inside the microbatch loop", terms[-1], atol),
             ("the first microbatch's term alone: the later microbatches' backward never reached this stage",

@@ -70,12 +70,13 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
 
 # ------------------------------------------------------------------------------- data parallelism
 # CONTRACT.md, "Data parallelism"
-def DataParallel(module, bucket_size_mb=None, gradient_divide_factor=None):
+def DataParallel(module, bucket_size_mb=None, gradient_divide_factor=None, compute_dtype=None):
     """Wrap ``module``: broadcast rank 0's parameters and buffers, and make
     ``finish_gradient_synchronization()`` (called after every backward) leave every gradient averaged
     over ranks. With ``bucket_size_mb`` given: buckets of at most that size, each reduced as soon as
     it is full, during backward (CONTRACT.md). With ``gradient_divide_factor`` f: the sum over ranks
-    divided by f instead (CONTRACT.md, "Loss normalised by the global token count")."""
+    divided by f instead (CONTRACT.md, "Loss normalised by the global token count"). With
+    ``compute_dtype`` d: forward and backward in d, the masters and their gradients in theirs."""
     raise NotImplementedError("DataParallel")
 
 

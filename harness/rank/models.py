@@ -125,6 +125,7 @@ class ReluLM(nn.Module):
 
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         logits = self.head(self.fc2(torch.relu(self.fc1(self.embed(inputs)))))
+        self.logits_dtype = str(logits.dtype).removeprefix("torch.")  # what a compute dtype's test asks
         return -logits.float().gather(-1, targets.unsqueeze(-1)).mean()
 
 
@@ -199,6 +200,16 @@ def build_optimizer(spec: dict, params) -> torch.optim.Optimizer:
     """The optimizer ``spec`` describes (see ``optimizer_class``) over ``params``."""
     cls, options = optimizer_class(spec)
     return cls(params, **options)
+
+
+def dtypes_held(parameters: list, optimizer: torch.optim.Optimizer) -> dict[str, list[str]]:
+    """{kind: the sorted dtype names} of the trainable ``parameters``, their gradients and the
+    optimizer's state tensors (not its scalar step counters)."""
+    trainable = [p for p in parameters if p.requires_grad]
+    kinds = {"parameters": trainable, "gradients": [p.grad for p in trainable if p.grad is not None],
+             "optimizer_state": [v for state in optimizer.state.values() for v in state.values()
+                                 if torch.is_tensor(v) and v.dim() > 0]}
+    return {kind: sorted({str(t.dtype).removeprefix("torch.") for t in tensors}) for kind, tensors in kinds.items()}
 
 
 def state(model: nn.Module) -> dict:

@@ -16,7 +16,7 @@ CONTRACT = ("module", "finish_gradient_synchronization")
 
 def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps: int, batches: list,
           bucket_size_mb: float | None, set_to_none: bool = True, clip: dict | None = None,
-          divide_factor: float | None = None, group=None) -> dict:
+          divide_factor: float | None = None, compute_dtype: str | None = None, group=None) -> dict:
     """Per step: wrapped.on_train_batch_start(optimizer) where the wrapper has it (the hook of CS336's
     handout); zero_grad(set_to_none); for each micro-batch of this rank (gradient accumulation
     when there are several): loss = wrapped(inputs, targets); loss.backward();
@@ -25,12 +25,16 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
     then optimizer.step(). With ``divide_factor`` f (a loss normalised by the global token count,
     harness/rank/token_loss.py): DataParallel(..., gradient_divide_factor=f), and each micro-batch's
     summed loss is scaled by f / global_token_count(this rank's valid targets of the step); the
-    count is reported."""
+    count is reported. ``compute_dtype`` (a torch dtype's name): DataParallel(...,
+    compute_dtype=d), passed only when set; the dtypes of the parameters, their gradients and the
+    optimizer state, and of the model's logits, are reported."""
     if group is not None:
         raise ValueError("data parallelism is tested on the whole world, not a subgroup")
     DataParallel = require(impl, "DataParallel")
     net = models.build(model, seed).to(ctx.device)
     options = {} if divide_factor is None else {"gradient_divide_factor": divide_factor}
+    if compute_dtype is not None:
+        options["compute_dtype"] = getattr(torch, compute_dtype)
     wrapped = DataParallel(net, bucket_size_mb=bucket_size_mb, **options)
     missing = [name for name in CONTRACT if not hasattr(wrapped, name)]
     if missing:
@@ -60,5 +64,6 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
             norm = norm.detach().clone() if torch.is_tensor(norm) else norm
         opt.step()
         result["steps"].append({"loss": torch.stack(losses), "grads": grads, "state": models.state(module),
-                                "norm": norm, "count": count})
+                                "norm": norm, "count": count, "dtypes": models.dtypes_held(list(module.parameters()), opt),
+                                "logits_dtype": getattr(module, "logits_dtype", None)})
     return ctx.to_cpu(result)

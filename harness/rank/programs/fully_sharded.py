@@ -84,10 +84,10 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
                  "optimizer_state": [v for state in opt.state.values() for v in state.values()
                                      if torch.is_tensor(v) and v.dim() > 0]}
         held = {kind: sum(_local_numel(t) for t in tensors) for kind, tensors in kinds.items()}
-        dtypes = {kind: sorted({str(t.dtype).removeprefix("torch.") for t in tensors}) for kind, tensors in kinds.items()}
+        dtypes = models.dtypes_held(trainable, opt)
         # copies: an implementation may return its live replicated parameters (the handout says "as they are")
         state = {name: tensor.detach().clone() for name, tensor in full_parameters(net).items()}
         state.update({name: b.detach().clone() for name, b in net.named_buffers()})
         result["steps"].append({"loss": torch.stack(losses), "state": state, "held": held, "dtypes": dtypes,
-                                "norm": norm, "count": count})
+                                "norm": norm, "count": count, "logits_dtype": getattr(net, "logits_dtype", None)})
     return ctx.to_cpu(result)
