@@ -20,8 +20,10 @@ input, and a sizes/strides mismatch in the backward of to_local without bias.
   sequence shard is a Shard(0) of the rows: fc1 takes Shard(0) (DTensor all-gathers it; backward
   reduce-scatters) and fc2 returns Shard(0) (reduce-scatter; backward all-gather), the plan of
   torch's sequence-parallel tutorial. DTensor makes the Replicate() bias's gradient the full one
-  (its Partial sum over sequence shards is all-reduced). ``SequenceParallel`` itself is for the
-  norm and dropout layers around such an MLP; this MLP has none.
+  (its Partial sum over sequence shards is all-reduced). With ``norm`` (a LayerNorm before fc1)
+  the norm is a replicated copy; under sequence parallelism the plan gives it ``SequenceParallel``
+  (the shard of the rows in, a Shard(0) DTensor out, weight and bias replicated DTensors whose
+  gradients DTensor sums over the shards), torch's plan for norms in the sequence-parallel region.
 
 The shards are DTensor parameters; the suite judges their local tensors. Nothing is declined: the
 whole tensor-parallel file passes on gloo. Size checks happen in from_dense, before any
@@ -29,13 +31,15 @@ communication, with the contract's ValueError.
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP"]  # the tensor-parallel contract only
 
@@ -121,24 +125,31 @@ class RowParallelLinear:
 
 
 class TensorParallelMLP(nn.Module):
-    def __init__(self, fc1: nn.Linear, fc2: nn.Linear, group=None, sequence_parallel: bool = False):
+    def __init__(self, fc1: nn.Linear, fc2: nn.Linear, group=None, sequence_parallel: bool = False,
+                 norm: nn.LayerNorm | None = None):
         super().__init__()
         self.fc1, self.fc2 = _copy(fc1), _copy(fc2)
+        self.norm = None if norm is None else copy.deepcopy(norm)
         self.sequence_parallel = sequence_parallel
         if sequence_parallel:  # rows in (sequence, batch) order: the sequence shard is a Shard(0)
             plan = {"fc1": ColwiseParallel(input_layouts=Shard(0)), "fc2": RowwiseParallel(output_layouts=Shard(0))}
+            if norm is not None:
+                plan["norm"] = SequenceParallel(sequence_dim=0)
         else:
             plan = {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
         parallelize_module(self, _mesh(group), plan)
 
     @classmethod
-    def from_dense(cls, fc1: nn.Linear, fc2: nn.Linear, group=None, sequence_parallel: bool = False) -> TensorParallelMLP:
+    def from_dense(cls, fc1: nn.Linear, fc2: nn.Linear, group=None, sequence_parallel: bool = False,
+                   norm: nn.LayerNorm | None = None) -> TensorParallelMLP:
         if fc1.out_features != fc2.in_features:
             raise ValueError(f"fc1.out_features = {fc1.out_features} must equal fc2.in_features = {fc2.in_features}")
         _check_divisible("ffn width (fc1.out_features = fc2.in_features)", fc1.out_features, dist.get_world_size(group))
-        return cls(fc1, fc2, group, sequence_parallel)
+        return cls(fc1, fc2, group, sequence_parallel, norm)
 
     def _mlp(self, rows):
+        if self.norm is not None:
+            rows = self.norm(rows)
         return self.fc2(F.gelu(self.fc1(rows), approximate="none"))
 
     def forward(self, x):

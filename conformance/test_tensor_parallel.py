@@ -28,6 +28,7 @@ NotImplementedError fails these tests as "not implemented" (CONTRACT.md).
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -43,6 +44,7 @@ from conformance.verdict import Judge
 
 PROGRAM = "tensor_parallel:forward_backward"
 DTYPES = (torch.float32, torch.float64)
+NORM_EPS = 1e-5  # nn.LayerNorm's default
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class Example:
     bias: bool
     seed: int
     ffn: int = 0  # the MLP's hidden width (in_features = out_features = h)
+    norm: bool = False  # a LayerNorm before the MLP (capability tp_norm)
 
     @property
     def n(self) -> int:
@@ -63,7 +66,7 @@ class Example:
     def __str__(self) -> str:
         widths = f"h={self.in_features}, ffn={self.ffn}" if self.ffn else f"in={self.in_features}, out={self.out_features}"
         return (f"{self.layout}, {str(self.dtype).removeprefix('torch.')}, {widths}, input leading dims {self.leading}, "
-                f"bias={self.bias}, seed={self.seed}")
+                f"bias={self.bias}, seed={self.seed}" + (f", LayerNorm(eps={NORM_EPS:g}) before fc1" if self.norm else ""))
 
     def tensors(self) -> dict:
         """The dense weights (nn.Linear's init: U(-1/sqrt(in), 1/sqrt(in))), the input x and the
@@ -71,8 +74,14 @@ class Example:
         layers = [(self.in_features, self.ffn), (self.ffn, self.in_features)] if self.ffn else \
             [(self.in_features, self.out_features)]
         out = self.in_features if self.ffn else self.out_features
-        return dense_layers(self.seed, self.dtype, layers, self.bias, (*self.leading, self.in_features),
-                            (*self.leading, out))
+        tensors = dense_layers(self.seed, self.dtype, layers, self.bias, (*self.leading, self.in_features),
+                               (*self.leading, out))
+        if self.norm:  # from a generator of its own: the other tensors stay those of the same seed
+            g = torch.Generator().manual_seed(self.seed + 7919)
+            weight = 1 + 0.25 * torch.randn(self.in_features, generator=g, dtype=torch.float64)
+            bias = 0.1 * torch.randn(self.in_features, generator=g, dtype=torch.float64)
+            tensors["norm"] = (weight.to(self.dtype), bias.to(self.dtype), NORM_EPS)
+        return tensors
 
 
 @st.composite
@@ -182,15 +191,24 @@ def check_mlp(judge: Judge, ranks, example: Example, sequence_parallel: bool) ->
     t, n = example.tensors(), example.n
     (w1, b1), (w2, b2) = t["params"]
     x, g = t["x"], t["g"]
-    dense, atol = ref.mlp(x, (w1, b1), (w2, b2), g), ref.mlp_atol(x, (w1, b1), (w2, b2), g, n)
+    if example.norm:  # the pre-norm block: LayerNorm, then the MLP
+        dense = ref.normed_mlp(x, t["norm"], (w1, b1), (w2, b2), g)
+        atol = ref.normed_mlp_atol(x, t["norm"], (w1, b1), (w2, b2), g, n)
+    else:
+        dense, atol = ref.mlp(x, (w1, b1), (w2, b2), g), ref.mlp_atol(x, (w1, b1), (w2, b2), g, n)
     mine = (lambda t, i: ref.sequence_shard(t, n, i)) if sequence_parallel else (lambda t, i: t)
     weights = {"fc1_weight": w1, "fc1_bias": b1, "fc2_weight": w2, "fc2_bias": b2}
+    if example.norm:
+        weights.update(norm_weight=t["norm"][0], norm_bias=t["norm"][1], norm_eps=t["norm"][2])
     per_member = [{"layer": "mlp", "dense": weights, "options": {"sequence_parallel": sequence_parallel},
                    "x": mine(x, i), "grad_output": mine(g, i)} for i in range(n)]
     outputs = judge.run(ranks, example.layout, PROGRAM, per_member)
     shard = " (its sequence shard)" if sequence_parallel else " (full, replicated)"
+    whole = ", over the whole sequence)" if sequence_parallel else ")"
     notes = {"output": shard, "grad_input": shard, "fc2_bias": " (the whole bias)",
-             "grad_fc2_bias": " (the full dL/db2 on every rank" + (", over the whole sequence)" if sequence_parallel else ")")}
+             "grad_fc2_bias": " (the full dL/db2 on every rank" + whole,
+             "grad_norm_weight": " (the LayerNorm's, whole on every rank: the full gradient" + whole,
+             "grad_norm_bias": " (the LayerNorm's, whole on every rank: the full gradient" + whole}
     for i, rank in enumerate(example.layout.ranks):
         expected = {"output": mine(dense["output"], i), "grad_input": mine(dense["grad_input"], i)}
         tol = {"output": mine(atol["output"], i), "grad_input": mine(atol["grad_input"], i)}
@@ -200,10 +218,17 @@ def check_mlp(judge: Judge, ranks, example: Example, sequence_parallel: bool) ->
             expected["grad_" + prefix + "weight"], expected["grad_" + prefix + "bias"] = gw, gb
             tol["grad_" + prefix + "weight"], tol["grad_" + prefix + "bias"] = split(
                 atol["grad_" + prefix + "weight"], atol.get("grad_" + prefix + "bias"), n, i)
-        judge_member(judge, rank, outputs[rank], expected, tol, notes, suspects={
-            "output": lambda: likely_bugs.row_parallel_output(expected["output"], mine(b2.expand_as(dense["output"]), i)
-                                                              if b2 is not None else None, n, tol["output"])})
-    judge_replicated(judge, outputs, ["grad_fc2_bias", *([] if sequence_parallel else ["output", "grad_input"])])
+        suspects = {"output": lambda: likely_bugs.row_parallel_output(
+            expected["output"], mine(b2.expand_as(dense["output"]), i) if b2 is not None else None, n, tol["output"])}
+        if example.norm:
+            for key in ("norm_weight", "norm_bias"):
+                expected[key] = t["norm"][0] if key == "norm_weight" else t["norm"][1]
+                expected["grad_" + key], tol["grad_" + key] = dense["grad_" + key], atol["grad_" + key]
+                suspects["grad_" + key] = (lambda key=key: likely_bugs.replicated_gradient(
+                    dense["grad_" + key], atol["grad_" + key], n, sequence_parallel))
+        judge_member(judge, rank, outputs[rank], expected, tol, notes, suspects=suspects)
+    judge_replicated(judge, outputs, ["grad_fc2_bias", *(["grad_norm_weight", "grad_norm_bias"] if example.norm else []),
+                                      *([] if sequence_parallel else ["output", "grad_input"])])
 
 
 @pytest.mark.capability("tensor_parallel")
@@ -311,3 +336,19 @@ def test_a_width_that_does_not_split_is_refused(data, ranks, target, layer, repr
                    if not re.search(pattern, message, re.IGNORECASE)]
         if missing:
             judge.fail(f"{what}: the ValueError's message does not name {', '.join(missing)}: {message!r}")
+
+
+@pytest.mark.capability("tp_norm")
+@pytest.mark.parametrize("sequence_parallel", [False, True], ids=["replicated_input", "sequence_parallel"])
+@given(data=st.data())
+def test_a_layernorm_before_the_mlp_keeps_whole_gradients(data, ranks, target, sequence_parallel, reproduce):
+    """TensorParallelMLP.from_dense(fc1, fc2, group, sequence_parallel, norm=LayerNorm(h)): the
+    pre-norm block against the dense one in float64, the LayerNorm's weight and bias whole on every
+    member and their gradients the full ones, bitwise the same on every member. Under sequence
+    parallelism the norm sees a sequence shard, so its gradients must be all-reduced
+    (Megatron-LM#1446, gpt-neox#1257: LayerNorm gradients that differ per rank)."""
+    example = data.draw(examples(target.max_world_size, "sequence" if sequence_parallel else "ffn"), label="example")
+    example = dataclasses.replace(example, norm=True)
+    check_mlp(Judge(f"{example}, sequence_parallel={sequence_parallel}", reproduce), ranks, example,
+              sequence_parallel=sequence_parallel)
+

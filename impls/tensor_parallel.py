@@ -18,6 +18,12 @@ A Linear y = x W^T + b, W of shape [out_features, in_features], split across the
   shard, so each rank's bias gradient covers its shard only; the bias goes through f (identity
   forward, all-reduce backward) to make its gradient the full one on every rank, as Megatron
   all-reduces the gradients of sequence-parallel parameters.
+* ``norm`` (a LayerNorm before fc1, the block's pre-norm): a copy held whole on every rank. Without
+  sequence parallelism it normalises the replicated input, and f after it hands every rank the
+  full input gradient, so its gradients are whole already. With sequence parallelism it runs on
+  the sequence shard, before f's all-gather, and its weight and bias go through f like the row
+  layer's bias: their gradients are all-reduced over the group (Megatron-LM#1446, gpt-neox#1257:
+  without it they differ per rank).
 
 ``group=None`` is the whole world; any subgroup works. Sizes that do not split into n equal chunks
 raise a ValueError naming the dimension, its size and the group size before any communication.
@@ -26,6 +32,8 @@ reduce_scatter_tensor split along dim 0 of contiguous tensors: the split dim is 
 and back. torch.distributed is used for group bookkeeping only.
 """
 from __future__ import annotations
+
+import copy
 
 import torch
 import torch.distributed as dist
@@ -270,22 +278,33 @@ class RowParallelLinear(nn.Module):
 class TensorParallelMLP(nn.Module):
     """GELU(x W1^T + b1) W2^T + b2 with fc1 column parallel and fc2 row parallel."""
 
-    def __init__(self, fc1: ColumnParallelLinear, fc2: RowParallelLinear, group=None, sequence_parallel: bool = False):
+    def __init__(self, fc1: ColumnParallelLinear, fc2: RowParallelLinear, group=None, sequence_parallel: bool = False,
+                 norm: nn.LayerNorm | None = None):
         super().__init__()
         self.group = group
         self.sequence_parallel = sequence_parallel
         self.fc1 = fc1
         self.fc2 = fc2
+        self.norm = norm
 
     @classmethod
-    def from_dense(cls, fc1: nn.Linear, fc2: nn.Linear, group=None, sequence_parallel: bool = False) -> TensorParallelMLP:
+    def from_dense(cls, fc1: nn.Linear, fc2: nn.Linear, group=None, sequence_parallel: bool = False,
+                   norm: nn.LayerNorm | None = None) -> TensorParallelMLP:
         n = _size(group)
         if fc1.out_features != fc2.in_features:
             raise ValueError(f"fc1.out_features = {fc1.out_features} must equal fc2.in_features = {fc2.in_features}")
         _check_divisible("ffn width (fc1.out_features = fc2.in_features)", fc1.out_features, n)
         column = ColumnParallelLinear.from_dense(fc1, group, gather_output=False, sequence_parallel=sequence_parallel)
         row = RowParallelLinear.from_dense(fc2, group, input_is_parallel=True, sequence_parallel=sequence_parallel)
-        return cls(column, row, group, sequence_parallel)
+        return cls(column, row, group, sequence_parallel, None if norm is None else copy.deepcopy(norm))
+
+    def _normed(self, x: torch.Tensor) -> torch.Tensor:
+        norm = self.norm
+        if norm is None or not self.sequence_parallel:
+            return x if norm is None else norm(x)
+        weight = None if norm.weight is None else copy_to_parallel_region(norm.weight, self.group)
+        bias = None if norm.bias is None else copy_to_parallel_region(norm.bias, self.group)
+        return F.layer_norm(x, norm.normalized_shape, weight, bias, norm.eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x), approximate="none"))
+        return self.fc2(F.gelu(self.fc1(self._normed(x)), approximate="none"))

@@ -103,6 +103,21 @@ def token_loss_gradient(slice_grads: list[dict[str, Tensor]], rank_counts: list[
              "must sum the ranks' counts", own, None)]
 
 
+def replicated_gradient(full: Tensor, atol: Tensor, n: int, sequence_parallel: bool) -> list[Candidate]:
+    """Wrong gradients of a parameter every member holds whole (a LayerNorm before the
+    tensor-parallel MLP), whose truth is ``full``: n times it (all-reduced where each member already
+    had the whole gradient), or 1/n of it (averaged instead of summed over sequence shards)."""
+    if n < 2:
+        return []
+    candidates = [(f"{n} times the gradient: it was all-reduced where every member already held the whole of it"
+                   + ("" if sequence_parallel else " (without sequence parallelism the norm sees the whole input)"),
+                   full * n, atol * n)]
+    if sequence_parallel:
+        candidates.append((f"1/{n} of the gradient: the members' partial gradients were averaged, not summed",
+                           full / n, atol))
+    return candidates
+
+
 def row_parallel_output(output: Tensor, bias: Tensor | None, n: int, atol: Tensor) -> list[Candidate]:
     """A row-parallel layer's (or the MLP's) full output, y = x W^T + b, when each of the n ranks
     adds the bias to its partial sum before the all-reduce: y + (n - 1) b."""

@@ -118,6 +118,22 @@ def mlp(x: Tensor, fc1: tuple[Tensor, Tensor | None], fc2: tuple[Tensor, Tensor 
     return _autograd(forward, x, params, grad_output)
 
 
+def normed_mlp(x: Tensor, norm: tuple[Tensor, Tensor, float], fc1: tuple[Tensor, Tensor | None],
+               fc2: tuple[Tensor, Tensor | None], grad_output: Tensor) -> dict[str, Tensor]:
+    """The pre-norm block y = MLP(LayerNorm(x)): LayerNorm(x) = (x - mean) / sqrt(var + eps) * w + b
+    over the last dim (biased variance, as torch's), then ``mlp``. Keys: those of ``mlp`` and
+    grad_norm_weight, grad_norm_bias."""
+    (w, b, eps), h = norm, x.shape[-1]
+
+    def forward(x, p):
+        normed = F.layer_norm(x, (h,), p["norm_weight"], p["norm_bias"], eps)
+        return F.linear(F.gelu(F.linear(normed, p["fc1_weight"], p["fc1_bias"])), p["fc2_weight"], p["fc2_bias"])
+
+    params = {"norm_weight": w, "norm_bias": b, "fc1_weight": fc1[0], "fc1_bias": fc1[1], "fc2_weight": fc2[0],
+              "fc2_bias": fc2[1]}
+    return _autograd(forward, x, params, grad_output)
+
+
 # ------------------------------------------------------------------------------------ tolerance
 def _rows(t: Tensor) -> Tensor:
     return t.reshape(-1, t.shape[-1])
@@ -159,6 +175,12 @@ def linear_atol(x: Tensor, weight: Tensor, bias: Tensor | None, grad_output: Ten
 
 def mlp_atol(x: Tensor, fc1: tuple[Tensor, Tensor | None], fc2: tuple[Tensor, Tensor | None],
              grad_output: Tensor, n: int) -> dict[str, Tensor]:
+    """``_mlp_error`` times C = ATOL_FACTOR, plus finfo.tiny: see there."""
+    return _tiny(_mlp_error(x, fc1, fc2, grad_output, n), x.dtype)
+
+
+def _mlp_error(x: Tensor, fc1: tuple[Tensor, Tensor | None], fc2: tuple[Tensor, Tensor | None],
+               grad_output: Tensor, n: int, x_error: Tensor | None = None) -> dict[str, Tensor]:
     """Per-element absolute tolerance (float64) for each result of ``mlp``, same keys: a first-order
     running error bound (Higham, 2nd ed., section 3.3) carried through the layers, in float64.
 
@@ -174,7 +196,9 @@ def mlp_atol(x: Tensor, fc1: tuple[Tensor, Tensor | None], fc2: tuple[Tensor, Te
         dL/dW2: gamma(M) |g|^T |a| + |g|^T E_a        dL/db2: gamma(M) sum_rows |g|
         dL/dW1: gamma(M) |gz|^T |x| + E_gz^T |x|       dL/db1: gamma(M) sum_rows |gz| + sum_rows E_gz
 
-    each times C = ATOL_FACTOR, plus finfo.tiny. h = hidden (in) width, f = ffn width, M = rows.
+    h = hidden (in) width, f = ffn width, M = rows. ``x_error`` E_x, when the input itself was
+    computed with that error (the pre-norm block's LayerNorm): E_z gains E_x |W1|^T and dL/dW1 gains
+    |gz|^T E_x; everything downstream carries it. ``x`` is then the exact input.
     """
     dtype = x.dtype
     u = unit_roundoff(dtype)
@@ -196,7 +220,8 @@ def mlp_atol(x: Tensor, fc1: tuple[Tensor, Tensor | None], fc2: tuple[Tensor, Te
     ga = g @ w2
     gz = ga * (big_phi + z * phi)
 
-    e_z = gamma(h) * (x64.abs() @ w1.abs().T + b1a)
+    e_x = torch.zeros_like(x64) if x_error is None else _rows(x_error.to(torch.float64))
+    e_z = gamma(h) * (x64.abs() @ w1.abs().T + b1a) + e_x @ w1.abs().T
     e_a = GELU_SLOPE * e_z + 4 * u * (z.abs() + a.abs())
     e_y = gamma(f_width) * (a.abs() @ w2.abs().T + b2a) + e_a @ w2.abs().T
     e_ga = gamma(h) * (g.abs() @ w2.abs())
@@ -205,11 +230,84 @@ def mlp_atol(x: Tensor, fc1: tuple[Tensor, Tensor | None], fc2: tuple[Tensor, Te
     result = {
         "output": e_y.reshape(*shape[:-1], w2.shape[0]),
         "grad_input": (gamma(f_width) * (gz.abs() @ w1.abs()) + e_gz @ w1.abs()).reshape(shape),
-        "grad_fc1_weight": gamma(rows) * (gz.abs().T @ x64.abs()) + e_gz.T @ x64.abs(),
+        "grad_fc1_weight": gamma(rows) * (gz.abs().T @ x64.abs()) + e_gz.T @ x64.abs() + gz.abs().T @ e_x,
         "grad_fc2_weight": gamma(rows) * (g.abs().T @ a.abs()) + g.abs().T @ e_a,
     }
     if b1 is not None:
         result["grad_fc1_bias"] = gamma(rows) * gz.abs().sum(0) + e_gz.sum(0)
     if b2 is not None:
         result["grad_fc2_bias"] = gamma(rows) * g.abs().sum(0)
+    return result
+
+
+def normed_mlp_atol(x: Tensor, norm: tuple[Tensor, Tensor, float], fc1: tuple[Tensor, Tensor | None],
+                    fc2: tuple[Tensor, Tensor | None], grad_output: Tensor, n: int) -> dict[str, Tensor]:
+    """Per-element tolerance of each result of ``normed_mlp``, same keys: the first-order running
+    error bound of ``mlp_atol`` carried through the LayerNorm in front, per row of h elements (u the
+    unit roundoff, gam(k) = (k + 2) u, r = 1 / sqrt(var + eps), x̂ = (x - mean) r):
+
+        E_mean = gam(h) mean|x|              E_d = E_mean + u (|x| + |mean|)
+        E_var  = gam(h) mean(d^2) + 2 mean(|d| E_d)
+        E_r    = r (E_var / (2 (var + eps)) + 2 u)
+        E_x̂    = E_d r + |d| E_r + u |x̂|     E_y = E_x̂ |w| + 2 u (|x̂| |w| + |b|)
+
+    E_y is the MLP's input error (``_mlp_error``'s ``x_error``), which gives the bound E_gy of the
+    MLP's input gradient gy. Then, with gamma(K) = (K + n + 2) u (the sums over rows span the
+    ranks' shards), ĝ = gy w, A = |ĝ| + mean|ĝ| + |x̂| mean(|ĝ| |x̂|):
+
+        dL/db (norm):  gamma(M) sum_rows |gy| + sum_rows E_gy
+        dL/dw (norm):  gamma(M + 1) sum_rows |gy| |x̂| + sum_rows (E_gy |x̂| + |gy| E_x̂)
+        dL/dx = r (ĝ - mean ĝ - x̂ mean(ĝ x̂)):
+            r (E_ĝ + mean E_ĝ + |x̂| mean(E_ĝ |x̂| + |ĝ| E_x̂) + E_x̂ mean(|ĝ| |x̂|) + gam(h + 3) A) + E_r A
+
+    with E_ĝ = E_gy |w| + u |gy| |w|; each times C = ATOL_FACTOR, plus finfo.tiny."""
+    dtype, u = x.dtype, unit_roundoff(x.dtype)
+    (w, b, eps), h = norm, x.shape[-1]
+    x64 = _rows(x.detach().to(torch.float64))
+    w64, b64 = w.detach().to(torch.float64), b.detach().to(torch.float64)
+    mean = x64.mean(-1, keepdim=True)
+    d = x64 - mean
+    var = (d * d).mean(-1, keepdim=True)
+    r = 1 / torch.sqrt(var + eps)
+    xhat = d * r
+    y = xhat * w64 + b64
+
+    def gam(k):
+        return (k + 2) * u
+
+    e_d = gam(h) * x64.abs().mean(-1, keepdim=True) + u * (x64.abs() + mean.abs())
+    e_var = gam(h) * var + 2 * (d.abs() * e_d).mean(-1, keepdim=True)
+    e_r = r * (e_var / (2 * (var + eps)) + 2 * u)
+    e_xhat = e_d * r + d.abs() * e_r + u * xhat.abs()
+    e_y = e_xhat * w64.abs() + 2 * u * (xhat.abs() * w64.abs() + b64.abs())
+
+    g = _rows(grad_output.detach().to(torch.float64))
+    after = _mlp_error(y.to(dtype) if dtype != torch.float64 else y, fc1, fc2, g, n, x_error=e_y)
+    fc1_64 = [None if t is None else t.detach().to(torch.float64) for t in fc1]
+    fc2_64 = [None if t is None else t.detach().to(torch.float64) for t in fc2]
+    z = y @ fc1_64[0].T + (0 if fc1_64[1] is None else fc1_64[1])
+    ga = g @ fc2_64[0]
+    gz = ga * (0.5 * (1 + torch.erf(z / math.sqrt(2))) + z * torch.exp(-0.5 * z * z) / math.sqrt(2 * math.pi))
+    gy = gz @ fc1_64[0]
+    e_gy = _rows(after.pop("grad_input"))
+    rows = x64.shape[0]
+
+    def gamma(k):
+        return (k + n + 2) * u
+
+    ghat = gy * w64
+    e_ghat = e_gy * w64.abs() + u * gy.abs() * w64.abs()
+    big = ghat.abs() + ghat.abs().mean(-1, keepdim=True) + xhat.abs() * (ghat.abs() * xhat.abs()).mean(-1, keepdim=True)
+    e_bracket = (e_ghat + e_ghat.mean(-1, keepdim=True)
+                 + xhat.abs() * (e_ghat * xhat.abs() + ghat.abs() * e_xhat).mean(-1, keepdim=True)
+                 + e_xhat * (ghat.abs() * xhat.abs()).mean(-1, keepdim=True) + gam(h + 3) * big)
+    result = {
+        **after,
+        "grad_input": (r * e_bracket + e_r * big).reshape(x.shape),
+        "grad_norm_bias": gamma(rows) * gy.abs().sum(0) + e_gy.sum(0),
+        "grad_norm_weight": gamma(rows + 1) * (gy.abs() * xhat.abs()).sum(0)
+        + (e_gy * xhat.abs() + gy.abs() * e_xhat).sum(0),
+    }
+    result["output"] = result["output"].reshape(*x.shape[:-1], -1)
     return _tiny(result, dtype)
+

@@ -192,7 +192,8 @@ class TensorParallelMLP:
     """Column, GELU, row through Megatron's f and g operators; optionally sequence parallel."""
 
     @classmethod
-    def from_dense(cls, fc1, fc2, group=None, sequence_parallel=False):
+    def from_dense(cls, fc1, fc2, group=None, sequence_parallel=False, norm=None):
+        # norm: a LayerNorm before fc1, held whole on every rank (CONTRACT.md, capability tp_norm)
         raise NotImplementedError("TensorParallelMLP")
 
 

@@ -49,6 +49,14 @@ def _dense(ctx: RankContext, weight: torch.Tensor, bias: torch.Tensor | None) ->
     return linear
 
 
+def _norm(ctx: RankContext, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> nn.LayerNorm:
+    norm = nn.LayerNorm(weight.shape[0], eps=eps, dtype=weight.dtype, device=ctx.device)
+    with torch.no_grad():
+        norm.weight.copy_(ctx.to_device(weight))
+        norm.bias.copy_(ctx.to_device(bias))
+    return norm
+
+
 def _local(t):
     """A tensor, or the local shard of a DTensor (what this rank holds)."""
     if t is None:
@@ -62,19 +70,35 @@ def _build(ctx: RankContext, impl, process_group, layer: str, dense: dict, optio
     if layer == "mlp":
         fc1 = _dense(ctx, dense["fc1_weight"], dense["fc1_bias"])
         fc2 = _dense(ctx, dense["fc2_weight"], dense["fc2_bias"])
+        if "norm_weight" in dense:  # the pre-norm block (capability tp_norm): passed only then
+            options = {**options, "norm": _norm(ctx, dense["norm_weight"], dense["norm_bias"], dense["norm_eps"])}
         return cls.from_dense(fc1, fc2, group=process_group, **options)
     return cls.from_dense(_dense(ctx, dense["weight"], dense["bias"]), group=process_group, **options)
+
+
+def _gradient(parameter):
+    """``parameter.grad`` laid out as the parameter is. torch 2.13's DTensor leaves some gradients in
+    another placement than their parameter's, to be reduced when used: a replicated LayerNorm under
+    ``SequenceParallel`` gets a Partial(sum) gradient, and a row-sharded embedding a replicated one.
+    What a rank holds of the parameter's gradient is then the gradient redistributed to the
+    parameter's placements (an all-reduce, or a local slice), every rank in the same order."""
+    grad = parameter.grad
+    if grad is not None and hasattr(grad, "redistribute") and grad.placements != parameter.placements:
+        grad = grad.redistribute(placements=parameter.placements)
+    return grad
 
 
 def _parameters(module: nn.Module, layer: str) -> dict:
     """{name: (parameter, gradient)} as this rank holds them."""
     owners = {"fc1_": module.fc1, "fc2_": module.fc2} if layer == "mlp" else {"": module}
+    if layer == "mlp" and getattr(module, "norm", None) is not None:
+        owners["norm_"] = module.norm
     result = {}
     for prefix, owner in owners.items():
         for name in ("weight", "bias"):
             p = getattr(owner, name, None)
             result[prefix + name] = _local(p)
-            result["grad_" + prefix + name] = None if p is None else _local(p.grad)
+            result["grad_" + prefix + name] = None if p is None else _local(_gradient(p))
     return result
 
 
@@ -83,7 +107,9 @@ def forward_backward(ctx: RankContext, impl, process_group, layer: str, dense: d
                      x: torch.Tensor, grad_output: torch.Tensor) -> dict:
     """``layer`` in column, row, mlp; ``dense`` the dense weights; ``options`` the keyword arguments
     of from_dense. Returns output, grad_input, and every parameter's shard and its gradient (keys
-    weight, bias, grad_weight, grad_bias, prefixed fc1_/fc2_ for the MLP)."""
+    weight, bias, grad_weight, grad_bias, prefixed fc1_/fc2_ for the MLP, and norm_ for its
+    LayerNorm when ``dense`` has one: built from norm_weight, norm_bias, norm_eps and passed as
+    ``norm``)."""
     module = _build(ctx, impl, process_group, layer, dense, options)
     x = ctx.to_device(x).requires_grad_(True)
     y = module(x)
@@ -118,12 +144,8 @@ def vocab_embedding(ctx: RankContext, impl, process_group, weight: torch.Tensor,
     module = require(impl, "VocabParallelEmbedding").from_dense(dense, group=process_group)
     output = module(ctx.to_device(tokens))
     output.backward(ctx.to_device(grad_output))
-    grad = module.weight.grad
-    if hasattr(grad, "redistribute") and grad.placements != module.weight.placements:
-        # torch 2.13's sharded embedding leaves a replicated gradient on a row-sharded table: the
-        # rows this rank holds are what it is judged by (a local slice, nothing sent)
-        grad = grad.redistribute(placements=module.weight.placements)
-    return ctx.to_cpu({"output": _local(output), "weight": _local(module.weight), "grad_weight": _local(grad)})
+    return ctx.to_cpu({"output": _local(output), "weight": _local(module.weight),
+                       "grad_weight": _local(_gradient(module.weight))})
 
 
 @on_members
