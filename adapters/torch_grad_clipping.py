@@ -6,17 +6,22 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 
-def clip_grad_norm_(module: nn.Module, max_norm: float, norm_type: float = 2.0):
+def clip_grad_norm_(module: nn.Module, max_norm: float, norm_type: float = 2.0, pp_group=None):
     """torch.nn.utils.clip_grad_norm_ over the module's parameters (the module docstring).
 
     torch 2.13 cannot take the infinity norm when a rank's shard of a gradient is empty (a
     parameter with fewer rows than ranks: FSDP2 cuts dim 0 with torch.chunk): ``_foreach_norm``
     refuses the empty tensor on that rank while the others wait in the reduction. Every rank sees
     the global shapes, so every rank refuses that case alike, before any communication."""
+    if isinstance(module, (list, tuple)):  # a rank's pipeline stages
+        module = nn.ModuleList(module)
     parameters = [p for p in module.parameters() if p.grad is not None]
+    if pp_group is not None:
+        return _clip_over_the_pipeline(parameters, max_norm, float(norm_type), pp_group)
     if math.isinf(norm_type):
         for p in parameters:
             mesh = getattr(p, "device_mesh", None)
@@ -27,3 +32,21 @@ def clip_grad_norm_(module: nn.Module, max_norm: float, norm_type: float = 2.0):
                     f"empty (a parameter of {p.shape[0]} rows on {mesh.size()} ranks: _foreach_norm of an empty tensor)")
     norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type)
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+
+def _clip_over_the_pipeline(parameters: list, max_norm: float, norm_type: float, pp_group):
+    """torchtitan's clipping over pipeline stages from torch's pieces: this rank's stages' norm
+    (``get_total_norm``), its q-th power summed over the pipeline (MAX for inf), then
+    ``clip_grads_with_norm_`` by that norm."""
+    norm = torch.nn.utils.get_total_norm([p.grad for p in parameters], norm_type)
+    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    norm = norm.double().reshape(1)
+    if math.isinf(norm_type):
+        dist.all_reduce(norm, op=dist.ReduceOp.MAX, group=pp_group)
+    else:
+        norm = norm.pow(norm_type)
+        dist.all_reduce(norm, op=dist.ReduceOp.SUM, group=pp_group)
+        norm = norm.pow(1.0 / norm_type)
+    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm[0])
+    return norm[0]
+

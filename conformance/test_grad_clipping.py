@@ -24,6 +24,7 @@ and the root (harness/rank/programs/fully_sharded.py), or wrap the model in thei
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import cached_property
@@ -36,6 +37,9 @@ from hypothesis import strategies as st
 import reference.data_parallel as ref
 import reference.tensor_parallel as ref_tp
 from conformance.examples import Layout, TrainingExample, training_examples
+from conformance.test_pipeline_parallel import dense as pipeline_dense
+from conformance.test_pipeline_parallel import examples as pipeline_examples
+from conformance.test_pipeline_parallel import run_step as run_pipeline_step
 from conformance.test_tensor_parallel import examples as tp_examples
 from conformance.verdict import Judge, check_names, run_or_skip
 from harness.rank import models
@@ -206,3 +210,44 @@ def test_a_tensor_parallel_mlp_counts_its_replicated_bias_once(data, ranks, targ
                              what=f"rank {rank} {prefix}{key} gradient after clipping (its shard of the dense gradient "
                                   f"times min(1, max_norm / (N + 1e-6)) = {coefficient:.6g})")
     judge.bitwise_identical(norms, what="the norm returned")
+
+
+@pytest.mark.capability("grad_clipping")
+@given(data=st.data())
+def test_pipeline_stages_clip_by_the_norm_of_every_stage(data, ranks, target, request):
+    """A pipeline (conformance/test_pipeline_parallel.py's examples: every schedule, v chunks per
+    rank) after one pipeline_step: every rank calls clip_grad_norm_(its stages, max_norm,
+    norm_type, pp_group=the pipeline's group), torchtitan's pp_mesh. The norm is the one of the
+    whole model's gradients, not of the rank's own stages (torchtitan#596, #649), bitwise the same
+    on every rank, and every stage's gradients are the dense ones times min(1, max_norm / (N + 1e-6))."""
+    example = data.draw(pipeline_examples(target.max_world_size), label="example")
+    norm_type = data.draw(st.sampled_from(NORM_TYPES), label="norm_type")
+    factor = data.draw(st.sampled_from(MAX_NORM_FACTORS), label="max_norm / norm")
+    expected = pipeline_dense(example)
+    names = sorted(expected.grads)
+    want = float(ref.total_norm([expected.grads[name] for name in names], norm_type))
+    max_norm = factor * want + 1e-3
+    example = dataclasses.replace(example, clip=(max_norm, norm_type))
+    coefficient = min(1.0, max_norm / (want + 1e-6))
+    u = unit_roundoff(torch.float64)
+    bounds = torch.cat([float(expected.grad_atol[name]) * torch.ones(expected.grads[name].numel(), dtype=torch.float64)
+                        for name in names])
+    elements = int(bounds.numel())
+    allowed = float(torch.linalg.vector_norm(bounds, norm_type)) + (elements + 2) * u * want + torch.finfo(torch.float64).tiny
+    judge = Judge(str(example), target.reproduce(request.node.nodeid))
+    outputs = run_pipeline_step(judge, ranks, example)
+    norms = {}
+    for r in range(example.num_ranks):
+        got = outputs[r]
+        norms[r] = check_norm(judge, f"rank {r}", got["norm"], want, allowed, "the whole model's gradients have",
+                              "every stage's gradients count, summed over the pipeline with pp_group, not this rank's "
+                              "stages alone")
+        for name, g in got["grads"].items():
+            dense = expected.grads[name]
+            bound = coefficient * float(expected.grad_atol[name]) + dense.abs() * coefficient * allowed / max(want, 1e-300) \
+                + u * dense.abs() * coefficient
+            judge.tensor(g, dense * coefficient, atol=bound.to(torch.float64),
+                         what=f"rank {r} gradient of '{name}' after clipping (the dense gradient times min(1, max_norm / "
+                              f"(N + 1e-6)) = {coefficient:.6g})")
+    judge.bitwise_identical(norms, what="the norm returned")
+

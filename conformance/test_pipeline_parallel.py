@@ -63,6 +63,7 @@ class Example:
     data_seed: int
     schedule_seed: int
     calls: int = 1  # pipeline_step calls on the same batch before the gradients are judged (accumulation)
+    clip: tuple[float, float] | None = None  # (max_norm, norm_type): clip_grad_norm_ over the stages after the step
 
     @property
     def model(self) -> dict:
@@ -95,7 +96,8 @@ class Example:
         return (f"p={self.num_ranks}, v={self.stages_per_rank}, schedule={kind}, m={self.num_microbatches}, "
                 f"layers per stage={list(self.layers_per_stage)}, widths={list(self.widths)}, "
                 f"batch={self.batch_size}, seed={self.seed}, data_seed={self.data_seed}"
-                + (f", {self.calls} pipeline_step calls accumulating" if self.calls > 1 else ""))
+                + (f", {self.calls} pipeline_step calls accumulating" if self.calls > 1 else "")
+                + (f", then clip_grad_norm_(max_norm={self.clip[0]:.6g}, norm_type={self.clip[1]})" if self.clip else ""))
 
 
 @st.composite
@@ -127,6 +129,8 @@ def run_step(judge: Judge, ranks, example: Example) -> dict:
         common.update(placement=example.placement)
     if example.calls > 1:
         common.update(calls=example.calls)
+    if example.clip is not None:
+        common.update(clip={"max_norm": example.clip[0], "norm_type": example.clip[1]})
     per_rank = [{**common, "inputs": batch["inputs"] if r == 0 else None,
                  "targets": batch["targets"] if r == example.last_rank else None} for r in range(p)]
     return run_or_skip(judge, ranks, Layout(p), PROGRAM, per_rank)

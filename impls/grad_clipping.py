@@ -14,7 +14,11 @@ part of the sum is counted where it lives, once:
   is whole on every member: replicated;
 * any other parameter with a gradient is replicated (data parallelism keeps whole, averaged
   gradients everywhere): counted locally, once, never reduced (reducing it would count it n times);
-* a parameter held by two modules (tied weights) is one parameter, counted once.
+* a parameter held by two modules (tied weights) is one parameter, counted once;
+* pipeline stages (``module`` a list of this rank's stages, ``pp_group`` the pipeline's group):
+  each rank holds its own stages' parameters, so after the above the ranks' sums are added over
+  the pipeline (MAX for q = inf), torchtitan's fix for clipping by one stage's norm
+  (torchtitan#596).
 
 The partial sums are taken in float64, so the returned norm (float64, 0-d, identical on every rank:
 every rank combines the same reduced numbers) does not depend on how the pieces are cut.
@@ -56,9 +60,12 @@ def _sharded_parameters(module: nn.Module):
             yield m.group, [m.weight]
 
 
-def clip_grad_norm_(module: nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-    """Scale every gradient of ``module`` by min(1, max_norm / (N + 1e-6)), N the global norm of
-    all of them (module docstring); returns N."""
+def clip_grad_norm_(module: nn.Module, max_norm: float, norm_type: float = 2.0, pp_group=None) -> torch.Tensor:
+    """Scale every gradient of ``module`` (or of every module of a list: a rank's pipeline stages)
+    by min(1, max_norm / (N + 1e-6)), N the global norm of all of them, over ``pp_group``'s stages
+    too when given (module docstring); returns N."""
+    if isinstance(module, (list, tuple)):
+        module = nn.ModuleList(module)
     norm_type = float(norm_type)
     if norm_type <= 0:
         raise ValueError(f"norm_type must be positive or inf, got {norm_type}")
@@ -77,6 +84,11 @@ def clip_grad_norm_(module: nn.Module, max_norm: float, norm_type: float = 2.0) 
         op = dist.ReduceOp.MAX if math.isinf(norm_type) else dist.ReduceOp.SUM
         collectives.all_reduce(part, op=op, group=group)
         total = combine(total, part[0])
+    if pp_group is not None:  # every stage's sum, added over the pipeline
+        whole = total.reshape(1).clone()
+        collectives.all_reduce(whole, op=dist.ReduceOp.MAX if math.isinf(norm_type) else dist.ReduceOp.SUM,
+                               group=pp_group)
+        total = whole[0]
     norm = total if math.isinf(norm_type) else total.pow(1.0 / norm_type)
     coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
     with torch.no_grad():

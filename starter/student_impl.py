@@ -128,9 +128,10 @@ class DistributedSampler:
 
 # -------------------------------------------------------------- gradient clipping by the global norm
 # CONTRACT.md, "Gradient clipping by the global norm"
-def clip_grad_norm_(module, max_norm, norm_type=2.0):
+def clip_grad_norm_(module, max_norm, norm_type=2.0, pp_group=None):
     """The norm N of every gradient of ``module`` as one vector (each element counted once, wherever
-    it lives: a shard on one rank, a replicated or tied parameter once); scale every gradient by
+    it lives: a shard on one rank, a replicated or tied parameter once; with ``pp_group``, module
+    a list of this rank's pipeline stages, every stage of the pipeline); scale every gradient by
     min(1, max_norm / (N + 1e-6)); return N, the same on every rank."""
     raise NotImplementedError("clip_grad_norm_")
 

@@ -52,12 +52,15 @@ def _grads(stage_indices: list[int], modules) -> dict:
 
 def train_step(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage: list[int], stages_per_rank: int,
                num_microbatches: int, loss: str, inputs=None, targets=None, schedule: str | None = "1f1b",
-               schedule_rows: list | None = None, placement: str = "loop", calls: int = 1, group=None) -> dict:
+               schedule_rows: list | None = None, placement: str = "loop", calls: int = 1, clip: dict | None = None,
+               group=None) -> dict:
     """``impl.pipeline_step`` on the whole world, ``calls`` times on the same batch (gradient
     accumulation across steps: .grad is never reset between them; the loss of the last call is
     reported). ``schedule_rows`` (one list of compact actions per rank) is handed over as a
     callable schedule instead of a kind; ``placement`` "v" builds this rank's stages of the V and
-    says so to pipeline_step."""
+    says so to pipeline_step. ``clip`` ({"max_norm", "norm_type"}): then the implementation's
+    ``clip_grad_norm_(this rank's stages, max_norm, norm_type, pp_group=the world)``, its result
+    reported as "norm" and the gradients reported clipped."""
     if group is not None:
         raise ValueError("pipeline parallelism is tested on the whole world, not a subgroup")
     pipeline_step = require(impl, "pipeline_step")
@@ -67,7 +70,12 @@ def train_step(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage:
         result = pipeline_step(modules if stages_per_rank > 1 else modules[0], ctx.to_device(inputs),
                                ctx.to_device(targets), pipeline_models.loss_fn(loss), num_microbatches,
                                schedule=_schedule(schedule, schedule_rows), **_placement_argument(placement))
-    return ctx.to_cpu({"loss": result, "grads": _grads(indices, modules), "executed": executed})
+    norm = None
+    if clip is not None:
+        norm = require(impl, "clip_grad_norm_")(modules if stages_per_rank > 1 else modules[0], clip["max_norm"],
+                                                clip["norm_type"], pp_group=dist.group.WORLD)
+        norm = norm.detach().clone() if torch.is_tensor(norm) else norm
+    return ctx.to_cpu({"loss": result, "grads": _grads(indices, modules), "executed": executed, "norm": norm})
 
 
 def _watch(indices: list[int], modules) -> list[str]:
