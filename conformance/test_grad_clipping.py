@@ -41,7 +41,8 @@ from conformance.test_pipeline_parallel import dense as pipeline_dense
 from conformance.test_pipeline_parallel import examples as pipeline_examples
 from conformance.test_pipeline_parallel import run_step as run_pipeline_step
 from conformance.test_tensor_parallel import examples as tp_examples
-from conformance.verdict import Judge, check_names, run_or_skip
+from conformance.trajectory import check_state_after_step
+from conformance.verdict import Judge, run_or_skip
 from harness.rank import models
 from reference.tolerance import unit_roundoff
 
@@ -150,12 +151,9 @@ def judge_clipping(judge: Judge, clipped: ClipExample, outputs: dict, device: st
             norms[r] = check_norm(judge, f"rank {r} at {step}", got["norm"], want, atol,
                                   "the norm of the averaged full gradient is",
                                   "the norm must count every element of every gradient once, on every rank")
-            check_names(judge, got["state"], expected.states[s], f"rank {r} after {step}: full parameters and buffers")
-            for name, value in expected.states[s].items():
-                judge.tensor(got["state"][name], value,
-                             atol=None if name in exact else ref.param_atol(expected, s + 1, name),
-                             what=f"rank {r} '{name}' after {step} (clipped by max_norm {max_norm:.6g}; one process "
-                                  f"clipping the same way on the global batch)")
+            check_state_after_step(judge, r, got["state"], expected, s, exact,
+                                   f"clipped by max_norm {max_norm:.6g}; one process clipping the same way on the "
+                                   "global batch")
         judge.bitwise_identical(norms, what=f"the norm returned at {step}")
         for name in expected.states[s]:
             judge.bitwise_identical({r: outputs[r]["steps"][s]["state"][name] for r in range(n)},

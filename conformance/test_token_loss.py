@@ -37,6 +37,7 @@ import reference.data_parallel as ref
 import reference.likely_bugs as likely_bugs
 import reference.token_loss as ref_tokens
 from conformance.examples import Layout, bucket_sizes, describe_spec, model_specs, optimizer_specs
+from conformance.trajectory import check_state_after_step
 from conformance.verdict import Judge, check_names, run_or_skip
 from harness.rank import models
 
@@ -148,12 +149,8 @@ def judge_training(judge: Judge, example: Example, layout: str, outputs: dict, d
                                       f"divided by gradient_divide_factor={example.divide_factor:g})",
                                  suspects=lambda: likely_bugs.token_loss_gradient(truth.slice_grads, per_rank,
                                                                                   example.divide_factor, name, atol))
-            check_names(judge, got["state"], expected.states[s], f"rank {r} after {step}: parameters and buffers")
-            for name, want in expected.states[s].items():
-                judge.tensor(got["state"][name], want,
-                             atol=None if name in exact else ref.param_atol(expected, s + 1, name),
-                             what=f"rank {r} {exact.get(name, 'parameter')} '{name}' after {step} (one process "
-                                  f"training on the mean over every valid token of the global batch)")
+            check_state_after_step(judge, r, got["state"], expected, s, exact,
+                                   "one process training on the mean over every valid token of the global batch")
         if layout == "data_parallel":
             for name in truth.grads:
                 judge.bitwise_identical({r: outputs[r]["steps"][s]["grads"][name] for r in range(n)},
