@@ -222,18 +222,25 @@ def test_pipeline_stages_clip_by_the_norm_of_every_stage(data, ranks, target, re
     norm_type = data.draw(st.sampled_from(NORM_TYPES), label="norm_type")
     factor = data.draw(st.sampled_from(MAX_NORM_FACTORS), label="max_norm / norm")
     expected = pipeline_dense(example)
+    want = float(ref.total_norm([expected.grads[name] for name in sorted(expected.grads)], norm_type))
+    example = dataclasses.replace(example, clip=(factor * want + 1e-3, norm_type))
+    judge = Judge(str(example), target.reproduce(request.node.nodeid))
+    judge_pipeline_clipping(judge, example, run_pipeline_step(judge, ranks, example))
+
+
+def judge_pipeline_clipping(judge: Judge, example, outputs: dict) -> None:
+    """Every rank's returned norm and clipped gradients after one pipeline_step of ``example``
+    (its ``clip``: max_norm, norm_type), against the dense model's."""
+    expected = pipeline_dense(example)
     names = sorted(expected.grads)
+    max_norm, norm_type = example.clip
     want = float(ref.total_norm([expected.grads[name] for name in names], norm_type))
-    max_norm = factor * want + 1e-3
-    example = dataclasses.replace(example, clip=(max_norm, norm_type))
     coefficient = min(1.0, max_norm / (want + 1e-6))
     u = unit_roundoff(torch.float64)
     bounds = torch.cat([float(expected.grad_atol[name]) * torch.ones(expected.grads[name].numel(), dtype=torch.float64)
                         for name in names])
     elements = int(bounds.numel())
     allowed = float(torch.linalg.vector_norm(bounds, norm_type)) + (elements + 2) * u * want + torch.finfo(torch.float64).tiny
-    judge = Judge(str(example), target.reproduce(request.node.nodeid))
-    outputs = run_pipeline_step(judge, ranks, example)
     norms = {}
     for r in range(example.num_ranks):
         got = outputs[r]
@@ -248,4 +255,3 @@ def test_pipeline_stages_clip_by_the_norm_of_every_stage(data, ranks, target, re
                          what=f"rank {r} gradient of '{name}' after clipping (the dense gradient times min(1, max_norm / "
                               f"(N + 1e-6)) = {coefficient:.6g})")
     judge.bitwise_identical(norms, what="the norm returned")
-

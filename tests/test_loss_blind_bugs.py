@@ -14,26 +14,34 @@ counts of valid tokens per rank, where a wrong count is a pure scale of the grad
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
+import torch
+from torch import nn
 
 import reference.data_parallel as ref
+import reference.pipeline_parallel as ref_pipeline
 import reference.token_loss as ref_tokens
 from conformance.examples import TrainingExample
 from conformance.test_grad_clipping import PROGRAMS as CLIP_PROGRAMS
-from conformance.test_grad_clipping import ClipExample, judge_clipping
+from conformance.test_grad_clipping import ClipExample, judge_clipping, judge_pipeline_clipping
 from conformance.test_grad_clipping import rank_inputs as clip_inputs
+from conformance.test_pipeline_parallel import LOSS as PIPELINE_LOSS
+from conformance.test_pipeline_parallel import Example as PipelineExample
+from conformance.test_pipeline_parallel import judge_step
 from conformance.test_token_loss import PROGRAMS as TOKEN_PROGRAMS
 from conformance.test_token_loss import Example as TokenExample
 from conformance.test_token_loss import judge_training
 from conformance.test_token_loss import rank_inputs as token_inputs
 from conformance.verdict import Judge
 from harness.driver.pool import WorldPool
-from harness.rank import models
+from harness.rank import models, pipeline_models
 
 ROOT = Path(__file__).resolve().parents[1]
 LOSS_RTOL = 1e-4
+STEPS = 3
 ADAMW = {"name": "adamw", "lr": 1e-2, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}
 MODEL = {"kind": "tied_lm", "vocab": 7, "width": 4, "hidden": 6, "context": 3, "dtype": "float64",
          "skips_first": False, "skips_in_unit": False}
@@ -52,6 +60,28 @@ def clip_example() -> ClipExample:
     return ClipExample(training, micro_batches=1, norm_type=2.0, max_norm_factor=0.25)
 
 
+def pipeline_example(calls: int = 1, clip: bool = False) -> PipelineExample:
+    """2 stages of 1F1B on 2 ranks, 2 microbatches; ``clip``: max_norm a quarter of the first
+    step's norm (norm type 2)."""
+    example = PipelineExample(kind="1f1b", num_ranks=2, num_microbatches=2, stages_per_rank=1, layers_per_stage=(2, 1),
+                              widths=(3, 5, 4, 2), batch_size=4, seed=5, data_seed=6, schedule_seed=0, calls=calls)
+    if not clip:
+        return example
+    first = pipeline_dense_step(example, pipeline_stages(example))
+    norm = float(ref.total_norm(list(first.grads.values()), 2.0))
+    return dataclasses.replace(example, clip=(0.25 * norm + 1e-3, 2.0))
+
+
+def pipeline_stages(example: PipelineExample) -> list[nn.Module]:
+    return pipeline_models.split(pipeline_models.build(example.model, example.seed), list(example.layers_per_stage))
+
+
+def pipeline_dense_step(example: PipelineExample, stages: list[nn.Module]) -> ref_pipeline.Dense:
+    batch = pipeline_models.make_batch(example.model, example.batch_size, example.data_seed)
+    return ref_pipeline.dense_step(stages, batch["inputs"], batch["targets"], pipeline_models.loss_fn(PIPELINE_LOSS),
+                                   example.num_microbatches)
+
+
 # (mutant, what it is run as, the example): the bugs of issue 31 parts 1 and 2
 CASES = {
     "token_loss/dp_still_averages": ("token", "data_parallel", token_example()),
@@ -62,6 +92,8 @@ CASES = {
     "grad_clipping/tied_weight_counted_twice": ("clip", "fully_sharded", clip_example()),
     "grad_clipping/norms_summed_not_their_squares": ("clip", "fully_sharded", clip_example()),
     "grad_clipping/replicated_gradients_counted_per_rank": ("clip", "data_parallel", clip_example()),
+    "grad_clipping/pipeline_group_ignored": ("pipeline", "pipeline", pipeline_example(clip=True)),
+    "pipeline_parallel/accumulated_gradients_rescaled": ("pipeline", "pipeline", pipeline_example(calls=2)),
 }
 
 
@@ -72,6 +104,17 @@ def pool():
 
 
 def train(pool, impl: str, kind: str, layout: str, example) -> list[dict]:
+    if kind == "pipeline":
+        batch = pipeline_models.make_batch(example.model, example.batch_size, example.data_seed)
+        common = {"model": example.model, "seed": example.seed, "layers_per_stage": list(example.layers_per_stage),
+                  "stages_per_rank": 1, "num_microbatches": example.num_microbatches, "loss": PIPELINE_LOSS,
+                  "optimizer": ADAMW, "steps": STEPS, "schedule": example.kind, "calls": example.calls,
+                  "clip": None if example.clip is None else {"max_norm": example.clip[0], "norm_type": example.clip[1]}}
+        last = example.num_ranks - 1
+        return pool.run(example.num_ranks, "harness.rank.programs.pipeline_parallel:train_steps",
+                        [{**common, "inputs": batch["inputs"] if r == 0 else None,
+                          "targets": batch["targets"] if r == last else None} for r in range(example.num_ranks)],
+                        impl=impl).outputs
     if kind == "token":
         program, inputs, n = TOKEN_PROGRAMS[layout], token_inputs(example, layout), example.world_size
     else:
@@ -79,10 +122,31 @@ def train(pool, impl: str, kind: str, layout: str, example) -> list[dict]:
     return pool.run(n, f"harness.rank.programs.{program}", inputs, impl=impl).outputs
 
 
+def pipeline_loss_curves(example: PipelineExample, outputs: list[dict]) -> tuple[list[float], list[float]]:
+    """The last stage's loss at every step, and one process's: the dense stages trained the same
+    way (the step's gradient ``calls`` times, clipped by the global norm, AdamW)."""
+    stages = pipeline_stages(example)
+    named = [(ref_pipeline.param_name(s, n), p) for s, stage in enumerate(stages) for n, p in stage.named_parameters()]
+    opt = models.build_optimizer(ADAMW, [p for _, p in named])
+    single = []
+    for _ in range(STEPS):
+        dense = pipeline_dense_step(example, stages)
+        single.append(float(dense.loss))
+        with torch.no_grad():
+            for name, p in named:
+                p.grad = dense.grads[name] * example.calls
+        if example.clip is not None:
+            ref.clip_gradients(nn.ModuleList(stages), example.clip[0], example.clip[1])
+        opt.step()
+    return [float(loss) for loss in outputs[-1]["losses"]], single
+
+
 def loss_curves(kind: str, example, outputs: list[dict]) -> tuple[list[float], list[float]]:
     """(the ranks' loss on the global batch at every step, one process's): for the token loss the
     sum of every slice's summed loss over the count, for the mean loss the mean over ranks summed
     over the micro-batches; one process's from its own trajectory's state before each step."""
+    if kind == "pipeline":
+        return pipeline_loss_curves(example, outputs)
     if kind == "token":
         batch, steps, k = example.batch(), example.steps, example.micro_batches
         count = ref_tokens.valid_targets(batch)
@@ -107,7 +171,13 @@ def judged(kind: str, layout: str, example, outputs: list[dict]) -> str | None:
     """The suite's verdict on ``outputs``: None when it passes, else its message's first line."""
     judge = Judge(str(example), "tests/test_loss_blind_bugs.py")
     try:
-        if kind == "token":
+        if kind == "pipeline":  # the first step, as the conformance tests judge it
+            first = {r: out["first"] for r, out in enumerate(outputs)}
+            if example.clip is not None:
+                judge_pipeline_clipping(judge, example, first)
+            else:
+                judge_step(judge, example, first)
+        elif kind == "token":
             judge_training(judge, example, layout, dict(enumerate(outputs)))
         else:
             judge_clipping(judge, example, dict(enumerate(outputs)))
@@ -133,9 +203,11 @@ def test_the_loss_curve_passes_the_bug_and_the_suite_fails_it(pool, mutant):
     assert verdict is not None, f"the suite passed {mutant} on {example}"
 
 
-@pytest.mark.parametrize("layout", ["data_parallel", "fully_sharded"])
-@pytest.mark.parametrize("kind", ["token", "clip"])
-def test_the_bundled_implementation_passes_both_checks(pool, kind, layout):
-    example = token_example() if kind == "token" else clip_example()
+@pytest.mark.parametrize(("kind", "layout", "example"), [
+    ("token", "data_parallel", token_example()), ("token", "fully_sharded", token_example()),
+    ("clip", "data_parallel", clip_example()), ("clip", "fully_sharded", clip_example()),
+    ("pipeline", "pipeline", pipeline_example(clip=True)), ("pipeline", "pipeline", pipeline_example(calls=2))],
+    ids=["token-dp", "token-fsdp", "clip-dp", "clip-fsdp", "pipeline-clip", "pipeline-accumulation"])
+def test_the_bundled_implementation_passes_both_checks(pool, kind, layout, example):
     worst, verdict = both_checks(pool, "impls", kind, layout, example)
     assert worst <= LOSS_RTOL and verdict is None, (worst, verdict)

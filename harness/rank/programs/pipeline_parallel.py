@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from harness.rank import pipeline_models, recording
+from harness.rank import models, pipeline_models, recording
 from harness.rank.context import RankContext, require
 
 
@@ -76,6 +76,38 @@ def train_step(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage:
                                                 clip["norm_type"], pp_group=dist.group.WORLD)
         norm = norm.detach().clone() if torch.is_tensor(norm) else norm
     return ctx.to_cpu({"loss": result, "grads": _grads(indices, modules), "executed": executed, "norm": norm})
+
+
+def train_steps(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage: list[int], stages_per_rank: int,
+                num_microbatches: int, loss: str, optimizer: dict, steps: int, inputs=None, targets=None,
+                schedule: str = "1f1b", calls: int = 1, clip: dict | None = None, group=None) -> dict:
+    """``steps`` optimizer steps of this rank's stages (the optimizer of ``optimizer`` over them):
+    each zero_grad(set_to_none=True), ``calls`` pipeline_step calls on the batch, the
+    implementation's clip_grad_norm_ over the pipeline with ``clip``, then the optimizer's step.
+    Reports each step's loss (None off the last stage) and the first step as ``train_step``
+    reports its one step (loss, gradients before the optimizer, what ran, the norm)."""
+    if group is not None:
+        raise ValueError("pipeline parallelism is tested on the whole world, not a subgroup")
+    pipeline_step = require(impl, "pipeline_step")
+    indices, modules = _local_stages(ctx, model, seed, layers_per_stage, stages_per_rank)
+    executed = _watch(indices, modules)
+    stages = modules if stages_per_rank > 1 else modules[0]
+    opt = models.build_optimizer(optimizer, [p for m in modules for p in m.parameters()])
+    losses, first = [], None
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        for _ in range(calls):
+            result = pipeline_step(stages, ctx.to_device(inputs), ctx.to_device(targets), pipeline_models.loss_fn(loss),
+                                   num_microbatches, schedule=schedule)
+        norm = None
+        if clip is not None:
+            norm = require(impl, "clip_grad_norm_")(stages, clip["max_norm"], clip["norm_type"], pp_group=dist.group.WORLD)
+            norm = norm.detach().clone() if torch.is_tensor(norm) else norm
+        if step == 0:
+            first = {"loss": result, "grads": _grads(indices, modules), "executed": list(executed), "norm": norm}
+        opt.step()
+        losses.append(None if result is None else result.detach().clone())
+    return ctx.to_cpu({"losses": losses, "first": first})
 
 
 def _watch(indices: list[int], modules) -> list[str]:
