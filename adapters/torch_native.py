@@ -32,7 +32,7 @@ from adapters.torch_ddp import DataParallel  # noqa: F401 - re-exported: the con
 from adapters.torch_fsdp import full_parameters, fully_shard  # noqa: F401 - re-exported: the contract's names
 from adapters.torch_grad_clipping import clip_grad_norm_  # noqa: F401 - re-exported: the contract's names
 from adapters.torch_moe import ExpertParallelMoE  # noqa: F401 - re-exported: the contract's names
-from adapters.torch_pipelining import generate_schedule, pipeline_step  # noqa: F401 - re-exported: the contract's names
+from adapters.torch_pipelining import generate_schedule, pipeline_step, split_stages  # noqa: F401 - re-exported: the contract's names
 from adapters.torch_sampler import DistributedSampler  # noqa: F401 - re-exported: the contract's names
 from adapters.torch_token_loss import global_token_count  # noqa: F401 - re-exported: the contract's names
 from adapters.torch_vocab_parallel import VocabParallelEmbedding, vocab_parallel_cross_entropy  # noqa: F401 - re-exported: the contract's names

@@ -281,3 +281,12 @@ def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="
     if not holds_last:
         return None
     return torch.stack([loss.detach() for loss in losses]).sum()  # each already divided by m
+
+
+def split_stages(model, num_stages):
+    """Not adapted: torch.distributed.pipelining splits a model by tracing it (``pipeline(module,
+    mb_args, split_spec)``), which needs example inputs this contract's split does not get, and
+    its stages are traced graphs, not the model's own layers."""
+    raise NotImplementedError("torch.distributed.pipelining cannot split a model without tracing it on example inputs "
+                              "(pipeline(module, mb_args, split_spec)), and its stages are traced copies of the layers")
+

@@ -15,7 +15,7 @@ from .data_sampling import DistributedSampler
 from .expert_parallel import ExpertParallelMoE
 from .fully_sharded import full_parameters, fully_shard
 from .grad_clipping import clip_grad_norm_
-from .pipeline_parallel import generate_schedule, pipeline_step
+from .pipeline_parallel import generate_schedule, pipeline_step, split_stages
 from .sharded_optimizer import ShardedOptimizer
 from .tensor_parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP
 from .token_loss import global_token_count
@@ -49,4 +49,5 @@ __all__ = [
     # pipeline parallelism
     "pipeline_step",
     "generate_schedule",
+    "split_stages",
 ]

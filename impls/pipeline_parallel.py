@@ -37,8 +37,9 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
-__all__ = ["pipeline_step", "generate_schedule"]
+__all__ = ["pipeline_step", "generate_schedule", "split_stages"]
 
 KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
 V_KINDS = ("zb-v",)  # two stages per rank in a V: rank r holds stages r and 2p - 1 - r
@@ -49,6 +50,24 @@ _MAX_DIMS = 8
 
 
 # -------------------------------------------------------------------------------------- schedules
+def split_stages(model: nn.Sequential, num_stages: int) -> list[nn.Sequential]:
+    """The model's layers (its children, in order) cut into ``num_stages`` contiguous stages, the
+    first L mod S stages one layer longer (torch.tensor_split's rule, the rule the microbatches are
+    cut by), each an nn.Sequential of the model's own layer modules. Fewer layers than stages leave
+    a stage empty: a ValueError naming both numbers."""
+    layers = list(model.children())
+    if num_stages < 1 or len(layers) < num_stages:
+        raise ValueError(f"cannot split num_layers={len(layers)} into num_stages={num_stages}: every stage needs at "
+                         "least one layer")
+    base, longer = divmod(len(layers), num_stages)
+    stages, start = [], 0
+    for s in range(num_stages):
+        size = base + (1 if s < longer else 0)
+        stages.append(nn.Sequential(*layers[start:start + size]))
+        start += size
+    return stages
+
+
 def generate_schedule(kind: str, num_ranks: int, num_microbatches: int, stages_per_rank: int = 1) -> list[list[str]]:
     """The schedule ``kind`` (gpipe, 1f1b, interleaved) as one list of compact actions per rank.
 

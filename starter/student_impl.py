@@ -200,6 +200,13 @@ class TensorParallelMLP:
 
 # --------------------------------------------------------------------------- pipeline parallelism
 # CONTRACT.md, "Pipeline parallelism"
+def split_stages(model, num_stages):
+    """The children of ``model`` (an nn.Sequential of L layers) cut into ``num_stages`` contiguous
+    stages in order, the first L mod S one layer longer, each an nn.Sequential of the model's own
+    layers; L < S: ValueError naming both (CONTRACT.md, "Splitting a model into stages")."""
+    raise NotImplementedError("split_stages")
+
+
 def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="1f1b", group=None, placement=None):
     """Run one training step of the pipeline; every stage parameter ends with the gradient of the
     mean over microbatches of the loss; the rank holding the last stage returns that loss. Zero

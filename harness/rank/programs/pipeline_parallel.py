@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from harness.rank import models, pipeline_models, recording
-from harness.rank.context import RankContext, require
+from harness.rank.context import MissingFunction, RankContext, require
 
 
 def _owner(stage: int, p: int, placement: str) -> int:
@@ -108,6 +108,31 @@ def train_steps(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage
         opt.step()
         losses.append(None if result is None else result.detach().clone())
     return ctx.to_cpu({"losses": losses, "first": first})
+
+
+def split(ctx: RankContext, impl, model: dict, seed: int, num_stages: int, inputs, group=None) -> dict:
+    """The implementation's ``split_stages(model, num_stages)`` of the model of ``model``: which of
+    the model's own layers (by index) each stage holds, in the order the stage's modules list them,
+    the layers that are no layer of the model (copies), and the stages run one after another on
+    ``inputs`` (no gradient). What it raised instead, if anything."""
+    net = pipeline_models.build(model, seed).to(ctx.device)
+    layers = list(net.children())
+    where = {id(layer): i for i, layer in enumerate(layers)}
+    try:
+        stages = require(impl, "split_stages")(net, num_stages)
+    except (MissingFunction, NotImplementedError):  # not implemented: the harness reports it
+        raise
+    except Exception as error:  # noqa: BLE001 - the driver judges what was raised
+        return {"raised": type(error).__name__, "message": str(error)}
+    held = [[where[id(m)] for m in stage.modules() if id(m) in where] for stage in stages]
+    foreign = sum(1 for stage in stages for m in stage.modules()
+                  if isinstance(m, pipeline_models.Layer) and id(m) not in where)
+    with torch.no_grad():
+        x = ctx.to_device(inputs)
+        chained = x
+        for stage in stages:
+            chained = stage(chained)
+    return ctx.to_cpu({"raised": None, "stages": held, "copies": foreign, "chained": chained})
 
 
 def _watch(indices: list[int], modules) -> list[str]:
