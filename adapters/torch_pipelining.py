@@ -226,7 +226,7 @@ def _batch_size(inputs, group, device) -> int:
 
 
 def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="1f1b", group=None, trace=None,
-                  placement=None):
+                  placement=None, scale_grads=True):
     """The contract's pipeline_step on torch.distributed.pipelining (see the module docstring)."""
     if trace is not None:
         raise NotImplementedError("torch.distributed.pipelining cannot report per-action timestamps (trace): its "
@@ -252,8 +252,8 @@ def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="
     staged = [PipelineStage(chunk, s, p * v, device, group=group) for s, chunk in zip(mine, chunks)]
     contract_loss_fn = loss_fn
 
-    def loss_fn(output, target):  # each microbatch's share of the mean: see the module docstring
-        return contract_loss_fn(output, target) / m
+    def loss_fn(output, target):  # each microbatch's share of the mean (module docstring), or its whole loss
+        return contract_loss_fn(output, target) / m if scale_grads else contract_loss_fn(output, target)
 
     if callable(schedule):
         runner = _runtime(staged, m, loss_fn, schedule(p, m, v), owner)
@@ -280,7 +280,7 @@ def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="
         runner.step(**kwargs)
     if not holds_last:
         return None
-    return torch.stack([loss.detach() for loss in losses]).sum()  # each already divided by m
+    return torch.stack([loss.detach() for loss in losses]).sum()  # each divided by m when scale_grads
 
 
 def split_stages(model, num_stages):

@@ -65,6 +65,7 @@ class Example:
     schedule_seed: int
     calls: int = 1  # pipeline_step calls on the same batch before the gradients are judged (accumulation)
     clip: tuple[float, float] | None = None  # (max_norm, norm_type): clip_grad_norm_ over the stages after the step
+    padded: tuple[int, ...] = ()  # rows whose targets are padding (NaN): with them, the loss normalised by the valid rows
 
     @property
     def model(self) -> dict:
@@ -98,7 +99,16 @@ class Example:
                 f"layers per stage={list(self.layers_per_stage)}, widths={list(self.widths)}, "
                 f"batch={self.batch_size}, seed={self.seed}, data_seed={self.data_seed}"
                 + (f", {self.calls} pipeline_step calls accumulating" if self.calls > 1 else "")
-                + (f", then clip_grad_norm_(max_norm={self.clip[0]:.6g}, norm_type={self.clip[1]})" if self.clip else ""))
+                + (f", then clip_grad_norm_(max_norm={self.clip[0]:.6g}, norm_type={self.clip[1]})" if self.clip else "")
+                + (f", padded rows {list(self.padded)}: the summed loss over the valid rows / their count, "
+                   "scale_grads=False" if self.padded else ""))
+
+    def batch(self) -> dict:
+        """The batch, with the targets of the ``padded`` rows NaN (padding)."""
+        batch = pipeline_models.make_batch(self.model, self.batch_size, self.data_seed)
+        if self.padded:
+            batch["targets"][list(self.padded)] = float("nan")
+        return batch
 
 
 @st.composite
@@ -118,7 +128,7 @@ def examples(draw, max_ranks: int, kinds=sched.KINDS, unequal: bool = False) -> 
 
 # ------------------------------------------------------------------------------------- on ranks
 def run_step(judge: Judge, ranks, example: Example) -> dict:
-    batch = pipeline_models.make_batch(example.model, example.batch_size, example.data_seed)
+    batch = example.batch()
     p = example.num_ranks
     common = {"model": example.model, "seed": example.seed, "layers_per_stage": list(example.layers_per_stage),
               "stages_per_rank": example.stages_per_rank, "num_microbatches": example.num_microbatches, "loss": LOSS}
@@ -132,16 +142,23 @@ def run_step(judge: Judge, ranks, example: Example) -> dict:
         common.update(calls=example.calls)
     if example.clip is not None:
         common.update(clip={"max_norm": example.clip[0], "norm_type": example.clip[1]})
+    if example.padded:
+        common.update(loss="masked_sum", per_token=True)
     per_rank = [{**common, "inputs": batch["inputs"] if r == 0 else None,
                  "targets": batch["targets"] if r == example.last_rank else None} for r in range(p)]
     return run_or_skip(judge, ranks, Layout(p), PROGRAM, per_rank)
 
 
 def dense(example: Example) -> ref.Dense:
-    batch = pipeline_models.make_batch(example.model, example.batch_size, example.data_seed)
+    batch = example.batch()
     stages = pipeline_models.split(pipeline_models.build(example.model, example.seed), list(example.layers_per_stage))
-    return ref.dense_step(stages, batch["inputs"], batch["targets"], pipeline_models.loss_fn(LOSS),
-                          example.num_microbatches)
+    if not example.padded:
+        return ref.dense_step(stages, batch["inputs"], batch["targets"], pipeline_models.loss_fn(LOSS),
+                              example.num_microbatches)
+    count = pipeline_models.valid_rows(batch["targets"])
+    return ref.dense_step(stages, batch["inputs"], batch["targets"],
+                          lambda output, target: pipeline_models.masked_squared_error(output, target) / count,
+                          example.num_microbatches, scale_grads=False)
 
 
 def expected_order(example: Example) -> sched.Schedule | None:
@@ -224,8 +241,9 @@ def judge_step(judge: Judge, example: Example, outputs: dict, order: sched.Sched
             judge.tensor(got["loss"], expected.loss, atol=expected.loss_atol,
                          suspects=lambda: likely_bugs.pipeline_loss(expected.loss, example.num_microbatches,
                                                                     expected.loss_atol),
-                         what=f"rank {r} (holds the last stage) loss: the mean over the {example.num_microbatches} "
-                              f"microbatches of the per-microbatch loss")
+                         what=f"rank {r} (holds the last stage) loss: the "
+                              + ("sum (scale_grads=False)" if example.padded else "mean")
+                              + f" over the {example.num_microbatches} microbatches of the per-microbatch loss")
         elif got["loss"] is not None:
             judge.fail(f"rank {r} returned a loss ({got['loss']!r}); only the rank holding the last stage, "
                        f"rank {last}, returns it (the others return None)")
@@ -239,9 +257,10 @@ def judge_step(judge: Judge, example: Example, outputs: dict, order: sched.Sched
             judge.tensor(got["grads"][name], expected.grads[name] * calls, atol=expected.grad_atol[name] * calls,
                          suspects=lambda: likely_bugs.pipeline_gradient(expected.microbatch_grads, name,
                                                                         expected.grad_atol[name], calls),
-                         what=f"rank {r} gradient of '{name}' (of the mean over microbatches of the "
-                              f"per-microbatch loss" + (f", accumulated over {calls} pipeline_step calls)" if calls > 1
-                                                        else ")"))
+                         what=f"rank {r} gradient of '{name}' (of the "
+                              + ("sum (scale_grads=False)" if example.padded else "mean")
+                              + " over microbatches of the per-microbatch loss"
+                              + (f", accumulated over {calls} pipeline_step calls)" if calls > 1 else ")"))
 
 
 def check_drawn_step(data, ranks, target, request, kinds=sched.KINDS, unequal: bool = False) -> Example:
@@ -267,6 +286,22 @@ def test_gradients_accumulate_across_pipeline_steps(data, ranks, target, request
     twice the gradient. Dividing the whole .grad by m at the end of a step, as a stage's
     ``scale_grads`` does, divides what earlier steps accumulated again (torchtitan#1733)."""
     example = dataclasses.replace(data.draw(examples(target.max_world_size), label="example"), calls=2)
+    judge = Judge(str(example), target.reproduce(request.node.nodeid))
+    judge_step(judge, example, run_step(judge, ranks, example))
+
+
+@pytest.mark.capability("pipeline_token_loss")
+@given(data=st.data())
+def test_a_loss_normalised_by_the_valid_rows_sums_the_microbatches(data, ranks, target, request):
+    """pipeline_step(..., scale_grads=False) (torch's name): the loss_fn sums the squared errors of
+    the valid rows and divides by the valid rows of the whole batch (padding rows' targets NaN,
+    some microbatches without one valid row), so the step's loss is the sum over microbatches, with
+    no 1/m. Dividing by m anyway divides the gradient twice (torchtitan#2972's mismatch between PP
+    and non-PP gradients under global-token normalisation)."""
+    example = data.draw(examples(target.max_world_size), label="example")
+    padded = data.draw(st.lists(st.booleans(), min_size=example.batch_size, max_size=example.batch_size)
+                       .filter(lambda rows: not all(rows)), label="padded rows")
+    example = dataclasses.replace(example, padded=tuple(i for i, pad in enumerate(padded) if pad))
     judge = Judge(str(example), target.reproduce(request.node.nodeid))
     judge_step(judge, example, run_step(judge, ranks, example))
 

@@ -278,7 +278,7 @@ class _Peers:
 
 
 def pipeline_step(stages, inputs, targets, loss_fn: Callable, num_microbatches: int, schedule="1f1b", group=None,
-                  trace: list | None = None, placement: str | None = None):
+                  trace: list | None = None, placement: str | None = None, scale_grads: bool = True):
     """One forward and backward of a batch through the pipeline; see CONTRACT.md, "Pipeline parallelism".
 
     ``stages``: this rank's stage module, or its v chunks in stage order (stages r, r + p, ...;
@@ -290,11 +290,14 @@ def pipeline_step(stages, inputs, targets, loss_fn: Callable, num_microbatches: 
     stages_per_rank) -> one list of compact actions per rank. Gradients of
     (1/m) sum_i loss_fn(output_i, target_i) are accumulated into every stage parameter's .grad;
     the rank holding the last stage returns that loss (0-dim, detached), the others None. With
-    ``trace`` a list, (action, start, end) in time.perf_counter seconds is appended per action."""
+    ``scale_grads=False`` (torch's name) the loss is the sum over microbatches, no 1/m: for a
+    loss_fn that normalises by the global token count itself. With ``trace`` a list, (action,
+    start, end) in time.perf_counter seconds is appended per action."""
     chunks = list(stages) if isinstance(stages, (list, tuple)) else [stages]
     p = dist.get_world_size(group)
     rank = dist.get_rank(group)
     m, v = num_microbatches, len(chunks)
+    scale = m if scale_grads else 1
     last = p * v - 1
     if placement is None:
         placement = "v" if schedule in V_KINDS else "loop"
@@ -328,7 +331,7 @@ def pipeline_step(stages, inputs, targets, loss_fn: Callable, num_microbatches: 
         elif kind == "B":
             y = stage_output.pop(key)
             if stage == last:
-                (y / m).backward()
+                (y / scale).backward()
             else:
                 torch.autograd.backward(y, output_grad.pop(key))
             if stage > 0:
@@ -340,7 +343,7 @@ def pipeline_step(stages, inputs, targets, loss_fn: Callable, num_microbatches: 
                     input_grad[key] = g
         elif kind == "I":
             y = stage_output.pop(key)
-            target, grad = (y / m, None) if stage == last else (y, output_grad.pop(key))
+            target, grad = (y / scale, None) if stage == last else (y, output_grad.pop(key))
             weight_pending[key] = (target, grad)
             if stage > 0:
                 x = stage_input.pop(key)
@@ -369,4 +372,5 @@ def pipeline_step(stages, inputs, targets, loss_fn: Callable, num_microbatches: 
     peers.wait_all()
     if last not in module:
         return None
-    return torch.stack([losses[i] for i in range(m)]).mean()
+    total = torch.stack([losses[i] for i in range(m)])
+    return total.mean() if scale_grads else total.sum()

@@ -58,20 +58,23 @@ class Dense:
     microbatch_grads: list[dict[str, Tensor]]  # grad(L_k / m) per microbatch k (to name a wrong answer)
 
 
-def dense_step(stages: list[nn.Module], inputs: Tensor, targets: Tensor, loss_fn, num_microbatches: int) -> Dense:
+def dense_step(stages: list[nn.Module], inputs: Tensor, targets: Tensor, loss_fn, num_microbatches: int,
+               scale_grads: bool = True) -> Dense:
     """Loss and gradients of the stages run in sequence on the whole batch. The modules' .grad
-    are left alone (torch.autograd.grad)."""
+    are left alone (torch.autograd.grad). ``scale_grads=False``: L = sum_i loss_fn(output_i,
+    target_i), no 1/m (a loss_fn that normalises by the global token count itself)."""
     named = [(param_name(s, n), p) for s, stage in enumerate(stages) for n, p in stage.named_parameters()
              if p.requires_grad]
     params = [p for _, p in named]
     m = num_microbatches
+    scale = m if scale_grads else 1
     losses, per_microbatch = [], []
     for x, y in zip(split(inputs, m), split(targets, m)):
         h = x
         for stage in stages:
             h = stage(h)
         loss = loss_fn(h, y)
-        grads = torch.autograd.grad(loss / m, params, allow_unused=True)
+        grads = torch.autograd.grad(loss / scale, params, allow_unused=True)
         per_microbatch.append([torch.zeros_like(p) if g is None else g for g, p in zip(grads, params)])
         losses.append(loss.detach())
     dtype = params[0].dtype if params else inputs.dtype
@@ -84,6 +87,6 @@ def dense_step(stages: list[nn.Module], inputs: Tensor, targets: Tensor, loss_fn
         grad_atol[name] = (ATOL_FACTOR * (m + len(named)) * u * scale.to(torch.float64)
                            + (torch.finfo(dtype).tiny if dtype.is_floating_point else 0))
     stacked = torch.stack(losses)
-    loss_atol = ATOL_FACTOR * (m + 2) * u * stacked.abs().to(torch.float64).sum() / m
+    loss_atol = ATOL_FACTOR * (m + 2) * u * stacked.abs().to(torch.float64).sum() / scale
     terms = [{name: g[k] for k, (name, _) in enumerate(named)} for g in per_microbatch]
-    return Dense(stacked.mean(), grads, loss_atol, grad_atol, terms)
+    return Dense(stacked.mean() if scale_grads else stacked.sum(), grads, loss_atol, grad_atol, terms)

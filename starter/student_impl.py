@@ -207,7 +207,8 @@ def split_stages(model, num_stages):
     raise NotImplementedError("split_stages")
 
 
-def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="1f1b", group=None, placement=None):
+def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="1f1b", group=None, placement=None,
+                  scale_grads=True):
     """Run one training step of the pipeline; every stage parameter ends with the gradient of the
     mean over microbatches of the loss; the rank holding the last stage returns that loss. Zero
     bubble (capability zero_bubble): schedule="zb-h1", and callable schedules whose backward is

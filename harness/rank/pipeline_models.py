@@ -17,7 +17,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-LOSSES = {"mse": F.mse_loss}
+
+def masked_squared_error(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The sum of the squared errors over the rows whose target is a number: a row of NaN targets
+    is padding, which counts nothing (the pipeline's version of an ignored token)."""
+    valid = ~torch.isnan(target).any(-1)
+    return ((output[valid] - target[valid]) ** 2).sum()
+
+
+def valid_rows(target: torch.Tensor) -> int:
+    """The rows of ``target`` that are not padding (``masked_squared_error``)."""
+    return int((~torch.isnan(target).any(-1)).sum())
+
+
+LOSSES = {"mse": F.mse_loss, "masked_sum": masked_squared_error}
 
 
 class _Sleep(torch.autograd.Function):

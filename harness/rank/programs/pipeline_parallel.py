@@ -53,12 +53,15 @@ def _grads(stage_indices: list[int], modules) -> dict:
 def train_step(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage: list[int], stages_per_rank: int,
                num_microbatches: int, loss: str, inputs=None, targets=None, schedule: str | None = "1f1b",
                schedule_rows: list | None = None, placement: str = "loop", calls: int = 1, clip: dict | None = None,
-               group=None) -> dict:
+               per_token: bool = False, group=None) -> dict:
     """``impl.pipeline_step`` on the whole world, ``calls`` times on the same batch (gradient
     accumulation across steps: .grad is never reset between them; the loss of the last call is
     reported). ``schedule_rows`` (one list of compact actions per rank) is handed over as a
     callable schedule instead of a kind; ``placement`` "v" builds this rank's stages of the V and
-    says so to pipeline_step. ``clip`` ({"max_norm", "norm_type"}): then the implementation's
+    says so to pipeline_step. ``per_token``: the loss is ``loss`` (a sum over the valid rows) divided
+    by the valid rows of the whole batch, C (the last stage holds every target, so it counts them),
+    and pipeline_step is called with ``scale_grads=False``: the step's loss is the sum over
+    microbatches, (1/C) of every valid row's error. ``clip`` ({"max_norm", "norm_type"}): then the implementation's
     ``clip_grad_norm_(this rank's stages, max_norm, norm_type, pp_group=the world)``, its result
     reported as "norm" and the gradients reported clipped."""
     if group is not None:
@@ -66,10 +69,19 @@ def train_step(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage:
     pipeline_step = require(impl, "pipeline_step")
     indices, modules = _local_stages(ctx, model, seed, layers_per_stage, stages_per_rank, placement)
     executed = _watch(indices, modules)
+    loss_fn, options = pipeline_models.loss_fn(loss), _placement_argument(placement)
+    if per_token:
+        count = pipeline_models.valid_rows(targets) if targets is not None else 1
+        summed = loss_fn
+
+        def loss_fn(output, target):
+            return summed(output, target) / count
+
+        options = {**options, "scale_grads": False}
     for _ in range(calls):
         result = pipeline_step(modules if stages_per_rank > 1 else modules[0], ctx.to_device(inputs),
-                               ctx.to_device(targets), pipeline_models.loss_fn(loss), num_microbatches,
-                               schedule=_schedule(schedule, schedule_rows), **_placement_argument(placement))
+                               ctx.to_device(targets), loss_fn, num_microbatches,
+                               schedule=_schedule(schedule, schedule_rows), **options)
     norm = None
     if clip is not None:
         norm = require(impl, "clip_grad_norm_")(modules if stages_per_rank > 1 else modules[0], clip["max_norm"],
