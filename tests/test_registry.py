@@ -107,13 +107,14 @@ def test_an_unknown_capability_is_refused_with_the_known_ones():
     assert capabilities.select("collectives") == frozenset(COLLECTIVES) | {"equivalences"}
 
 
-def test_the_readme_capability_table_is_the_registry_s():
-    """README.md's table of capabilities and files is generated (harness/driver/capability_table.py):
-    a capability added, renamed or given another file changes it, and a hand edit is caught here."""
+def test_the_capability_table_is_the_registry_s():
+    """docs/capabilities.md's table of capabilities and files is generated
+    (harness/driver/capability_table.py): a capability added, renamed or given another file changes
+    it, and a hand edit is caught here."""
     from harness.driver import capability_table
 
-    text = capability_table.README.read_text()
+    text = capability_table.TABLE.read_text()
     assert capability_table.replaced(text) == text, \
-        "README.md's capability table differs from the registry: run python -m harness.driver.capability_table"
+        "docs/capabilities.md's table differs from the registry: run python -m harness.driver.capability_table"
     with pytest.raises(ValueError, match="markers"):
         capability_table.replaced(text.replace(capability_table.BEGIN, ""))

@@ -132,7 +132,7 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability("pipeline_token_loss", ("pipeline_step",), "conformance/test_pipeline_parallel.py", "pipeline_token_loss",
                contract="`pipeline_step`",
                files=_files(_PP, "pipeline_parallel", "pipeline_parallel", None, "torch_pipelining")),
-    Capability("stage_split", ("split_stages",), "conformance/test_pipeline_parallel.py", "stage_split",
+    Capability("stage_split", ("split_stages",), "conformance/test_stage_split.py", "stage_split",
                contract="Splitting a model into stages",
                files=_files(("pipeline_parallel",), "pipeline_parallel", "pipeline_parallel", adapter="torch_pipelining",
                             outsiders="stage_split")),

@@ -1,6 +1,6 @@
-"""The README's table of capabilities and their files, generated from the registry
-(harness/driver/capabilities.py) so it cannot drift: tests/test_registry.py fails when README.md's
-table differs from ``markdown()``, and ``python -m harness.driver.capability_table`` rewrites it.
+"""The table of capabilities and their files (docs/capabilities.md), generated from the registry
+(harness/driver/capabilities.py) so it cannot drift: tests/test_registry.py fails when the table
+differs from ``markdown()``, and ``python -m harness.driver.capability_table`` rewrites it.
 A group (the collectives) is one row."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from harness.driver.capabilities import CAPABILITIES, Capability
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+TABLE = Path(__file__).resolve().parents[2] / "docs" / "capabilities.md"
 BEGIN = "<!-- capability table: generated from harness/driver/capabilities.py (python -m harness.driver.capability_table) -->"
 END = "<!-- end of the capability table -->"
 HEADER = ("| capability | CONTRACT.md | conformance | reference | bundled implementation | torch's own | mutants |\n"
@@ -48,13 +48,13 @@ def markdown() -> str:
 
 
 def replaced(text: str) -> str:
-    """``text`` (README.md) with its table replaced by the generated one; ValueError without markers."""
+    """``text`` (docs/capabilities.md) with its table replaced by the generated one; ValueError without markers."""
     if BEGIN not in text or END not in text:
-        raise ValueError(f"README.md lacks the markers {BEGIN!r} ... {END!r}")
+        raise ValueError(f"{TABLE.name} lacks the markers {BEGIN!r} ... {END!r}")
     head, rest = text.split(BEGIN, 1)
     return head + markdown() + rest.split(END, 1)[1]
 
 
 if __name__ == "__main__":
-    README.write_text(replaced(README.read_text()))
+    TABLE.write_text(replaced(TABLE.read_text()))
     sys.exit(0)
