@@ -50,16 +50,30 @@ NORM_TYPES = (2.0, 1.0, math.inf)
 MAX_NORM_FACTORS = (0.25, 0.5, 4.0)  # times the first step's norm: clipped, clipped, not clipped
 
 
-def norm_atol(evaluation: ref.Evaluation, norm_type: float, norm: float, dtype: torch.dtype) -> float:
-    """|returned - reference norm| allowed: by the triangle inequality the norm of the gradients'
-    elementwise bound (``grad_atol``, the same for every element of a parameter), plus the norm's
-    own sum: N + 2 roundings of relative size u over N elements (Higham §4.2), where the ranks sum
-    in another order (or in the gradients' dtype)."""
-    bounds = [float(ref.grad_atol(evaluation, name)) * torch.ones(g.numel(), dtype=torch.float64)
-              for name, g in evaluation.grads.items()]
-    elements = sum(g.numel() for g in evaluation.grads.values())
-    spread = float(torch.linalg.vector_norm(torch.cat(bounds), norm_type)) if bounds else 0.0
+def norm_allowance(bounds: list[torch.Tensor], norm_type: float, norm: float, dtype: torch.dtype) -> float:
+    """|returned - reference norm| allowed, from every gradient element's bound (``bounds``, any
+    shapes): by the triangle inequality the norm of those bounds, plus the norm's own sum, N + 2
+    roundings of relative size u over N elements (Higham §4.2), where the ranks sum in another order
+    (or in the gradients' dtype)."""
+    flat = [b.reshape(-1).to(torch.float64) for b in bounds]
+    elements = sum(b.numel() for b in flat)
+    spread = float(torch.linalg.vector_norm(torch.cat(flat), norm_type)) if flat else 0.0
     return spread + (elements + 2) * unit_roundoff(dtype) * norm + torch.finfo(dtype).tiny
+
+
+def norm_atol(evaluation: ref.Evaluation, norm_type: float, norm: float, dtype: torch.dtype) -> float:
+    """``norm_allowance`` with ``grad_atol`` (the same for every element of a parameter) as the bounds."""
+    return norm_allowance([ref.grad_atol(evaluation, name) * torch.ones(g.numel(), dtype=torch.float64)
+                           for name, g in evaluation.grads.items()], norm_type, norm, dtype)
+
+
+def clipped_atol(dense: torch.Tensor, atol, coefficient: float, allowed: float, norm: float,
+                 dtype: torch.dtype) -> torch.Tensor:
+    """A clipped gradient against ``dense`` times the coefficient: the gradient's own bound scaled
+    by it, the coefficient's error from the norm's (at most coefficient x allowed / N), and the
+    product's rounding."""
+    magnitude = dense.abs().to(torch.float64) * coefficient
+    return (coefficient * atol + magnitude * allowed / max(norm, 1e-300) + unit_roundoff(dtype) * magnitude).to(torch.float64)
 
 
 PROGRAMS = {"fully_sharded": ("fully_sharded:train", {}),
@@ -180,9 +194,7 @@ def test_a_tensor_parallel_mlp_counts_its_replicated_bias_once(data, ranks, targ
     keys = [k for k in ("grad_fc1_weight", "grad_fc1_bias", "grad_fc2_weight", "grad_fc2_bias") if k in dense]
     want = float(ref.total_norm([dense[k] for k in keys], norm_type))
     max_norm = factor * want + 1e-3
-    spread = float(torch.linalg.vector_norm(torch.cat([atol[k].reshape(-1) for k in keys]), norm_type))
-    elements = sum(dense[k].numel() for k in keys)
-    allowed = spread + (elements + 2) * unit_roundoff(example.dtype) * want + torch.finfo(example.dtype).tiny
+    allowed = norm_allowance([atol[k] for k in keys], norm_type, want, example.dtype)
     coefficient = min(1.0, max_norm / (want + 1e-6))
     judge = Judge(f"{example}, norm_type={norm_type}, max_norm={max_norm:.6g} ({factor} x the norm)", reproduce)
     weights = {"fc1_weight": w1, "fc1_bias": b1, "fc2_weight": w2, "fc2_bias": b2}
@@ -200,11 +212,8 @@ def test_a_tensor_parallel_mlp_counts_its_replicated_bias_once(data, ranks, targ
             for key, g, tol in (("weight", gw, tw), ("bias", gb, tb)):
                 if g is None:
                     continue
-                # the shard scaled by the coefficient; the norm's own error moves the coefficient by
-                # at most coefficient x allowed / N
-                bound = coefficient * tol + g.abs() * coefficient * allowed / max(want, 1e-300) \
-                    + unit_roundoff(example.dtype) * g.abs() * coefficient
-                judge.tensor(got["grad_" + prefix + key], g * coefficient, atol=bound.to(torch.float64),
+                judge.tensor(got["grad_" + prefix + key], g * coefficient,
+                             atol=clipped_atol(g, tol, coefficient, allowed, want, example.dtype),
                              what=f"rank {rank} {prefix}{key} gradient after clipping (its shard of the dense gradient "
                                   f"times min(1, max_norm / (N + 1e-6)) = {coefficient:.6g})")
     judge.bitwise_identical(norms, what="the norm returned")
@@ -236,11 +245,8 @@ def judge_pipeline_clipping(judge: Judge, example, outputs: dict) -> None:
     max_norm, norm_type = example.clip
     want = float(ref.total_norm([expected.grads[name] for name in names], norm_type))
     coefficient = min(1.0, max_norm / (want + 1e-6))
-    u = unit_roundoff(torch.float64)
-    bounds = torch.cat([float(expected.grad_atol[name]) * torch.ones(expected.grads[name].numel(), dtype=torch.float64)
-                        for name in names])
-    elements = int(bounds.numel())
-    allowed = float(torch.linalg.vector_norm(bounds, norm_type)) + (elements + 2) * u * want + torch.finfo(torch.float64).tiny
+    allowed = norm_allowance([expected.grad_atol[name] * torch.ones(expected.grads[name].numel(), dtype=torch.float64)
+                              for name in names], norm_type, want, torch.float64)
     norms = {}
     for r in range(example.num_ranks):
         got = outputs[r]
@@ -249,9 +255,8 @@ def judge_pipeline_clipping(judge: Judge, example, outputs: dict) -> None:
                               "stages alone")
         for name, g in got["grads"].items():
             dense = expected.grads[name]
-            bound = coefficient * float(expected.grad_atol[name]) + dense.abs() * coefficient * allowed / max(want, 1e-300) \
-                + u * dense.abs() * coefficient
-            judge.tensor(g, dense * coefficient, atol=bound.to(torch.float64),
+            judge.tensor(g, dense * coefficient,
+                         atol=clipped_atol(dense, expected.grad_atol[name], coefficient, allowed, want, torch.float64),
                          what=f"rank {r} gradient of '{name}' after clipping (the dense gradient times min(1, max_norm / "
                               f"(N + 1e-6)) = {coefficient:.6g})")
     judge.bitwise_identical(norms, what="the norm returned")

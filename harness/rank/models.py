@@ -202,13 +202,17 @@ def build_optimizer(spec: dict, params) -> torch.optim.Optimizer:
     return cls(params, **options)
 
 
-def dtypes_held(parameters: list, optimizer: torch.optim.Optimizer) -> dict[str, list[str]]:
-    """{kind: the sorted dtype names} of the trainable ``parameters``, their gradients and the
-    optimizer's state tensors (not its scalar step counters)."""
+def tensors_held(parameters: list, optimizer: torch.optim.Optimizer) -> dict[str, list[torch.Tensor]]:
+    """{kind: tensors}: the trainable ``parameters``, their gradients and the optimizer's state
+    tensors (not its scalar step counters)."""
     trainable = [p for p in parameters if p.requires_grad]
-    kinds = {"parameters": trainable, "gradients": [p.grad for p in trainable if p.grad is not None],
-             "optimizer_state": [v for state in optimizer.state.values() for v in state.values()
-                                 if torch.is_tensor(v) and v.dim() > 0]}
+    return {"parameters": trainable, "gradients": [p.grad for p in trainable if p.grad is not None],
+            "optimizer_state": [v for state in optimizer.state.values() for v in state.values()
+                                if torch.is_tensor(v) and v.dim() > 0]}
+
+
+def dtypes_held(kinds: dict[str, list[torch.Tensor]]) -> dict[str, list[str]]:
+    """{kind: the sorted dtype names} of ``tensors_held``'s tensors."""
     return {kind: sorted({str(t.dtype).removeprefix("torch.") for t in tensors}) for kind, tensors in kinds.items()}
 
 

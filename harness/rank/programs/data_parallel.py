@@ -64,6 +64,6 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
             norm = norm.detach().clone() if torch.is_tensor(norm) else norm
         opt.step()
         result["steps"].append({"loss": torch.stack(losses), "grads": grads, "state": models.state(module),
-                                "norm": norm, "count": count, "dtypes": models.dtypes_held(list(module.parameters()), opt),
+                                "norm": norm, "count": count, "dtypes": models.dtypes_held(models.tensors_held(list(module.parameters()), opt)),
                                 "logits_dtype": getattr(module, "logits_dtype", None)})
     return ctx.to_cpu(result)

@@ -79,12 +79,9 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
             norm = clip_grad_norm_(net, clip["max_norm"], clip["norm_type"])
             norm = norm.detach().clone() if torch.is_tensor(norm) else norm
         opt.step()
-        trainable = [p for p in net.parameters() if p.requires_grad]
-        kinds = {"parameters": trainable, "gradients": [p.grad for p in trainable if p.grad is not None],
-                 "optimizer_state": [v for state in opt.state.values() for v in state.values()
-                                     if torch.is_tensor(v) and v.dim() > 0]}
+        kinds = models.tensors_held(list(net.parameters()), opt)
         held = {kind: sum(_local_numel(t) for t in tensors) for kind, tensors in kinds.items()}
-        dtypes = models.dtypes_held(trainable, opt)
+        dtypes = models.dtypes_held(kinds)
         # copies: an implementation may return its live replicated parameters (the handout says "as they are")
         state = {name: tensor.detach().clone() for name, tensor in full_parameters(net).items()}
         state.update({name: b.detach().clone() for name, b in net.named_buffers()})
