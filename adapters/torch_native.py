@@ -26,6 +26,7 @@ from torch.distributed import (  # noqa: F401 - re-exported: the contract's coll
     scatter,
 )
 
+from adapters.dtensor_block import TensorParallelAttention, TensorParallelSwiGLU  # noqa: F401 - re-exported: the contract's names
 from adapters.dtensor_tp import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP  # noqa: F401 - re-exported: the contract's names
 from adapters.torch_context_parallel import context_parallel_attention  # noqa: F401 - raises: not adapted, why
 from adapters.torch_ddp import DataParallel  # noqa: F401 - re-exported: the contract's names

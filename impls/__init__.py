@@ -19,6 +19,7 @@ from .pipeline_parallel import generate_schedule, pipeline_step, split_stages
 from .sharded_optimizer import ShardedOptimizer
 from .tensor_parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP
 from .token_loss import global_token_count
+from .transformer_layers import TensorParallelAttention, TensorParallelSwiGLU
 from .vocab_parallel import VocabParallelEmbedding, vocab_parallel_cross_entropy
 
 __all__ = [
@@ -44,6 +45,8 @@ __all__ = [
     "ColumnParallelLinear",
     "RowParallelLinear",
     "TensorParallelMLP",
+    "TensorParallelAttention",
+    "TensorParallelSwiGLU",
     "VocabParallelEmbedding",
     "vocab_parallel_cross_entropy",
     # pipeline parallelism

@@ -198,6 +198,25 @@ class TensorParallelMLP:
         raise NotImplementedError("TensorParallelMLP")
 
 
+class TensorParallelAttention:
+    """Causal self-attention with a fused QKV projection and grouped-query attention, split by head:
+    each rank its query heads and their key/value heads (CONTRACT.md, capability tp_attention)."""
+
+    @classmethod
+    def from_dense(cls, qkv, out, num_heads, num_kv_heads, group=None, sequence_parallel=False,
+                   qkv_layout="concatenated"):
+        raise NotImplementedError("TensorParallelAttention")
+
+
+class TensorParallelSwiGLU:
+    """down(silu(gate) * up) with a fused [gate | up] projection: each rank rows r of the gate's and of
+    the value's (CONTRACT.md, capability tp_swiglu)."""
+
+    @classmethod
+    def from_dense(cls, gate_up, down, group=None, sequence_parallel=False):
+        raise NotImplementedError("TensorParallelSwiGLU")
+
+
 # --------------------------------------------------------------------------- pipeline parallelism
 # CONTRACT.md, "Pipeline parallelism"
 def split_stages(model, num_stages):
