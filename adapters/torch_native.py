@@ -35,6 +35,7 @@ from adapters.torch_grad_clipping import clip_grad_norm_  # noqa: F401 - re-expo
 from adapters.torch_moe import ExpertParallelMoE  # noqa: F401 - re-exported: the contract's names
 from adapters.torch_pipelining import generate_schedule, pipeline_step, split_stages  # noqa: F401 - re-exported: the contract's names
 from adapters.torch_sampler import DistributedSampler  # noqa: F401 - re-exported: the contract's names
+from adapters.torch_tied_weights import sync_tied_gradients  # noqa: F401 - re-exported: the contract's names
 from adapters.torch_token_loss import global_token_count  # noqa: F401 - re-exported: the contract's names
 from adapters.torch_vocab_parallel import VocabParallelEmbedding, vocab_parallel_cross_entropy  # noqa: F401 - re-exported: the contract's names
 from adapters.torch_zero import ShardedOptimizer  # noqa: F401 - re-exported: the contract's names

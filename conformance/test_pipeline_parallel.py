@@ -65,10 +65,16 @@ class Example:
     calls: int = 1  # pipeline_step calls on the same batch before the gradients are judged (accumulation)
     clip: tuple[float, float] | None = None  # (max_norm, norm_type): clip_grad_norm_ over the stages after the step
     padded: tuple[int, ...] = ()  # rows whose targets are padding (NaN): with them, the loss normalised by the valid rows
+    tied: bool = False  # the last layer tied to the first (capability pipeline_tied): then sync_tied_gradients
 
     @property
     def model(self) -> dict:
-        return {"widths": list(self.widths), "dtype": "float64"}
+        return {"widths": list(self.widths), "dtype": "float64", **({"tied": True} if self.tied else {})}
+
+    def tied_copies(self) -> list[tuple[int, str]]:
+        """(stage, name in the stage) of the tied weight's two uses: the first layer of stage 0 and
+        the last layer of the last stage (the same stage when there is one)."""
+        return [(0, "0.linear.weight"), (len(self.layers_per_stage) - 1, f"{self.layers_per_stage[-1] - 1}.weight")]
 
     @property
     def placement(self) -> str:
@@ -100,7 +106,8 @@ class Example:
                 + (f", {self.calls} pipeline_step calls accumulating" if self.calls > 1 else "")
                 + (f", then clip_grad_norm_(max_norm={self.clip[0]:.6g}, norm_type={self.clip[1]})" if self.clip else "")
                 + (f", padded rows {list(self.padded)}: the summed loss over the valid rows / their count, "
-                   "scale_grads=False" if self.padded else ""))
+                   "scale_grads=False" if self.padded else "")
+                + (", the last layer tied to the first, then sync_tied_gradients" if self.tied else ""))
 
     def batch(self) -> dict:
         """The batch, with the targets of the ``padded`` rows NaN (padding)."""
@@ -143,6 +150,8 @@ def run_step(judge: Judge, ranks, example: Example) -> dict:
         common.update(clip={"max_norm": example.clip[0], "norm_type": example.clip[1]})
     if example.padded:
         common.update(loss="masked_sum", per_token=True)
+    if example.tied:
+        common.update(tied=example.tied_copies())
     per_rank = [{**common, "inputs": batch["inputs"] if r == 0 else None,
                  "targets": batch["targets"] if r == example.last_rank else None} for r in range(p)]
     return run_or_skip(judge, ranks, Layout(p), PROGRAM, per_rank)
@@ -203,30 +212,51 @@ def judge_executed_schedule(judge: Judge, example: Example, outputs: dict, order
     schedule's compute order (random schedules), and no rank may hold more microbatch activations
     at once than the kind allows (GPipe m, 1F1B min(m, p - r), interleaved min(vm, warm-up + 1)):
     a runtime asked for 1F1B that runs GPipe gets every number right and holds m, not p."""
-    p, m, v = example.num_ranks, example.num_microbatches, example.stages_per_rank
     order = order or expected_order(example)
-    for r in range(p):
+    for r in range(example.num_ranks):
         executed = outputs[r].get("executed")
         if not isinstance(executed, list):
             judge.fail(f"rank {r}: the rank program recorded no order of forwards and backwards")
-        executed = without_warm_up_forwards(executed, m)
-        live = peak = 0
-        for action in executed:
-            live += 1 if action.startswith("F") else -1
-            peak = max(peak, live)
-        if order is not None:
-            want = [seen for seen in map(observed, order.rows[r]) if seen is not None]
-            if executed != want:
-                first = next((i for i, (a, b) in enumerate(zip(executed, want)) if a != b), min(len(executed), len(want)))
-                judge.fail(f"rank {r} did not run the schedule it was given: at its compute step {first + 1} it ran "
-                           f"{executed[first] if first < len(executed) else 'nothing'} where the schedule says "
-                           f"{want[first] if first < len(want) else 'nothing more'}; ran {' '.join(executed)}, "
-                           f"schedule {' '.join(want)} (F<s>: a forward of stage s; B<s>: stage s's parameter "
-                           f"gradients accumulated, by a B or a W; an I is not seen)")
-        elif peak > sched.theory_peak_live(example.kind, p, m, v, r):
-            judge.fail(f"rank {r} held {peak} microbatch activations at once, more than {example.kind} allows "
-                       f"({sched.theory_peak_live(example.kind, p, m, v, r)}): the schedule run is not the one asked "
-                       f"for; its order of forwards and backwards: {' '.join(executed)}")
+        for call, segment in enumerate(calls_of(executed)):
+            judge_one_call(judge, example, r, segment, order, f" (pipeline_step call {call + 1})" if call else "")
+
+
+def calls_of(executed: list[str]) -> list[list[str]]:
+    """The recorded order cut at each CALL marker (harness/rank/programs/pipeline_parallel.py): one
+    list per pipeline_step call, or one list when nothing marks the calls."""
+    calls, current = [], []
+    for action in executed:
+        if action == "CALL":
+            if current:
+                calls.append(current)
+            current = []
+        else:
+            current.append(action)
+    return [*calls, current] if current or not calls else calls
+
+
+def judge_one_call(judge: Judge, example: Example, r: int, executed: list[str], order, which: str) -> None:
+    """One pipeline_step call's recorded order on rank r: the schedule's compute order, or within
+    the kind's memory bound."""
+    p, m, v = example.num_ranks, example.num_microbatches, example.stages_per_rank
+    executed = without_warm_up_forwards(executed, m)
+    live = peak = 0
+    for action in executed:
+        live += 1 if action.startswith("F") else -1
+        peak = max(peak, live)
+    if order is not None:
+        want = [seen for seen in map(observed, order.rows[r]) if seen is not None]
+        if executed != want:
+            first = next((i for i, (a, b) in enumerate(zip(executed, want)) if a != b), min(len(executed), len(want)))
+            judge.fail(f"rank {r} did not run the schedule it was given{which}: at its compute step {first + 1} it "
+                       f"ran {executed[first] if first < len(executed) else 'nothing'} where the schedule says "
+                       f"{want[first] if first < len(want) else 'nothing more'}; ran {' '.join(executed)}, "
+                       f"schedule {' '.join(want)} (F<s>: a forward of stage s; B<s>: stage s's parameter "
+                       f"gradients accumulated, by a B or a W; an I is not seen)")
+    elif peak > sched.theory_peak_live(example.kind, p, m, v, r):
+        judge.fail(f"rank {r} held {peak} microbatch activations at once{which}, more than {example.kind} allows "
+                   f"({sched.theory_peak_live(example.kind, p, m, v, r)}): the schedule run is not the one asked "
+                   f"for; its order of forwards and backwards: {' '.join(executed)}")
 
 
 def judge_step(judge: Judge, example: Example, outputs: dict, order: sched.Schedule | None = None) -> None:

@@ -18,6 +18,7 @@ from .grad_clipping import clip_grad_norm_
 from .pipeline_parallel import generate_schedule, pipeline_step, split_stages
 from .sharded_optimizer import ShardedOptimizer
 from .tensor_parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP
+from .tied_weights import sync_tied_gradients
 from .token_loss import global_token_count
 from .transformer_layers import TensorParallelAttention, TensorParallelSwiGLU
 from .vocab_parallel import VocabParallelEmbedding, vocab_parallel_cross_entropy
@@ -53,4 +54,5 @@ __all__ = [
     "pipeline_step",
     "generate_schedule",
     "split_stages",
+    "sync_tied_gradients",
 ]

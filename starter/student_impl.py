@@ -219,6 +219,13 @@ class TensorParallelSwiGLU:
 
 # --------------------------------------------------------------------------- pipeline parallelism
 # CONTRACT.md, "Pipeline parallelism"
+def sync_tied_gradients(stages, tied, group=None):
+    """After the step's pipeline_step calls: every copy of a weight tied across stages (``tied``:
+    (stage index, parameter name) per use) gets the sum of the distinct copies' gradients
+    (CONTRACT.md, capability pipeline_tied)."""
+    raise NotImplementedError("sync_tied_gradients")
+
+
 def split_stages(model, num_stages):
     """The children of ``model`` (an nn.Sequential of L layers) cut into ``num_stages`` contiguous
     stages in order, the first L mod S one layer longer, each an nn.Sequential of the model's own

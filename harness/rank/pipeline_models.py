@@ -59,15 +59,36 @@ class Layer(nn.Module):
         return _Sleep.apply(y, self.delay_s) if self.delay_s > 0 else y
 
 
+class TiedLayer(nn.Module):
+    """tanh(x W + b) with W the first layer's weight [w1, w0] (``weight`` is that same Parameter):
+    the last layer of a model whose output layer is tied to its input layer, as a language model's
+    head is tied to its embedding."""
+
+    def __init__(self, weight: nn.Parameter):
+        super().__init__()
+        self.weight = weight
+        self.bias = nn.Parameter(torch.zeros(weight.shape[1], dtype=weight.dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x @ self.weight + self.bias)
+
+
 def build(spec: dict, seed: int) -> nn.Sequential:
     """The layers of ``spec``, every parameter drawn from ``seed`` in named order from a private
-    generator (the global RNG is neither used nor disturbed)."""
+    generator (the global RNG is neither used nor disturbed). ``"tied": true``: the last layer is a
+    TiedLayer on the first layer's weight (widths w0, w1, ..., w1, w0)."""
     widths = list(spec["widths"])
     if len(widths) < 2:
         raise ValueError(f"widths {widths} describe no layer (need at least an input and an output width)")
     dtype = getattr(torch, spec.get("dtype", "float64"))
     delay_s = float(spec.get("delay_ms", 0.0)) / 1000.0
-    model = nn.Sequential(*[Layer(a, b, delay_s) for a, b in zip(widths[:-1], widths[1:])]).to(dtype)
+    layers = [Layer(a, b, delay_s) for a, b in zip(widths[:-1], widths[1:])]
+    if spec.get("tied"):
+        if len(layers) < 2 or widths[-1] != widths[0] or widths[-2] != widths[1]:
+            raise ValueError(f"widths {widths} cannot tie the last layer to the first (need at least two layers, "
+                             "widths w0, w1, ..., w1, w0)")
+        layers[-1] = TiedLayer(layers[0].linear.weight)
+    model = nn.Sequential(*layers).to(dtype)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for _, tensor in model.named_parameters():

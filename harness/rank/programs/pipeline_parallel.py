@@ -14,6 +14,8 @@ import torch.distributed as dist
 from harness.rank import models, pipeline_models, recording
 from harness.rank.context import MissingFunction, RankContext, require
 
+CALL = "CALL"  # in the recorded order: a pipeline_step call begins
+
 
 def _owner(stage: int, p: int, placement: str) -> int:
     """The rank of a stage: the loop (s % p) or the V (s for s < p, then 2p - 1 - s), as the
@@ -53,7 +55,7 @@ def _grads(stage_indices: list[int], modules) -> dict:
 def train_step(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage: list[int], stages_per_rank: int,
                num_microbatches: int, loss: str, inputs=None, targets=None, schedule: str | None = "1f1b",
                schedule_rows: list | None = None, placement: str = "loop", calls: int = 1, clip: dict | None = None,
-               per_token: bool = False, group=None) -> dict:
+               per_token: bool = False, tied: list | None = None, group=None) -> dict:
     """``impl.pipeline_step`` on the whole world, ``calls`` times on the same batch (gradient
     accumulation across steps: .grad is never reset between them; the loss of the last call is
     reported). ``schedule_rows`` (one list of compact actions per rank) is handed over as a
@@ -63,7 +65,9 @@ def train_step(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage:
     and pipeline_step is called with ``scale_grads=False``: the step's loss is the sum over
     microbatches, (1/C) of every valid row's error. ``clip`` ({"max_norm", "norm_type"}): then the implementation's
     ``clip_grad_norm_(this rank's stages, max_norm, norm_type, pp_group=the world)``, its result
-    reported as "norm" and the gradients reported clipped."""
+    reported as "norm" and the gradients reported clipped. ``tied`` ([stage, parameter name] of
+    every copy of a weight tied across stages, capability pipeline_tied): after the calls, the
+    implementation's ``sync_tied_gradients(this rank's stages, tied)``."""
     if group is not None:
         raise ValueError("pipeline parallelism is tested on the whole world, not a subgroup")
     pipeline_step = require(impl, "pipeline_step")
@@ -79,9 +83,13 @@ def train_step(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage:
 
         options = {**options, "scale_grads": False}
     for _ in range(calls):
+        executed.append(CALL)  # each call's order is judged on its own (a runtime may warm up per call)
         result = pipeline_step(modules if stages_per_rank > 1 else modules[0], ctx.to_device(inputs),
                                ctx.to_device(targets), loss_fn, num_microbatches,
                                schedule=_schedule(schedule, schedule_rows), **options)
+    if tied is not None:
+        require(impl, "sync_tied_gradients")(modules if stages_per_rank > 1 else modules[0],
+                                             [(int(stage), str(name)) for stage, name in tied])
     norm = None
     if clip is not None:
         norm = require(impl, "clip_grad_norm_")(modules if stages_per_rank > 1 else modules[0], clip["max_norm"],
@@ -156,7 +164,8 @@ def _watch(indices: list[int], modules) -> list[str]:
     edges, which assigns ``.grad`` without accumulating and so runs no post-accumulate hook); an I
     (the input's gradient only) does not fire it."""
     events: list[str] = []
-    for stage, module in zip(indices, modules):
+    held = [{id(p) for p in module.parameters()} for module in modules]
+    for k, (stage, module) in enumerate(zip(indices, modules)):
         def forward(module, inputs, output, stage=stage):
             # a forward without autograd (torch.distributed.pipelining's shape inference) or on the
             # meta device holds no activation for a backward: it is not a step of the schedule
@@ -164,7 +173,10 @@ def _watch(indices: list[int], modules) -> list[str]:
                 events.append(f"F{stage}")
 
         module.register_forward_hook(forward)
-        first = next(module.parameters(), None)
+        # a weight tied to another stage on this rank (capability pipeline_tied) has its gradient
+        # computed by both stages' backwards: the first parameter this stage holds alone is watched
+        first = next((p for p in module.parameters()
+                      if not any(id(p) in other for j, other in enumerate(held) if j != k)), None)
         if first is not None:
             first.register_hook(lambda grad, stage=stage: events.append(f"B{stage}"))
     return events
