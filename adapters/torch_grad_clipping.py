@@ -10,18 +10,25 @@ import torch.distributed as dist
 from torch import nn
 
 
-def clip_grad_norm_(module: nn.Module, max_norm: float, norm_type: float = 2.0, pp_group=None):
+def clip_grad_norm_(module: nn.Module, max_norm: float, norm_type: float = 2.0, pp_group=None, tied=None):
     """torch.nn.utils.clip_grad_norm_ over the module's parameters (the module docstring).
 
     torch 2.13 cannot take the infinity norm when a rank's shard of a gradient is empty (a
     parameter with fewer rows than ranks: FSDP2 cuts dim 0 with torch.chunk): ``_foreach_norm``
     refuses the empty tensor on that rank while the others wait in the reduction. Every rank sees
     the global shapes, so every rank refuses that case alike, before any communication."""
+    stages = list(module) if isinstance(module, (list, tuple)) else [module]
     if isinstance(module, (list, tuple)):  # a rank's pipeline stages
         module = nn.ModuleList(module)
     parameters = [p for p in module.parameters() if p.grad is not None]
     if pp_group is not None:
-        return _clip_over_the_pipeline(parameters, max_norm, float(norm_type), pp_group)
+        counted = parameters
+        if tied:  # a weight tied across stages: its first listed use counts it, the other copies not
+            p_size, me = dist.get_world_size(pp_group), dist.get_rank(pp_group)
+            uses = [stages[s // p_size].get_parameter(n) if s % p_size == me else None for s, n in tied]
+            others = {id(q) for q in uses[1:] if q is not None and q is not uses[0]}
+            counted = [p for p in parameters if id(p) not in others]
+        return _clip_over_the_pipeline(parameters, max_norm, float(norm_type), pp_group, counted)
     if math.isinf(norm_type):
         for p in parameters:
             mesh = getattr(p, "device_mesh", None)
@@ -34,11 +41,11 @@ def clip_grad_norm_(module: nn.Module, max_norm: float, norm_type: float = 2.0, 
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
-def _clip_over_the_pipeline(parameters: list, max_norm: float, norm_type: float, pp_group):
+def _clip_over_the_pipeline(parameters: list, max_norm: float, norm_type: float, pp_group, counted: list):
     """torchtitan's clipping over pipeline stages from torch's pieces: this rank's stages' norm
-    (``get_total_norm``), its q-th power summed over the pipeline (MAX for inf), then
-    ``clip_grads_with_norm_`` by that norm."""
-    norm = torch.nn.utils.get_total_norm([p.grad for p in parameters], norm_type)
+    (``get_total_norm`` of the ``counted`` parameters), its q-th power summed over the pipeline (MAX
+    for inf), then ``clip_grads_with_norm_`` of every parameter by that norm."""
+    norm = torch.nn.utils.get_total_norm([p.grad for p in counted], norm_type)
     norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
     norm = norm.double().reshape(1)
     if math.isinf(norm_type):

@@ -237,11 +237,14 @@ def test_pipeline_stages_clip_by_the_norm_of_every_stage(data, ranks, target, re
     judge_pipeline_clipping(judge, example, run_pipeline_step(judge, ranks, example))
 
 
-def judge_pipeline_clipping(judge: Judge, example, outputs: dict) -> None:
+def judge_pipeline_clipping(judge: Judge, example, outputs: dict, counted: list[str] | None = None,
+                            why: str = "every stage's gradients count, summed over the pipeline with pp_group, not this "
+                                       "rank's stages alone") -> None:
     """Every rank's returned norm and clipped gradients after one pipeline_step of ``example``
-    (its ``clip``: max_norm, norm_type), against the dense model's."""
+    (its ``clip``: max_norm, norm_type), against the dense model's. ``counted``: the stable names
+    whose gradients make the norm (default: all; a tied weight's second copy is left out)."""
     expected = pipeline_dense(example)
-    names = sorted(expected.grads)
+    names = counted or sorted(expected.grads)
     max_norm, norm_type = example.clip
     want = float(ref.total_norm([expected.grads[name] for name in names], norm_type))
     coefficient = min(1.0, max_norm / (want + 1e-6))
@@ -250,9 +253,7 @@ def judge_pipeline_clipping(judge: Judge, example, outputs: dict) -> None:
     norms = {}
     for r in range(example.num_ranks):
         got = outputs[r]
-        norms[r] = check_norm(judge, f"rank {r}", got["norm"], want, allowed, "the whole model's gradients have",
-                              "every stage's gradients count, summed over the pipeline with pp_group, not this rank's "
-                              "stages alone")
+        norms[r] = check_norm(judge, f"rank {r}", got["norm"], want, allowed, "the whole model's gradients have", why)
         for name, g in got["grads"].items():
             dense = expected.grads[name]
             judge.tensor(g, dense * coefficient,

@@ -26,7 +26,9 @@ import torch
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from conformance.test_pipeline_parallel import Example, examples, judge_step, run_step
+import reference.data_parallel as ref_dp
+from conformance.test_grad_clipping import MAX_NORM_FACTORS, NORM_TYPES, judge_pipeline_clipping
+from conformance.test_pipeline_parallel import Example, dense, examples, judge_step, run_step
 from conformance.verdict import Judge
 
 LOOP_KINDS = ("gpipe", "1f1b", "interleaved", "random")
@@ -69,3 +71,25 @@ def test_a_weight_tied_across_stages_gets_the_sum_of_both_uses_on_every_copy(dat
         judge.fail(f"the tied weight's copies differ after sync_tied_gradients: '{first_at[1]}' on rank {first_at[0]} "
                    f"and '{last_at[1]}' on rank {last_at[0]} (largest difference {(first - last).abs().max().item():.3g}); "
                    "the optimizer would move them apart")
+
+
+@pytest.mark.capability("pipeline_tied")
+@given(data=st.data())
+def test_the_tied_weight_counts_once_in_the_clipped_norm(data, ranks, target, request):
+    """After sync_tied_gradients, clip_grad_norm_(stages, max_norm, norm_type, pp_group, tied=the
+    same uses): the norm is the dense model's, where the tied weight is one tensor, so its copies
+    count once (Megatron-LM#7227: the embedding and the head counted twice, the norm sqrt(2) times
+    too large and every step over-clipped), bitwise the same on every rank, and every stage's
+    gradients are the dense ones times min(1, max_norm / (N + 1e-6))."""
+    example = dataclasses.replace(data.draw(tied_examples(target.max_world_size), label="tied example"), calls=1)
+    norm_type = data.draw(st.sampled_from(NORM_TYPES), label="norm_type")
+    factor = data.draw(st.sampled_from(MAX_NORM_FACTORS), label="max_norm / norm")
+    expected = dense(example)
+    second = example.tied_copies()[1]
+    counted = sorted(name for name in expected.grads
+                     if len(example.layers_per_stage) == 1 or name != f"stage{second[0]}.{second[1]}")
+    want = float(ref_dp.total_norm([expected.grads[name] for name in counted], norm_type))
+    example = dataclasses.replace(example, clip=(factor * want + 1e-3, norm_type))
+    judge = Judge(str(example), target.reproduce(request.node.nodeid))
+    judge_pipeline_clipping(judge, example, run_step(judge, ranks, example), counted,
+                            "a weight tied across stages counts once (the copies hold one weight's gradient)")

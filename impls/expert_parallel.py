@@ -1,6 +1,8 @@
-"""Expert parallelism: a top-1 mixture-of-experts layer whose experts are split across ranks
+"""Expert parallelism: a top-k mixture-of-experts layer whose experts are split across ranks
 (Switch Transformer, Fedus, Zoph and Shazeer 2022, sec. 2.1 and 2.2; GShard, Lepikhin et al. 2021),
-with no capacity limit: every token reaches its expert.
+with no capacity limit: every token reaches its k experts (one row per token and choice, gates not
+renormalised), and with ``compute_aux_loss`` the load-balancing loss over the group's whole batch
+(``aux_loss``, this member's share: the counts are all-reduced, the probabilities are this member's).
 
 Every rank keeps the router (replicated) and E/n experts, the r-th contiguous block; it routes its
 own tokens, p = softmax(x W_r^T), e = argmax p (the first maximum), and
@@ -57,29 +59,60 @@ class ExpertParallelMoE(nn.Module):
     this rank's tokens returns [T, h]."""
 
     exchange = staticmethod(collectives.all_to_all_single)
+    reduce = staticmethod(collectives.all_reduce)
 
-    def __init__(self, router: nn.Linear, local_experts: list[nn.Module], num_experts: int, group=None):
+    def __init__(self, router: nn.Linear, local_experts: list[nn.Module], num_experts: int, group=None,
+                 top_k: int = 1, compute_aux_loss: bool = False):
         super().__init__()
         self.router = router
         self.experts = nn.ModuleList(local_experts)
         self.num_experts = num_experts
         self.group = group
+        self.top_k = top_k
+        self.compute_aux_loss = compute_aux_loss
+        self.aux_loss = None  # with compute_aux_loss: this member's share of the load-balancing loss, set by forward
 
     @classmethod
-    def from_dense(cls, router: nn.Linear, experts, group=None) -> ExpertParallelMoE:
+    def from_dense(cls, router: nn.Linear, experts, group=None, top_k: int = 1,
+                   compute_aux_loss: bool = False) -> ExpertParallelMoE:
         n, r = dist.get_world_size(group), dist.get_rank(group)
         experts = list(experts)
         if len(experts) != router.out_features:
             raise ValueError(f"the router scores {router.out_features} experts, {len(experts)} were given")
         if len(experts) % n:
             raise ValueError(f"num_experts = {len(experts)} is not divisible by the group size {n}")
+        if not 1 <= top_k <= len(experts):
+            raise ValueError(f"top_k = {top_k} must be between 1 and num_experts = {len(experts)}")
         each = len(experts) // n
-        return cls(router, [copy.deepcopy(e) for e in experts[r * each:(r + 1) * each]], len(experts), group)
+        return cls(router, [copy.deepcopy(e) for e in experts[r * each:(r + 1) * each]], len(experts), group, top_k,
+                   compute_aux_loss)
+
+    def _load_balancing_share(self, probabilities: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """E sum_j f_j P_j restricted to this member's tokens' terms of P: f_j the fraction of the
+        group's (token, choice) pairs sent to expert j, P_j this member's probabilities summed over
+        its tokens over the group's token count (the shares add up to the group's loss)."""
+        counts = torch.cat([torch.bincount(chosen.reshape(-1), minlength=self.num_experts).double(),
+                            torch.tensor([float(probabilities.shape[0])], dtype=torch.float64)])
+        self.reduce(counts, group=self.group)
+        total = counts[-1]
+        if total == 0:
+            return probabilities.sum() * 0
+        f = (counts[:-1] / (self.top_k * total)).to(probabilities.dtype)
+        return self.num_experts * (f * probabilities.sum(0) / total.to(probabilities.dtype)).sum()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        probabilities = torch.softmax(self.router(x), dim=-1)
+        gates, chosen = probabilities.topk(self.top_k, dim=-1)  # [T, k]
+        if self.compute_aux_loss:  # one all-reduce of E + 1 counts, only when asked for
+            self.aux_loss = self._load_balancing_share(probabilities, chosen)
+        rows = x.repeat_interleave(self.top_k, dim=0) if self.top_k > 1 else x  # one row per (token, choice)
+        y = self._dispatch(rows, chosen.reshape(-1)) * gates.reshape(-1, 1)
+        return y.reshape(x.shape[0], self.top_k, x.shape[-1]).sum(1) if self.top_k > 1 else y
+
+    def _dispatch(self, x: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
+        """Every row of x through its expert, wherever that expert lives, and back in row order."""
         n = dist.get_world_size(self.group)
         each = self.num_experts // n
-        gate, expert = torch.softmax(self.router(x), dim=-1).max(dim=-1)
         order = torch.argsort(expert, stable=True)
         per_expert = torch.bincount(expert, minlength=self.num_experts)  # what I send, by expert
         received_per_expert = torch.empty_like(per_expert)  # [source rank, my expert], flattened
@@ -90,5 +123,4 @@ class ExpertParallelMoE(nn.Module):
         pieces = arrived.split(received_per_expert.tolist())  # (source 0: my experts 0..), (source 1: ..)
         done = torch.cat([self.experts[i % each](piece) for i, piece in enumerate(pieces)]) if pieces else arrived
         returned = _AllToAll.apply(done, send, receive, self.group, self.exchange)
-        y = torch.empty_like(returned).index_copy(0, order, returned)
-        return y * gate.unsqueeze(-1)
+        return torch.empty_like(returned).index_copy(0, order, returned)

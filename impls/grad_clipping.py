@@ -18,7 +18,7 @@ part of the sum is counted where it lives, once:
 * pipeline stages (``module`` a list of this rank's stages, ``pp_group`` the pipeline's group):
   each rank holds its own stages' parameters, so after the above the ranks' sums are added over
   the pipeline (MAX for q = inf), torchtitan's fix for clipping by one stage's norm
-  (torchtitan#596).
+  (torchtitan#596); a weight tied across stages (``tied``) is counted by its first listed use only.
 
 The partial sums are taken in float64, so the returned norm (float64, 0-d, identical on every rank:
 every rank combines the same reduced numbers) does not depend on how the pieces are cut.
@@ -60,10 +60,27 @@ def _sharded_parameters(module: nn.Module):
             yield m.group, [m.weight]
 
 
-def clip_grad_norm_(module: nn.Module, max_norm: float, norm_type: float = 2.0, pp_group=None) -> torch.Tensor:
+def _tied_copies(stages: list[nn.Module], tied, pp_group) -> set[int]:
+    """ids of this rank's copies of a weight tied across stages that are not its first listed use:
+    the first use counts the weight, the other copies (holding the same, synchronised gradient)
+    do not (Megatron-LM#7227: counted twice, the norm sqrt(2) times too large)."""
+    p, me = dist.get_world_size(pp_group), dist.get_rank(pp_group)
+
+    def parameter(stage: int, name: str):
+        return stages[stage // p].get_parameter(name) if stage % p == me else None
+
+    first = parameter(*tied[0])
+    return {id(q) for q in (parameter(*use) for use in tied[1:]) if q is not None and q is not first}
+
+
+def clip_grad_norm_(module: nn.Module, max_norm: float, norm_type: float = 2.0, pp_group=None,
+                    tied=None) -> torch.Tensor:
     """Scale every gradient of ``module`` (or of every module of a list: a rank's pipeline stages)
     by min(1, max_norm / (N + 1e-6)), N the global norm of all of them, over ``pp_group``'s stages
-    too when given (module docstring); returns N."""
+    too when given (module docstring); returns N. ``tied``: the (stage, name) uses of a weight tied
+    across the pipeline's stages, as sync_tied_gradients takes them: counted once."""
+    stages = list(module) if isinstance(module, (list, tuple)) else [module]
+    excluded = _tied_copies(stages, tied, pp_group) if tied else set()
     if isinstance(module, (list, tuple)):
         module = nn.ModuleList(module)
     norm_type = float(norm_type)
@@ -76,7 +93,8 @@ def clip_grad_norm_(module: nn.Module, max_norm: float, norm_type: float = 2.0, 
             if id(piece) not in in_units and piece.grad is not None:
                 sharded.setdefault(id(group), (group, []))[1].append(piece.grad)
             in_units.add(id(piece))
-    replicated = [p.grad for p in module.parameters() if id(p) not in in_units and p.grad is not None]
+    replicated = [p.grad for p in module.parameters()
+                  if id(p) not in in_units and id(p) not in excluded and p.grad is not None]
     combine = torch.maximum if math.isinf(norm_type) else torch.add
     total = _partial(replicated, norm_type)
     for group, grads in sharded.values():

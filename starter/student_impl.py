@@ -128,7 +128,7 @@ class DistributedSampler:
 
 # -------------------------------------------------------------- gradient clipping by the global norm
 # CONTRACT.md, "Gradient clipping by the global norm"
-def clip_grad_norm_(module, max_norm, norm_type=2.0, pp_group=None):
+def clip_grad_norm_(module, max_norm, norm_type=2.0, pp_group=None, tied=None):
     """The norm N of every gradient of ``module`` as one vector (each element counted once, wherever
     it lives: a shard on one rank, a replicated or tied parameter once; with ``pp_group``, module
     a list of this rank's pipeline stages, every stage of the pipeline); scale every gradient by
@@ -159,7 +159,8 @@ class ExpertParallelMoE:
     """Top-1 mixture of experts, E/n experts per rank; tokens travel by all-to-all with unequal splits."""
 
     @classmethod
-    def from_dense(cls, router, experts, group=None):
+    def from_dense(cls, router, experts, group=None, top_k=1, compute_aux_loss=False):
+        # top_k and compute_aux_loss (.aux_loss after forward): CONTRACT.md, capability moe_topk
         raise NotImplementedError("ExpertParallelMoE")
 
 

@@ -18,10 +18,10 @@ from harness.rank.context import MissingFunction, RankContext, on_members, requi
 from harness.rank.programs.tensor_parallel import _dense
 
 
-def _build(ctx: RankContext, impl, process_group, router_weight, experts):
+def _build(ctx: RankContext, impl, process_group, router_weight, experts, **options):
     router = _dense(ctx, router_weight, None)
     modules = [nn.Sequential(_dense(ctx, w1, b1), nn.GELU(), _dense(ctx, w2, b2)) for w1, b1, w2, b2 in experts]
-    return require(impl, "ExpertParallelMoE").from_dense(router, modules, group=process_group)
+    return require(impl, "ExpertParallelMoE").from_dense(router, modules, group=process_group, **options)
 
 
 def _grad(p: torch.Tensor) -> torch.Tensor:
@@ -41,6 +41,25 @@ def forward_backward(ctx: RankContext, impl, process_group, router_weight, exper
     local = [tuple(_grad(p) for p in (e[0].weight, e[0].bias, e[2].weight, e[2].bias)) for e in moe.experts]
     return ctx.to_cpu({"output": y, "grad_input": _grad(x), "grad_router": _grad(moe.router.weight),
                        "grad_experts": local})
+
+
+@on_members
+def forward_backward_topk(ctx: RankContext, impl, process_group, router_weight, experts, x, grad_output,
+                          top_k: int, aux_weight: float) -> dict:
+    """Capability moe_topk: ``from_dense(..., top_k=k, compute_aux_loss=True)``, forward, then backward
+    of sum(y * grad_output) + aux_weight * moe.aux_loss (this member's share of the load-balancing
+    loss); what forward_backward returns, and the aux_loss."""
+    moe = _build(ctx, impl, process_group, router_weight, experts, top_k=top_k, compute_aux_loss=True)
+    x = ctx.to_device(x).requires_grad_(True)
+    y = moe(x)
+    aux = getattr(moe, "aux_loss", None)
+    if not torch.is_tensor(aux):
+        raise TypeError(f"after forward, .aux_loss is {type(aux).__name__}: the contract needs a 0-dim tensor "
+                        "(this member's share of the load-balancing loss)")
+    ((y * ctx.to_device(grad_output)).sum() + aux_weight * aux).backward()
+    local = [tuple(_grad(p) for p in (e[0].weight, e[0].bias, e[2].weight, e[2].bias)) for e in moe.experts]
+    return ctx.to_cpu({"output": y.detach(), "grad_input": _grad(x), "grad_router": _grad(moe.router.weight),
+                       "grad_experts": local, "aux_loss": aux.detach()})
 
 
 @on_members

@@ -92,8 +92,9 @@ def train_step(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage:
                                              [(int(stage), str(name)) for stage, name in tied])
     norm = None
     if clip is not None:
+        counted_once = {} if tied is None else {"tied": [(int(stage), str(name)) for stage, name in tied]}
         norm = require(impl, "clip_grad_norm_")(modules if stages_per_rank > 1 else modules[0], clip["max_norm"],
-                                                clip["norm_type"], pp_group=dist.group.WORLD)
+                                                clip["norm_type"], pp_group=dist.group.WORLD, **counted_once)
         norm = norm.detach().clone() if torch.is_tensor(norm) else norm
     return ctx.to_cpu({"loss": result, "grads": _grads(indices, modules), "executed": executed, "norm": norm})
 

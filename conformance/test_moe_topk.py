@@ -1,0 +1,75 @@
+"""Conformance of the mixture-of-experts layer as trained (capability ``moe_topk``):
+``ExpertParallelMoE.from_dense(router, experts, group, top_k=k, compute_aux_loss=True)``, top-k
+routing and the load-balancing loss over the group's whole batch, against reference/moe_routing.py
+in float64.
+
+Examples: conformance.examples.MixtureExample (a layout; E = n k experts; each member's own 0-6
+tokens, so the all-to-alls carry unequal and empty splits), k = 1 to min(3, E), the aux loss's
+weight 0.1 or 1. Each member runs forward, then backward of sum(y * G_r) + weight * .aux_loss. In
+the driver, within reference.expert_parallel.atol:
+
+* each member's outputs and input gradients, against one process on every member's tokens (each
+  token's output is a function of itself only, so a layer whose results depend on other members'
+  tokens fails here: Megatron-Bridge#4635);
+* each member's experts' gradients, over every (token, choice) routed to them (pytorch#160285:
+  expert gradients n times too large at EP = n, with identical loss curves);
+* the members' router gradients summed (the router is replicated: data parallelism sums them)
+  against the dense layer's, its aux-loss part included (Megatron-LM#3672: an aux loss averaged
+  over the ranks again, the router's gradient 1/n of it);
+* the members' aux losses summed against the loss over the group's batch (a member that balances
+  its own tokens only is off).
+
+Examples whose tokens have two router logits within 1e-6 around or inside their top k are not
+drawn: there rounding decides the routing.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+import reference.expert_parallel as ep
+import reference.moe_routing as ref
+from conformance.examples import mixture_examples
+from conformance.verdict import Judge
+
+PROGRAM = "expert_parallel:forward_backward_topk"
+
+
+@pytest.mark.capability("moe_topk")
+@given(data=st.data())
+def test_top_k_routing_and_the_load_balancing_loss_over_the_group(data, ranks, target, reproduce):
+    example = data.draw(mixture_examples(target.max_world_size), label="example")
+    top_k = data.draw(st.integers(1, min(3, example.num_experts)), label="top_k")
+    weight = data.draw(st.sampled_from([0.1, 1.0]), label="aux loss weight")
+    t = example.tensors()
+    assume(ref.topk_gap(torch.cat(t["xs"]), t["router"], top_k) > ep.ROUTING_TIE)
+    judge = Judge(f"{example}, top_k={top_k}, aux loss weight {weight}", reproduce)
+    n, each = example.layout.size, example.experts_per_rank
+    expected = ref.moe(t["xs"], t["router"], t["experts"], t["grads"], top_k, weight)
+    outputs = judge.run(ranks, example.layout, PROGRAM, [
+        {"router_weight": t["router"], "experts": t["experts"], "x": t["xs"][i], "grad_output": t["grads"][i],
+         "top_k": top_k, "aux_weight": weight} for i in range(n)])
+    for i, rank in enumerate(example.layout.ranks):
+        got, where = outputs[rank], f"rank {rank} (group rank {i})"
+        for key, want, note in (("output", expected["outputs"][i], f"its own tokens, each through its {top_k} experts"),
+                                ("grad_input", expected["grad_inputs"][i], "dL/dx of its own tokens")):
+            judge.tensor(got[key], want, atol=ep.atol(want), what=f"{where} {key.replace('_', ' ')} ({note})")
+        if not isinstance(got["grad_experts"], list) or len(got["grad_experts"]) != each:
+            judge.fail(f"{where}: .experts holds {len(got['grad_experts'])} experts, expected E/n = {each}")
+        for k, grads in enumerate(got["grad_experts"]):
+            j = i * each + k
+            for name, actual, want in zip(("fc1 weight", "fc1 bias", "fc2 weight", "fc2 bias"), grads,
+                                          expected["grad_experts"][j]):
+                judge.tensor(actual, want, atol=ep.atol(want),
+                             what=f"{where} gradient of expert {j}'s {name} (summed over every token and choice "
+                                  "routed to it from every member)")
+    members = [outputs[rank] for rank in example.layout.ranks]
+    router = torch.stack([got["grad_router"].to(torch.float64) for got in members]).sum(0)
+    judge.tensor(router, expected["grad_router"], atol=ep.atol(expected["grad_router"]),
+                 what="the members' router gradients summed (the replicated router: its gradient over every member's "
+                      f"tokens, plus {weight} times the load-balancing loss's over the group's batch)")
+    aux = torch.stack([torch.as_tensor(got["aux_loss"], dtype=torch.float64).reshape(()) for got in members]).sum()
+    judge.tensor(aux, expected["aux_loss"], atol=ep.atol(expected["aux_loss"]),
+                 what="the members' aux_loss summed (E sum_j f_j P_j over the group's whole batch)")
