@@ -52,3 +52,43 @@ def coverage_problems(per_replica: list[list[int]], samples: int, drop_last: boo
         if repeats > padding:
             problems.append(f"{repeats} repeated indices where the padding is {padding} ({n} x {want} - {samples})")
     return problems
+
+
+def resume_problems(before: list[list[int]], after: list[list[int]], samples: int, drop_last: bool) -> list[str]:
+    """What is wrong with one epoch run in two parts: ``before[r]``, what replica r of the first
+    run yielded before it stopped (each the same number k, so the world consumed c = k n indices),
+    and ``after[r']``, what replica r' of the resumed run (any number of replicas n', built with
+    consumed_samples=c) yielded for the rest of the epoch. The rest, N - c samples, is an epoch of
+    its own for n' replicas: each yields ceil((N - c) / n') (floor with drop_last); over both parts
+    every sample is seen (without drop_last), none twice but for the resumed part's padding, and
+    with drop_last none twice at all. Empty when right."""
+    consumed = sum(len(indices) for indices in before)
+    problems = []
+    seen_before = Counter(i for indices in before for i in indices)
+    if any(c > 1 for c in seen_before.values()):
+        problems.append("the first run's replicas yielded a sample twice before it stopped: "
+                        f"{sorted(i for i, c in seen_before.items() if c > 1)[:5]}")
+    n = len(after)
+    want = epoch_length(samples - consumed, n, drop_last)
+    lengths = [len(indices) for indices in after]
+    if any(length != want for length in lengths):
+        problems.append(f"the resumed replicas yield {lengths} indices; after {consumed} of {samples} consumed each of "
+                        f"{n} must yield {want} ({'floor' if drop_last else 'ceil'}({samples - consumed} / {n}))")
+    counts = seen_before + Counter(i for indices in after for i in indices)
+    outside = sorted({i for i in counts if not (isinstance(i, int) and 0 <= i < samples)}, key=repr)
+    if outside:
+        problems.append(f"indices outside [0, {samples}): {outside[:5]}")
+    twice = sorted(i for i, c in counts.items() if c > 1)
+    if drop_last and twice:
+        problems.append(f"with drop_last no sample is seen twice in the epoch; seen more than once: {twice[:5]}")
+    if not drop_last:
+        unseen = sorted(set(range(samples)) - set(counts))
+        if unseen:
+            problems.append(f"samples never seen in the epoch: {unseen[:5]}{' ...' if len(unseen) > 5 else ''} "
+                            f"({len(unseen)} of {samples}): the resumed run skipped what the first had not consumed")
+        repeats = sum(c - 1 for c in counts.values() if c > 1)
+        padding = n * want - (samples - consumed)
+        if repeats > padding:
+            problems.append(f"{repeats} repeated indices where the resumed part's padding is {padding}: samples the "
+                            f"first run consumed were seen again ({twice[:5]})")
+    return problems

@@ -122,7 +122,9 @@ class DistributedSampler:
     indices (floor with drop_last), the epoch padded with repeats; the order depends on seed, epoch
     (``set_epoch``) and replica only."""
 
-    def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0, drop_last=False):
+    def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0, drop_last=False,
+                 consumed_samples=0):
+        # consumed_samples: the world's count of the current epoch already consumed (capability sampler_resume)
         raise NotImplementedError("DistributedSampler")
 
 
