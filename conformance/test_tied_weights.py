@@ -32,6 +32,7 @@ from conformance.test_pipeline_parallel import Example, dense, examples, judge_s
 from conformance.verdict import Judge
 
 LOOP_KINDS = ("gpipe", "1f1b", "interleaved", "random")
+TIED_ONCE = "a weight tied across stages counts once (the copies hold one weight's gradient)"
 
 
 @st.composite
@@ -91,5 +92,4 @@ def test_the_tied_weight_counts_once_in_the_clipped_norm(data, ranks, target, re
     want = float(ref_dp.total_norm([expected.grads[name] for name in counted], norm_type))
     example = dataclasses.replace(example, clip=(factor * want + 1e-3, norm_type))
     judge = Judge(str(example), target.reproduce(request.node.nodeid))
-    judge_pipeline_clipping(judge, example, run_step(judge, ranks, example), counted,
-                            "a weight tied across stages counts once (the copies hold one weight's gradient)")
+    judge_pipeline_clipping(judge, example, run_step(judge, ranks, example), counted, TIED_ONCE)

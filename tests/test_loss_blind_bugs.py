@@ -31,6 +31,7 @@ from conformance.test_grad_clipping import rank_inputs as clip_inputs
 from conformance.test_pipeline_parallel import LOSS as PIPELINE_LOSS
 from conformance.test_pipeline_parallel import Example as PipelineExample
 from conformance.test_pipeline_parallel import judge_step
+from conformance.test_tied_weights import TIED_ONCE
 from conformance.test_token_loss import PROGRAMS as TOKEN_PROGRAMS
 from conformance.test_token_loss import Example as TokenExample
 from conformance.test_token_loss import judge_training
@@ -60,16 +61,23 @@ def clip_example() -> ClipExample:
     return ClipExample(training, micro_batches=1, norm_type=2.0, max_norm_factor=0.25)
 
 
-def pipeline_example(calls: int = 1, clip: bool = False) -> PipelineExample:
+def pipeline_example(calls: int = 1, clip: bool = False, tied: bool = False) -> PipelineExample:
     """2 stages of 1F1B on 2 ranks, 2 microbatches; ``clip``: max_norm a quarter of the first
-    step's norm (norm type 2)."""
-    example = PipelineExample(kind="1f1b", num_ranks=2, num_microbatches=2, stages_per_rank=1, layers_per_stage=(2, 1),
-                              widths=(3, 5, 4, 2), batch_size=4, seed=5, data_seed=6, schedule_seed=0, calls=calls)
+    step's norm (norm type 2); ``tied``: the last layer uses the first's weight (4 layers)."""
+    layers, widths = ((2, 2), (3, 5, 4, 5, 3)) if tied else ((2, 1), (3, 5, 4, 2))
+    example = PipelineExample(kind="1f1b", num_ranks=2, num_microbatches=2, stages_per_rank=1, layers_per_stage=layers,
+                              widths=widths, batch_size=4, seed=5, data_seed=6, schedule_seed=0, calls=calls, tied=tied)
     if not clip:
         return example
     first = pipeline_dense_step(example, pipeline_stages(example))
-    norm = float(ref.total_norm(list(first.grads.values()), 2.0))
+    norm = float(ref.total_norm([first.grads[name] for name in counted(example, first)], 2.0))
     return dataclasses.replace(example, clip=(0.25 * norm + 1e-3, 2.0))
+
+
+def counted(example: PipelineExample, dense: ref_pipeline.Dense) -> list[str]:
+    """The stable names whose gradients make the norm: a tied weight's second copy left out."""
+    second = "stage{}.{}".format(*example.tied_copies()[1]) if example.tied else None
+    return sorted(name for name in dense.grads if name != second)
 
 
 def pipeline_stages(example: PipelineExample) -> list[nn.Module]:
@@ -94,6 +102,7 @@ CASES = {
     "grad_clipping/replicated_gradients_counted_per_rank": ("clip", "data_parallel", clip_example()),
     "grad_clipping/pipeline_group_ignored": ("pipeline", "pipeline", pipeline_example(clip=True)),
     "pipeline_parallel/accumulated_gradients_rescaled": ("pipeline", "pipeline", pipeline_example(calls=2)),
+    "pipeline_tied/tied_weight_counted_twice_in_the_norm": ("pipeline", "pipeline", pipeline_example(clip=True, tied=True)),
 }
 
 
@@ -109,7 +118,8 @@ def train(pool, impl: str, kind: str, layout: str, example) -> list[dict]:
         common = {"model": example.model, "seed": example.seed, "layers_per_stage": list(example.layers_per_stage),
                   "stages_per_rank": 1, "num_microbatches": example.num_microbatches, "loss": PIPELINE_LOSS,
                   "optimizer": ADAMW, "steps": STEPS, "schedule": example.kind, "calls": example.calls,
-                  "clip": None if example.clip is None else {"max_norm": example.clip[0], "norm_type": example.clip[1]}}
+                  "clip": None if example.clip is None else {"max_norm": example.clip[0], "norm_type": example.clip[1]},
+                  "tied": example.tied_copies() if example.tied else None}
         last = example.num_ranks - 1
         return pool.run(example.num_ranks, "harness.rank.programs.pipeline_parallel:train_steps",
                         [{**common, "inputs": batch["inputs"] if r == 0 else None,
@@ -127,7 +137,7 @@ def pipeline_loss_curves(example: PipelineExample, outputs: list[dict]) -> tuple
     way (the step's gradient ``calls`` times, clipped by the global norm, AdamW)."""
     stages = pipeline_stages(example)
     named = [(ref_pipeline.param_name(s, n), p) for s, stage in enumerate(stages) for n, p in stage.named_parameters()]
-    opt = models.build_optimizer(ADAMW, [p for _, p in named])
+    opt = models.build_optimizer(ADAMW, list({id(p): p for _, p in named}.values()))  # a tied weight once
     single = []
     for _ in range(STEPS):
         dense = pipeline_dense_step(example, stages)
@@ -174,7 +184,11 @@ def judged(kind: str, layout: str, example, outputs: list[dict]) -> str | None:
         if kind == "pipeline":  # the first step, as the conformance tests judge it
             first = {r: out["first"] for r, out in enumerate(outputs)}
             if example.clip is not None:
-                judge_pipeline_clipping(judge, example, first)
+                names = counted(example, pipeline_dense_step(example, pipeline_stages(example)))
+                if example.tied:
+                    judge_pipeline_clipping(judge, example, first, names, TIED_ONCE)
+                else:
+                    judge_pipeline_clipping(judge, example, first, names)
             else:
                 judge_step(judge, example, first)
         elif kind == "token":
@@ -206,8 +220,9 @@ def test_the_loss_curve_passes_the_bug_and_the_suite_fails_it(pool, mutant):
 @pytest.mark.parametrize(("kind", "layout", "example"), [
     ("token", "data_parallel", token_example()), ("token", "fully_sharded", token_example()),
     ("clip", "data_parallel", clip_example()), ("clip", "fully_sharded", clip_example()),
-    ("pipeline", "pipeline", pipeline_example(clip=True)), ("pipeline", "pipeline", pipeline_example(calls=2))],
-    ids=["token-dp", "token-fsdp", "clip-dp", "clip-fsdp", "pipeline-clip", "pipeline-accumulation"])
+    ("pipeline", "pipeline", pipeline_example(clip=True)), ("pipeline", "pipeline", pipeline_example(calls=2)),
+    ("pipeline", "pipeline", pipeline_example(clip=True, tied=True))],
+    ids=["token-dp", "token-fsdp", "clip-dp", "clip-fsdp", "pipeline-clip", "pipeline-accumulation", "pipeline-tied-clip"])
 def test_the_bundled_implementation_passes_both_checks(pool, kind, layout, example):
     worst, verdict = both_checks(pool, "impls", kind, layout, example)
     assert worst <= LOSS_RTOL and verdict is None, (worst, verdict)

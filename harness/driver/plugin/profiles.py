@@ -17,6 +17,10 @@ PROFILES = {
     "mutation": dict(max_examples=25, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate]),
     # For harness.driver.mutation's correct implementations under outsiders/: a whole conformance file each.
     "brief": dict(max_examples=10, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate]),
+    # For harness.driver.mutation's run of torch's own implementations over every capability: a second
+    # opinion on the judges (a known-good implementation the suite did not write must pass), where the
+    # mutants' kills rest on the bundled implementation passing their own draws (the ci profile's)
+    "second_opinion": dict(max_examples=5, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate]),
 }
 for _name, _options in PROFILES.items():
     settings.register_profile(_name, **_options, **_COMMON)

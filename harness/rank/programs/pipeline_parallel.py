@@ -101,10 +101,12 @@ def train_step(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage:
 
 def train_steps(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage: list[int], stages_per_rank: int,
                 num_microbatches: int, loss: str, optimizer: dict, steps: int, inputs=None, targets=None,
-                schedule: str = "1f1b", calls: int = 1, clip: dict | None = None, group=None) -> dict:
+                schedule: str = "1f1b", calls: int = 1, clip: dict | None = None, tied: list | None = None,
+                group=None) -> dict:
     """``steps`` optimizer steps of this rank's stages (the optimizer of ``optimizer`` over them):
     each zero_grad(set_to_none=True), ``calls`` pipeline_step calls on the batch, the
-    implementation's clip_grad_norm_ over the pipeline with ``clip``, then the optimizer's step.
+    implementation's clip_grad_norm_ over the pipeline with ``clip`` (with ``tied``, after
+    sync_tied_gradients, and told of the tied weight), then the optimizer's step.
     Reports each step's loss (None off the last stage) and the first step as ``train_step``
     reports its one step (loss, gradients before the optimizer, what ran, the norm)."""
     if group is not None:
@@ -113,16 +115,20 @@ def train_steps(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage
     indices, modules = _local_stages(ctx, model, seed, layers_per_stage, stages_per_rank)
     executed = _watch(indices, modules)
     stages = modules if stages_per_rank > 1 else modules[0]
-    opt = models.build_optimizer(optimizer, [p for m in modules for p in m.parameters()])
+    opt = models.build_optimizer(optimizer, list({id(p): p for m in modules for p in m.parameters()}.values()))
+    tied = None if tied is None else [(int(stage), str(name)) for stage, name in tied]
     losses, first = [], None
     for step in range(steps):
         opt.zero_grad(set_to_none=True)
         for _ in range(calls):
             result = pipeline_step(stages, ctx.to_device(inputs), ctx.to_device(targets), pipeline_models.loss_fn(loss),
                                    num_microbatches, schedule=schedule)
+        if tied is not None:
+            require(impl, "sync_tied_gradients")(stages, tied)
         norm = None
         if clip is not None:
-            norm = require(impl, "clip_grad_norm_")(stages, clip["max_norm"], clip["norm_type"], pp_group=dist.group.WORLD)
+            norm = require(impl, "clip_grad_norm_")(stages, clip["max_norm"], clip["norm_type"], pp_group=dist.group.WORLD,
+                                                    **({} if tied is None else {"tied": tied}))
             norm = norm.detach().clone() if torch.is_tensor(norm) else norm
         if step == 0:
             first = {"loss": result, "grads": _grads(indices, modules), "executed": list(executed), "norm": norm}
