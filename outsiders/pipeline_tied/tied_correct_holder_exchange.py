@@ -24,24 +24,19 @@ all-gathered and combined in rank order, so N is bitwise the same on every rank,
 0-dim tensor in the gradients' dtype (the widest dtype any rank holds). Every gradient of this rank,
 every tied copy included, is multiplied by min(1, max_norm / (N + 1e-6)).
 
-``pipeline_step`` runs one fixed, schedule-independent order that every rank walks in lockstep: the
-forwards of microbatch 0 through every stage, then microbatch 1, ..., then the backwards in reverse
-microbatch order, each from the last stage to the first. A rank acts only on the stages it holds;
-a boundary between ranks is a blocking send/recv (an activation preceded by a small header with its
-dtype and shape), a boundary within a rank is passed locally. Because every rank follows the same
-global sequence of messages it cannot deadlock, and the contract says the result must not depend on
-the schedule, so the ``schedule`` argument is accepted and not otherwise used. The last stage
-back-propagates loss_i / m (loss_i with ``scale_grads=False``) and autograd adds into ``.grad``, so
-calls accumulate; the rank of the last stage returns the detached mean (or sum) of the losses.
+``pipeline_step`` is the bundled runtime's (``from impls import pipeline_step``): this author
+wrote the tied weight's synchronisation and clipping from the contract; the runtime that
+follows a given schedule is another capability's.
 """
 import math
 
 import torch
 import torch.distributed as dist
 
-_DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16,
-           torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool]
-_MAX_DIMS = 8
+# pipeline_step is the bundled runtime's: the capability checks the tied weight, and the schedule a
+# runtime must follow is another capability's contract, not this author's
+from impls import pipeline_step  # noqa: F401
+
 
 
 # --------------------------------------------------------------------------- placement
@@ -172,102 +167,3 @@ def clip_grad_norm_(module, max_norm, norm_type=2.0, pp_group=None, tied=None):
     for q in with_grad:
         q.grad.detach().mul_(coef.to(device=q.grad.device, dtype=q.grad.dtype))
     return norm
-
-
-# --------------------------------------------------------------------------- pipeline_step
-
-def _send_activation(t, dst, group):
-    t = t.detach().contiguous()
-    header = torch.zeros(2 + _MAX_DIMS, dtype=torch.int64)
-    header[0] = _DTYPES.index(t.dtype)
-    header[1] = t.dim()
-    header[2:2 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
-    dist.send(header, dst, group=group)
-    dist.send(t, dst, group=group)
-
-
-def _recv_activation(src, group):
-    header = torch.empty(2 + _MAX_DIMS, dtype=torch.int64)
-    dist.recv(header, src, group=group)
-    ndim = int(header[1])
-    shape = [int(d) for d in header[2:2 + ndim]]
-    t = torch.empty(shape, dtype=_DTYPES[int(header[0])])
-    dist.recv(t, src, group=group)
-    return t
-
-
-def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="1f1b", group=None,
-                  scale_grads=True):
-    local = _as_list(stages)
-    p, me, peers = _group_info(group)
-    v = len(local)
-    S = p * v
-    m = int(num_microbatches)
-
-    def owner(s):
-        return s % p
-
-    xs = torch.tensor_split(inputs, m) if me == owner(0) else None
-    ys = torch.tensor_split(targets, m) if me == owner(S - 1) else None
-
-    stash = {}      # (stage, microbatch) -> (stage input, stage output)
-    losses = {}
-    for i in range(m):
-        carry = None
-        for s in range(S):
-            if owner(s) != me:
-                continue
-            if s == 0:
-                inp = xs[i]
-            else:
-                if owner(s - 1) == me:
-                    act = carry
-                else:
-                    act = _recv_activation(peers[owner(s - 1)], group)
-                inp = act.detach()
-                if inp.is_floating_point():
-                    inp.requires_grad_(True)
-            out = local[s // p](inp)
-            stash[(s, i)] = (inp, out)
-            if s == S - 1:
-                losses[i] = loss_fn(out, ys[i])
-            elif owner(s + 1) == me:
-                carry = out
-            else:
-                _send_activation(out, peers[owner(s + 1)], group)
-                carry = None
-
-    for i in reversed(range(m)):
-        grad = None
-        for s in reversed(range(S)):
-            if owner(s) != me:
-                continue
-            inp, out = stash.pop((s, i))
-            if s == S - 1:
-                loss = losses[i] / m if scale_grads else losses[i]
-                if loss.requires_grad:
-                    torch.autograd.backward(loss)
-            else:
-                if owner(s + 1) != me:
-                    grad = torch.empty(out.shape, dtype=out.dtype, device=out.device)
-                    dist.recv(grad, peers[owner(s + 1)], group=group)
-                if out.requires_grad:
-                    torch.autograd.backward(out, grad)
-            if s > 0:
-                g = inp.grad if inp.grad is not None else torch.zeros_like(inp)
-                if owner(s - 1) == me:
-                    grad = g
-                else:
-                    dist.send(g.contiguous(), peers[owner(s - 1)], group=group)
-                    grad = None
-
-    if me == owner(S - 1):
-        total = None
-        for i in range(m):
-            li = losses[i].detach()
-            total = li.clone() if total is None else total + li
-        return total / m if scale_grads else total
-    return None
-
-
-__all__ = ["pipeline_step", "sync_tied_gradients", "clip_grad_norm_"]
