@@ -35,25 +35,44 @@ from conformance.examples import mixture_examples
 from conformance.verdict import Judge
 
 PROGRAM = "expert_parallel:forward_backward_topk"
+CAPACITY_FACTORS = (0.5, 1.0, 1.5)
 
 
 @pytest.mark.capability("moe_topk")
 @given(data=st.data())
 def test_top_k_routing_and_the_load_balancing_loss_over_the_group(data, ranks, target, reproduce):
+    check_trained_moe(data, ranks, target, reproduce, capacity=False)
+
+
+@pytest.mark.capability("moe_capacity")
+@given(data=st.data())
+def test_a_capacity_drops_each_members_lowest_gates_and_nothing_else(data, ranks, target, reproduce):
+    """capacity_factor c (0.5, 1 or 1.5): each member keeps, per expert, the ceil(c k T_r / E) pairs
+    of the largest gate among its own; a dropped pair adds nothing and gets no gradient. Counted on
+    the member's own tokens, so its outputs still depend on them only."""
+    check_trained_moe(data, ranks, target, reproduce, capacity=True)
+
+
+def check_trained_moe(data, ranks, target, reproduce, capacity: bool) -> None:
     example = data.draw(mixture_examples(target.max_world_size), label="example")
     top_k = data.draw(st.integers(1, min(3, example.num_experts)), label="top_k")
     weight = data.draw(st.sampled_from([0.1, 1.0]), label="aux loss weight")
+    factor = data.draw(st.sampled_from(CAPACITY_FACTORS), label="capacity_factor") if capacity else None
     t = example.tensors()
     assume(ref.topk_gap(torch.cat(t["xs"]), t["router"], top_k) > ep.ROUTING_TIE)
-    judge = Judge(f"{example}, top_k={top_k}, aux loss weight {weight}", reproduce)
+    assume(ref.capacity_gap(t["xs"], t["router"], top_k, factor) > ep.ROUTING_TIE)
+    judge = Judge(f"{example}, top_k={top_k}, aux loss weight {weight}"
+                  + (f", capacity_factor={factor}" if capacity else ""), reproduce)
     n, each = example.layout.size, example.experts_per_rank
-    expected = ref.moe(t["xs"], t["router"], t["experts"], t["grads"], top_k, weight)
+    expected = ref.moe(t["xs"], t["router"], t["experts"], t["grads"], top_k, weight, factor)
+    options = {"top_k": top_k, "aux_weight": weight, **({"capacity_factor": factor} if capacity else {})}
     outputs = judge.run(ranks, example.layout, PROGRAM, [
         {"router_weight": t["router"], "experts": t["experts"], "x": t["xs"][i], "grad_output": t["grads"][i],
-         "top_k": top_k, "aux_weight": weight} for i in range(n)])
+         **options} for i in range(n)])
     for i, rank in enumerate(example.layout.ranks):
         got, where = outputs[rank], f"rank {rank} (group rank {i})"
-        for key, want, note in (("output", expected["outputs"][i], f"its own tokens, each through its {top_k} experts"),
+        for key, want, note in (("output", expected["outputs"][i], f"its own tokens, each through its {top_k} experts"
+                                 + (", the pairs beyond its capacity dropped" if capacity else "")),
                                 ("grad_input", expected["grad_inputs"][i], "dL/dx of its own tokens")):
             judge.tensor(got[key], want, atol=ep.atol(want), what=f"{where} {key.replace('_', ' ')} ({note})")
         if not isinstance(got["grad_experts"], list) or len(got["grad_experts"]) != each:

@@ -1,8 +1,10 @@
 """Expert parallelism: a top-k mixture-of-experts layer whose experts are split across ranks
-(Switch Transformer, Fedus, Zoph and Shazeer 2022, sec. 2.1 and 2.2; GShard, Lepikhin et al. 2021),
-with no capacity limit: every token reaches its k experts (one row per token and choice, gates not
-renormalised), and with ``compute_aux_loss`` the load-balancing loss over the group's whole batch
-(``aux_loss``, this member's share: the counts are all-reduced, the probabilities are this member's).
+(Switch Transformer, Fedus, Zoph and Shazeer 2022, sec. 2.1 and 2.2; GShard, Lepikhin et al. 2021).
+Every token reaches its k experts (one row per token and choice, gates not renormalised), unless
+``capacity_factor`` c is given: then each member sends an expert at most ceil(c k T_r / E) of its
+pairs, those of the largest gate, and the others add nothing. With ``compute_aux_loss`` forward
+also sets ``aux_loss``, this member's share of the load-balancing loss over the group's whole batch
+(the counts are all-reduced, the probabilities are this member's).
 
 Every rank keeps the router (replicated) and E/n experts, the r-th contiguous block; it routes its
 own tokens, p = softmax(x W_r^T), e = argmax p (the first maximum), and
@@ -26,9 +28,11 @@ used for group bookkeeping only.
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
 from . import collectives
@@ -62,7 +66,7 @@ class ExpertParallelMoE(nn.Module):
     reduce = staticmethod(collectives.all_reduce)
 
     def __init__(self, router: nn.Linear, local_experts: list[nn.Module], num_experts: int, group=None,
-                 top_k: int = 1, compute_aux_loss: bool = False):
+                 top_k: int = 1, compute_aux_loss: bool = False, capacity_factor: float | None = None):
         super().__init__()
         self.router = router
         self.experts = nn.ModuleList(local_experts)
@@ -70,11 +74,12 @@ class ExpertParallelMoE(nn.Module):
         self.group = group
         self.top_k = top_k
         self.compute_aux_loss = compute_aux_loss
+        self.capacity_factor = capacity_factor
         self.aux_loss = None  # with compute_aux_loss: this member's share of the load-balancing loss, set by forward
 
     @classmethod
-    def from_dense(cls, router: nn.Linear, experts, group=None, top_k: int = 1,
-                   compute_aux_loss: bool = False) -> ExpertParallelMoE:
+    def from_dense(cls, router: nn.Linear, experts, group=None, top_k: int = 1, compute_aux_loss: bool = False,
+                   capacity_factor: float | None = None) -> ExpertParallelMoE:
         n, r = dist.get_world_size(group), dist.get_rank(group)
         experts = list(experts)
         if len(experts) != router.out_features:
@@ -84,8 +89,10 @@ class ExpertParallelMoE(nn.Module):
         if not 1 <= top_k <= len(experts):
             raise ValueError(f"top_k = {top_k} must be between 1 and num_experts = {len(experts)}")
         each = len(experts) // n
+        if capacity_factor is not None and not capacity_factor > 0:
+            raise ValueError(f"capacity_factor = {capacity_factor} must be positive (or None: no capacity)")
         return cls(router, [copy.deepcopy(e) for e in experts[r * each:(r + 1) * each]], len(experts), group, top_k,
-                   compute_aux_loss)
+                   compute_aux_loss, capacity_factor)
 
     def _load_balancing_share(self, probabilities: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         """E sum_j f_j P_j restricted to this member's tokens' terms of P: f_j the fraction of the
@@ -106,8 +113,24 @@ class ExpertParallelMoE(nn.Module):
         if self.compute_aux_loss:  # one all-reduce of E + 1 counts, only when asked for
             self.aux_loss = self._load_balancing_share(probabilities, chosen)
         rows = x.repeat_interleave(self.top_k, dim=0) if self.top_k > 1 else x  # one row per (token, choice)
-        y = self._dispatch(rows, chosen.reshape(-1)) * gates.reshape(-1, 1)
+        experts, gates = chosen.reshape(-1), gates.reshape(-1, 1)
+        if self.capacity_factor is None:
+            y = self._dispatch(rows, experts) * gates
+        else:  # dropped pairs add nothing (the token passes through the residual, outside the layer)
+            sent = self._kept(experts, gates.detach().reshape(-1), x.shape[0]).nonzero().squeeze(-1)
+            y = torch.zeros_like(rows).index_copy(0, sent, self._dispatch(rows[sent], experts[sent]) * gates[sent])
         return y.reshape(x.shape[0], self.top_k, x.shape[-1]).sum(1) if self.top_k > 1 else y
+
+    def _kept(self, experts: torch.Tensor, gates: torch.Tensor, tokens: int) -> torch.Tensor:
+        """Which of this member's (token, choice) pairs, in token-major order, its capacity keeps: per
+        expert the ceil(c k T / E) of the largest gate, ties to the earlier pair (a stable sort)."""
+        limit = math.ceil(self.capacity_factor * self.top_k * tokens / self.num_experts)
+        order = torch.argsort(-gates, stable=True)
+        ranked = experts[order]
+        place = F.one_hot(ranked, self.num_experts).cumsum(0).gather(1, ranked[:, None]).squeeze(1) - 1
+        keep = torch.zeros_like(experts, dtype=torch.bool)
+        keep[order] = place < limit
+        return keep
 
     def _dispatch(self, x: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
         """Every row of x through its expert, wherever that expert lives, and back in row order."""

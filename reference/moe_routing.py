@@ -17,6 +17,13 @@ each member holding T_r tokens would otherwise balance its own tokens only, and 
 the members again divides the router's gradient by n (Megatron-LM#3672). The member's share, what
 its backward sees, is L_aux restricted to its tokens' terms of P; the shares add up to L_aux.
 
+A capacity (``capacity_factor`` c; GShard, Lepikhin et al. 2021, sec. 2.2; Switch, sec. 2.2): each
+member keeps, per expert, at most C_r = ceil(c k T_r / E) of its own (token, choice) pairs routed
+there, those of the largest gate probability (ties: the earlier token, then the earlier choice);
+the others are dropped: they add nothing to y (the token passes through the residual connection,
+outside the layer) and no gradient. The capacity is per member, counted on its own tokens, so a
+member's outputs still depend on its own tokens only. f counts the routed pairs, dropped or not.
+
 What is judged in the driver, with the upstream gradients G_r and the loss
 L = sum_r sum(Y_r * G_r) + alpha L_aux:
 
@@ -30,6 +37,8 @@ L = sum_r sum(Y_r * G_r) + alpha L_aux:
 Computed in float64. Never imports torch.distributed.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -56,9 +65,49 @@ def topk_gap(x: Tensor, router_weight: Tensor, top_k: int) -> float:
     return float((ordered[:, :last - 1] - ordered[:, 1:last]).min())
 
 
+def capacity(capacity_factor: float, top_k: int, tokens: int, num_experts: int) -> int:
+    """C_r = ceil(c k T_r / E): the pairs a member may send to one expert."""
+    return math.ceil(capacity_factor * top_k * tokens / num_experts)
+
+
+def kept(experts: Tensor, gates: Tensor, num_experts: int, capacity_factor: float | None) -> Tensor:
+    """Which of one member's (token, choice) pairs ([T, k]) its capacity keeps (all without one):
+    per expert the C_r of the largest gate, ties to the earlier pair in token-major order."""
+    if capacity_factor is None:
+        return torch.ones_like(experts, dtype=torch.bool)
+    tokens, top_k = experts.shape
+    limit = capacity(capacity_factor, top_k, tokens, num_experts)
+    flat_experts, flat_gates = experts.reshape(-1), gates.detach().reshape(-1)
+    keep = torch.zeros(flat_experts.shape, dtype=torch.bool)
+    for j in range(num_experts):
+        pairs = (flat_experts == j).nonzero().squeeze(-1).tolist()
+        pairs.sort(key=lambda pair: (-float(flat_gates[pair]), pair))
+        keep[pairs[:limit]] = True
+    return keep.reshape(experts.shape)
+
+
+def capacity_gap(tokens: list[Tensor], router_weight: Tensor, top_k: int, capacity_factor: float | None) -> float:
+    """The smallest gap, per member and expert, between the last kept pair's gate and the first
+    dropped one's (inf where nothing is dropped): where it is within rounding, rounding decides."""
+    if capacity_factor is None:
+        return float("inf")
+    gap = float("inf")
+    for x in tokens:
+        if x.shape[0] == 0:
+            continue
+        _, experts, gates = choose(x.to(torch.float64), router_weight.to(torch.float64), top_k)
+        limit = capacity(capacity_factor, top_k, x.shape[0], router_weight.shape[0])
+        for j in range(router_weight.shape[0]):
+            mine = gates[experts == j].sort(descending=True).values
+            if mine.numel() > limit > 0:
+                gap = min(gap, float(mine[limit - 1] - mine[limit]))
+    return gap
+
+
 def moe(tokens: list[Tensor], router_weight: Tensor, experts: list[tuple[Tensor, Tensor, Tensor, Tensor]],
-        grads: list[Tensor], top_k: int, aux_weight: float) -> dict:
+        grads: list[Tensor], top_k: int, aux_weight: float, capacity_factor: float | None = None) -> dict:
     """``tokens[r]`` [T_r, h], ``grads[r]`` its upstream gradient; ``experts[j]`` = (W1, b1, W2, b2).
+    ``capacity_factor``: each member's pairs beyond its capacity dropped (module docstring).
     Returns {"outputs": [Y_r], "grad_inputs": [dL/dX_r], "grad_router": dL/dW_r (every member's
     tokens and the aux loss), "grad_experts": [per expert], "aux_loss": L_aux}."""
     router = router_weight.detach().clone().requires_grad_(True)
@@ -66,10 +115,12 @@ def moe(tokens: list[Tensor], router_weight: Tensor, experts: list[tuple[Tensor,
     xs = [x.detach().clone().requires_grad_(True) for x in tokens]
     x = torch.cat(xs)
     probabilities, chosen, gates = choose(x, router, top_k)
+    keep = torch.cat([kept(c, g, router.shape[0], capacity_factor)
+                      for c, g in zip(chosen.split([len(t) for t in tokens]), gates.split([len(t) for t in tokens]))])
     y = torch.zeros_like(x)
     for i in range(top_k):
         for j, p in enumerate(params):
-            rows = (chosen[:, i] == j).nonzero().squeeze(-1)
+            rows = ((chosen[:, i] == j) & keep[:, i]).nonzero().squeeze(-1)
             if rows.numel():
                 y = y.index_add(0, rows, gates[rows, i, None] * _expert(x[rows], *p))
     total = x.shape[0]

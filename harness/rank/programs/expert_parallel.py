@@ -45,11 +45,13 @@ def forward_backward(ctx: RankContext, impl, process_group, router_weight, exper
 
 @on_members
 def forward_backward_topk(ctx: RankContext, impl, process_group, router_weight, experts, x, grad_output,
-                          top_k: int, aux_weight: float) -> dict:
-    """Capability moe_topk: ``from_dense(..., top_k=k, compute_aux_loss=True)``, forward, then backward
-    of sum(y * grad_output) + aux_weight * moe.aux_loss (this member's share of the load-balancing
-    loss); what forward_backward returns, and the aux_loss."""
-    moe = _build(ctx, impl, process_group, router_weight, experts, top_k=top_k, compute_aux_loss=True)
+                          top_k: int, aux_weight: float, capacity_factor: float | None = None) -> dict:
+    """Capability moe_topk: ``from_dense(..., top_k=k, compute_aux_loss=True)`` (and, only when given,
+    ``capacity_factor``: capability moe_capacity), forward, then backward of sum(y * grad_output) +
+    aux_weight * moe.aux_loss (this member's share of the load-balancing loss); what
+    forward_backward returns, and the aux_loss."""
+    options = {} if capacity_factor is None else {"capacity_factor": capacity_factor}
+    moe = _build(ctx, impl, process_group, router_weight, experts, top_k=top_k, compute_aux_loss=True, **options)
     x = ctx.to_device(x).requires_grad_(True)
     y = moe(x)
     aux = getattr(moe, "aux_loss", None)

@@ -224,12 +224,19 @@ def generate_schedule(ctx: RankContext, impl, kind: str, num_ranks: int, num_mic
 
 def dp_pp_step(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage: list[int], num_microbatches: int,
                loss: str, pipeline_groups: list[list[int]], data_parallel_groups: list[list[int]], inputs=None,
-               targets=None, schedule: str = "1f1b", group=None) -> dict:
+               targets=None, schedule: str = "1f1b", per_token: bool = False, group=None) -> dict:
     """Data parallelism over pipelines on a pp x dp mesh (reference/mesh.py, ``pipeline_mesh``):
     the implementation's ``pipeline_step`` on this rank's pipeline group (its replica's batch goes
     to the group's first rank, the targets to its last), then every stage gradient summed over
     this rank's data-parallel group with the implementation's ``all_reduce`` and divided by its
-    size. Returns the loss (None off the last stage), the averaged gradients and the order run."""
+    size. Returns the loss (None off the last stage), the averaged gradients and the order run.
+
+    ``per_token`` (capability dp_pp_token_loss): the loss is ``loss`` (a sum over the valid rows)
+    over C, the valid rows of the whole global batch, which the last stages obtain with the
+    implementation's ``global_token_count(their valid rows, group=their data-parallel group)``;
+    pipeline_step runs with ``scale_grads=False`` and the gradients are summed over the
+    data-parallel group, not averaged (the loss is already the global mean). Also returned: the
+    count the last stage got."""
     from torch.distributed import ReduceOp
 
     if group is not None:
@@ -244,16 +251,27 @@ def dp_pp_step(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage:
     module = stages[stage]
     executed = _watch([stage], [module])
     pipeline_step, all_reduce = require(impl, "pipeline_step"), require(impl, "all_reduce")
-    result = pipeline_step(module, ctx.to_device(inputs), ctx.to_device(targets), pipeline_models.loss_fn(loss),
-                           num_microbatches, schedule=schedule, group=pp)
+    loss_fn, options, count = pipeline_models.loss_fn(loss), {}, None
+    if per_token:
+        if targets is not None:  # the last stage: it holds the targets, so it counts
+            count = require(impl, "global_token_count")(pipeline_models.valid_rows(targets), group=dp)
+            count = int(count.item()) if torch.is_tensor(count) else int(count)
+        summed, divisor = loss_fn, count or 1
+
+        def loss_fn(output, target):
+            return summed(output, target) / divisor
+
+        options = {"scale_grads": False}
+    result = pipeline_step(module, ctx.to_device(inputs), ctx.to_device(targets), loss_fn,
+                           num_microbatches, schedule=schedule, group=pp, **options)
     grads = {}
     for name, parameter in module.named_parameters():
         if parameter.grad is None:
             continue
         summed = parameter.grad.detach().clone().contiguous()
         all_reduce(summed, op=ReduceOp.SUM, group=dp)
-        grads[f"stage{stage}.{name}"] = summed / replicas
-    return ctx.to_cpu({"loss": result, "grads": grads, "executed": executed, "stage": stage})
+        grads[f"stage{stage}.{name}"] = summed if per_token else summed / replicas
+    return ctx.to_cpu({"loss": result, "grads": grads, "executed": executed, "stage": stage, "count": count})
 
 
 def mesh_step(ctx: RankContext, impl, model: dict, seed: int, blocks_per_stage: list[int], num_microbatches: int,
