@@ -52,7 +52,7 @@ def test_a_kill_by_a_deadline_alone_is_told_apart_from_evidence():
 def test_the_mutants_whose_bug_is_a_hang_say_so_and_no_other_does():
     hangs = {m.path.stem for m in mutants() if m.hang}
     assert hangs == {"disagree_circular_wait", "disagree_dtype", "disagree_peer", "disagree_size",
-                     "disagree_skipped_collective", "disagree_tag"}
+                     "disagree_skipped_collective", "disagree_tag", "count_over_the_world"}
 
 
 def test_bug_hang_is_read_from_the_docstring(tmp_path):
