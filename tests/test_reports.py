@@ -14,7 +14,7 @@ def test_reports_under_xdist(suite_runner, tmp_path):
     rubric = tmp_path / "rubric.toml"
     rubric.write_text("[capabilities]\nbroadcast = 10\nscatter = 6\ngather = 4\n")
     done = suite_runner.run("conformance/test_collectives.py", "-q", "-p", "no:cacheprovider",
-                            "-n", "2", "--impl", "tests/fixtures/partial_impl.py", "--hypothesis-profile=ci",
+                            "-n", "2", "--impl", "tests/fixtures/partial_impl.py", "--hypothesis-profile=brief",
                             "--report-dir", str(tmp_path / "out"), "--rubric", str(rubric),
                             "-k", "test_broadcast or test_scatter and not gather or test_gather and not scatter")
     assert done.returncode == 6, done.stdout[-3000:]  # only "not implemented" failures, under xdist too
