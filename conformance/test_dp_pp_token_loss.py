@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 import reference.pipeline_parallel as ref
 from conformance.examples import Layout
-from conformance.test_pipeline_composition import PROGRAM, Example, examples
+from conformance.test_pipeline_composition import PROGRAM, Example, examples, judge_stage_gradients
 from conformance.verdict import Judge
 from harness.rank import pipeline_models
 from reference import mesh
@@ -100,16 +100,5 @@ def test_pipelines_over_data_parallel_replicas_normalise_by_the_global_count(dat
             judge.tensor(got["loss"], mine.loss, atol=mine.loss_atol,
                          what=f"rank {rank} (last stage of replica {d}) loss: its rows' summed error over the global "
                               f"count {count} (scale_grads=False: no 1/m)")
-        want = {name for name in whole.grads if name.startswith(f"stage{s}.")}
-        if set(got["grads"]) != want:
-            judge.fail(f"rank {rank}: stage {s}'s parameters with a gradient: expected {sorted(want)}, got "
-                       f"{sorted(got['grads'])}")
-        for name in sorted(want):
-            judge.tensor(got["grads"][name], whole.grads[name], atol=whole.grad_atol[name],
-                         what=f"rank {rank} (stage {s} of replica {d}) gradient of '{name}' summed over its "
-                              f"data-parallel group {replicas[s]} (the dense model on the global batch, every valid "
-                              f"row weighing 1/{count})")
-    for s in range(pp):
-        for name in sorted(n for n in whole.grads if n.startswith(f"stage{s}.")):
-            judge.bitwise_identical({rank: outputs[rank]["grads"][name] for rank in replicas[s]},
-                                    what=f"gradient of '{name}' across data-parallel group {replicas[s]}")
+    judge_stage_gradients(judge, outputs, whole, pp, dp, replicas, "summed over",
+                          f", every valid row weighing 1/{count}")

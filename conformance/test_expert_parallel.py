@@ -53,15 +53,20 @@ def test_expert_parallel_moe_equals_one_process_with_every_expert(data, ranks, t
                                 ("grad_input", expected["grad_inputs"][i], "dL/dx of its own tokens"),
                                 ("grad_router", expected["grad_router"][i], "the replicated router, its own tokens")):
             judge.tensor(got[key], want, atol=ref.atol(want), what=f"{where} {key.replace('_', ' ')} ({note})")
-        if not isinstance(got["grad_experts"], list) or len(got["grad_experts"]) != each:
-            judge.fail(f"{where}: .experts holds {len(got['grad_experts'])} experts, expected E/n = {each}")
-        for k, grads in enumerate(got["grad_experts"]):
-            j = i * each + k
-            for name, actual, want in zip(("fc1 weight", "fc1 bias", "fc2 weight", "fc2 bias"), grads,
-                                          expected["grad_experts"][j]):
-                judge.tensor(actual, want, atol=ref.atol(want),
-                             what=f"{where} gradient of expert {j}'s {name} (its local expert {k}; summed over every "
-                                  f"token routed to it from every member)")
+        judge_expert_gradients(judge, where, got["grad_experts"], expected["grad_experts"], i, each,
+                               "summed over every token routed to it from every member")
+
+
+def judge_expert_gradients(judge: Judge, where: str, got, expected: list, member: int, each: int, note: str) -> None:
+    """Member ``member``'s E/n experts (its contiguous block) against the dense experts' gradients."""
+    if not isinstance(got, list) or len(got) != each:
+        judge.fail(f"{where}: .experts holds {len(got) if isinstance(got, list) else got!r} experts, expected "
+                   f"E/n = {each}")
+    for k, grads in enumerate(got):
+        j = member * each + k
+        for name, actual, want in zip(("fc1 weight", "fc1 bias", "fc2 weight", "fc2 bias"), grads, expected[j]):
+            judge.tensor(actual, want, atol=ref.atol(want),
+                         what=f"{where} gradient of expert {j}'s {name} (its local expert {k}; {note})")
 
 
 @pytest.mark.min_ranks(2)

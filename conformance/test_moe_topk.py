@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 import reference.expert_parallel as ep
 import reference.moe_routing as ref
 from conformance.examples import mixture_examples
+from conformance.test_expert_parallel import judge_expert_gradients
 from conformance.verdict import Judge
 
 PROGRAM = "expert_parallel:forward_backward_topk"
@@ -75,15 +76,9 @@ def check_trained_moe(data, ranks, target, reproduce, capacity: bool) -> None:
                                  + (", the pairs beyond its capacity dropped" if capacity else "")),
                                 ("grad_input", expected["grad_inputs"][i], "dL/dx of its own tokens")):
             judge.tensor(got[key], want, atol=ep.atol(want), what=f"{where} {key.replace('_', ' ')} ({note})")
-        if not isinstance(got["grad_experts"], list) or len(got["grad_experts"]) != each:
-            judge.fail(f"{where}: .experts holds {len(got['grad_experts'])} experts, expected E/n = {each}")
-        for k, grads in enumerate(got["grad_experts"]):
-            j = i * each + k
-            for name, actual, want in zip(("fc1 weight", "fc1 bias", "fc2 weight", "fc2 bias"), grads,
-                                          expected["grad_experts"][j]):
-                judge.tensor(actual, want, atol=ep.atol(want),
-                             what=f"{where} gradient of expert {j}'s {name} (summed over every token and choice "
-                                  "routed to it from every member)")
+        judge_expert_gradients(judge, where, got["grad_experts"], expected["grad_experts"], i, each,
+                               "summed over every token and choice routed to it from every member"
+                               + (", the dropped ones left out" if capacity else ""))
     members = [outputs[rank] for rank in example.layout.ranks]
     router = torch.stack([got["grad_router"].to(torch.float64) for got in members]).sum(0)
     judge.tensor(router, expected["grad_router"], atol=ep.atol(expected["grad_router"]),

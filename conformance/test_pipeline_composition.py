@@ -125,14 +125,24 @@ def test_data_parallel_pipelines_match_the_dense_model_on_the_global_batch(data,
             judge.fail(f"rank {rank} (stage {s} of replica {d}) held {peak} microbatch activations at once, more than "
                        f"{example.kind} allows ({allowed}), or ran nothing: the schedule run on its pipeline group is "
                        f"not the one asked for; its order: {' '.join(executed)}")
+    judge_stage_gradients(judge, outputs, whole, pp, dp, replicas, "after the average over")
+
+
+def judge_stage_gradients(judge: Judge, outputs: dict, whole: ref.Dense, pp: int, dp: int, replicas: list,
+                          reduced: str, weighing: str = "") -> None:
+    """Every rank's stage gradients, reduced over its data-parallel group, against the dense
+    model's on the global batch; then bitwise equal across each data-parallel group."""
+    for rank in range(pp * dp):
+        s, d = divmod(rank, dp)
+        got = outputs[rank]
         want = {name for name in whole.grads if name.startswith(f"stage{s}.")}
         if set(got["grads"]) != want:
             judge.fail(f"rank {rank}: stage {s}'s parameters with a gradient: expected {sorted(want)}, got "
                        f"{sorted(got['grads'])}")
         for name in sorted(want):
             judge.tensor(got["grads"][name], whole.grads[name], atol=whole.grad_atol[name],
-                         what=f"rank {rank} (stage {s} of replica {d}) gradient of '{name}' after the average over "
-                              f"its data-parallel group {replicas[s]} (the dense model on the global batch)")
+                         what=f"rank {rank} (stage {s} of replica {d}) gradient of '{name}' {reduced} its "
+                              f"data-parallel group {replicas[s]} (the dense model on the global batch{weighing})")
     for s in range(pp):
         for name in sorted(n for n in whole.grads if n.startswith(f"stage{s}.")):
             judge.bitwise_identical({rank: outputs[rank]["grads"][name] for rank in replicas[s]},

@@ -29,7 +29,6 @@ NotImplementedError fails these tests as "not implemented" (CONTRACT.md).
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass
 
 import pytest
@@ -40,6 +39,7 @@ from hypothesis import strategies as st
 import reference.likely_bugs as likely_bugs
 import reference.tensor_parallel as ref
 from conformance.examples import Layout, dense_layers, layouts
+from conformance.tp_refusals import judge_refusals
 from conformance.verdict import Judge
 
 PROGRAM = "tensor_parallel:forward_backward"
@@ -324,18 +324,8 @@ def test_a_width_that_does_not_split_is_refused(data, ranks, target, layer, repr
         x = torch.zeros(2, shape[layer][1] if layer == "column" else other, dtype=dtype)
     outputs = judge.run(ranks, layout, "tensor_parallel:refusal",
                         [{"layer": layer, "dense": dense, "options": {}, "x": x} for _ in range(n)])
-    name = REFUSED_DIMENSION[layer][0]
-    for rank in layout.ranks:
-        raised, message = outputs[rank]["raised"], outputs[rank]["message"]
-        what = f"rank {rank}: {layer} layer with {REFUSED_DIMENSION[layer][1]} = {size} on a group of {n}"
-        if raised != "ValueError":
-            judge.fail(f"{what}: expected a ValueError from from_dense, " +
-                       ("nothing was raised" if raised is None else f"got {raised}: {message}"))
-        missing = [part for part, pattern in ((f"the dimension '{name}'", re.escape(name)), (f"its size {size}", rf"\b{size}\b"),
-                                              (f"the group size {n}", rf"\b{n}\b"))
-                   if not re.search(pattern, message, re.IGNORECASE)]
-        if missing:
-            judge.fail(f"{what}: the ValueError's message does not name {', '.join(missing)}: {message!r}")
+    judge_refusals(judge, outputs, layout, f"{layer} layer with {REFUSED_DIMENSION[layer][1]} = {size}",
+                   REFUSED_DIMENSION[layer][0], size)
 
 
 @pytest.mark.capability("tp_norm")

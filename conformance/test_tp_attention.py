@@ -120,21 +120,36 @@ def test_attention_split_by_head_equals_the_dense_block(data, ranks, target, seq
     notes = {"output": shard, "grad_input": shard,
              "qkv_weight": " (its query heads' and their key/value heads' rows of the fused weight)",
              "out_bias": " (the whole bias)", "grad_out_bias": " (the full gradient on every member)"}
-    for i, rank in enumerate(example.layout.ranks):
-        rows = ref.qkv_rows(example.qkv_layout, example.num_heads, example.num_kv_heads, example.head_dim, n, i)
-        # what it keeps first: a wrong layout is named there (the suspects), before the values it spoils
-        expected = {"qkv_weight": ref.rows_of(wq, rows), "qkv_bias": ref.rows_of(bq, rows)}
-        expected["out_weight"], expected["out_bias"] = tp.row_shard(wo, bo, n, i)
-        expected.update(output=mine(dense["output"], i), grad_input=mine(dense["grad_input"], i),
-                        grad_qkv_weight=ref.rows_of(dense["grad_qkv_weight"], rows),
-                        grad_qkv_bias=ref.rows_of(dense.get("grad_qkv_bias"), rows))
-        expected["grad_out_weight"], expected["grad_out_bias"] = tp.row_shard(
-            dense["grad_out_weight"], dense.get("grad_out_bias"), n, i)
+    judge_column_then_row(judge, example.layout, outputs, dense, ("qkv", wq, bq), ("out", wo, bo),
+                          lambda i: ref.qkv_rows(example.qkv_layout, example.num_heads, example.num_kv_heads,
+                                                 example.head_dim, n, i),
+                          mine, notes, "query, key and value heads", sequence_parallel)
+
+
+def judge_column_then_row(judge: Judge, layout: Layout, outputs: dict, dense: dict, column: tuple, row: tuple,
+                          rows_of_member, mine, notes: dict, mix: str, sequence_parallel: bool) -> None:
+    """A fused column-parallel projection ``column`` = (name, W, b), member i keeping the dense rows
+    ``rows_of_member(i)``, then a row-parallel one ``row`` = (name, W, b): member by member what it
+    keeps (first: a wrong layout is named there, before the values it spoils), the output, the
+    input gradient and every shard's gradient against ``dense`` (its slices, ``mine`` for the
+    sequence); then what every member holds whole, bitwise."""
+    n = layout.size
+    (c, wc, bc), (r, wr, br) = column, row
+    for i, rank in enumerate(layout.ranks):
+        rows = rows_of_member(i)
+        expected = {f"{c}_weight": ref.rows_of(wc, rows), f"{c}_bias": ref.rows_of(bc, rows)}
+        expected[f"{r}_weight"], expected[f"{r}_bias"] = tp.row_shard(wr, br, n, i)
+        expected.update({"output": mine(dense["output"], i), "grad_input": mine(dense["grad_input"], i),
+                         f"grad_{c}_weight": ref.rows_of(dense[f"grad_{c}_weight"], rows),
+                         f"grad_{c}_bias": ref.rows_of(dense.get(f"grad_{c}_bias"), rows)})
+        expected[f"grad_{r}_weight"], expected[f"grad_{r}_bias"] = tp.row_shard(
+            dense[f"grad_{r}_weight"], dense.get(f"grad_{r}_bias"), n, i)
         tol = {key: ref.atol(want) for key, want in expected.items()
                if key.startswith(("grad_", "output")) and want is not None}
         judge_member(judge, rank, outputs[rank], expected, tol, notes, suspects={
-            "qkv_weight": lambda i=i: contiguous_chunk(wq, n, i), "qkv_bias": lambda i=i: contiguous_chunk(bq, n, i)})
-    judge_replicated(judge, outputs, ["grad_out_bias", *([] if sequence_parallel else ["output", "grad_input"])])
+            f"{c}_weight": lambda i=i: contiguous_chunk(wc, n, i, mix),
+            f"{c}_bias": lambda i=i: contiguous_chunk(bc, n, i, mix)})
+    judge_replicated(judge, outputs, [f"grad_{r}_bias", *([] if sequence_parallel else ["output", "grad_input"])])
 
 
 @pytest.mark.min_ranks(2)

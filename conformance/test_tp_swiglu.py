@@ -28,8 +28,7 @@ from hypothesis import strategies as st
 import reference.tensor_parallel as tp
 import reference.transformer_layers as ref
 from conformance.examples import Layout, dense_layers, layouts
-from conformance.test_tensor_parallel import judge_member, judge_replicated
-from conformance.test_tp_attention import PROGRAM, contiguous_chunk
+from conformance.test_tp_attention import PROGRAM, judge_column_then_row
 from conformance.tp_refusals import check_refused
 from conformance.verdict import Judge
 
@@ -80,22 +79,8 @@ def test_swiglu_with_fused_gate_and_up_equals_the_dense_mlp(data, ranks, target,
     shard = " (its sequence shard)" if sequence_parallel else " (full, replicated)"
     notes = {"output": shard, "grad_input": shard, "gate_up_weight": " (rows r of the gate's and of the value's: "
              "[gate_r | up_r])", "down_bias": " (the whole bias)", "grad_down_bias": " (the full gradient on every member)"}
-    for i, rank in enumerate(example.layout.ranks):
-        rows = ref.gate_up_rows(f, n, i)
-        # what it keeps first: a wrong layout is named there (the suspects), before the values it spoils
-        expected = {"gate_up_weight": ref.rows_of(wgu, rows), "gate_up_bias": ref.rows_of(bgu, rows)}
-        expected["down_weight"], expected["down_bias"] = tp.row_shard(wd, bd, n, i)
-        expected.update(output=mine(dense["output"], i), grad_input=mine(dense["grad_input"], i),
-                        grad_gate_up_weight=ref.rows_of(dense["grad_gate_up_weight"], rows),
-                        grad_gate_up_bias=ref.rows_of(dense.get("grad_gate_up_bias"), rows))
-        expected["grad_down_weight"], expected["grad_down_bias"] = tp.row_shard(
-            dense["grad_down_weight"], dense.get("grad_down_bias"), n, i)
-        tol = {key: ref.atol(want) for key, want in expected.items()
-               if key.startswith(("grad_", "output")) and want is not None}
-        judge_member(judge, rank, outputs[rank], expected, tol, notes, suspects={
-            "gate_up_weight": lambda i=i: contiguous_chunk(wgu, n, i, GATE_AND_UP),
-            "gate_up_bias": lambda i=i: contiguous_chunk(bgu, n, i, GATE_AND_UP)})
-    judge_replicated(judge, outputs, ["grad_down_bias", *([] if sequence_parallel else ["output", "grad_input"])])
+    judge_column_then_row(judge, example.layout, outputs, dense, ("gate_up", wgu, bgu), ("down", wd, bd),
+                          lambda i: ref.gate_up_rows(f, n, i), mine, notes, GATE_AND_UP, sequence_parallel)
 
 
 @pytest.mark.min_ranks(2)
