@@ -54,7 +54,18 @@ def test_a_capacity_drops_each_members_lowest_gates_and_nothing_else(data, ranks
     check_trained_moe(data, ranks, target, reproduce, capacity=True)
 
 
-def check_trained_moe(data, ranks, target, reproduce, capacity: bool) -> None:
+@pytest.mark.capability("moe_sequence_parallel")
+@given(data=st.data())
+def test_a_router_replicated_over_a_sequence_parallel_group_gets_the_whole_gradient(data, ranks, target, reproduce):
+    """sequence_parallel=True: the members' tokens are shards of one sequence (tensor parallelism's
+    sequence-parallel region, each member routing its own shard) and the router is replicated over
+    the group, so its gradient must be the whole sequence's on every member, bitwise the same, or
+    the replicas of the router drift apart after the first step (torchtitan#2387, #4054: "loss
+    curves look normal")."""
+    check_trained_moe(data, ranks, target, reproduce, capacity=False, sequence_parallel=True)
+
+
+def check_trained_moe(data, ranks, target, reproduce, capacity: bool, sequence_parallel: bool = False) -> None:
     example = data.draw(mixture_examples(target.max_world_size), label="example")
     top_k = data.draw(st.integers(1, min(3, example.num_experts)), label="top_k")
     weight = data.draw(st.sampled_from([0.1, 1.0]), label="aux loss weight")
@@ -66,7 +77,8 @@ def check_trained_moe(data, ranks, target, reproduce, capacity: bool) -> None:
                   + (f", capacity_factor={factor}" if capacity else ""), reproduce)
     n, each = example.layout.size, example.experts_per_rank
     expected = ref.moe(t["xs"], t["router"], t["experts"], t["grads"], top_k, weight, factor)
-    options = {"top_k": top_k, "aux_weight": weight, **({"capacity_factor": factor} if capacity else {})}
+    options = {"top_k": top_k, "aux_weight": weight, **({"capacity_factor": factor} if capacity else {}),
+               **({"sequence_parallel": True} if sequence_parallel else {})}
     outputs = judge.run(ranks, example.layout, PROGRAM, [
         {"router_weight": t["router"], "experts": t["experts"], "x": t["xs"][i], "grad_output": t["grads"][i],
          **options} for i in range(n)])
@@ -80,10 +92,18 @@ def check_trained_moe(data, ranks, target, reproduce, capacity: bool) -> None:
                                "summed over every token and choice routed to it from every member"
                                + (", the dropped ones left out" if capacity else ""))
     members = [outputs[rank] for rank in example.layout.ranks]
+    if sequence_parallel:  # reduced by the layer: whole on every member
+        for rank in example.layout.ranks:
+            judge.tensor(outputs[rank]["grad_router"], expected["grad_router"], atol=ep.atol(expected["grad_router"]),
+                         what=f"rank {rank} router gradient (replicated over the sequence-parallel group: the whole "
+                              f"sequence's, plus {weight} times the load-balancing loss's, on every member)")
+        judge.bitwise_identical({rank: outputs[rank]["grad_router"] for rank in example.layout.ranks},
+                                what="the router's gradient (replicated over the group)")
     router = torch.stack([got["grad_router"].to(torch.float64) for got in members]).sum(0)
-    judge.tensor(router, expected["grad_router"], atol=ep.atol(expected["grad_router"]),
-                 what="the members' router gradients summed (the replicated router: its gradient over every member's "
-                      f"tokens, plus {weight} times the load-balancing loss's over the group's batch)")
+    if not sequence_parallel:
+        judge.tensor(router, expected["grad_router"], atol=ep.atol(expected["grad_router"]),
+                     what="the members' router gradients summed (the replicated router: its gradient over every "
+                          f"member's tokens, plus {weight} times the load-balancing loss's over the group's batch)")
     aux = torch.stack([torch.as_tensor(got["aux_loss"], dtype=torch.float64).reshape(()) for got in members]).sum()
     judge.tensor(aux, expected["aux_loss"], atol=ep.atol(expected["aux_loss"]),
                  what="the members' aux_loss summed (E sum_j f_j P_j over the group's whole batch)")

@@ -4,7 +4,9 @@ Every token reaches its k experts (one row per token and choice, gates not renor
 ``capacity_factor`` c is given: then each member sends an expert at most ceil(c k T_r / E) of its
 pairs, those of the largest gate, and the others add nothing. With ``compute_aux_loss`` forward
 also sets ``aux_loss``, this member's share of the load-balancing loss over the group's whole batch
-(the counts are all-reduced, the probabilities are this member's).
+(the counts are all-reduced, the probabilities are this member's). With ``sequence_parallel`` the
+members' tokens are shards of one sequence (tensor parallelism's sequence-parallel region) and the
+router's gradient is all-reduced over the group, whole on every member.
 
 Every rank keeps the router (replicated) and E/n experts, the r-th contiguous block; it routes its
 own tokens, p = softmax(x W_r^T), e = argmax p (the first maximum), and
@@ -56,6 +58,22 @@ class _AllToAll(torch.autograd.Function):
         return grad_input, None, None, None, None
 
 
+class _SummedGradient(torch.autograd.Function):
+    """Megatron's f for a replicated parameter: identity forward, its gradient all-reduced (SUM)
+    over the group backward."""
+
+    @staticmethod
+    def forward(ctx, weight, group, reduce):
+        ctx.group, ctx.reduce = group, reduce
+        return weight.view_as(weight)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        ctx.reduce(grad, group=ctx.group)
+        return grad, None, None
+
+
 class ExpertParallelMoE(nn.Module):
     """``from_dense(router, experts, group=None)``: ``router`` an nn.Linear(h, E, bias=False) (the
     same on every rank, kept as ``.router``), ``experts`` the E expert modules (the same list on
@@ -66,7 +84,8 @@ class ExpertParallelMoE(nn.Module):
     reduce = staticmethod(collectives.all_reduce)
 
     def __init__(self, router: nn.Linear, local_experts: list[nn.Module], num_experts: int, group=None,
-                 top_k: int = 1, compute_aux_loss: bool = False, capacity_factor: float | None = None):
+                 top_k: int = 1, compute_aux_loss: bool = False, capacity_factor: float | None = None,
+                 sequence_parallel: bool = False):
         super().__init__()
         self.router = router
         self.experts = nn.ModuleList(local_experts)
@@ -75,11 +94,12 @@ class ExpertParallelMoE(nn.Module):
         self.top_k = top_k
         self.compute_aux_loss = compute_aux_loss
         self.capacity_factor = capacity_factor
+        self.sequence_parallel = sequence_parallel
         self.aux_loss = None  # with compute_aux_loss: this member's share of the load-balancing loss, set by forward
 
     @classmethod
     def from_dense(cls, router: nn.Linear, experts, group=None, top_k: int = 1, compute_aux_loss: bool = False,
-                   capacity_factor: float | None = None) -> ExpertParallelMoE:
+                   capacity_factor: float | None = None, sequence_parallel: bool = False) -> ExpertParallelMoE:
         n, r = dist.get_world_size(group), dist.get_rank(group)
         experts = list(experts)
         if len(experts) != router.out_features:
@@ -92,7 +112,7 @@ class ExpertParallelMoE(nn.Module):
         if capacity_factor is not None and not capacity_factor > 0:
             raise ValueError(f"capacity_factor = {capacity_factor} must be positive (or None: no capacity)")
         return cls(router, [copy.deepcopy(e) for e in experts[r * each:(r + 1) * each]], len(experts), group, top_k,
-                   compute_aux_loss, capacity_factor)
+                   compute_aux_loss, capacity_factor, sequence_parallel)
 
     def _load_balancing_share(self, probabilities: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         """E sum_j f_j P_j restricted to this member's tokens' terms of P: f_j the fraction of the
@@ -107,8 +127,17 @@ class ExpertParallelMoE(nn.Module):
         f = (counts[:-1] / (self.top_k * total)).to(probabilities.dtype)
         return self.num_experts * (f * probabilities.sum(0) / total.to(probabilities.dtype)).sum()
 
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The router's logits. Under sequence parallelism the members' tokens are shards of one
+        sequence and the router is replicated over the group: its weight goes through f (identity
+        forward, all-reduce backward), so every member's router gradient is the whole sequence's
+        (torchtitan#2387: left unreduced, the routers diverge after the first step)."""
+        if not self.sequence_parallel:
+            return self.router(x)
+        return F.linear(x, _SummedGradient.apply(self.router.weight, self.group, self.reduce), self.router.bias)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        probabilities = torch.softmax(self.router(x), dim=-1)
+        probabilities = torch.softmax(self._logits(x), dim=-1)
         gates, chosen = probabilities.topk(self.top_k, dim=-1)  # [T, k]
         if self.compute_aux_loss:  # one all-reduce of E + 1 counts, only when asked for
             self.aux_loss = self._load_balancing_share(probabilities, chosen)

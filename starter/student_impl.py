@@ -161,9 +161,11 @@ class ExpertParallelMoE:
     """Top-1 mixture of experts, E/n experts per rank; tokens travel by all-to-all with unequal splits."""
 
     @classmethod
-    def from_dense(cls, router, experts, group=None, top_k=1, compute_aux_loss=False, capacity_factor=None):
+    def from_dense(cls, router, experts, group=None, top_k=1, compute_aux_loss=False, capacity_factor=None,
+                   sequence_parallel=False):
         # top_k and compute_aux_loss (.aux_loss after forward): CONTRACT.md, capability moe_topk;
-        # capacity_factor: capability moe_capacity
+        # capacity_factor: moe_capacity; sequence_parallel (the router's gradient whole on every member):
+        # moe_sequence_parallel
         raise NotImplementedError("ExpertParallelMoE")
 
 

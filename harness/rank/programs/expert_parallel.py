@@ -45,12 +45,15 @@ def forward_backward(ctx: RankContext, impl, process_group, router_weight, exper
 
 @on_members
 def forward_backward_topk(ctx: RankContext, impl, process_group, router_weight, experts, x, grad_output,
-                          top_k: int, aux_weight: float, capacity_factor: float | None = None) -> dict:
+                          top_k: int, aux_weight: float, capacity_factor: float | None = None,
+                          sequence_parallel: bool = False) -> dict:
     """Capability moe_topk: ``from_dense(..., top_k=k, compute_aux_loss=True)`` (and, only when given,
-    ``capacity_factor``: capability moe_capacity), forward, then backward of sum(y * grad_output) +
+    ``capacity_factor``: capability moe_capacity; ``sequence_parallel``: moe_sequence_parallel), forward, then backward of sum(y * grad_output) +
     aux_weight * moe.aux_loss (this member's share of the load-balancing loss); what
     forward_backward returns, and the aux_loss."""
     options = {} if capacity_factor is None else {"capacity_factor": capacity_factor}
+    if sequence_parallel:  # capability moe_sequence_parallel: passed only then
+        options["sequence_parallel"] = True
     moe = _build(ctx, impl, process_group, router_weight, experts, top_k=top_k, compute_aux_loss=True, **options)
     x = ctx.to_device(x).requires_grad_(True)
     y = moe(x)
