@@ -61,12 +61,16 @@ def clip_example() -> ClipExample:
     return ClipExample(training, micro_batches=1, norm_type=2.0, max_norm_factor=0.25)
 
 
-def pipeline_example(calls: int = 1, clip: bool = False, tied: bool = False) -> PipelineExample:
+def pipeline_example(calls: int = 1, clip: bool = False, tied: bool = False, padded: tuple[int, ...] = ()
+                     ) -> PipelineExample:
     """2 stages of 1F1B on 2 ranks, 2 microbatches; ``clip``: max_norm a quarter of the first
-    step's norm (norm type 2); ``tied``: the last layer uses the first's weight (4 layers)."""
+    step's norm (norm type 2); ``tied``: the last layer uses the first's weight (4 layers);
+    ``padded``: those rows' targets are padding, the loss the summed error over the valid rows /
+    their count, with scale_grads=False."""
     layers, widths = ((2, 2), (3, 5, 4, 5, 3)) if tied else ((2, 1), (3, 5, 4, 2))
     example = PipelineExample(kind="1f1b", num_ranks=2, num_microbatches=2, stages_per_rank=1, layers_per_stage=layers,
-                              widths=widths, batch_size=4, seed=5, data_seed=6, schedule_seed=0, calls=calls, tied=tied)
+                              widths=widths, batch_size=4, seed=5, data_seed=6, schedule_seed=0, calls=calls, tied=tied,
+                              padded=padded)
     if not clip:
         return example
     first = pipeline_dense_step(example, pipeline_stages(example))
@@ -85,9 +89,14 @@ def pipeline_stages(example: PipelineExample) -> list[nn.Module]:
 
 
 def pipeline_dense_step(example: PipelineExample, stages: list[nn.Module]) -> ref_pipeline.Dense:
-    batch = pipeline_models.make_batch(example.model, example.batch_size, example.data_seed)
-    return ref_pipeline.dense_step(stages, batch["inputs"], batch["targets"], pipeline_models.loss_fn(PIPELINE_LOSS),
-                                   example.num_microbatches)
+    batch = example.batch()
+    if not example.padded:
+        return ref_pipeline.dense_step(stages, batch["inputs"], batch["targets"], pipeline_models.loss_fn(PIPELINE_LOSS),
+                                       example.num_microbatches)
+    count = pipeline_models.valid_rows(batch["targets"])
+    return ref_pipeline.dense_step(stages, batch["inputs"], batch["targets"],
+                                   lambda output, target: pipeline_models.masked_squared_error(output, target) / count,
+                                   example.num_microbatches, scale_grads=False)
 
 
 # (mutant, what it is run as, the example): the bugs of issue 31 parts 1 and 2
@@ -104,6 +113,9 @@ CASES = {
     "pipeline_parallel/accumulated_gradients_rescaled": ("pipeline", "pipeline", pipeline_example(calls=2)),
     "pipeline_tied/tied_weight_counted_twice_in_the_norm": ("pipeline", "pipeline", pipeline_example(clip=True, tied=True)),
 }
+# Measured and left out: pipeline_token_loss/scale_grads_ignored (torchtitan#2972) is no loss-blind bug
+# here: the loss the last stage reports is divided by m too, 0.5 relative off at m = 2, so a
+# loss-equality check catches it (the bundled implementation's per-token pipeline passes both checks).
 
 
 @pytest.fixture(scope="module")
@@ -114,9 +126,10 @@ def pool():
 
 def train(pool, impl: str, kind: str, layout: str, example) -> list[dict]:
     if kind == "pipeline":
-        batch = pipeline_models.make_batch(example.model, example.batch_size, example.data_seed)
+        batch = example.batch()
         common = {"model": example.model, "seed": example.seed, "layers_per_stage": list(example.layers_per_stage),
-                  "stages_per_rank": 1, "num_microbatches": example.num_microbatches, "loss": PIPELINE_LOSS,
+                  "stages_per_rank": 1, "num_microbatches": example.num_microbatches,
+                  "loss": "masked_sum" if example.padded else PIPELINE_LOSS, "per_token": bool(example.padded),
                   "optimizer": ADAMW, "steps": STEPS, "schedule": example.kind, "calls": example.calls,
                   "clip": None if example.clip is None else {"max_norm": example.clip[0], "norm_type": example.clip[1]},
                   "tied": example.tied_copies() if example.tied else None}
@@ -221,8 +234,9 @@ def test_the_loss_curve_passes_the_bug_and_the_suite_fails_it(pool, mutant):
     ("token", "data_parallel", token_example()), ("token", "fully_sharded", token_example()),
     ("clip", "data_parallel", clip_example()), ("clip", "fully_sharded", clip_example()),
     ("pipeline", "pipeline", pipeline_example(clip=True)), ("pipeline", "pipeline", pipeline_example(calls=2)),
-    ("pipeline", "pipeline", pipeline_example(clip=True, tied=True))],
-    ids=["token-dp", "token-fsdp", "clip-dp", "clip-fsdp", "pipeline-clip", "pipeline-accumulation", "pipeline-tied-clip"])
+    ("pipeline", "pipeline", pipeline_example(clip=True, tied=True)), ("pipeline", "pipeline", pipeline_example(padded=(1,)))],
+    ids=["token-dp", "token-fsdp", "clip-dp", "clip-fsdp", "pipeline-clip", "pipeline-accumulation", "pipeline-tied-clip",
+         "pipeline-token-loss"])
 def test_the_bundled_implementation_passes_both_checks(pool, kind, layout, example):
     worst, verdict = both_checks(pool, "impls", kind, layout, example)
     assert worst <= LOSS_RTOL and verdict is None, (worst, verdict)

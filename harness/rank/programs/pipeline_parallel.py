@@ -52,6 +52,17 @@ def _grads(stage_indices: list[int], modules) -> dict:
             for s, module in zip(stage_indices, modules) for name, p in module.named_parameters() if p.grad is not None}
 
 
+def _over_the_batchs_valid_rows(summed, targets):
+    """``summed`` (a sum over the valid rows) divided by the valid rows of the whole batch, C: the
+    last stage holds every target, so it counts them (elsewhere the loss is never called)."""
+    count = pipeline_models.valid_rows(targets) if targets is not None else 1
+
+    def loss_fn(output, target):
+        return summed(output, target) / count
+
+    return loss_fn
+
+
 def train_step(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage: list[int], stages_per_rank: int,
                num_microbatches: int, loss: str, inputs=None, targets=None, schedule: str | None = "1f1b",
                schedule_rows: list | None = None, placement: str = "loop", calls: int = 1, clip: dict | None = None,
@@ -75,13 +86,7 @@ def train_step(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage:
     executed = _watch(indices, modules)
     loss_fn, options = pipeline_models.loss_fn(loss), _placement_argument(placement)
     if per_token:
-        count = pipeline_models.valid_rows(targets) if targets is not None else 1
-        summed = loss_fn
-
-        def loss_fn(output, target):
-            return summed(output, target) / count
-
-        options = {**options, "scale_grads": False}
+        loss_fn, options = _over_the_batchs_valid_rows(loss_fn, targets), {**options, "scale_grads": False}
     for _ in range(calls):
         executed.append(CALL)  # each call's order is judged on its own (a runtime may warm up per call)
         result = pipeline_step(modules if stages_per_rank > 1 else modules[0], ctx.to_device(inputs),
@@ -102,11 +107,12 @@ def train_step(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage:
 def train_steps(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage: list[int], stages_per_rank: int,
                 num_microbatches: int, loss: str, optimizer: dict, steps: int, inputs=None, targets=None,
                 schedule: str = "1f1b", calls: int = 1, clip: dict | None = None, tied: list | None = None,
-                group=None) -> dict:
+                per_token: bool = False, group=None) -> dict:
     """``steps`` optimizer steps of this rank's stages (the optimizer of ``optimizer`` over them):
     each zero_grad(set_to_none=True), ``calls`` pipeline_step calls on the batch, the
     implementation's clip_grad_norm_ over the pipeline with ``clip`` (with ``tied``, after
     sync_tied_gradients, and told of the tied weight), then the optimizer's step.
+    ``per_token``: the loss over the batch's valid rows and ``scale_grads=False``, as in train_step.
     Reports each step's loss (None off the last stage) and the first step as ``train_step``
     reports its one step (loss, gradients before the optimizer, what ran, the norm)."""
     if group is not None:
@@ -117,12 +123,15 @@ def train_steps(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage
     stages = modules if stages_per_rank > 1 else modules[0]
     opt = models.build_optimizer(optimizer, list({id(p): p for m in modules for p in m.parameters()}.values()))
     tied = None if tied is None else [(int(stage), str(name)) for stage, name in tied]
+    loss_fn, options = pipeline_models.loss_fn(loss), {}
+    if per_token:
+        loss_fn, options = _over_the_batchs_valid_rows(loss_fn, targets), {"scale_grads": False}
     losses, first = [], None
     for step in range(steps):
         opt.zero_grad(set_to_none=True)
         for _ in range(calls):
-            result = pipeline_step(stages, ctx.to_device(inputs), ctx.to_device(targets), pipeline_models.loss_fn(loss),
-                                   num_microbatches, schedule=schedule)
+            result = pipeline_step(stages, ctx.to_device(inputs), ctx.to_device(targets), loss_fn, num_microbatches,
+                                   schedule=schedule, **options)
         if tied is not None:
             require(impl, "sync_tied_gradients")(stages, tied)
         norm = None
