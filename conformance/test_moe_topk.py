@@ -1,7 +1,8 @@
-"""Conformance of the mixture-of-experts layer as trained (capability ``moe_topk``):
-``ExpertParallelMoE.from_dense(router, experts, group, top_k=k, compute_aux_loss=True)``, top-k
-routing and the load-balancing loss over the group's whole batch, against reference/moe_routing.py
-in float64.
+"""Conformance of the mixture-of-experts layer as trained: ``ExpertParallelMoE.from_dense(router,
+experts, group, top_k=k, compute_aux_loss=True)``, top-k routing and the load-balancing loss over
+the group's whole batch (capability ``moe_topk``), with a capacity (``capacity_factor``: capability
+``moe_capacity``) or the router replicated over a sequence-parallel group (``sequence_parallel``:
+capability ``moe_sequence_parallel``), against reference/moe_routing.py in float64.
 
 Examples: conformance.examples.MixtureExample (a layout; E = n k experts; each member's own 0-6
 tokens, so the all-to-alls carry unequal and empty splits), k = 1 to min(3, E), the aux loss's
