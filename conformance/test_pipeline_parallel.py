@@ -157,9 +157,12 @@ def run_step(judge: Judge, ranks, example: Example) -> dict:
     return run_or_skip(judge, ranks, Layout(p), PROGRAM, per_rank)
 
 
-def dense(example: Example) -> ref.Dense:
+def dense(example: Example, stages: list | None = None) -> ref.Dense:
+    """The dense model's loss and gradients on the example's batch; ``stages``: the stages to run
+    (by default built fresh from the example's seed; a trainer passes its own, as they move)."""
     batch = example.batch()
-    stages = pipeline_models.split(pipeline_models.build(example.model, example.seed), list(example.layers_per_stage))
+    if stages is None:
+        stages = pipeline_models.split(pipeline_models.build(example.model, example.seed), list(example.layers_per_stage))
     if not example.padded:
         return ref.dense_step(stages, batch["inputs"], batch["targets"], pipeline_models.loss_fn(LOSS),
                               example.num_microbatches)

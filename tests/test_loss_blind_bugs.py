@@ -30,6 +30,7 @@ from conformance.test_grad_clipping import ClipExample, judge_clipping, judge_pi
 from conformance.test_grad_clipping import rank_inputs as clip_inputs
 from conformance.test_pipeline_parallel import LOSS as PIPELINE_LOSS
 from conformance.test_pipeline_parallel import Example as PipelineExample
+from conformance.test_pipeline_parallel import dense as pipeline_dense
 from conformance.test_pipeline_parallel import judge_step
 from conformance.test_tied_weights import TIED_ONCE
 from conformance.test_token_loss import PROGRAMS as TOKEN_PROGRAMS
@@ -89,14 +90,7 @@ def pipeline_stages(example: PipelineExample) -> list[nn.Module]:
 
 
 def pipeline_dense_step(example: PipelineExample, stages: list[nn.Module]) -> ref_pipeline.Dense:
-    batch = example.batch()
-    if not example.padded:
-        return ref_pipeline.dense_step(stages, batch["inputs"], batch["targets"], pipeline_models.loss_fn(PIPELINE_LOSS),
-                                       example.num_microbatches)
-    count = pipeline_models.valid_rows(batch["targets"])
-    return ref_pipeline.dense_step(stages, batch["inputs"], batch["targets"],
-                                   lambda output, target: pipeline_models.masked_squared_error(output, target) / count,
-                                   example.num_microbatches, scale_grads=False)
+    return pipeline_dense(example, stages)
 
 
 # (mutant, what it is run as, the example): the bugs of issue 31 parts 1 and 2
