@@ -38,7 +38,7 @@ import reference.pipeline_parallel as ref
 import reference.pipeline_schedules as sched
 import reference.tensor_parallel as tp_ref
 from conformance.examples import Layout
-from conformance.test_pipeline_parallel import without_warm_up_forwards
+from conformance.executed_schedule import peak_live, without_warm_up_forwards
 from conformance.verdict import Judge
 from harness.rank import pipeline_models
 from reference.mesh import Mesh
@@ -116,14 +116,6 @@ def shard(name: str, full: torch.Tensor, tp: int, t: int) -> torch.Tensor:
     if fc == "fc1":
         return tp_ref.chunk(full, 0, tp, t)
     return tp_ref.chunk(full, 1, tp, t) if kind == "weight" else full
-
-
-def peak_live(executed: list[str]) -> int:
-    live = peak = 0
-    for action in executed:
-        live += 1 if action.startswith("F") else -1
-        peak = max(peak, live)
-    return peak
 
 
 @given(data=st.data())

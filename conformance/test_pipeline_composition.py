@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 import reference.pipeline_parallel as ref
 import reference.pipeline_schedules as sched
 from conformance.examples import Layout
-from conformance.test_pipeline_parallel import without_warm_up_forwards
+from conformance.executed_schedule import peak_live, without_warm_up_forwards
 from conformance.verdict import Judge
 from harness.rank import pipeline_models
 from reference import mesh
@@ -116,13 +116,9 @@ def test_data_parallel_pipelines_match_the_dense_model_on_the_global_batch(data,
         elif got["loss"] is not None:
             judge.fail(f"rank {rank} (stage {s} of replica {d}) returned a loss; only a pipeline's last stage does")
         executed = without_warm_up_forwards(got.get("executed") or [], m)
-        live = peak = 0
-        for action in executed:
-            live += 1 if action.startswith("F") else -1
-            peak = max(peak, live)
         allowed = sched.theory_peak_live(example.kind, pp, m, 1, s)
-        if not executed or peak > allowed:
-            judge.fail(f"rank {rank} (stage {s} of replica {d}) held {peak} microbatch activations at once, more than "
+        if not executed or peak_live(executed) > allowed:
+            judge.fail(f"rank {rank} (stage {s} of replica {d}) held {peak_live(executed)} microbatch activations at once, more than "
                        f"{example.kind} allows ({allowed}), or ran nothing: the schedule run on its pipeline group is "
                        f"not the one asked for; its order: {' '.join(executed)}")
     judge_stage_gradients(judge, outputs, whole, pp, dp, replicas, "after the average over")
