@@ -9,20 +9,23 @@ members' tokens are shards of one sequence (tensor parallelism's sequence-parall
 router's gradient is all-reduced over the group, whole on every member.
 
 Every rank keeps the router (replicated) and E/n experts, the r-th contiguous block; it routes its
-own tokens, p = softmax(x W_r^T), e = argmax p (the first maximum), and
+own tokens, p = softmax(x W_r^T), its k experts the k largest p (top-1: the first maximum), one
+row per (token, choice), and
 
-1. sorts them by expert, so the tokens for each rank, and within a rank for each of its experts,
+1. sorts the rows by expert, so the rows for each rank, and within a rank for each of its experts,
    are contiguous;
 2. all-to-all of the per-expert token counts (E/n per destination, equal splits), so each rank
    knows how many tokens it receives from each source for each of its experts;
 3. all-to-all of the tokens with unequal splits (the lecture's all-to-all for MoE routing);
 4. runs each local expert on the tokens it received for it;
-5. all-to-all back with the splits transposed, un-sorts, and scales each result by its gate p_e.
+5. all-to-all back with the splits transposed, un-sorts, scales each row by its gate p_e and sums
+   each token's k rows.
 
 Backward runs the two token all-to-alls in reverse with their splits transposed (an autograd
 Function), so each expert's parameter gradient sums over every token routed to it from every rank,
-and each token's input gradient comes home. The router's gradient covers this rank's tokens only:
-it is replicated, like any parameter a data-parallel wrapper would then reduce.
+and each token's input gradient comes home. The router's gradient covers this rank's tokens only
+(it is replicated, like any parameter a data-parallel wrapper would then reduce), except under
+``sequence_parallel``.
 
 Communication goes through :mod:`impls.collectives` (point-to-point based); torch.distributed is
 used for group bookkeeping only.
