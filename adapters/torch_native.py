@@ -5,6 +5,7 @@ capability (``--impl adapters.torch_native``).
 * ``DataParallel``: torch.nn.parallel.DistributedDataParallel (adapters/torch_ddp.py);
 * ``global_token_count``: torch.distributed.all_reduce of the count (adapters/torch_token_loss.py);
 * ``ShardedOptimizer``: torch.distributed.optim.ZeroRedundancyOptimizer (adapters/torch_zero.py);
+* ``save_checkpoint``, ``load_checkpoint``: torch.distributed.checkpoint (adapters/torch_checkpoint.py);
 * ``ExpertParallelMoE``: the bundled routing over torch.distributed.all_to_all_single
   (adapters/torch_moe.py; torch has no MoE layer);
 * ``ColumnParallelLinear``, ``RowParallelLinear``, ``TensorParallelMLP``: DTensor's
@@ -28,6 +29,7 @@ from torch.distributed import (  # noqa: F401 - re-exported: the contract's coll
 
 from adapters.dtensor_block import TensorParallelAttention, TensorParallelSwiGLU  # noqa: F401 - re-exported: the contract's names
 from adapters.dtensor_tp import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP  # noqa: F401 - re-exported: the contract's names
+from adapters.torch_checkpoint import load_checkpoint, save_checkpoint  # noqa: F401 - re-exported: the contract's names
 from adapters.torch_context_parallel import context_parallel_attention  # noqa: F401 - raises: not adapted, why
 from adapters.torch_ddp import DataParallel  # noqa: F401 - re-exported: the contract's names
 from adapters.torch_fsdp import full_parameters, fully_shard  # noqa: F401 - re-exported: the contract's names

@@ -8,6 +8,7 @@ built on them (:mod:`impls.data_parallel`, :mod:`impls.sharded_optimizer`,
 """
 
 from . import collectives
+from .checkpointing import load_checkpoint, save_checkpoint
 from .collectives import *  # noqa: F403 - the eleven, named once: collectives.__all__
 from .context_parallel import context_parallel_attention
 from .data_parallel import BucketedDataParallel, DataParallel, NaiveDataParallel, OverlappedDataParallel
@@ -38,6 +39,9 @@ __all__ = [
     # fully sharded data parallelism
     "fully_shard",
     "full_parameters",
+    # checkpoints that reshard
+    "save_checkpoint",
+    "load_checkpoint",
     # gradient clipping by the global norm
     "clip_grad_norm_",
     # context parallelism

@@ -107,6 +107,20 @@ def full_parameters(module):
     raise NotImplementedError("full_parameters")
 
 
+# ------------------------------------------------------------------------ checkpoints that reshard
+# CONTRACT.md, "Checkpoints that reshard"
+def save_checkpoint(path, model, optimizer):
+    """Every rank: write ``model``'s parameters and buffers and ``optimizer``'s state (fully sharded
+    or ZeRO-1, any world size) under the shared directory ``path``; return once all have written."""
+    raise NotImplementedError("save_checkpoint")
+
+
+def load_checkpoint(path, model, optimizer):
+    """Every rank: load a checkpoint saved under any layout and world size into ``model`` and
+    ``optimizer`` under theirs; raise on every rank for another architecture or a missing file."""
+    raise NotImplementedError("load_checkpoint")
+
+
 # ---------------------------------------------------------- loss normalised by the global token count
 # CONTRACT.md, "Loss normalised by the global token count"
 def global_token_count(local_count, group=None):

@@ -1,0 +1,157 @@
+"""Rank programs for checkpoints that reshard (CONTRACT.md, "Checkpoints that reshard"): ``save``
+trains under one data-parallel layout and saves; ``resume`` loads that checkpoint under another
+layout and world size and trains on. The checkpoint travels as plain data through the driver
+({relative path: bytes}, the union of what the saving world wrote: a shared filesystem), so
+contained worlds, each in a private directory, stay contained, and the suite never reads the format.
+
+A layout is ``fully_sharded`` (``fully_shard`` on the units, then the root; a torch optimizer over
+the pieces) or ``sharded_optimizer`` (the whole model; ``ShardedOptimizer``). Every step: one
+zero_grad, one forward and backward on this rank's slice of the global batch, one optimizer step.
+The state reported is every full parameter and buffer by name."""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import torch
+import torch.distributed as dist
+
+from harness.rank import models
+from harness.rank.context import RankContext, require
+from harness.rank.programs.fully_sharded import sharded_model
+
+LAYOUTS = ("fully_sharded", "sharded_optimizer")
+MAX_CHECKPOINT_BYTES = 64 << 20  # the models are tiny: a checkpoint larger than this is a runaway
+
+
+class _Layout:
+    """A model and its optimizer under one layout, and the full state of the model."""
+
+    def __init__(self, ctx: RankContext, impl, layout: str, model: dict, seed: int, optimizer: dict):
+        if layout not in LAYOUTS:
+            raise ValueError(f"unknown layout {layout!r} (known: {', '.join(LAYOUTS)})")
+        self.layout = layout
+        if layout == "fully_sharded":
+            self.full_parameters = require(impl, "full_parameters")
+            self.net = sharded_model(ctx, impl, model, seed)
+            self.opt = models.build_optimizer(optimizer, self.net.parameters())
+        else:
+            self.net = models.build(model, seed).to(ctx.device)
+            optimizer_class, options = models.optimizer_class(optimizer)
+            self.opt = require(impl, "ShardedOptimizer")(self.net.parameters(), optimizer_class, **options)
+
+    def state(self) -> dict:
+        if self.layout == "fully_sharded":
+            values = {name: t.detach().clone() for name, t in self.full_parameters(self.net).items()}
+            values.update({name: b.detach().clone() for name, b in self.net.named_buffers()})
+            return values
+        return models.state(self.net)
+
+    def train(self, steps: int, inputs, targets) -> list[dict]:
+        states = []
+        for _ in range(steps):
+            self.opt.zero_grad(set_to_none=True)
+            self.net(inputs, targets).backward()
+            self.opt.step()
+            states.append(self.state())
+        return states
+
+
+def _directory(token: str, *parts: str) -> str:
+    """A directory of this task under the rank's temporary directory (the world's private one when
+    contained); ``token`` comes from the driver, so every rank of the world names the same one."""
+    if not token.isalnum():
+        raise ValueError(f"a checkpoint token must be alphanumeric, got {token!r}")
+    return os.path.join(tempfile.gettempdir(), f"conformance-checkpoint-{token}", *parts)
+
+
+def _read_tree(root: str) -> dict[str, bytes]:
+    """{path relative to ``root``: bytes} of every file under it."""
+    files, total = {}, 0
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(folder, name)
+            if os.path.islink(path) or not os.path.isfile(path):
+                raise ValueError(f"the checkpoint holds {os.path.relpath(path, root)!r}, which is not a plain file")
+            with open(path, "rb") as file:
+                files[os.path.relpath(path, root)] = file.read()
+            total += len(files[os.path.relpath(path, root)])
+            if total > MAX_CHECKPOINT_BYTES:
+                raise ValueError(f"the checkpoint is over {MAX_CHECKPOINT_BYTES} bytes")
+    return files
+
+
+def _write_tree(root: str, files: dict[str, bytes]) -> str:
+    for relative, data in files.items():
+        path = os.path.join(root, relative)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as file:
+            file.write(data)
+    os.makedirs(root, exist_ok=True)
+    return root
+
+
+def save(ctx: RankContext, impl, layout: str, model: dict, seed: int, optimizer: dict, steps: int, batch: dict,
+         token: str, group=None) -> dict:
+    """Train ``steps`` steps under ``layout``, then ``save_checkpoint``. Every rank reports its state
+    after the steps; rank 0 also the files every rank wrote, read once all have returned."""
+    if group is not None:
+        raise ValueError("checkpoints are tested on the whole world, not a subgroup")
+    save_checkpoint = require(impl, "save_checkpoint")
+    run = _Layout(ctx, impl, layout, model, seed, optimizer)
+    inputs, targets = ctx.to_device(batch["inputs"]), ctx.to_device(batch["targets"])
+    states = run.train(steps, inputs, targets)
+    path = _directory(token, "saved")
+    save_checkpoint(path, run.net, run.opt)
+    dist.barrier()  # the harness's own: every rank's save_checkpoint has returned
+    result = {"state": states[-1]}
+    if ctx.rank == 0:
+        result["files"] = _read_tree(path) if os.path.isdir(path) else {}
+        shutil.rmtree(_directory(token), ignore_errors=True)
+    return ctx.to_cpu(result)
+
+
+def _attempt(ctx: RankContext, impl, layout: str, model: dict, seed: int, optimizer: dict, path: str) -> dict:
+    """Build ``model`` under ``layout`` and load ``path`` into it: {"raised": text} or {"loaded": the
+    full state}. Whether to read the state back (a collective) is agreed by all ranks first, so a
+    rank that raised never leaves the others waiting in full_parameters."""
+    load_checkpoint = require(impl, "load_checkpoint")
+    run = _Layout(ctx, impl, layout, model, seed, optimizer)
+    try:
+        load_checkpoint(path, run.net, run.opt)
+        outcome = {}
+    except (KeyboardInterrupt, GeneratorExit):
+        raise
+    except BaseException as error:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
+        outcome = {"raised": f"{type(error).__name__}: {error}"[:400]}
+    flag = torch.tensor([1 if "raised" in outcome else 0])
+    dist.all_reduce(flag)  # the harness's own agreement, on torch.distributed
+    if int(flag) == 0:
+        outcome["loaded"] = run.state()
+    return outcome
+
+
+def resume(ctx: RankContext, impl, layout: str, model: dict, seed: int, optimizer: dict, steps: int, batch: dict,
+           files: dict[str, bytes], token: str, other_model: dict, dropped: str, group=None) -> dict:
+    """With the saved ``files``: load them into ``other_model`` (another architecture: must raise),
+    then without the file ``dropped`` (must raise or load exactly), each on fresh objects; then load
+    them into ``model`` under ``layout`` (built from ``seed``, not the saved one's) and train
+    ``steps`` steps. Each rank writes its own copy of the files (one shared filesystem, as far as
+    reading goes)."""
+    if group is not None:
+        raise ValueError("checkpoints are tested on the whole world, not a subgroup")
+    root = _directory(token, f"rank{ctx.rank}")
+    try:
+        whole = _write_tree(os.path.join(root, "whole"), files)
+        cut = _write_tree(os.path.join(root, "cut"), {k: v for k, v in files.items() if k != dropped})
+        result = {"other_architecture": _attempt(ctx, impl, layout, other_model, seed, optimizer, whole),
+                  "missing_file": _attempt(ctx, impl, layout, model, seed, optimizer, cut)}
+        run = _Layout(ctx, impl, layout, model, seed, optimizer)
+        require(impl, "load_checkpoint")(whole, run.net, run.opt)
+        result["loaded"] = run.state()
+        inputs, targets = ctx.to_device(batch["inputs"]), ctx.to_device(batch["targets"])
+        result["states"] = run.train(steps, inputs, targets)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return ctx.to_cpu(result)

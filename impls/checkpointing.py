@@ -1,0 +1,244 @@
+"""Checkpoints that reshard: ``save_checkpoint(path, model, optimizer)`` and
+``load_checkpoint(path, model, optimizer)`` for the two data-parallel layouts of the contract, fully
+sharded (:mod:`impls.fully_sharded`) and ZeRO-1 (:mod:`impls.sharded_optimizer`), at any world size.
+
+The format does not depend on the layout that wrote it, as in torch.distributed.checkpoint (DCP):
+every tensor (parameter, buffer, optimizer state) is its flattened full tensor, and a rank writes
+the pieces it holds as (offset, values), so the pieces of one tensor cover [0, numel) once. A rank
+holding a fully sharded parameter writes its piece (offset rank * ceil(numel / n), the padding
+left out); a replicated tensor is written once, each rank its own contiguous n-th of it; ZeRO-1's
+optimizer state is written whole by its owner. Files: ``rank<r>.pt`` per rank (torch.save of
+plain data, read back with weights_only) and ``metadata.json`` from rank 0 (the world size, the
+rank files, every parameter's and buffer's shape and dtype).
+
+Loading is layout-free in the same way: every rank reads the metadata, refuses a model whose
+tensors differ from it by name or shape, reads every rank file, puts each piece at its offset and
+refuses unless every element of every tensor came from exactly one piece (a missing or cut file is
+named, never read as zeros), then keeps what its own layout holds. Every rank reads the same files
+and so refuses alike, before any collective. (DCP reads only the pieces that overlap what a rank
+needs; reading all is simpler and fine at the sizes of a conformance test.)
+
+Optimizer state is keyed by parameter name, never by position: positions differ between a fully
+sharded optimizer and ZeRO-1's owners, and between world sizes (databricks/flashoptim#3: optimizer
+state loaded into the wrong parameters after a save/load). A parameter saved without state gets
+none, so its first step starts it as one process would.
+
+Never imports reference/.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from . import collectives
+from .fully_sharded import _STATE
+from .sharded_optimizer import ShardedOptimizer
+
+METADATA = "metadata.json"
+FORMAT = 1
+
+
+class _Held:
+    """What this rank holds of one named tensor: the local tensor (a parameter, a fully sharded
+    piece, a buffer), the full shape, and which elements of the flattened full tensor it writes
+    (offset, length) and keeps (``piece``: local element i is full element offset + i)."""
+
+    def __init__(self, local: torch.Tensor, shape: torch.Size, offset: int, length: int, piece: bool):
+        self.local, self.shape, self.offset, self.length, self.piece = local, shape, offset, length, piece
+
+    @property
+    def numel(self) -> int:
+        return self.shape.numel()
+
+
+def _chunk(numel: int, n: int, rank: int) -> tuple[int, int]:
+    """Rank ``rank``'s contiguous n-th of ``numel`` elements: (offset, length)."""
+    size = -(-numel // n)
+    offset = min(rank * size, numel)
+    return offset, min(size, numel - offset)
+
+
+def _held(model: nn.Module) -> dict[str, _Held]:
+    """{name: what this rank holds} for every parameter (a tied one once) and buffer of ``model``."""
+    pieces = {}
+    for module in model.modules():
+        unit = getattr(module, _STATE, None)
+        if unit is not None:
+            for piece, (_, shape, _) in zip(unit.pieces(), unit.sharded):
+                pieces[id(piece)] = (unit, shape)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    held = {}
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if id(tensor) in pieces:
+            unit, shape = pieces[id(tensor)]
+            offset = unit.rank * tensor.numel()
+            held[name] = _Held(tensor, shape, offset, max(0, min(tensor.numel(), shape.numel() - offset)), piece=True)
+        else:
+            offset, length = _chunk(tensor.numel(), world, rank)
+            held[name] = _Held(tensor, tensor.shape, offset, length, piece=False)
+    return held
+
+
+def _optimizer_state(optimizer) -> tuple[dict, bool]:
+    """(the torch optimizer's state, keyed by parameter object; whether each entry is whole, as
+    ZeRO-1's owner holds it) of the contract's optimizers."""
+    if isinstance(optimizer, ShardedOptimizer):
+        return optimizer.optim.state, True
+    return optimizer.state, False
+
+
+def _flat(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().reshape(-1)
+
+
+@torch.no_grad()
+def save_checkpoint(path: str, model: nn.Module, optimizer) -> None:
+    """Write this rank's pieces of ``model``'s parameters and buffers and of ``optimizer``'s state
+    under ``path``; rank 0 also writes the metadata. Returns once every rank has written."""
+    held = _held(model)
+    states, whole = _optimizer_state(optimizer)
+    pieces, scalars = [], []  # (name, state key or None, offset, values); (name, key, value)
+    for name, h in held.items():
+        start = 0 if h.piece else h.offset  # where this rank's elements begin in the local tensor
+        pieces.append((name, None, h.offset, _flat(h.local)[start:start + h.length].clone()))
+        for key, value in states.get(h.local, {}).items():
+            if torch.is_tensor(value) and value.shape == h.local.shape and value.dim() > 0:
+                if whole:
+                    pieces.append((name, key, 0, _flat(value).clone()))
+                else:
+                    pieces.append((name, key, h.offset, _flat(value)[start:start + h.length].clone()))
+            else:  # a step counter: the same on every rank that holds the parameter
+                scalars.append((name, key, value.detach().clone() if torch.is_tensor(value) else value))
+    os.makedirs(path, exist_ok=True)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.save({"format": FORMAT, "pieces": pieces, "scalars": scalars}, os.path.join(path, f"rank{rank}.pt"))
+    if rank == 0:
+        tensors = {name: {"shape": list(h.shape), "dtype": str(h.local.dtype).removeprefix("torch.")}
+                   for name, h in held.items()}
+        with open(os.path.join(path, METADATA), "w") as file:
+            json.dump({"format": FORMAT, "world_size": world, "files": [f"rank{r}.pt" for r in range(world)],
+                       "tensors": tensors}, file)
+    collectives.all_reduce(torch.zeros(1), group=None)  # a barrier: the checkpoint is whole when any rank returns
+
+
+def _read(path: str, name: str, what: str):
+    file = os.path.join(path, name)
+    if not os.path.exists(file):
+        raise FileNotFoundError(f"checkpoint {path!r} has no {name} ({what})")
+    try:
+        if name == METADATA:
+            with open(file) as handle:
+                return json.load(handle)
+        return torch.load(file, weights_only=True)
+    except Exception as error:
+        raise ValueError(f"checkpoint {path!r}: {name} ({what}) cannot be read: {error}") from error
+
+
+def _check_architecture(metadata: dict, held: dict[str, _Held], path: str) -> None:
+    saved = {name: tuple(entry["shape"]) for name, entry in metadata["tensors"].items()}
+    here = {name: tuple(h.shape) for name, h in held.items()}
+    problems = [f"{name} is not in the model" for name in saved if name not in here]
+    problems += [f"the model's {name} is not in the checkpoint" for name in here if name not in saved]
+    problems += [f"{name} was saved as {list(saved[name])}, the model's is {list(here[name])}"
+                 for name in saved if name in here and saved[name] != here[name]]
+    if problems:
+        raise ValueError(f"checkpoint {path!r} is of another architecture: " + "; ".join(problems))
+
+
+def _assemble(pieces: list, shapes: dict[tuple, torch.Size], dtypes: dict[tuple, torch.dtype], path: str):
+    """({(name, key): the full flat tensor}, {(name, key): how many pieces wrote each element}) from
+    ``pieces``."""
+    full, covered = {}, {}
+    for name, key, offset, values in pieces:
+        which = (name, key)
+        if values.numel() == 0:  # a rank whose piece is all padding
+            continue
+        if which not in shapes:
+            raise ValueError(f"checkpoint {path!r} holds state {key!r} of {name}, which the model does not have")
+        numel = shapes[which].numel()
+        if which not in full:
+            full[which] = torch.zeros(numel, dtype=dtypes.get(which, values.dtype))
+            covered[which] = torch.zeros(numel, dtype=torch.int32)
+        if offset < 0 or offset + values.numel() > numel:
+            raise ValueError(f"checkpoint {path!r}: a piece of {name} {key or ''} at [{offset}, "
+                             f"{offset + values.numel()}) lies outside its {numel} elements")
+        full[which][offset:offset + values.numel()] = values
+        covered[which][offset:offset + values.numel()] += 1
+    return full, covered
+
+
+def _check_whole(covered: dict, shapes: dict, path: str) -> None:
+    """Refuse unless every element of every parameter, buffer and saved state tensor came from
+    exactly one piece: a missing or cut file is named, never read as zeros."""
+    absent = [name for name, key in shapes if key is None and (name, key) not in covered and shapes[(name, key)].numel()]
+    if absent:
+        raise ValueError(f"checkpoint {path!r} has no element of {', '.join(absent)}: a file is missing or cut")
+    for which, count in covered.items():
+        if not bool((count == 1).all()):
+            missing = int((count == 0).sum())
+            raise ValueError(f"checkpoint {path!r}: {missing} elements of {which[0]} {which[1] or ''} are in no file"
+                             + (" and some in two" if bool((count > 1).any()) else "") + ": a file is missing or cut")
+
+
+@torch.no_grad()
+def load_checkpoint(path: str, model: nn.Module, optimizer) -> None:
+    """Load what ``save_checkpoint`` wrote, from any layout and world size, into ``model`` and
+    ``optimizer`` under theirs. Raises (on every rank alike) on another architecture or a checkpoint
+    that is not whole; the model and optimizer are changed only after every check has passed."""
+    held = _held(model)
+    metadata = _read(path, METADATA, "the metadata rank 0 writes")
+    if metadata.get("format") != FORMAT:
+        raise ValueError(f"checkpoint {path!r} is in format {metadata.get('format')!r}, not {FORMAT}")
+    _check_architecture(metadata, held, path)
+    contents = [_read(path, name, "one rank's pieces") for name in metadata["files"]]
+    states, whole = _optimizer_state(optimizer)
+    shapes = {(name, None): h.shape for name, h in held.items()}
+    dtypes = {(name, None): h.local.dtype for name, h in held.items()}
+    for content in contents:
+        for name, key, _, values in content["pieces"]:
+            if key is not None and name in held:
+                shapes[(name, key)], dtypes[(name, key)] = held[name].shape, values.dtype
+    full, covered = _assemble([p for content in contents for p in content["pieces"]], shapes, dtypes, path)
+    _check_whole(covered, shapes, path)
+    counters = {(name, key): value for content in contents for name, key, value in content["scalars"]}
+    saved: dict[str, dict] = {}  # {parameter name: {state key: full flat tensor or counter}}, in saved order
+    for (name, key), value in [*((k, v) for k, v in full.items() if k[1] is not None), *counters.items()]:
+        saved.setdefault(name, {})[key] = value
+    for name, h in held.items():
+        if (name, None) in full:  # (an empty tensor has no piece)
+            _keep(h, full[(name, None)], h.local)
+    mine = [name for name, h in held.items()
+            if id(h.local) in {id(p) for group in (optimizer.optim if whole else optimizer).param_groups
+                               for p in group["params"]}]
+    _restore_state(states, {name: held[name] for name in mine}, saved, whole)
+
+
+def _restore_state(states: dict, held: dict[str, _Held], saved: dict[str, dict], whole: bool) -> None:
+    """Give each parameter this rank's optimizer steps (``held``) its saved state, by name; one
+    saved without state (or another rank's, under ZeRO-1) gets none."""
+    for name, h in held.items():
+        if name not in saved:
+            continue
+        state = {}
+        for key, value in saved[name].items():
+            if torch.is_tensor(value) and value.dim() == 1 and value.numel() == h.numel:  # shaped like the parameter
+                state[key] = torch.zeros_like(h.local)
+                if whole:
+                    state[key].copy_(value.view(h.shape))
+                else:
+                    _keep(h, value, state[key])
+            else:  # a step counter
+                state[key] = value.clone() if torch.is_tensor(value) else value
+        states[h.local] = state
+
+
+def _keep(h: _Held, full: torch.Tensor, into: torch.Tensor) -> None:
+    """Copy into ``into`` (shaped like the local tensor) what this rank's layout keeps of ``full``."""
+    if h.piece:
+        into.reshape(-1)[:h.length].copy_(full[h.offset:h.offset + h.length])
+    else:
+        into.copy_(full.view(h.shape))
