@@ -30,34 +30,80 @@ import math
 import secrets
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 import reference.data_parallel as ref
-from conformance.examples import Layout, model_specs, optimizer_specs
+from conformance.examples import MODEL_DTYPES, Layout, model_specs, optimizer_specs
 from conformance.verdict import Judge, check_names
 from harness.rank import models
 
-LAYOUTS = ("fully_sharded", "sharded_optimizer")
+DATA_PARALLEL = ("fully_sharded", "sharded_optimizer")
+TENSOR_PARALLEL = "tensor_parallel"
+# the gelu_mlp model under tensor parallelism: the dimension each shard was cut along (the column
+# layer's weight and bias rows, the row layer's weight columns); its other tensors are whole
+TP_CUTS = {"mlp.fc1.weight": 0, "mlp.fc1.bias": 0, "mlp.fc2.weight": 1}
 
 
 @st.composite
-def reshard_examples(draw, max_world_size: int) -> dict:
+def reshard_examples(draw, max_world_size: int, tensor_parallel: bool = False) -> dict:
+    """Two layouts and world sizes; with ``tensor_parallel`` one of them (drawn) is tensor parallel
+    and the model is ``gelu_mlp`` with a hidden width every tensor-parallel world divides."""
     top = max(1, min(4, max_world_size))
-    example = {"layout_a": draw(st.sampled_from(LAYOUTS), label="layout A"),
-               "n_a": draw(st.integers(1, top), label="world A"),
-               "layout_b": draw(st.sampled_from(LAYOUTS), label="layout B"),
-               "n_b": draw(st.integers(1, top), label="world B"),
-               "model": draw(model_specs, label="model"), "optimizer": draw(optimizer_specs, label="optimizer"),
+    layout_a = draw(st.sampled_from(DATA_PARALLEL), label="layout A")
+    layout_b = draw(st.sampled_from(DATA_PARALLEL), label="layout B")
+    if tensor_parallel:
+        other = draw(st.sampled_from((*DATA_PARALLEL, TENSOR_PARALLEL)), label="the other layout")
+        layout_a, layout_b = draw(st.sampled_from([(TENSOR_PARALLEL, other), (other, TENSOR_PARALLEL)]),
+                                  label="which is tensor parallel")
+    example = {"layout_a": layout_a, "n_a": draw(st.integers(1, top), label="world A"),
+               "layout_b": layout_b, "n_b": draw(st.integers(1, top), label="world B"),
+               "optimizer": draw(optimizer_specs, label="optimizer"),
                "steps_a": draw(st.integers(1, 3), label="steps before the save"),
                "steps_b": draw(st.integers(1, 2), label="steps after the load"),
                "seed": draw(st.integers(0, 2**16), label="seed"), "data_seed": draw(st.integers(0, 2**16))}
+    if tensor_parallel:
+        cut = math.lcm(*(n for layout, n in [(layout_a, example["n_a"]), (layout_b, example["n_b"])]
+                         if layout == TENSOR_PARALLEL))
+        example["model"] = {"kind": "gelu_mlp", "width": draw(st.integers(1, 5), label="width"),
+                            "hidden": cut * draw(st.integers(1, 3), label="hidden / tensor-parallel sizes"),
+                            "dtype": draw(MODEL_DTYPES, label="dtype")}
+    else:
+        example["model"] = draw(model_specs, label="model")
     example["batch"] = math.lcm(example["n_a"], example["n_b"]) * draw(st.integers(1, 2), label="samples per lcm")
     model = example["model"]
     if model["kind"] == "tied_lm" and draw(st.booleans(), label="other architecture: aux replaced"):
         # aux.weight against aux.scale and aux.linear.weight: names absent on one side, extra on the other
         example["other_model"] = dict(model, skips_in_unit=not model["skips_in_unit"])
         example["other"] = "the module aux replaced by one with other parameters"
+    elif model["kind"] == "gelu_mlp":  # the hidden width stays one every tensor-parallel world divides
+        example["other_model"], example["other"] = dict(model, width=model["width"] + 1), "width + 1"
+    else:
+        example["other_model"], example["other"] = dict(model, hidden=model["hidden"] + 1), "hidden + 1"
+    return example
+
+
+# Fixed examples of the layout changes issue 32 names, which 25 drawn examples need not reach:
+# FSDP on 4 ranks resumed on 2, ZeRO-1 on 2 resumed on 3, tensor parallelism on 2 resumed fully sharded on 2.
+NAMED = {
+    "fsdp_4_to_2": dict(layout_a="fully_sharded", n_a=4, layout_b="fully_sharded", n_b=2, batch=4,
+                        model={"kind": "tied_lm", "vocab": 7, "width": 3, "hidden": 5, "context": 2, "dtype": "float64",
+                               "skips_first": True, "skips_in_unit": False}),
+    "zero1_2_to_3": dict(layout_a="sharded_optimizer", n_a=2, layout_b="sharded_optimizer", n_b=3, batch=6,
+                         model={"kind": "tied_lm", "vocab": 5, "width": 4, "hidden": 3, "context": 2,
+                                "dtype": "float64", "skips_first": False, "skips_in_unit": True}),
+    "tp_2_to_fsdp_2": dict(layout_a=TENSOR_PARALLEL, n_a=2, layout_b="fully_sharded", n_b=2, batch=2,
+                           model={"kind": "gelu_mlp", "width": 3, "hidden": 4, "dtype": "float64"}),
+}
+ADAMW = {"name": "adamw", "lr": 1e-2, "betas": [0.9, 0.999], "eps": 1e-3, "weight_decay": 0.01}
+
+
+def named_example(name: str) -> dict:
+    example = dict(NAMED[name], optimizer=ADAMW, steps_a=2, steps_b=2, seed=11, data_seed=12)
+    model = example["model"]
+    if model["kind"] == "gelu_mlp":
+        example["other_model"], example["other"] = dict(model, width=model["width"] + 1), "width + 1"
     else:
         example["other_model"], example["other"] = dict(model, hidden=model["hidden"] + 1), "hidden + 1"
     return example
@@ -74,6 +120,65 @@ def describe(example: dict) -> str:
 @given(data=st.data())
 def test_a_checkpoint_resumes_under_another_layout_and_world_size(data, ranks, target, request):
     example = data.draw(reshard_examples(target.max_world_size), label="example")
+    judge_resume(example, drawn(data), ranks, target, request)
+
+
+@pytest.mark.capability("checkpoint_tp")
+@given(data=st.data())
+def test_a_tensor_parallel_checkpoint_resumes_under_another_layout(data, ranks, target, request):
+    example = data.draw(reshard_examples(target.max_world_size, tensor_parallel=True), label="example")
+    judge_resume(example, drawn(data), ranks, target, request)
+
+
+@pytest.mark.parametrize("name", ["fsdp_4_to_2", "zero1_2_to_3"])
+@pytest.mark.capability("checkpoint_reshard")
+def test_the_named_data_parallel_reshards(name, ranks, target, request):
+    judge_resume(named_example(name), last_file, ranks, target, request)
+
+
+@pytest.mark.capability("checkpoint_tp")
+def test_tensor_parallel_on_2_resumes_fully_sharded_on_2(ranks, target, request):
+    judge_resume(named_example("tp_2_to_fsdp_2"), last_file, ranks, target, request)
+
+
+def drawn(data):
+    """Which saved file the missing-file check leaves out: drawn."""
+    return lambda files: data.draw(st.sampled_from(files), label="the file left out")
+
+
+def last_file(files: list[str]) -> str:
+    """The last name in order: one rank's data, not the metadata, for both bundled and DCP's names."""
+    return files[-1]
+
+
+def batch_parts(batch: dict, layout: str, n: int) -> list[dict]:
+    """What each rank trains on: its slice (data parallel), the whole batch (one tensor-parallel replica)."""
+    return [batch] * n if layout == TENSOR_PARALLEL else ref.split_batch(batch, n)
+
+
+def full_states(judge: Judge, per_rank: list[dict], layout: str, who: str) -> dict[str, dict]:
+    """{whose: full state}: each rank's own under data parallelism; under tensor parallelism one, put
+    together in the driver from the ranks' local tensors (the whole ones bitwise alike on every rank)."""
+    if layout != TENSOR_PARALLEL:
+        return {f"{who}'s rank {r}": state for r, state in enumerate(per_rank)}
+    for r, state in enumerate(per_rank):
+        if not isinstance(state, dict) or set(state) != set(per_rank[0]):
+            judge.fail(f"{who}'s rank {r} reports tensors {sorted(state) if isinstance(state, dict) else state!r}, "
+                       f"rank 0 {sorted(per_rank[0])}")
+    full = {}
+    for name in per_rank[0]:
+        if name in TP_CUTS:
+            full[name] = torch.cat([state[name] for state in per_rank], dim=TP_CUTS[name])
+        else:
+            judge.bitwise_identical({r: state[name] for r, state in enumerate(per_rank)},
+                                    what=f"{who}: '{name}', whole on every tensor-parallel rank")
+            full[name] = per_rank[0][name]
+    return {f"{who} (its tensor-parallel shards put together)": full}
+
+
+def judge_resume(example: dict, leave_out, ranks, target, request) -> None:
+    if max(example["n_a"], example["n_b"]) > target.max_world_size:
+        pytest.skip(f"needs {max(example['n_a'], example['n_b'])} ranks; --max-world-size is {target.max_world_size}")
     judge = Judge(describe(example), target.reproduce(request.node.nodeid))
     n_a, n_b, k = example["n_a"], example["n_b"], example["steps_a"]
     batch = models.make_batch(example["model"], example["batch"], example["data_seed"])
@@ -81,33 +186,35 @@ def test_a_checkpoint_resumes_under_another_layout_and_world_size(data, ranks, t
     token = secrets.token_hex(8)
     saved = judge.run(ranks, Layout(n_a), "checkpointing:save", [
         {**common, "layout": example["layout_a"], "seed": example["seed"], "steps": k, "batch": part,
-         "token": token} for part in ref.split_batch(batch, n_a)])
+         "token": token} for part in batch_parts(batch, example["layout_a"], n_a)])
     expected = ref.train(models.build(example["model"], example["seed"]), example["optimizer"], batch,
                          k + example["steps_b"])
     exact = exact_names(example["model"])
-    for r in range(n_a):
-        check_state(judge, saved[r]["state"], expected, k, exact, f"world A's rank {r} after {k} steps, when it saved")
+    saved_states = full_states(judge, [saved[r]["state"] for r in range(n_a)], example["layout_a"], "world A")
+    for who, state in saved_states.items():
+        check_state(judge, state, expected, k, exact, f"{who} after {k} steps, when it saved")
     files = saved[0].get("files")
     if not isinstance(files, dict) or not files:
         judge.fail(f"save_checkpoint wrote no file under the directory it was given ({files!r})")
-    dropped = data.draw(st.sampled_from(sorted(files)), label="the file left out")
+    dropped = leave_out(sorted(files))
     resumed = judge.run(ranks, Layout(n_b), "checkpointing:resume", [
         {**common, "layout": example["layout_b"], "seed": example["seed"] + 1, "steps": example["steps_b"],
          "batch": part, "files": files, "token": secrets.token_hex(8), "other_model": example["other_model"],
-         "dropped": dropped} for part in ref.split_batch(batch, n_b)])
-    want = saved[0]["state"]
+         "dropped": dropped} for part in batch_parts(batch, example["layout_b"], n_b)])
+    want = next(iter(saved_states.values()))
     check_refused(judge, [resumed[r]["other_architecture"] for r in range(n_b)],
                   f"loading into another architecture ({example['other']})")
-    check_missing_file(judge, [resumed[r]["missing_file"] for r in range(n_b)], want, dropped)
-    for r in range(n_b):
-        got = resumed[r]
-        check_names(judge, got["loaded"], want, f"world B's rank {r} after load_checkpoint: parameters and buffers")
+    check_missing_file(judge, [resumed[r]["missing_file"] for r in range(n_b)], want, dropped, example["layout_b"])
+    loaded = full_states(judge, [resumed[r]["loaded"] for r in range(n_b)], example["layout_b"], "world B")
+    for who, state in loaded.items():
+        check_names(judge, state, want, f"{who} after load_checkpoint: parameters and buffers")
         for name, value in want.items():
-            judge.tensor(got["loaded"][name], value, what=f"world B's rank {r} '{name}' after load_checkpoint "
-                         "(bitwise what world A saved)")
-        for s, state in enumerate(got["states"]):
+            judge.tensor(state[name], value, what=f"{who}: '{name}' after load_checkpoint (bitwise what world A saved)")
+    for s in range(example["steps_b"]):
+        states = full_states(judge, [resumed[r]["states"][s] for r in range(n_b)], example["layout_b"], "world B")
+        for who, state in states.items():
             check_state(judge, state, expected, k + s + 1, exact,
-                        f"world B's rank {r} after its step {s + 1} (step {k + s + 1} of one process that never stopped)")
+                        f"{who} after its step {s + 1} (step {k + s + 1} of one process that never stopped)")
 
 
 def exact_names(model: dict) -> set[str]:
@@ -132,7 +239,7 @@ def check_refused(judge: Judge, outcomes: list[dict], what: str) -> None:
                    f"be refused on every rank)" + (f"; the others raised {raised}" if raised else ""))
 
 
-def check_missing_file(judge: Judge, outcomes: list[dict], want: dict, dropped: str) -> None:
+def check_missing_file(judge: Judge, outcomes: list[dict], want: dict, dropped: str, layout: str) -> None:
     """All ranks raised, or all loaded exactly what was saved."""
     raised = [r for r, outcome in enumerate(outcomes) if "raised" in outcome]
     if raised and len(raised) != len(outcomes):
@@ -140,9 +247,8 @@ def check_missing_file(judge: Judge, outcomes: list[dict], want: dict, dropped: 
                    "come from every rank")
     if raised:
         return
-    for r, outcome in enumerate(outcomes):
-        got = outcome["loaded"]
-        check_names(judge, got, want, f"rank {r} after loading the checkpoint without {dropped!r}")
+    for who, got in full_states(judge, [outcome["loaded"] for outcome in outcomes], layout, "world B").items():
+        check_names(judge, got, want, f"{who} after loading the checkpoint without {dropped!r}")
         for name, value in want.items():
-            judge.tensor(got[name], value, what=f"rank {r} '{name}' loaded from the checkpoint without the file "
+            judge.tensor(got[name], value, what=f"{who}: '{name}' loaded from the checkpoint without the file "
                          f"{dropped!r} (it must be refused, or load exactly what was saved)")

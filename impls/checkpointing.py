@@ -1,15 +1,17 @@
 """Checkpoints that reshard: ``save_checkpoint(path, model, optimizer)`` and
-``load_checkpoint(path, model, optimizer)`` for the two data-parallel layouts of the contract, fully
-sharded (:mod:`impls.fully_sharded`) and ZeRO-1 (:mod:`impls.sharded_optimizer`), at any world size.
+``load_checkpoint(path, model, optimizer)`` for the layouts of the contract, fully sharded
+(:mod:`impls.fully_sharded`), ZeRO-1 (:mod:`impls.sharded_optimizer`) and tensor parallel
+(:mod:`impls.tensor_parallel`), at any world size.
 
 The format does not depend on the layout that wrote it, as in torch.distributed.checkpoint (DCP):
-every tensor (parameter, buffer, optimizer state) is its flattened full tensor, and a rank writes
-the pieces it holds as (offset, values), so the pieces of one tensor cover [0, numel) once. A rank
-holding a fully sharded parameter writes its piece (offset rank * ceil(numel / n), the padding
-left out); a replicated tensor is written once, each rank its own contiguous n-th of it; ZeRO-1's
-optimizer state is written whole by its owner. Files: ``rank<r>.pt`` per rank (torch.save of
-plain data, read back with weights_only) and ``metadata.json`` from rank 0 (the world size, the
-rank files, every parameter's and buffer's shape and dtype).
+every tensor (parameter, buffer, optimizer state) is its full tensor, and a rank writes the pieces
+it holds with where they go, so the pieces of one tensor cover it once. A fully sharded parameter's
+piece is a range of the flattened tensor (offset rank * ceil(numel / n), the padding left out); a
+tensor-parallel shard is a block at its offset along the dimension it was cut (DCP's chunk); a
+replicated tensor is written once, each rank its own contiguous n-th of it flattened; ZeRO-1's
+optimizer state is written whole by its owner. Files: ``rank<r>.pt`` per rank (torch.save of plain
+data, read back with weights_only) and ``metadata.json`` from rank 0 (the world size, the rank
+files, every parameter's and buffer's shape and dtype).
 
 Loading is layout-free in the same way: every rank reads the metadata, refuses a model whose
 tensors differ from it by name or shape, reads every rank file, puts each piece at its offset and
@@ -37,22 +39,45 @@ from torch import nn
 from . import collectives
 from .fully_sharded import _STATE
 from .sharded_optimizer import ShardedOptimizer
+from .tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
 METADATA = "metadata.json"
-FORMAT = 1
+FORMAT = 2
 
 
 class _Held:
-    """What this rank holds of one named tensor: the local tensor (a parameter, a fully sharded
-    piece, a buffer), the full shape, and which elements of the flattened full tensor it writes
-    (offset, length) and keeps (``piece``: local element i is full element offset + i)."""
+    """What this rank holds of one named tensor (a parameter or a buffer) of full shape ``shape``,
+    and so what it writes of it (and of optimizer state shaped like it) and what it keeps on load:
 
-    def __init__(self, local: torch.Tensor, shape: torch.Size, offset: int, length: int, piece: bool):
-        self.local, self.shape, self.offset, self.length, self.piece = local, shape, offset, length, piece
+    * ``flat_piece`` (fully sharded): local element i is element ``offset`` + i of the flattened full
+      tensor, for i < ``length`` (the rest is padding);
+    * ``block`` (tensor parallel): the local tensor is ``full.narrow(dim, offset, length)``;
+    * ``replicated``: the whole tensor; this rank writes elements [offset, offset + length) of it
+      flattened, its contiguous share, so that the world writes it once."""
+
+    def __init__(self, local: torch.Tensor, shape: torch.Size, kind: str, offset: int, length: int, dim=None):
+        self.local, self.shape, self.kind, self.offset, self.length, self.dim = local, shape, kind, offset, length, dim
 
     @property
     def numel(self) -> int:
         return self.shape.numel()
+
+    def written(self, tensor: torch.Tensor) -> tuple:
+        """(dim, offset, values): what this rank writes of ``tensor`` (shaped like the local tensor)."""
+        tensor = tensor.detach()
+        if self.kind == "block":
+            return self.dim, self.offset, tensor.clone()
+        start = 0 if self.kind == "flat_piece" else self.offset
+        return None, self.offset, tensor.reshape(-1)[start:start + self.length].clone()
+
+    def keep(self, full: torch.Tensor, into: torch.Tensor) -> None:
+        """Copy into ``into`` (shaped like the local tensor) what this rank keeps of ``full``."""
+        if self.kind == "block":
+            into.copy_(full.narrow(self.dim, self.offset, self.length))
+        elif self.kind == "flat_piece":
+            into.reshape(-1)[:self.length].copy_(full.reshape(-1)[self.offset:self.offset + self.length])
+        else:
+            into.copy_(full)
 
 
 def _chunk(numel: int, n: int, rank: int) -> tuple[int, int]:
@@ -62,24 +87,44 @@ def _chunk(numel: int, n: int, rank: int) -> tuple[int, int]:
     return offset, min(size, numel - offset)
 
 
-def _held(model: nn.Module) -> dict[str, _Held]:
-    """{name: what this rank holds} for every parameter (a tied one once) and buffer of ``model``."""
-    pieces = {}
+def _split_tensors(model: nn.Module) -> dict[int, tuple]:
+    """{id(local tensor): (kind, group, full shape, dim)} for the tensors a layout splits: fully
+    sharded pieces and the tensor-parallel layers' shards (column: weight and bias rows; row:
+    weight columns, its bias whole)."""
+    split = {}
     for module in model.modules():
         unit = getattr(module, _STATE, None)
         if unit is not None:
             for piece, (_, shape, _) in zip(unit.pieces(), unit.sharded):
-                pieces[id(piece)] = (unit, shape)
+                split[id(piece)] = ("flat_piece", unit.group, shape, None)
+        dims = {ColumnParallelLinear: {"weight": 0, "bias": 0}, RowParallelLinear: {"weight": 1}}.get(type(module), {})
+        for attribute, dim in dims.items():
+            tensor = getattr(module, attribute, None)
+            if tensor is not None:
+                n = dist.get_world_size(module.group)
+                shape = list(tensor.shape)
+                shape[dim] *= n
+                split[id(tensor)] = ("block", module.group, torch.Size(shape), dim)
+    return split
+
+
+def _held(model: nn.Module) -> dict[str, _Held]:
+    """{name: what this rank holds} for every parameter (a tied one once) and buffer of ``model``."""
+    split = _split_tensors(model)
     world, rank = dist.get_world_size(), dist.get_rank()
     held = {}
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-        if id(tensor) in pieces:
-            unit, shape = pieces[id(tensor)]
-            offset = unit.rank * tensor.numel()
-            held[name] = _Held(tensor, shape, offset, max(0, min(tensor.numel(), shape.numel() - offset)), piece=True)
-        else:
+        if id(tensor) not in split:
             offset, length = _chunk(tensor.numel(), world, rank)
-            held[name] = _Held(tensor, tensor.shape, offset, length, piece=False)
+            held[name] = _Held(tensor, tensor.shape, "replicated", offset, length)
+            continue
+        kind, group, shape, dim = split[id(tensor)]
+        r = dist.get_rank(group)
+        if kind == "block":
+            held[name] = _Held(tensor, shape, kind, r * tensor.shape[dim], tensor.shape[dim], dim)
+        else:
+            offset = r * tensor.numel()
+            held[name] = _Held(tensor, shape, kind, offset, max(0, min(tensor.numel(), shape.numel() - offset)))
     return held
 
 
@@ -91,26 +136,19 @@ def _optimizer_state(optimizer) -> tuple[dict, bool]:
     return optimizer.state, False
 
 
-def _flat(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.detach().reshape(-1)
-
-
 @torch.no_grad()
 def save_checkpoint(path: str, model: nn.Module, optimizer) -> None:
     """Write this rank's pieces of ``model``'s parameters and buffers and of ``optimizer``'s state
     under ``path``; rank 0 also writes the metadata. Returns once every rank has written."""
     held = _held(model)
     states, whole = _optimizer_state(optimizer)
-    pieces, scalars = [], []  # (name, state key or None, offset, values); (name, key, value)
+    pieces, scalars = [], []  # (name, state key or None, dim, offset, values); (name, key, value)
     for name, h in held.items():
-        start = 0 if h.piece else h.offset  # where this rank's elements begin in the local tensor
-        pieces.append((name, None, h.offset, _flat(h.local)[start:start + h.length].clone()))
+        pieces.append((name, None, *h.written(h.local)))
         for key, value in states.get(h.local, {}).items():
             if torch.is_tensor(value) and value.shape == h.local.shape and value.dim() > 0:
-                if whole:
-                    pieces.append((name, key, 0, _flat(value).clone()))
-                else:
-                    pieces.append((name, key, h.offset, _flat(value)[start:start + h.length].clone()))
+                pieces.append((name, key, None, 0, value.detach().reshape(-1).clone()) if whole
+                              else (name, key, *h.written(value)))
             else:  # a step counter: the same on every rank that holds the parameter
                 scalars.append((name, key, value.detach().clone() if torch.is_tensor(value) else value))
     os.makedirs(path, exist_ok=True)
@@ -150,24 +188,35 @@ def _check_architecture(metadata: dict, held: dict[str, _Held], path: str) -> No
 
 
 def _assemble(pieces: list, shapes: dict[tuple, torch.Size], dtypes: dict[tuple, torch.dtype], path: str):
-    """({(name, key): the full flat tensor}, {(name, key): how many pieces wrote each element}) from
-    ``pieces``."""
+    """({(name, key): the full tensor}, {(name, key): how many pieces wrote each element}) from
+    ``pieces`` (name, state key or None, dim, offset, values): values at ``offset`` of the flattened
+    tensor (dim None) or the block at ``offset`` along ``dim``."""
     full, covered = {}, {}
-    for name, key, offset, values in pieces:
+    for name, key, dim, offset, values in pieces:
         which = (name, key)
         if values.numel() == 0:  # a rank whose piece is all padding
             continue
         if which not in shapes:
-            raise ValueError(f"checkpoint {path!r} holds state {key!r} of {name}, which the model does not have")
-        numel = shapes[which].numel()
+            raise ValueError(f"checkpoint {path!r} holds {key or 'the tensor'} of {name}, which the model does not have")
+        shape = shapes[which]
         if which not in full:
-            full[which] = torch.zeros(numel, dtype=dtypes.get(which, values.dtype))
-            covered[which] = torch.zeros(numel, dtype=torch.int32)
-        if offset < 0 or offset + values.numel() > numel:
-            raise ValueError(f"checkpoint {path!r}: a piece of {name} {key or ''} at [{offset}, "
-                             f"{offset + values.numel()}) lies outside its {numel} elements")
-        full[which][offset:offset + values.numel()] = values
-        covered[which][offset:offset + values.numel()] += 1
+            full[which] = torch.zeros(shape, dtype=dtypes.get(which, values.dtype))
+            covered[which] = torch.zeros(shape, dtype=torch.int32)
+        if dim is None:
+            fits = 0 <= offset and offset + values.numel() <= shape.numel() and values.dim() == 1
+        else:
+            fits = (0 <= dim < len(shape) and values.dim() == len(shape) and 0 <= offset
+                    and offset + values.shape[dim] <= shape[dim]
+                    and all(values.shape[d] == shape[d] for d in range(len(shape)) if d != dim))
+        if not fits:
+            raise ValueError(f"checkpoint {path!r}: a piece of {name} {key or ''} of shape {list(values.shape)} at "
+                             f"{offset} (dim {dim}) does not fit its shape {list(shape)}")
+        if dim is None:
+            into = [t.view(-1)[offset:offset + values.numel()] for t in (full[which], covered[which])]
+        else:
+            into = [t.narrow(dim, offset, values.shape[dim]) for t in (full[which], covered[which])]
+        into[0].copy_(values.view(into[0].shape))
+        into[1].add_(1)
     return full, covered
 
 
@@ -199,18 +248,18 @@ def load_checkpoint(path: str, model: nn.Module, optimizer) -> None:
     shapes = {(name, None): h.shape for name, h in held.items()}
     dtypes = {(name, None): h.local.dtype for name, h in held.items()}
     for content in contents:
-        for name, key, _, values in content["pieces"]:
+        for name, key, _, _, values in content["pieces"]:
             if key is not None and name in held:
                 shapes[(name, key)], dtypes[(name, key)] = held[name].shape, values.dtype
     full, covered = _assemble([p for content in contents for p in content["pieces"]], shapes, dtypes, path)
     _check_whole(covered, shapes, path)
     counters = {(name, key): value for content in contents for name, key, value in content["scalars"]}
-    saved: dict[str, dict] = {}  # {parameter name: {state key: full flat tensor or counter}}, in saved order
+    saved: dict[str, dict] = {}  # {parameter name: {state key: full tensor or counter}}, in saved order
     for (name, key), value in [*((k, v) for k, v in full.items() if k[1] is not None), *counters.items()]:
         saved.setdefault(name, {})[key] = value
     for name, h in held.items():
         if (name, None) in full:  # (an empty tensor has no piece)
-            _keep(h, full[(name, None)], h.local)
+            h.keep(full[(name, None)], h.local)
     mine = [name for name, h in held.items()
             if id(h.local) in {id(p) for group in (optimizer.optim if whole else optimizer).param_groups
                                for p in group["params"]}]
@@ -225,20 +274,12 @@ def _restore_state(states: dict, held: dict[str, _Held], saved: dict[str, dict],
             continue
         state = {}
         for key, value in saved[name].items():
-            if torch.is_tensor(value) and value.dim() == 1 and value.numel() == h.numel:  # shaped like the parameter
+            if torch.is_tensor(value) and value.dim() > 0 and value.shape == h.shape:  # shaped like the parameter
                 state[key] = torch.zeros_like(h.local)
                 if whole:
-                    state[key].copy_(value.view(h.shape))
+                    state[key].copy_(value)
                 else:
-                    _keep(h, value, state[key])
+                    h.keep(value, state[key])
             else:  # a step counter
                 state[key] = value.clone() if torch.is_tensor(value) else value
         states[h.local] = state
-
-
-def _keep(h: _Held, full: torch.Tensor, into: torch.Tensor) -> None:
-    """Copy into ``into`` (shaped like the local tensor) what this rank's layout keeps of ``full``."""
-    if h.piece:
-        into.reshape(-1)[:h.length].copy_(full[h.offset:h.offset + h.length])
-    else:
-        into.copy_(full.view(h.shape))

@@ -7,6 +7,9 @@ A model's forward takes a batch's ``inputs`` and ``targets`` and returns the mea
 batch's samples, so the mean over ranks of per-rank losses on equal slices is the global-batch loss.
 
 * ``mlp``: x -> Linear -> tanh -> Linear, mean squared error. Nothing special.
+* ``gelu_mlp``: x -> ``mlp.fc1`` -> exact GELU -> ``mlp.fc2``, mean squared error against targets of
+  x's width: the block the tensor-parallel contract's ``TensorParallelMLP.from_dense(fc1, fc2)``
+  takes, so one model can be trained data parallel or tensor parallel (the checkpoint tests).
 * ``tied_lm``: the hard cases of data parallelism in one model:
   - tied weights: the output head's weight *is* the embedding's weight (one Parameter used by two
     modules, reported once by named_parameters as ``embed.weight``);
@@ -45,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-KINDS = ("mlp", "tied_lm", "relu_lm")
+KINDS = ("mlp", "gelu_mlp", "tied_lm", "relu_lm")
 IGNORE = -100  # a target that is not a token (padding, a prompt): torch's cross_entropy ignore_index
 
 
@@ -57,6 +60,25 @@ class MLP(nn.Module):
 
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.mse_loss(self.fc2(torch.tanh(self.fc1(inputs))), targets)
+
+
+class GeluBlock(nn.Module):
+    def __init__(self, width: int, hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(width, hidden)
+        self.fc2 = nn.Linear(hidden, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x), approximate="none"))
+
+
+class GeluMLP(nn.Module):
+    def __init__(self, width: int, hidden: int):
+        super().__init__()
+        self.mlp = GeluBlock(width, hidden)
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.mse_loss(self.mlp(inputs), targets)
 
 
 class ScaledResidual(nn.Module):
@@ -135,6 +157,8 @@ def build(spec: dict, seed: int) -> nn.Module:
     kind = spec["kind"]
     if kind == "mlp":
         model = MLP(spec["inputs"], spec["hidden"], spec["outputs"])
+    elif kind == "gelu_mlp":
+        model = GeluMLP(spec["width"], spec["hidden"])
     elif kind == "tied_lm":
         model = TiedLM(spec["vocab"], spec["width"], spec["hidden"],
                        **{k: bool(spec[k]) for k in ("tied", "frozen", "skips", "buffers", "skips_first", "skips_in_unit")
@@ -177,6 +201,9 @@ def make_batch(spec: dict, batch_size: int, seed: int) -> dict:
     if spec["kind"] == "mlp":
         inputs = torch.randn((batch_size, spec["inputs"]), generator=generator).to(_floating(spec))
         targets = torch.randn((batch_size, spec["outputs"]), generator=generator).to(_floating(spec))
+    elif spec["kind"] == "gelu_mlp":
+        inputs = torch.randn((batch_size, spec["width"]), generator=generator).to(_floating(spec))
+        targets = torch.randn((batch_size, spec["width"]), generator=generator).to(_floating(spec))
     elif spec["kind"] in ("tied_lm", "relu_lm"):
         shape = (batch_size, spec["context"])
         inputs = torch.randint(0, spec["vocab"], shape, generator=generator)

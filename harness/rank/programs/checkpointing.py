@@ -5,9 +5,12 @@ layout and world size and trains on. The checkpoint travels as plain data throug
 contained worlds, each in a private directory, stay contained, and the suite never reads the format.
 
 A layout is ``fully_sharded`` (``fully_shard`` on the units, then the root; a torch optimizer over
-the pieces) or ``sharded_optimizer`` (the whole model; ``ShardedOptimizer``). Every step: one
-zero_grad, one forward and backward on this rank's slice of the global batch, one optimizer step.
-The state reported is every full parameter and buffer by name."""
+the pieces), ``sharded_optimizer`` (the whole model; ``ShardedOptimizer``) or ``tensor_parallel``
+(the ``gelu_mlp`` model's block replaced by ``TensorParallelMLP.from_dense(fc1, fc2)`` over the
+world; a torch optimizer over its shards). Every step: one zero_grad, one forward and backward on
+this rank's slice of the global batch (the whole batch under tensor parallelism: one replica), one
+optimizer step. The state reported is every full parameter and buffer by name, under tensor
+parallelism every local tensor by name (a DTensor's local shard), which the driver puts together."""
 from __future__ import annotations
 
 import os
@@ -21,7 +24,7 @@ from harness.rank import models
 from harness.rank.context import RankContext, require
 from harness.rank.programs.fully_sharded import sharded_model
 
-LAYOUTS = ("fully_sharded", "sharded_optimizer")
+LAYOUTS = ("fully_sharded", "sharded_optimizer", "tensor_parallel")
 MAX_CHECKPOINT_BYTES = 64 << 20  # the models are tiny: a checkpoint larger than this is a runaway
 
 
@@ -36,6 +39,12 @@ class _Layout:
             self.full_parameters = require(impl, "full_parameters")
             self.net = sharded_model(ctx, impl, model, seed)
             self.opt = models.build_optimizer(optimizer, self.net.parameters())
+        elif layout == "tensor_parallel":
+            self.net = models.build(model, seed).to(ctx.device)
+            if not hasattr(self.net, "mlp"):
+                raise ValueError(f"the tensor-parallel layout takes the gelu_mlp model, not {model['kind']!r}")
+            self.net.mlp = require(impl, "TensorParallelMLP").from_dense(self.net.mlp.fc1, self.net.mlp.fc2)
+            self.opt = models.build_optimizer(optimizer, self.net.parameters())
         else:
             self.net = models.build(model, seed).to(ctx.device)
             optimizer_class, options = models.optimizer_class(optimizer)
@@ -46,6 +55,9 @@ class _Layout:
             values = {name: t.detach().clone() for name, t in self.full_parameters(self.net).items()}
             values.update({name: b.detach().clone() for name, b in self.net.named_buffers()})
             return values
+        if self.layout == "tensor_parallel":
+            return {name: (t.to_local() if hasattr(t, "to_local") else t).detach().clone()
+                    for name, t in [*self.net.named_parameters(), *self.net.named_buffers()]}
         return models.state(self.net)
 
     def train(self, steps: int, inputs, targets) -> list[dict]:
