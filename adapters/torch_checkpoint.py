@@ -8,6 +8,8 @@ FSDP2, plain tensors otherwise; DCP writes a replicated tensor once and reshards
 ZeRO-1, ``.optim``, each owner its own parameters'). Loading asks DCP for the model's state dict
 (strict: a name the checkpoint lacks, or a shape it saved otherwise, is an error) and for the state
 of exactly the parameters this rank's optimizer holds and the checkpoint has, then sets them.
+``rng`` holds each rank's default generator state under a key of its own; a load at the saved world
+size gives rank r rank r's (DCP saves no random state by itself).
 
 Why not ``get_optimizer_state_dict``/``set_optimizer_state_dict`` for the optimizer: on an
 optimizer without state, torch's ``_init_optim_state`` first runs a step with zero gradients and
@@ -18,6 +20,7 @@ state gets none."""
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -42,7 +45,8 @@ def _held(model, optimizer) -> dict[str, torch.Tensor]:
 def save_checkpoint(path: str, model, optimizer) -> None:
     local = _local_optimizer(optimizer)
     optim = {name: dict(local.state[p]) for name, p in _held(model, optimizer).items() if local.state.get(p)}
-    dcp.save({"model": get_model_state_dict(model), "optim": optim}, checkpoint_id=path)
+    rng = {f"rank{dist.get_rank()}": torch.get_rng_state()}  # a key per rank: DCP writes each rank's own
+    dcp.save({"model": get_model_state_dict(model), "optim": optim, "rng": rng}, checkpoint_id=path)
 
 
 def load_checkpoint(path: str, model, optimizer) -> None:
@@ -55,8 +59,13 @@ def load_checkpoint(path: str, model, optimizer) -> None:
         if keys:
             optim[name] = {key: _like(p, saved[prefix + key]) for key in keys}
     state = {"model": model_state, "optim": optim}
+    streams = [key for key in saved if key.startswith("rng.rank")]
+    if len(streams) == dist.get_world_size():  # the saved world size: this rank continues its own stream
+        state["rng"] = {f"rank{dist.get_rank()}": torch.empty_like(torch.get_rng_state())}
     dcp.load(state, checkpoint_id=path)
     set_model_state_dict(model, state["model"])
+    if "rng" in state:
+        torch.set_rng_state(state["rng"][f"rank{dist.get_rank()}"])
     local = _local_optimizer(optimizer)
     for name, p in _held(model, optimizer).items():
         if name in optim:

@@ -47,9 +47,10 @@ TP_CUTS = {"mlp.fc1.weight": 0, "mlp.fc1.bias": 0, "mlp.fc2.weight": 1}
 
 
 @st.composite
-def reshard_examples(draw, max_world_size: int, tensor_parallel: bool = False) -> dict:
+def reshard_examples(draw, max_world_size: int, tensor_parallel: bool = False, same_size: bool = False) -> dict:
     """Two layouts and world sizes; with ``tensor_parallel`` one of them (drawn) is tensor parallel
-    and the model is ``gelu_mlp`` with a hidden width every tensor-parallel world divides."""
+    and the model is ``gelu_mlp`` with a hidden width every tensor-parallel world divides; with
+    ``same_size`` world B has world A's size."""
     top = max(1, min(4, max_world_size))
     layout_a = draw(st.sampled_from(DATA_PARALLEL), label="layout A")
     layout_b = draw(st.sampled_from(DATA_PARALLEL), label="layout B")
@@ -58,11 +59,13 @@ def reshard_examples(draw, max_world_size: int, tensor_parallel: bool = False) -
         layout_a, layout_b = draw(st.sampled_from([(TENSOR_PARALLEL, other), (other, TENSOR_PARALLEL)]),
                                   label="which is tensor parallel")
     example = {"layout_a": layout_a, "n_a": draw(st.integers(1, top), label="world A"),
-               "layout_b": layout_b, "n_b": draw(st.integers(1, top), label="world B"),
+               "layout_b": layout_b, "n_b": None if same_size else draw(st.integers(1, top), label="world B"),
                "optimizer": draw(optimizer_specs, label="optimizer"),
                "steps_a": draw(st.integers(1, 3), label="steps before the save"),
                "steps_b": draw(st.integers(1, 2), label="steps after the load"),
                "seed": draw(st.integers(0, 2**16), label="seed"), "data_seed": draw(st.integers(0, 2**16))}
+    if same_size:
+        example["n_b"] = example["n_a"]
     if tensor_parallel:
         cut = math.lcm(*(n for layout, n in [(layout_a, example["n_a"]), (layout_b, example["n_b"])]
                          if layout == TENSOR_PARALLEL))
@@ -130,6 +133,15 @@ def test_a_tensor_parallel_checkpoint_resumes_under_another_layout(data, ranks, 
     judge_resume(example, drawn(data), ranks, target, request)
 
 
+@pytest.mark.capability("checkpoint_rng")
+@given(data=st.data())
+def test_each_rank_resumes_its_own_random_stream(data, ranks, target, request):
+    """At the saved world size, rank r's default generator continues where rank r's stopped
+    (Megatron-LM#6858: on resume 252 of 256 ranks restored another rank's stream)."""
+    example = data.draw(reshard_examples(target.max_world_size, same_size=True), label="example")
+    judge_resume(example, drawn(data), ranks, target, request, rng_seed=data.draw(st.integers(0, 2**16), label="rng seed"))
+
+
 @pytest.mark.parametrize("name", ["fsdp_4_to_2", "zero1_2_to_3"])
 @pytest.mark.capability("checkpoint_reshard")
 def test_the_named_data_parallel_reshards(name, ranks, target, request):
@@ -176,7 +188,7 @@ def full_states(judge: Judge, per_rank: list[dict], layout: str, who: str) -> di
     return {f"{who} (its tensor-parallel shards put together)": full}
 
 
-def judge_resume(example: dict, leave_out, ranks, target, request) -> None:
+def judge_resume(example: dict, leave_out, ranks, target, request, rng_seed: int | None = None) -> None:
     if max(example["n_a"], example["n_b"]) > target.max_world_size:
         pytest.skip(f"needs {max(example['n_a'], example['n_b'])} ranks; --max-world-size is {target.max_world_size}")
     judge = Judge(describe(example), target.reproduce(request.node.nodeid))
@@ -186,7 +198,7 @@ def judge_resume(example: dict, leave_out, ranks, target, request) -> None:
     token = secrets.token_hex(8)
     saved = judge.run(ranks, Layout(n_a), "checkpointing:save", [
         {**common, "layout": example["layout_a"], "seed": example["seed"], "steps": k, "batch": part,
-         "token": token} for part in batch_parts(batch, example["layout_a"], n_a)])
+         "token": token, "rng_seed": rng_seed} for part in batch_parts(batch, example["layout_a"], n_a)])
     expected = ref.train(models.build(example["model"], example["seed"]), example["optimizer"], batch,
                          k + example["steps_b"])
     exact = exact_names(example["model"])
@@ -200,7 +212,10 @@ def judge_resume(example: dict, leave_out, ranks, target, request) -> None:
     resumed = judge.run(ranks, Layout(n_b), "checkpointing:resume", [
         {**common, "layout": example["layout_b"], "seed": example["seed"] + 1, "steps": example["steps_b"],
          "batch": part, "files": files, "token": secrets.token_hex(8), "other_model": example["other_model"],
-         "dropped": dropped} for part in batch_parts(batch, example["layout_b"], n_b)])
+         "dropped": dropped, "rng_seed": None if rng_seed is None else rng_seed + 7919}
+        for part in batch_parts(batch, example["layout_b"], n_b)])
+    if rng_seed is not None:
+        check_streams(judge, [saved[r]["rng"] for r in range(n_a)], [resumed[r]["rng"] for r in range(n_b)])
     want = next(iter(saved_states.values()))
     check_refused(judge, [resumed[r]["other_architecture"] for r in range(n_b)],
                   f"loading into another architecture ({example['other']})")
@@ -237,6 +252,17 @@ def check_refused(judge: Judge, outcomes: list[dict], what: str) -> None:
         raised = {r: o["raised"] for r, o in enumerate(outcomes) if "raised" in o}
         judge.fail(f"{what}: rank(s) {loaded} loaded it without an error (a checkpoint of another architecture must "
                    f"be refused on every rank)" + (f"; the others raised {raised}" if raised else ""))
+
+
+def check_streams(judge: Judge, saved: list, resumed: list) -> None:
+    """Rank r's generator after the load is in the state rank r's was in when it saved."""
+    for r, state in enumerate(resumed):
+        if torch.equal(state, saved[r]):
+            continue
+        others = [q for q, before in enumerate(saved) if torch.equal(state, before)]
+        whose = f"rank {others[0]}'s stream (Megatron-LM#6858)" if others else "a stream no rank saved (not restored)"
+        judge.fail(f"rank {r}'s default random generator after load_checkpoint holds {whose}, not the one rank {r} "
+                   "had when it saved: a resumed run draws other dropout masks and data orders")
 
 
 def check_missing_file(judge: Judge, outcomes: list[dict], want: dict, dropped: str, layout: str) -> None:

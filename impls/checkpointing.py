@@ -20,6 +20,9 @@ named, never read as zeros), then keeps what its own layout holds. Every rank re
 and so refuses alike, before any collective. (DCP reads only the pieces that overlap what a rank
 needs; reading all is simpler and fine at the sizes of a conformance test.)
 
+Each rank's file also holds its default random generator's state, which a load at the same world
+size gives back to the rank of the same number.
+
 Optimizer state is keyed by parameter name, never by position: positions differ between a fully
 sharded optimizer and ZeRO-1's owners, and between world sizes (databricks/flashoptim#3: optimizer
 state loaded into the wrong parameters after a save/load). A parameter saved without state gets
@@ -153,7 +156,8 @@ def save_checkpoint(path: str, model: nn.Module, optimizer) -> None:
                 scalars.append((name, key, value.detach().clone() if torch.is_tensor(value) else value))
     os.makedirs(path, exist_ok=True)
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.save({"format": FORMAT, "pieces": pieces, "scalars": scalars}, os.path.join(path, f"rank{rank}.pt"))
+    torch.save({"format": FORMAT, "pieces": pieces, "scalars": scalars, "rng": torch.get_rng_state()},
+               os.path.join(path, f"rank{rank}.pt"))
     if rank == 0:
         tensors = {name: {"shape": list(h.shape), "dtype": str(h.local.dtype).removeprefix("torch.")}
                    for name, h in held.items()}
@@ -264,6 +268,15 @@ def load_checkpoint(path: str, model: nn.Module, optimizer) -> None:
             if id(h.local) in {id(p) for group in (optimizer.optim if whole else optimizer).param_groups
                                for p in group["params"]}]
     _restore_state(states, {name: held[name] for name in mine}, saved, whole)
+    _restore_random_stream(metadata, contents)
+
+
+def _restore_random_stream(metadata: dict, contents: list[dict]) -> None:
+    """At the saved world size, rank r's default generator continues rank r's stream (each rank its
+    own: Megatron-LM#6858 restored another rank's on 252 of 256 ranks). At another size there is no
+    rank to take it from, and the generator is left as it is."""
+    if metadata["world_size"] == dist.get_world_size():
+        torch.set_rng_state(contents[dist.get_rank()]["rng"])
 
 
 def _restore_state(states: dict, held: dict[str, _Held], saved: dict[str, dict], whole: bool) -> None:

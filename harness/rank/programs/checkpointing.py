@@ -105,9 +105,11 @@ def _write_tree(root: str, files: dict[str, bytes]) -> str:
 
 
 def save(ctx: RankContext, impl, layout: str, model: dict, seed: int, optimizer: dict, steps: int, batch: dict,
-         token: str, group=None) -> dict:
+         token: str, rng_seed: int | None = None, group=None) -> dict:
     """Train ``steps`` steps under ``layout``, then ``save_checkpoint``. Every rank reports its state
-    after the steps; rank 0 also the files every rank wrote, read once all have returned."""
+    after the steps; rank 0 also the files every rank wrote, read once all have returned. With
+    ``rng_seed``, each rank seeds torch's default generator with ``rng_seed`` + its rank just before
+    the save and reports the generator's state then (the stream a resume must continue)."""
     if group is not None:
         raise ValueError("checkpoints are tested on the whole world, not a subgroup")
     save_checkpoint = require(impl, "save_checkpoint")
@@ -115,9 +117,12 @@ def save(ctx: RankContext, impl, layout: str, model: dict, seed: int, optimizer:
     inputs, targets = ctx.to_device(batch["inputs"]), ctx.to_device(batch["targets"])
     states = run.train(steps, inputs, targets)
     path = _directory(token, "saved")
+    result = {"state": states[-1]}
+    if rng_seed is not None:
+        torch.manual_seed(rng_seed + ctx.rank)
+        result["rng"] = torch.get_rng_state()
     save_checkpoint(path, run.net, run.opt)
     dist.barrier()  # the harness's own: every rank's save_checkpoint has returned
-    result = {"state": states[-1]}
     if ctx.rank == 0:
         result["files"] = _read_tree(path) if os.path.isdir(path) else {}
         shutil.rmtree(_directory(token), ignore_errors=True)
@@ -145,12 +150,14 @@ def _attempt(ctx: RankContext, impl, layout: str, model: dict, seed: int, optimi
 
 
 def resume(ctx: RankContext, impl, layout: str, model: dict, seed: int, optimizer: dict, steps: int, batch: dict,
-           files: dict[str, bytes], token: str, other_model: dict, dropped: str, group=None) -> dict:
+           files: dict[str, bytes], token: str, other_model: dict, dropped: str, rng_seed: int | None = None,
+           group=None) -> dict:
     """With the saved ``files``: load them into ``other_model`` (another architecture: must raise),
     then without the file ``dropped`` (must raise or load exactly), each on fresh objects; then load
     them into ``model`` under ``layout`` (built from ``seed``, not the saved one's) and train
     ``steps`` steps. Each rank writes its own copy of the files (one shared filesystem, as far as
-    reading goes)."""
+    reading goes). With ``rng_seed``, each rank seeds torch's default generator with ``rng_seed`` +
+    its rank (another stream than the saved one) before the load and reports its state after it."""
     if group is not None:
         raise ValueError("checkpoints are tested on the whole world, not a subgroup")
     root = _directory(token, f"rank{ctx.rank}")
@@ -160,7 +167,11 @@ def resume(ctx: RankContext, impl, layout: str, model: dict, seed: int, optimize
         result = {"other_architecture": _attempt(ctx, impl, layout, other_model, seed, optimizer, whole),
                   "missing_file": _attempt(ctx, impl, layout, model, seed, optimizer, cut)}
         run = _Layout(ctx, impl, layout, model, seed, optimizer)
+        if rng_seed is not None:
+            torch.manual_seed(rng_seed + ctx.rank)
         require(impl, "load_checkpoint")(whole, run.net, run.opt)
+        if rng_seed is not None:
+            result["rng"] = torch.get_rng_state()
         result["loaded"] = run.state()
         inputs, targets = ctx.to_device(batch["inputs"]), ctx.to_device(batch["targets"])
         result["states"] = run.train(steps, inputs, targets)

@@ -1,0 +1,22 @@
+"""Every rank restores the random generator state rank 0 saved: the resumed ranks all draw the same dropout masks and data orders, where each had its own (Megatron-LM#6858).
+targets: random_stream
+"""
+import torch
+import torch.distributed as dist
+
+from impls import *
+from impls import checkpointing
+
+
+def _from_rank_zero(metadata, contents):
+    if metadata["world_size"] == dist.get_world_size():
+        torch.set_rng_state(contents[0]["rng"])
+
+
+def load_checkpoint(path, model, optimizer):
+    restore = checkpointing._restore_random_stream
+    checkpointing._restore_random_stream = _from_rank_zero
+    try:
+        checkpointing.load_checkpoint(path, model, optimizer)
+    finally:
+        checkpointing._restore_random_stream = restore
