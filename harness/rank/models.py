@@ -10,6 +10,8 @@ batch's samples, so the mean over ranks of per-rank losses on equal slices is th
 * ``gelu_mlp``: x -> ``mlp.fc1`` -> exact GELU -> ``mlp.fc2``, mean squared error against targets of
   x's width: the block the tensor-parallel contract's ``TensorParallelMLP.from_dense(fc1, fc2)``
   takes, so one model can be trained data parallel or tensor parallel (the checkpoint tests).
+  ``"dropout": p`` drops the hidden activations with probability p (always in training mode), the
+  mask drawn from torch's default generator inside the block (the random-stream tests).
 * ``tied_lm``: the hard cases of data parallelism in one model:
   - tied weights: the output head's weight *is* the embedding's weight (one Parameter used by two
     modules, reported once by named_parameters as ``embed.weight``);
@@ -63,19 +65,23 @@ class MLP(nn.Module):
 
 
 class GeluBlock(nn.Module):
-    def __init__(self, width: int, hidden: int):
+    def __init__(self, width: int, hidden: int, dropout: float = 0.0):
         super().__init__()
         self.fc1 = nn.Linear(width, hidden)
         self.fc2 = nn.Linear(hidden, width)
+        self.dropout = dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x), approximate="none"))
+        h = F.gelu(self.fc1(x), approximate="none")
+        if self.dropout:  # always training: the mask comes from torch's default generator
+            h = F.dropout(h, self.dropout, training=True)
+        return self.fc2(h)
 
 
 class GeluMLP(nn.Module):
-    def __init__(self, width: int, hidden: int):
+    def __init__(self, width: int, hidden: int, dropout: float = 0.0):
         super().__init__()
-        self.mlp = GeluBlock(width, hidden)
+        self.mlp = GeluBlock(width, hidden, dropout)
 
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.mse_loss(self.mlp(inputs), targets)
@@ -158,7 +164,7 @@ def build(spec: dict, seed: int) -> nn.Module:
     if kind == "mlp":
         model = MLP(spec["inputs"], spec["hidden"], spec["outputs"])
     elif kind == "gelu_mlp":
-        model = GeluMLP(spec["width"], spec["hidden"])
+        model = GeluMLP(spec["width"], spec["hidden"], float(spec.get("dropout", 0.0)))
     elif kind == "tied_lm":
         model = TiedLM(spec["vocab"], spec["width"], spec["hidden"],
                        **{k: bool(spec[k]) for k in ("tied", "frozen", "skips", "buffers", "skips_first", "skips_in_unit")

@@ -52,12 +52,14 @@ def sharded_model(ctx: RankContext, impl, model: dict, seed: int, reshard_after_
 
 def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps: int, batches: list[dict],
           reshard_after_forward: bool = True, compute_dtype: str | None = None, clip: dict | None = None,
-          divide_factor: float | None = None, group=None) -> dict:
+          divide_factor: float | None = None, dropout_seeds: list[int] | None = None, group=None) -> dict:
     """``clip`` ({"max_norm", "norm_type"}): the implementation's ``clip_grad_norm_(module, max_norm,
     norm_type)`` after the step's backwards, before the optimizer's step; what it returns is reported.
     ``divide_factor`` f: a loss normalised by the global token count (harness/rank/token_loss.py):
     every unit sharded with ``gradient_divide_factor=f``, each micro-batch's summed loss scaled by
-    f / global_token_count(...); the count is reported."""
+    f / global_token_count(...); the count is reported. ``dropout_seeds``: before its forward of
+    step t the rank seeds torch's default generator with the t-th (its own dropout stream,
+    reference/random_streams.py)."""
     if group is not None:
         raise ValueError("fully sharded data parallelism is tested on the whole world, not a subgroup")
     full_parameters = require(impl, "full_parameters")
@@ -66,9 +68,11 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
     clip_grad_norm_ = require(impl, "clip_grad_norm_") if clip is not None else None
     micro = [(ctx.to_device(b["inputs"]), ctx.to_device(b["targets"])) for b in batches]
     result = {"steps": []}
-    for _ in range(steps):
+    for step in range(steps):
         opt.zero_grad(set_to_none=True)
         losses = []
+        if dropout_seeds is not None:
+            torch.manual_seed(dropout_seeds[step])
         scale, count = scale_of_step(impl, micro, divide_factor) if divide_factor is not None else (1.0, None)
         for inputs, targets in micro:  # gradient accumulation: .grad adds up over the backwards
             loss = net(inputs, targets)
