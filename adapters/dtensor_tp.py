@@ -126,8 +126,9 @@ class RowParallelLinear:
 
 class TensorParallelMLP(nn.Module):
     def __init__(self, fc1: nn.Linear, fc2: nn.Linear, group=None, sequence_parallel: bool = False,
-                 norm: nn.LayerNorm | None = None):
+                 norm: nn.LayerNorm | None = None, dropout: float = 0.0):
         super().__init__()
+        self.group, self.dropout = group, dropout
         self.fc1, self.fc2 = _copy(fc1), _copy(fc2)
         self.norm = None if norm is None else copy.deepcopy(norm)
         self.sequence_parallel = sequence_parallel
@@ -141,24 +142,55 @@ class TensorParallelMLP(nn.Module):
 
     @classmethod
     def from_dense(cls, fc1: nn.Linear, fc2: nn.Linear, group=None, sequence_parallel: bool = False,
-                   norm: nn.LayerNorm | None = None) -> TensorParallelMLP:
+                   norm: nn.LayerNorm | None = None, dropout: float = 0.0) -> TensorParallelMLP:
         if fc1.out_features != fc2.in_features:
             raise ValueError(f"fc1.out_features = {fc1.out_features} must equal fc2.in_features = {fc2.in_features}")
         _check_divisible("ffn width (fc1.out_features = fc2.in_features)", fc1.out_features, dist.get_world_size(group))
-        return cls(fc1, fc2, group, sequence_parallel, norm)
+        return cls(fc1, fc2, group, sequence_parallel, norm, dropout)
 
-    def _mlp(self, rows):
+    def _mlp(self, rows, masks=None):
         if self.norm is not None:
             rows = self.norm(rows)
-        return self.fc2(F.gelu(self.fc1(rows), approximate="none"))
+        hidden = F.gelu(self.fc1(rows), approximate="none")
+        if masks is not None:
+            hidden = hidden * masks[0]
+        y = self.fc2(hidden)
+        return y if masks is None else y * masks[1]
+
+    def _masks(self, dense_shape, ffn, x, as_rows):
+        """Dropout (torch has no tensor-parallel dropout that equals the dense one): the masks F.dropout
+        would draw over the dense hidden activations and output, drawn whole on every rank from the
+        default generator (the same state on every member), laid out in this adapter's rows by
+        ``as_rows`` and cut to what this rank computes: its columns of the hidden mask, the output
+        mask whole or (sequence parallel) its rows."""
+        n, r = dist.get_world_size(self.group), dist.get_rank(self.group)
+        p = self.dropout
+        hidden = torch.empty((*dense_shape[:-1], ffn), dtype=x.dtype, device=x.device).bernoulli_(1 - p).div_(1 - p)
+        output = torch.empty(dense_shape, dtype=x.dtype, device=x.device).bernoulli_(1 - p).div_(1 - p)
+        hidden, output = as_rows(hidden), as_rows(output)
+        width = ffn // n
+        hidden = hidden[:, r * width:(r + 1) * width]
+        if self.sequence_parallel:
+            rows = output.shape[0] // n
+            output = output[r * rows:(r + 1) * rows]
+        return hidden, output
 
     def forward(self, x):
+        ffn = self.fc1.weight.shape[0]
         if not self.sequence_parallel:
-            y = self._mlp(x.reshape(-1, x.shape[-1]))
+            masks = self._masks(x.shape, ffn, x, lambda t: t.reshape(-1, t.shape[-1])) if self.dropout else None
+            y = self._mlp(x.reshape(-1, x.shape[-1]), masks)
             return y.reshape(*x.shape[:-1], y.shape[-1])
         if x.dim() < 2:
             raise ValueError(f"sequence parallelism needs inputs of shape [..., sequence, hidden], got {tuple(x.shape)}")
         batch, (seq, hidden) = x.shape[:-2], x.shape[-2:]
         rows = x.reshape(-1, seq, hidden).transpose(0, 1).reshape(-1, hidden)  # [seq * batch, h]
-        y = self._mlp(rows)
+        masks = None
+        if self.dropout:  # the dense tensors span the whole sequence: n shards of seq
+            full = seq * dist.get_world_size(self.group)
+
+            def as_rows(t):  # dense [..., S, c] to this adapter's (sequence, batch) rows
+                return t.reshape(-1, full, t.shape[-1]).transpose(0, 1).reshape(-1, t.shape[-1])
+            masks = self._masks((*batch, full, hidden), ffn, x, as_rows)
+        y = self._mlp(rows, masks)
         return y.reshape(seq, -1, y.shape[-1]).transpose(0, 1).reshape(*batch, seq, y.shape[-1])

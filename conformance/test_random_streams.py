@@ -55,7 +55,7 @@ def test_fully_sharded_dropout_replays_each_ranks_masks(data, ranks, target, req
          "dropout_seeds": [streams.dropout_seed(example["dropout_seed"], t, r) for t in range(steps)]}
         for r in range(n)])
     expected, losses = streams.train(models.build(example["model"], example["seed"]), example["optimizer"], slices,
-                                     steps, example["dropout_seed"])
+                                     steps, example["dropout_seed"], device=target.plan.device_type(n))
     for t in range(steps):
         for r in range(n):
             got = outputs[r]["steps"][t]

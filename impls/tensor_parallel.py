@@ -18,6 +18,10 @@ A Linear y = x W^T + b, W of shape [out_features, in_features], split across the
   shard, so each rank's bias gradient covers its shard only; the bias goes through f (identity
   forward, all-reduce backward) to make its gradient the full one on every rank, as Megatron
   all-reduces the gradients of sequence-parallel parameters.
+* ``dropout=p``: the hidden activations (the sharded region) and the output (the replicated region,
+  or its sequence shards) are dropped with the masks torch's dropout would draw over the dense
+  tensors, each rank keeping its part of them (every member draws the whole mask from the default
+  generator, which the members keep in the same state), so the block is the dense one with dropout.
 * ``norm`` (a LayerNorm before fc1, the block's pre-norm): a copy held whole on every rank. Without
   sequence parallelism it normalises the replicated input, and f after it hands every rank the
   full input gradient, so its gradients are whole already. With sequence parallelism it runs on
@@ -279,24 +283,27 @@ class TensorParallelMLP(nn.Module):
     """GELU(x W1^T + b1) W2^T + b2 with fc1 column parallel and fc2 row parallel."""
 
     def __init__(self, fc1: ColumnParallelLinear, fc2: RowParallelLinear, group=None, sequence_parallel: bool = False,
-                 norm: nn.LayerNorm | None = None):
+                 norm: nn.LayerNorm | None = None, dropout: float = 0.0):
         super().__init__()
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.group = group
         self.sequence_parallel = sequence_parallel
         self.fc1 = fc1
         self.fc2 = fc2
         self.norm = norm
+        self.dropout = dropout
 
     @classmethod
     def from_dense(cls, fc1: nn.Linear, fc2: nn.Linear, group=None, sequence_parallel: bool = False,
-                   norm: nn.LayerNorm | None = None) -> TensorParallelMLP:
+                   norm: nn.LayerNorm | None = None, dropout: float = 0.0) -> TensorParallelMLP:
         n = _size(group)
         if fc1.out_features != fc2.in_features:
             raise ValueError(f"fc1.out_features = {fc1.out_features} must equal fc2.in_features = {fc2.in_features}")
         _check_divisible("ffn width (fc1.out_features = fc2.in_features)", fc1.out_features, n)
         column = ColumnParallelLinear.from_dense(fc1, group, gather_output=False, sequence_parallel=sequence_parallel)
         row = RowParallelLinear.from_dense(fc2, group, input_is_parallel=True, sequence_parallel=sequence_parallel)
-        return cls(column, row, group, sequence_parallel, None if norm is None else copy.deepcopy(norm))
+        return cls(column, row, group, sequence_parallel, None if norm is None else copy.deepcopy(norm), dropout)
 
     def _normed(self, x: torch.Tensor) -> torch.Tensor:
         norm = self.norm
@@ -306,5 +313,25 @@ class TensorParallelMLP(nn.Module):
         bias = None if norm.bias is None else copy_to_parallel_region(norm.bias, self.group)
         return F.layer_norm(x, norm.normalized_shape, weight, bias, norm.eps)
 
+    def _slice_of_dense_mask(self, local: torch.Tensor, dim: int | None) -> torch.Tensor:
+        """This rank's part of the mask torch's dropout would draw over the dense tensor (noise =
+        empty_like(dense).bernoulli_(1 - p).div_(1 - p)): the dense tensor's shape is ``local``'s
+        with ``dim`` n times longer (None: ``local`` is whole), and every member draws the whole
+        mask from a generator in the same state, so they agree and the block equals the dense one
+        with dropout. Drawing on the shard's shape instead would give every shard the same mask."""
+        n, r = _size(self.group), _rank(self.group)
+        shape = list(local.shape)
+        if dim is not None:
+            shape[dim] *= n
+        noise = torch.empty(shape, dtype=local.dtype, device=local.device).bernoulli_(1 - self.dropout)
+        noise.div_(1 - self.dropout)
+        return noise if dim is None else noise.narrow(dim, r * local.shape[dim], local.shape[dim])
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(self._normed(x)), approximate="none"))
+        hidden = F.gelu(self.fc1(self._normed(x)), approximate="none")
+        if self.dropout:  # the sharded region: this rank's columns of the dense hidden mask
+            hidden = hidden * self._slice_of_dense_mask(hidden, -1)
+        y = self.fc2(hidden)
+        if self.dropout:  # the replicated region (a sequence shard of it under sequence parallelism)
+            y = y * self._slice_of_dense_mask(y, SEQUENCE_DIM if self.sequence_parallel else None)
+        return y

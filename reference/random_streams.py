@@ -38,27 +38,32 @@ def loss_atol(loss: Tensor) -> Tensor:
     return _bound(float(loss.abs()), loss.dtype)
 
 
-def train(model: nn.Module, optimizer_spec: dict, slices: list[dict[str, Tensor]], steps: int, base_seed: int):
+def train(model: nn.Module, optimizer_spec: dict, slices: list[dict[str, Tensor]], steps: int, base_seed: int,
+          device: str = "cpu"):
     """``steps`` optimizer steps of ``model`` (in place) with the gradient g_t above over the ranks'
-    ``slices``. Returns (the Trajectory, per step the list of per-rank slice losses)."""
+    ``slices``, each slice's forward on ``device``, the ranks' kind of device: a CUDA rank draws its
+    masks from the device's generator (torch.manual_seed seeds both), which only the same kernel on
+    the same kind of device replays. Returns (the Trajectory, per step the list of per-rank slice
+    losses), on the CPU."""
     opt = optimizer(optimizer_spec, model.parameters())
     trajectory = Trajectory(state(model), [], [], [], [])
     rank_losses = []
     n = len(slices)
-    with torch.random.fork_rng(devices=[]):
+    forked = [torch.cuda.current_device()] if device == "cuda" else []
+    with torch.random.fork_rng(devices=forked):
         for t in range(steps):
             opt.zero_grad(set_to_none=True)
             grads: dict[str, Tensor] = {}
             losses = []
             for r, part in enumerate(slices):
                 torch.manual_seed(dropout_seed(base_seed, t, r))
-                replica = copy.deepcopy(model)
-                loss = replica(part["inputs"], part["targets"])
+                replica = copy.deepcopy(model).to(device)
+                loss = replica(part["inputs"].to(device), part["targets"].to(device))
                 loss.backward()
-                losses.append(loss.detach())
+                losses.append(loss.detach().cpu())
                 for name, p in replica.named_parameters():
                     if p.grad is not None:
-                        grads[name] = grads.get(name, 0) + p.grad
+                        grads[name] = grads.get(name, 0) + p.grad.cpu()
             for name, p in model.named_parameters():
                 if name in grads:
                     p.grad = grads[name] / n

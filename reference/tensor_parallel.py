@@ -134,6 +134,43 @@ def normed_mlp(x: Tensor, norm: tuple[Tensor, Tensor, float], fc1: tuple[Tensor,
     return _autograd(forward, x, params, grad_output)
 
 
+def dropout_masks(x_shape: tuple[int, ...], ffn: int, p: float, seed: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """The two masks of the contract's ``TensorParallelMLP(..., dropout=p)``, drawn as torch's CPU
+    dropout draws one (F.dropout(t, p): noise = empty_like(t).bernoulli_(1 - p).div_(1 - p), then
+    t * noise) from a generator seeded with ``seed``: first over the dense hidden activations
+    [..., ffn], then over the dense output [..., h] (x's shape). A rank keeps its columns of the
+    first (the sharded region) and the whole second, or its sequence shard of it under sequence
+    parallelism (the replicated region), so tensor parallelism equals the dense block bitwise
+    in its masks."""
+    generator = torch.Generator().manual_seed(seed)
+    hidden = torch.empty((*x_shape[:-1], ffn), dtype=dtype).bernoulli_(1 - p, generator=generator).div_(1 - p)
+    output = torch.empty(x_shape, dtype=dtype).bernoulli_(1 - p, generator=generator).div_(1 - p)
+    return hidden, output
+
+
+def dropout_mlp(x: Tensor, fc1: tuple[Tensor, Tensor | None], fc2: tuple[Tensor, Tensor | None],
+                grad_output: Tensor, masks: tuple[Tensor, Tensor]) -> dict[str, Tensor]:
+    """y = m2 * (m1 * GELU(x W1^T + b1)) W2^T + b2), the masks of ``dropout_masks``, and its
+    gradients (the keys of ``mlp``)."""
+    m1, m2 = (m.to(torch.float64) for m in masks)
+
+    def forward(x, p):
+        hidden = F.gelu(F.linear(x, p["fc1_weight"], p["fc1_bias"])) * m1
+        return F.linear(hidden, p["fc2_weight"], p["fc2_bias"]) * m2
+
+    params = {"fc1_weight": fc1[0], "fc1_bias": fc1[1], "fc2_weight": fc2[0], "fc2_bias": fc2[1]}
+    return _autograd(forward, x, params, grad_output)
+
+
+def dropout_mlp_atol(x: Tensor, fc1: tuple[Tensor, Tensor | None], fc2: tuple[Tensor, Tensor | None],
+                     grad_output: Tensor, n: int, p: float) -> dict[str, Tensor]:
+    """``mlp_atol`` times s^2, s = 1 / (1 - p) the largest mask value: every quantity passes
+    through at most the two masks, each scaling its terms by 0 or s, so the bound with every mask
+    entry at s covers it."""
+    scale = (1.0 / (1.0 - p)) ** 2
+    return {key: bound * scale for key, bound in mlp_atol(x, fc1, fc2, grad_output, n).items()}
+
+
 # ------------------------------------------------------------------------------------ tolerance
 def _rows(t: Tensor) -> Tensor:
     return t.reshape(-1, t.shape[-1])

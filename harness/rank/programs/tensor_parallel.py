@@ -104,14 +104,17 @@ def _parameters(module: nn.Module, layer: str) -> dict:
 
 @on_members
 def forward_backward(ctx: RankContext, impl, process_group, layer: str, dense: dict, options: dict,
-                     x: torch.Tensor, grad_output: torch.Tensor) -> dict:
+                     x: torch.Tensor, grad_output: torch.Tensor, rng_seed: int | None = None) -> dict:
     """``layer`` in column, row, mlp; ``dense`` the dense weights; ``options`` the keyword arguments
     of from_dense. Returns output, grad_input, and every parameter's shard and its gradient (keys
     weight, bias, grad_weight, grad_bias, prefixed fc1_/fc2_ for the MLP, and norm_ for its
     LayerNorm when ``dense`` has one: built from norm_weight, norm_bias, norm_eps and passed as
-    ``norm``)."""
+    ``norm``). ``rng_seed``: torch's default generator is seeded with it, on every member alike,
+    just before the forward (the dropout masks' stream)."""
     module = _build(ctx, impl, process_group, layer, dense, options)
     x = ctx.to_device(x).requires_grad_(True)
+    if rng_seed is not None:
+        torch.manual_seed(rng_seed)
     y = module(x)
     y.backward(ctx.to_device(grad_output))
     return ctx.to_cpu({"output": _local(y), "grad_input": x.grad, **_parameters(module, layer)})
