@@ -1,15 +1,17 @@
 """Checkpoints that reshard: ``save_checkpoint(path, model, optimizer)`` and
 ``load_checkpoint(path, model, optimizer)`` for the layouts of the contract, fully sharded
-(:mod:`impls.fully_sharded`), ZeRO-1 (:mod:`impls.sharded_optimizer`) and tensor parallel
-(:mod:`impls.tensor_parallel`), at any world size.
+(:mod:`impls.fully_sharded`), ZeRO-1 (:mod:`impls.sharded_optimizer`), tensor parallel
+(:mod:`impls.tensor_parallel`) and pipeline stages on a pp x dp mesh, at any world size.
 
 The format does not depend on the layout that wrote it, as in torch.distributed.checkpoint (DCP):
 every tensor (parameter, buffer, optimizer state) is its full tensor, and a rank writes the pieces
 it holds with where they go, so the pieces of one tensor cover it once. A fully sharded parameter's
 piece is a range of the flattened tensor (offset rank * ceil(numel / n), the padding left out); a
 tensor-parallel shard is a block at its offset along the dimension it was cut (DCP's chunk); a
-replicated tensor is written once, each rank its own contiguous n-th of it flattened; ZeRO-1's
-optimizer state is written whole by its owner. Files: ``rank<r>.pt`` per rank (torch.save of plain
+tensor held whole by several ranks is written once, each holder its own contiguous share of it
+flattened (its holders: every rank under data or tensor parallelism, the replicas of a stage on a
+pipeline mesh, found by one exchange of names, as DCP's planner dedups); ZeRO-1's optimizer state is
+written whole by its owner. Files: ``rank<r>.pt`` per rank (torch.save of plain
 data, read back with weights_only) and ``metadata.json`` from rank 0 (the world size, the rank
 files, every parameter's and buffer's shape and dtype).
 
@@ -111,14 +113,21 @@ def _split_tensors(model: nn.Module) -> dict[int, tuple]:
     return split
 
 
-def _held(model: nn.Module) -> dict[str, _Held]:
-    """{name: what this rank holds} for every parameter (a tied one once) and buffer of ``model``."""
+def _held(model: nn.Module) -> tuple[dict[str, _Held], dict[str, dict]]:
+    """({name: what this rank holds} for every parameter (a tied one once) and buffer of ``model``,
+    the world's view: {name: {"shape", "dtype", "holders"}} over every rank's model). A tensor held
+    whole is written once: its holders (every rank under data or tensor parallelism, a stage's
+    replicas in a pipeline) each write a contiguous share of it."""
     split = _split_tensors(model)
-    world, rank = dist.get_world_size(), dist.get_rank()
+    local = {name: tensor for name, tensor in [*model.named_parameters(), *model.named_buffers()]}
+    world = _world_view({name: (list(_full_shape(tensor, split)), str(tensor.dtype).removeprefix("torch."),
+                                id(tensor) not in split) for name, tensor in local.items()})
+    rank = dist.get_rank()
     held = {}
-    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+    for name, tensor in local.items():
         if id(tensor) not in split:
-            offset, length = _chunk(tensor.numel(), world, rank)
+            holders = world[name]["holders"]
+            offset, length = _chunk(tensor.numel(), len(holders), holders.index(rank))
             held[name] = _Held(tensor, tensor.shape, "replicated", offset, length)
             continue
         kind, group, shape, dim = split[id(tensor)]
@@ -128,7 +137,34 @@ def _held(model: nn.Module) -> dict[str, _Held]:
         else:
             offset = r * tensor.numel()
             held[name] = _Held(tensor, shape, kind, offset, max(0, min(tensor.numel(), shape.numel() - offset)))
-    return held
+    return held, world
+
+
+def _full_shape(tensor: torch.Tensor, split: dict) -> torch.Size:
+    return split[id(tensor)][2] if id(tensor) in split else tensor.shape
+
+
+def _world_view(mine: dict[str, tuple]) -> dict[str, dict]:
+    """Every rank's {name: (full shape, dtype, held whole)}, exchanged (two all-gathers: the
+    lengths, then the padded bytes), as {name: {"shape", "dtype", "holders": the ranks that hold it
+    whole, in rank order}}."""
+    data = torch.tensor(list(json.dumps(mine).encode()), dtype=torch.uint8)
+    world = dist.get_world_size()
+    lengths = torch.zeros(world, dtype=torch.int64)
+    collectives.all_gather_into_tensor(lengths, torch.tensor([data.numel()]))
+    longest = int(lengths.max())
+    gathered = torch.zeros(world * longest, dtype=torch.uint8)
+    padded = torch.zeros(longest, dtype=torch.uint8)
+    padded[:data.numel()] = data
+    collectives.all_gather_into_tensor(gathered, padded)
+    view: dict[str, dict] = {}
+    for r in range(world):
+        theirs = json.loads(bytes(gathered[r * longest:r * longest + int(lengths[r])].tolist()).decode())
+        for name, (shape, dtype, whole) in theirs.items():
+            entry = view.setdefault(name, {"shape": shape, "dtype": dtype, "holders": []})
+            if whole:
+                entry["holders"].append(r)
+    return view
 
 
 def _optimizer_state(optimizer) -> tuple[dict, bool]:
@@ -143,7 +179,7 @@ def _optimizer_state(optimizer) -> tuple[dict, bool]:
 def save_checkpoint(path: str, model: nn.Module, optimizer) -> None:
     """Write this rank's pieces of ``model``'s parameters and buffers and of ``optimizer``'s state
     under ``path``; rank 0 also writes the metadata. Returns once every rank has written."""
-    held = _held(model)
+    held, world_view = _held(model)
     states, whole = _optimizer_state(optimizer)
     pieces, scalars = [], []  # (name, state key or None, dim, offset, values); (name, key, value)
     for name, h in held.items():
@@ -159,8 +195,7 @@ def save_checkpoint(path: str, model: nn.Module, optimizer) -> None:
     torch.save({"format": FORMAT, "pieces": pieces, "scalars": scalars, "rng": torch.get_rng_state()},
                os.path.join(path, f"rank{rank}.pt"))
     if rank == 0:
-        tensors = {name: {"shape": list(h.shape), "dtype": str(h.local.dtype).removeprefix("torch.")}
-                   for name, h in held.items()}
+        tensors = {name: {"shape": entry["shape"], "dtype": entry["dtype"]} for name, entry in world_view.items()}
         with open(os.path.join(path, METADATA), "w") as file:
             json.dump({"format": FORMAT, "world_size": world, "files": [f"rank{r}.pt" for r in range(world)],
                        "tensors": tensors}, file)
@@ -180,9 +215,11 @@ def _read(path: str, name: str, what: str):
         raise ValueError(f"checkpoint {path!r}: {name} ({what}) cannot be read: {error}") from error
 
 
-def _check_architecture(metadata: dict, held: dict[str, _Held], path: str) -> None:
+def _check_architecture(metadata: dict, world_view: dict[str, dict], path: str) -> None:
+    """The checkpoint's tensors against the world's model (every rank's, so that a pipeline stage
+    holding a part of it is judged whole, and every rank refuses alike)."""
     saved = {name: tuple(entry["shape"]) for name, entry in metadata["tensors"].items()}
-    here = {name: tuple(h.shape) for name, h in held.items()}
+    here = {name: tuple(entry["shape"]) for name, entry in world_view.items()}
     problems = [f"{name} is not in the model" for name in saved if name not in here]
     problems += [f"the model's {name} is not in the checkpoint" for name in here if name not in saved]
     problems += [f"{name} was saved as {list(saved[name])}, the model's is {list(here[name])}"
@@ -242,11 +279,11 @@ def load_checkpoint(path: str, model: nn.Module, optimizer) -> None:
     """Load what ``save_checkpoint`` wrote, from any layout and world size, into ``model`` and
     ``optimizer`` under theirs. Raises (on every rank alike) on another architecture or a checkpoint
     that is not whole; the model and optimizer are changed only after every check has passed."""
-    held = _held(model)
+    held, world_view = _held(model)
     metadata = _read(path, METADATA, "the metadata rank 0 writes")
     if metadata.get("format") != FORMAT:
         raise ValueError(f"checkpoint {path!r} is in format {metadata.get('format')!r}, not {FORMAT}")
-    _check_architecture(metadata, held, path)
+    _check_architecture(metadata, world_view, path)
     contents = [_read(path, name, "one rank's pieces") for name in metadata["files"]]
     states, whole = _optimizer_state(optimizer)
     shapes = {(name, None): h.shape for name, h in held.items()}
@@ -255,7 +292,9 @@ def load_checkpoint(path: str, model: nn.Module, optimizer) -> None:
         for name, key, _, _, values in content["pieces"]:
             if key is not None and name in held:
                 shapes[(name, key)], dtypes[(name, key)] = held[name].shape, values.dtype
-    full, covered = _assemble([p for content in contents for p in content["pieces"]], shapes, dtypes, path)
+    # what another rank holds (another pipeline stage) is not read here; a name no rank holds is refused
+    pieces = [p for content in contents for p in content["pieces"] if p[0] in held or p[0] not in world_view]
+    full, covered = _assemble(pieces, shapes, dtypes, path)
     _check_whole(covered, shapes, path)
     counters = {(name, key): value for content in contents for name, key, value in content["scalars"]}
     saved: dict[str, dict] = {}  # {parameter name: {state key: full tensor or counter}}, in saved order

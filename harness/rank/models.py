@@ -12,6 +12,9 @@ batch's samples, so the mean over ranks of per-rank losses on equal slices is th
   takes, so one model can be trained data parallel or tensor parallel (the checkpoint tests).
   ``"dropout": p`` drops the hidden activations with probability p (always in training mode), the
   mask drawn from torch's default generator inside the block (the random-stream tests).
+* ``stacked_mlp``: ``layers`` Linear(width, width) + tanh layers named ``l0``, ``l1``, ..., mean
+  squared error: a model that can be trained data parallel or cut into pipeline stages that keep
+  its names (``stage_of``; the checkpoint tests).
 * ``tied_lm``: the hard cases of data parallelism in one model:
   - tied weights: the output head's weight *is* the embedding's weight (one Parameter used by two
     modules, reported once by named_parameters as ``embed.weight``);
@@ -50,7 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-KINDS = ("mlp", "gelu_mlp", "tied_lm", "relu_lm")
+KINDS = ("mlp", "gelu_mlp", "stacked_mlp", "tied_lm", "relu_lm")
 IGNORE = -100  # a target that is not a token (padding, a prompt): torch's cross_entropy ignore_index
 
 
@@ -85,6 +88,44 @@ class GeluMLP(nn.Module):
 
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.mse_loss(self.mlp(inputs), targets)
+
+
+class StackedMLP(nn.Module):
+    def __init__(self, width: int, layers: int):
+        super().__init__()
+        self.depth = layers
+        for k in range(layers):
+            setattr(self, f"l{k}", nn.Linear(width, width))
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        h = inputs
+        for k in range(self.depth):
+            h = torch.tanh(getattr(self, f"l{k}")(h))
+        return F.mse_loss(h, targets)
+
+
+class Stage(nn.Module):
+    """Layers ``first`` .. ``last`` - 1 of a StackedMLP, under the model's own names (``l3.weight``),
+    as a pipeline stage: forward(x) runs them in order."""
+
+    def __init__(self, model: StackedMLP, first: int, last: int):
+        super().__init__()
+        self.names = [f"l{k}" for k in range(first, last)]
+        for name in self.names:
+            setattr(self, name, getattr(model, name))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for name in self.names:
+            x = torch.tanh(getattr(self, name)(x))
+        return x
+
+
+def stage_of(model: StackedMLP, stage: int, stages: int) -> Stage:
+    """Stage ``stage`` of ``stages`` equal runs of consecutive layers (the depth divides by them)."""
+    if model.depth % stages:
+        raise ValueError(f"{model.depth} layers do not split into {stages} equal stages")
+    each = model.depth // stages
+    return Stage(model, stage * each, (stage + 1) * each)
 
 
 class ScaledResidual(nn.Module):
@@ -163,6 +204,8 @@ def build(spec: dict, seed: int) -> nn.Module:
     kind = spec["kind"]
     if kind == "mlp":
         model = MLP(spec["inputs"], spec["hidden"], spec["outputs"])
+    elif kind == "stacked_mlp":
+        model = StackedMLP(spec["width"], spec["layers"])
     elif kind == "gelu_mlp":
         model = GeluMLP(spec["width"], spec["hidden"], float(spec.get("dropout", 0.0)))
     elif kind == "tied_lm":
@@ -207,7 +250,7 @@ def make_batch(spec: dict, batch_size: int, seed: int) -> dict:
     if spec["kind"] == "mlp":
         inputs = torch.randn((batch_size, spec["inputs"]), generator=generator).to(_floating(spec))
         targets = torch.randn((batch_size, spec["outputs"]), generator=generator).to(_floating(spec))
-    elif spec["kind"] == "gelu_mlp":
+    elif spec["kind"] in ("gelu_mlp", "stacked_mlp"):
         inputs = torch.randn((batch_size, spec["width"]), generator=generator).to(_floating(spec))
         targets = torch.randn((batch_size, spec["width"]), generator=generator).to(_floating(spec))
     elif spec["kind"] in ("tied_lm", "relu_lm"):

@@ -1,0 +1,25 @@
+"""Whole tensors are split for writing among all the world's ranks, as if every rank held every tensor (true under data parallelism): on a pipeline mesh a stage's tensors are written only in the shares of the ranks holding that stage, and the rest of each is in no file.
+targets: pipeline
+"""
+import torch.distributed as dist
+
+from impls import *
+from impls import checkpointing
+
+_world_view = checkpointing._world_view
+
+
+def _everyone_holds(mine):
+    view = _world_view(mine)
+    for entry in view.values():
+        if entry["holders"]:
+            entry["holders"] = list(range(dist.get_world_size()))
+    return view
+
+
+def save_checkpoint(path, model, optimizer):
+    checkpointing._world_view = _everyone_holds
+    try:
+        checkpointing.save_checkpoint(path, model, optimizer)
+    finally:
+        checkpointing._world_view = _world_view
