@@ -161,3 +161,53 @@ def build_blocks(spec: dict, seed: int) -> nn.Sequential:
 def make_block_batch(spec: dict, batch_size: int, seed: int) -> dict:
     """{"inputs": [batch, h], "targets": [batch, h]} in the spec's dtype."""
     return make_batch({"widths": [spec["h"], spec["h"]], "dtype": spec.get("dtype", "float64")}, batch_size, seed)
+
+
+class AttentionHolder(nn.Module):
+    """The dense attention projections: ``qkv`` (fused, in the spec's layout) and ``out``."""
+
+    def __init__(self, h: int, heads: int, kv_heads: int, head_dim: int, bias: bool):
+        super().__init__()
+        self.qkv = nn.Linear(h, (heads + 2 * kv_heads) * head_dim, bias=bias)
+        self.out = nn.Linear(heads * head_dim, h, bias=bias)
+
+
+class SwiGLUHolder(nn.Module):
+    """The dense SwiGLU projections: ``gate_up`` ([gate | up] rows) and ``down``."""
+
+    def __init__(self, h: int, ffn: int, bias: bool):
+        super().__init__()
+        self.gate_up = nn.Linear(h, 2 * ffn, bias=bias)
+        self.down = nn.Linear(ffn, h, bias=bias)
+
+
+class TransformerBlockWeights(nn.Module):
+    def __init__(self, spec: dict):
+        super().__init__()
+        self.attn = AttentionHolder(spec["h"], spec["heads"], spec["kv_heads"], spec["head_dim"], spec["bias"])
+        self.mlp = SwiGLUHolder(spec["h"], spec["ffn"], spec["bias"])
+
+
+def build_transformer(spec: dict, seed: int) -> nn.Module:
+    """The dense weights of a small language model (the whole-block mesh test): ``embed``
+    (nn.Embedding(vocab, h), also the output head: tied) and ``blocks`` of causal self-attention and
+    SwiGLU, each with a residual. Spec: {"vocab", "h", "heads", "kv_heads", "head_dim", "ffn",
+    "blocks", "bias", "layout", "dtype"}; every parameter drawn from ``seed`` in named order from a
+    private generator (as ``build``). The forward is written out in reference/transformer_model.py
+    (dense) and harness/rank/programs/mesh_transformer.py (on the implementation's layers)."""
+    model = nn.Module()
+    model.embed = nn.Embedding(spec["vocab"], spec["h"])
+    model.blocks = nn.ModuleList([TransformerBlockWeights(spec) for _ in range(spec["blocks"])])
+    model = model.to(getattr(torch, spec.get("dtype", "float64")))
+    generator = torch.Generator().manual_seed(seed)
+    # the projections back into the residual stream scaled by 1 / (2 L) (GPT-2's residual scaling, here
+    # stronger): without a norm, L blocks of unit gain would grow the stream and its gradients
+    # geometrically (measured: 1e18 at 8 blocks), past what a relative bound can judge
+    residual = 1.0 / (2 * spec["blocks"])
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            fan_in = tensor.shape[-1] if tensor.dim() > 1 else max(tensor.numel(), 1)
+            scale = residual if name.endswith(("attn.out.weight", "attn.out.bias", "mlp.down.weight", "mlp.down.bias")) else 1.0
+            tensor.copy_(torch.randn(tensor.shape, generator=generator, dtype=torch.float64).to(tensor.dtype)
+                         * scale / math.sqrt(fan_in))
+    return model
