@@ -1,7 +1,10 @@
 """harness/driver/mutation.py's own rules: a kill by a deadline alone is the runner's failure unless
-the bug is a hang, a deadlock report is a kill, and the runs start longest first, by the last run's
-seconds where there was one and by their kind's estimate where not."""
+the bug is a hang, a deadlock report is a kill, the runs start longest first, by the last run's
+seconds where there was one and by their kind's estimate where not, and a buggy outsider's targets
+narrow its run."""
 from __future__ import annotations
+
+import pytest
 
 from harness.driver.mutation import (
     ESTIMATE_S,
@@ -12,7 +15,7 @@ from harness.driver.mutation import (
     read_durations,
     write_durations,
 )
-from harness.driver.mutation_catalog import Mutant, mutants
+from harness.driver.mutation_catalog import Mutant, Outsider, mutants
 
 DEADLINE_FAILURE = """\
     def test_all_reduce(...):
@@ -61,6 +64,21 @@ def test_bug_hang_is_read_from_the_docstring(tmp_path):
     (folder / "waits.py").write_text('"""Ranks wait.\ntargets: test_all_reduce\nbug: hang\n"""\n')
     (folder / "wrong.py").write_text('"""Wrong values; no bug: hang here.\ntargets: test_all_reduce\n"""\n')
     assert Mutant.read(folder / "waits.py").hang and not Mutant.read(folder / "wrong.py").hang
+
+
+def test_a_buggy_outsiders_targets_narrow_its_run_and_a_correct_one_may_not_have_any(tmp_path):
+    """A buggy outsider's 'targets:' is the -k of its run (the tests that catch it, for the runner's
+    time); a correct one runs everything it claims, so a 'targets:' there is refused."""
+    folder = tmp_path / "data_parallel"
+    folder.mkdir()
+    (folder / "bug.py").write_text('"""Buckets never reduced.\n\nverdict: fail\ncapability: data_parallel\n'
+                                   'targets: test_bucketed\n"""\n')
+    (folder / "good.py").write_text('"""Correct: buckets.\n\nverdict: pass\ncapability: data_parallel\n'
+                                    'targets: test_bucketed\n"""\n')
+    args = Outsider.read(folder / "bug.py").pytest_args()
+    assert args[args.index("-k") + 1] == "test_bucketed" and "-x" in args
+    with pytest.raises(ValueError, match="only a buggy outsider"):
+        Outsider.read(folder / "good.py")
 
 
 def job(key: str, kind: str) -> Job:

@@ -56,6 +56,7 @@ class Outsider:
     capability: str  # what it claims (a capability or a group of harness/driver/capabilities.py)
     audit: str  # for a correct one whose communication exceeds the audit's bounds: why ('' otherwise)
     hang: bool = False  # its docstring says 'bug: hang': a deadline is a fair catch
+    targets: str = ""  # a buggy one's 'targets:' line: the -k of its run (the tests that catch it), for speed
 
     @classmethod
     def read(cls, path: Path) -> Outsider:
@@ -63,13 +64,16 @@ class Outsider:
         doc = ast.get_docstring(ast.parse(source)) or ""
         lines = doc.splitlines()
         fields = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:]) if k.strip() in
-                  ("verdict", "capability", "audit", "bug")}
+                  ("verdict", "capability", "audit", "bug", "targets")}
         verdict, capability = fields.get("verdict", ""), fields.get("capability", "")
         if not lines or verdict not in ("pass", "fail") or not (capability in BY_NAME or capability in GROUPS):
             raise ValueError(f"{path}: the docstring needs a first line, 'verdict: pass|fail' and 'capability: NAME' "
                              f"(a capability or group of harness/driver/capabilities.py), got verdict={verdict!r}, "
                              f"capability={capability!r}")
-        return cls(path, lines[0], verdict, capability, fields.get("audit", ""), fields.get("bug") == "hang")
+        if fields.get("targets") and verdict != "fail":
+            raise ValueError(f"{path}: only a buggy outsider may name 'targets:' (a correct one runs every test it claims)")
+        return cls(path, lines[0], verdict, capability, fields.get("audit", ""), fields.get("bug") == "hang",
+                   fields.get("targets", ""))
 
     @property
     def name(self) -> str:
@@ -95,7 +99,10 @@ class Outsider:
         if self.audit:  # its values alone; audit_args() holds its audit, which must fail
             return [test_file, "--capability", self.capability]
         args = [test_file, "conformance/audit", "--capability", f"{self.capability},audit"]
-        return args if self.verdict == "pass" else [*args, "-x", "--rank-timeout", str(MUTANT_RANK_TIMEOUT_S)]
+        if self.verdict == "pass":
+            return args
+        targeted = ["-k", self.targets] if self.targets else []
+        return [*args, *targeted, "-x", "--rank-timeout", str(MUTANT_RANK_TIMEOUT_S)]
 
 
     def audit_args(self) -> list[str]:

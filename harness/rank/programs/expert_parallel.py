@@ -77,3 +77,36 @@ def refusal(ctx: RankContext, impl, process_group, router_weight, experts) -> di
     except Exception as error:  # noqa: BLE001 - the driver judges what was raised
         return {"raised": type(error).__name__, "message": str(error)}
     return {"raised": None, "message": ""}
+
+
+def mesh_step(ctx: RankContext, impl, router_weight, experts, x, grad_output, mesh: dict, group=None) -> dict:
+    """Expert parallelism inside data parallelism (capability ``moe_mesh``): a dp x ep mesh (``mesh``:
+    {"ep": [...], "dp": [...]}, every rank makes every group in that order). The layer is built on
+    this rank's expert-parallel group; forward on this rank's own tokens, backward of sum(y * G).
+    Then the data-parallel reductions a trainer makes, with the implementation's ``all_reduce``: each
+    local expert's gradients summed over its data-parallel group (the replicas of those experts), the
+    router's over the whole world (it is replicated everywhere). What forward_backward returns, with
+    the gradients so summed."""
+    from torch.distributed import ReduceOp
+
+    if group is not None:
+        raise ValueError("a mesh spans the whole world")
+    for axis in ("ep", "dp"):
+        for members in mesh[axis]:
+            ctx.group(members)
+    ep, dp = (ctx.group(next(g for g in mesh[axis] if ctx.rank in g)) for axis in ("ep", "dp"))
+    moe = _build(ctx, impl, ep, router_weight, experts)
+    x = ctx.to_device(x).requires_grad_(True)
+    y = moe(x)
+    y.backward(ctx.to_device(grad_output))
+    all_reduce = require(impl, "all_reduce")
+
+    def summed(tensor, over):
+        tensor = tensor.detach().clone().contiguous()
+        all_reduce(tensor, op=ReduceOp.SUM, group=over)
+        return tensor
+
+    local = [tuple(summed(_grad(p), dp) for p in (e[0].weight, e[0].bias, e[2].weight, e[2].bias))
+             for e in moe.experts]
+    return ctx.to_cpu({"output": y.detach(), "grad_input": _grad(x), "grad_router": summed(_grad(moe.router.weight), None),
+                       "grad_experts": local})
