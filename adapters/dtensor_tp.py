@@ -142,7 +142,14 @@ class TensorParallelMLP(nn.Module):
 
     @classmethod
     def from_dense(cls, fc1: nn.Linear, fc2: nn.Linear, group=None, sequence_parallel: bool = False,
-                   norm: nn.LayerNorm | None = None, dropout: float = 0.0) -> TensorParallelMLP:
+                   norm: nn.LayerNorm | None = None, dropout: float = 0.0,
+                   compute_dtype: torch.dtype | None = None) -> TensorParallelMLP:
+        if compute_dtype is not None:
+            # said, not emulated: a hand-made cast would test this adapter, not torch
+            raise NotImplementedError(
+                "torch's tensor parallelism cannot compute in another dtype than its parameters' by itself: its "
+                "mixed precision comes from FSDP2's MixedPrecisionPolicy around it, whose reduce_dtype pytorch#190626 "
+                "reports not applied to the tensor-parallel gradient all-reduce")
         if fc1.out_features != fc2.in_features:
             raise ValueError(f"fc1.out_features = {fc1.out_features} must equal fc2.in_features = {fc2.in_features}")
         _check_divisible("ffn width (fc1.out_features = fc2.in_features)", fc1.out_features, dist.get_world_size(group))

@@ -22,6 +22,10 @@ A Linear y = x W^T + b, W of shape [out_features, in_features], split across the
   or its sequence shards) are dropped with the masks torch's dropout would draw over the dense
   tensors, each rank keeping its part of them (every member draws the whole mask from the default
   generator, which the members keep in the same state), so the block is the dense one with dropout.
+* ``compute_dtype=d`` (the MLP's): the parameters stay the masters in their dtype and are cast to d
+  where used, the input too, so the matmuls and the activations' reductions run in d and every
+  gradient lands in the parameter's dtype; the one gradient reduced across the group under sequence
+  parallelism, the row layer's bias's, is summed in the bias's own dtype (the cast after f).
 * ``norm`` (a LayerNorm before fc1, the block's pre-norm): a copy held whole on every rank. Without
   sequence parallelism it normalises the replicated input, and f after it hands every rank the
   full input gradient, so its gradients are whole already. With sequence parallelism it runs on
@@ -212,6 +216,11 @@ def _parameter(t: torch.Tensor | None) -> nn.Parameter | None:
     return None if t is None else nn.Parameter(t.detach().clone())
 
 
+def _cast(t: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Tensor | None:
+    """``t`` in the compute dtype (a differentiable cast: the gradient comes back in t's dtype)."""
+    return t if t is None or dtype is None else t.to(dtype)
+
+
 # -------------------------------------------------------------------------------------- layers
 class ColumnParallelLinear(nn.Module):
     """y_r = x W_r^T + b_r with W_r, b_r this rank's chunk of out_features."""
@@ -224,6 +233,7 @@ class ColumnParallelLinear(nn.Module):
         self.sequence_parallel = sequence_parallel
         self.weight = _parameter(weight)
         self.bias = _parameter(bias)
+        self.compute_dtype = None  # set by TensorParallelMLP(compute_dtype=...): the parameters cast when used
 
     @classmethod
     def from_dense(cls, linear: nn.Linear, group=None, gather_output: bool = False,
@@ -241,7 +251,7 @@ class ColumnParallelLinear(nn.Module):
             x = gather_from_sequence_parallel_region(x, self.group)
         else:
             x = copy_to_parallel_region(x, self.group)
-        y = F.linear(x, self.weight, self.bias)
+        y = F.linear(x, _cast(self.weight, self.compute_dtype), _cast(self.bias, self.compute_dtype))
         return gather_from_parallel_region(y, self.group) if self.gather_output else y
 
 
@@ -256,6 +266,7 @@ class RowParallelLinear(nn.Module):
         self.sequence_parallel = sequence_parallel
         self.weight = _parameter(weight)
         self.bias = _parameter(bias)
+        self.compute_dtype = None  # set by TensorParallelMLP(compute_dtype=...)
 
     @classmethod
     def from_dense(cls, linear: nn.Linear, group=None, input_is_parallel: bool = True,
@@ -269,21 +280,24 @@ class RowParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.input_is_parallel:
             x = scatter_to_parallel_region(x, self.group)
-        partial = F.linear(x, self.weight)
+        partial = F.linear(x, _cast(self.weight, self.compute_dtype))
         if self.sequence_parallel:
             _check_sequence(partial, self.group)
             y = reduce_scatter_to_sequence_parallel_region(partial, self.group)
-            # the bias meets one sequence shard: all-reduce its gradient (f) to cover the whole sequence
-            return y if self.bias is None else y + copy_to_parallel_region(self.bias, self.group)
+            # the bias meets one sequence shard: all-reduce its gradient (f) to cover the whole sequence,
+            # in the bias's own dtype: f on the master, then the cast, so that the cast's backward brings
+            # each member's partial gradient back up before the sum (pytorch#190626 summed in bfloat16)
+            return y if self.bias is None else y + _cast(copy_to_parallel_region(self.bias, self.group),
+                                                         self.compute_dtype)
         y = reduce_from_parallel_region(partial, self.group)
-        return y if self.bias is None else y + self.bias
+        return y if self.bias is None else y + _cast(self.bias, self.compute_dtype)
 
 
 class TensorParallelMLP(nn.Module):
     """GELU(x W1^T + b1) W2^T + b2 with fc1 column parallel and fc2 row parallel."""
 
     def __init__(self, fc1: ColumnParallelLinear, fc2: RowParallelLinear, group=None, sequence_parallel: bool = False,
-                 norm: nn.LayerNorm | None = None, dropout: float = 0.0):
+                 norm: nn.LayerNorm | None = None, dropout: float = 0.0, compute_dtype: torch.dtype | None = None):
         super().__init__()
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
@@ -293,17 +307,20 @@ class TensorParallelMLP(nn.Module):
         self.fc2 = fc2
         self.norm = norm
         self.dropout = dropout
+        self.compute_dtype = fc1.compute_dtype = fc2.compute_dtype = compute_dtype
 
     @classmethod
     def from_dense(cls, fc1: nn.Linear, fc2: nn.Linear, group=None, sequence_parallel: bool = False,
-                   norm: nn.LayerNorm | None = None, dropout: float = 0.0) -> TensorParallelMLP:
+                   norm: nn.LayerNorm | None = None, dropout: float = 0.0,
+                   compute_dtype: torch.dtype | None = None) -> TensorParallelMLP:
         n = _size(group)
         if fc1.out_features != fc2.in_features:
             raise ValueError(f"fc1.out_features = {fc1.out_features} must equal fc2.in_features = {fc2.in_features}")
         _check_divisible("ffn width (fc1.out_features = fc2.in_features)", fc1.out_features, n)
         column = ColumnParallelLinear.from_dense(fc1, group, gather_output=False, sequence_parallel=sequence_parallel)
         row = RowParallelLinear.from_dense(fc2, group, input_is_parallel=True, sequence_parallel=sequence_parallel)
-        return cls(column, row, group, sequence_parallel, None if norm is None else copy.deepcopy(norm), dropout)
+        return cls(column, row, group, sequence_parallel, None if norm is None else copy.deepcopy(norm), dropout,
+                   compute_dtype)
 
     def _normed(self, x: torch.Tensor) -> torch.Tensor:
         norm = self.norm
@@ -328,6 +345,9 @@ class TensorParallelMLP(nn.Module):
         return noise if dim is None else noise.narrow(dim, r * local.shape[dim], local.shape[dim])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.compute_dtype is not None and self.norm is not None:
+            raise NotImplementedError("compute_dtype with a LayerNorm before the MLP is not implemented")
+        x = _cast(x, self.compute_dtype)
         hidden = F.gelu(self.fc1(self._normed(x)), approximate="none")
         if self.dropout:  # the sharded region: this rank's columns of the dense hidden mask
             hidden = hidden * self._slice_of_dense_mask(hidden, -1)

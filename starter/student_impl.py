@@ -213,9 +213,10 @@ class TensorParallelMLP:
     """Column, GELU, row through Megatron's f and g operators; optionally sequence parallel."""
 
     @classmethod
-    def from_dense(cls, fc1, fc2, group=None, sequence_parallel=False, norm=None, dropout=0.0):
+    def from_dense(cls, fc1, fc2, group=None, sequence_parallel=False, norm=None, dropout=0.0, compute_dtype=None):
         # norm: a LayerNorm before fc1, held whole on every rank (CONTRACT.md, capability tp_norm)
         # dropout: the dense block's two dropout masks, each member its part (capability tp_dropout)
+        # compute_dtype: float32 masters cast where used; the SP bias gradient summed in float32 (tp_compute_dtype)
         raise NotImplementedError("TensorParallelMLP")
 
 
