@@ -37,10 +37,16 @@ PARAMETERS = ("fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias")
 def test_the_sequence_parallel_bias_gradient_is_summed_in_the_masters_dtype(data, ranks, target, reproduce):
     dtype = data.draw(st.sampled_from(list(LARGEST_EXACT)), label="compute dtype")
     example = data.draw(examples(target.max_world_size, "sequence", min_size=2), label="example")
-    n = example.n
     judge = Judge(f"{example} (float32 masters, compute_dtype={str(dtype).removeprefix('torch.')}, sequence "
                   "parallel, zero input, one nonzero upstream row per member)", reproduce)
-    t = example.tensors()
+    built = bias_sum_example(example, dtype)
+    judge_bias_sum(judge, example, built, run_or_skip(judge, ranks, example.layout, PROGRAM, built["per_member"]))
+
+
+def bias_sum_example(example, dtype: torch.dtype) -> dict:
+    """The example of the module docstring: {"per_member": the rank program's inputs, "dtype",
+    "bias": fc2's float32 bias, "total": the float32 sum of the upstream gradient's rows, "x"}."""
+    n, t = example.n, example.tensors()
     (w1, _), (w2, _) = t["params"]
     g = torch.Generator().manual_seed(example.seed)
     h = example.in_features
@@ -52,14 +58,19 @@ def test_the_sequence_parallel_bias_gradient_is_summed_in_the_masters_dtype(data
     leading = (0,) * (x.dim() - 2)
     for i in range(n):
         grad[(*leading, i * per_rank)] = signs * (LARGEST_EXACT[dtype] if i == 0 else 2)
-    total = grad.reshape(-1, h).sum(0)  # odd and past the exact range: only a float32 sum keeps it
     dense = {"fc1_weight": w1.float(), "fc1_bias": torch.zeros(w1.shape[0]), "fc2_weight": w2.float(), "fc2_bias": bias}
-    outputs = run_or_skip(judge, ranks, example.layout, PROGRAM, [
-        {"layer": "mlp", "dense": dense, "options": {"sequence_parallel": True, "compute_dtype": dtype},
-         "x": ref.sequence_shard(x, n, i), "grad_output": ref.sequence_shard(grad, n, i).to(dtype)} for i in range(n)])
+    per_member = [{"layer": "mlp", "dense": dense, "options": {"sequence_parallel": True, "compute_dtype": dtype},
+                   "x": ref.sequence_shard(x, n, i), "grad_output": ref.sequence_shard(grad, n, i).to(dtype)}
+                  for i in range(n)]
+    # odd and past the exact range: only a float32 sum keeps it
+    return {"per_member": per_member, "dtype": dtype, "bias": bias, "total": grad.reshape(-1, h).sum(0), "x": x}
+
+
+def judge_bias_sum(judge: Judge, example, built: dict, outputs: dict) -> None:
+    dtype, total, n = built["dtype"], built["total"], example.n
     for i, rank in enumerate(example.layout.ranks):
         got = outputs[rank]
-        want = bias.to(dtype).expand(*ref.sequence_shard(x, n, i).shape)
+        want = built["bias"].to(dtype).expand(*ref.sequence_shard(built["x"], n, i).shape)
         judge.tensor(got["output"], want, what=f"rank {rank} output (in the compute dtype: exactly fc2's bias, the input "
                                                "being zero)")
         for name in PARAMETERS:
