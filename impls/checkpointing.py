@@ -121,7 +121,7 @@ def _held(model: nn.Module) -> tuple[dict[str, _Held], dict[str, dict]]:
     split = _split_tensors(model)
     local = {name: tensor for name, tensor in [*model.named_parameters(), *model.named_buffers()]}
     world = _world_view({name: (list(_full_shape(tensor, split)), str(tensor.dtype).removeprefix("torch."),
-                                id(tensor) not in split) for name, tensor in local.items()})
+                                id(tensor) not in split) for name, tensor in local.items()}, _device(model))
     rank = dist.get_rank()
     held = {}
     for name, tensor in local.items():
@@ -144,17 +144,22 @@ def _full_shape(tensor: torch.Tensor, split: dict) -> torch.Size:
     return split[id(tensor)][2] if id(tensor) in split else tensor.shape
 
 
-def _world_view(mine: dict[str, tuple]) -> dict[str, dict]:
+def _device(model: nn.Module) -> torch.device:
+    """Where the model's tensors are: the exchanges go there (NCCL takes CUDA tensors only)."""
+    return next((t.device for t in [*model.parameters(), *model.buffers()]), torch.device("cpu"))
+
+
+def _world_view(mine: dict[str, tuple], device: torch.device) -> dict[str, dict]:
     """Every rank's {name: (full shape, dtype, held whole)}, exchanged (two all-gathers: the
     lengths, then the padded bytes), as {name: {"shape", "dtype", "holders": the ranks that hold it
     whole, in rank order}}."""
-    data = torch.tensor(list(json.dumps(mine).encode()), dtype=torch.uint8)
+    data = torch.tensor(list(json.dumps(mine).encode()), dtype=torch.uint8, device=device)
     world = dist.get_world_size()
-    lengths = torch.zeros(world, dtype=torch.int64)
-    collectives.all_gather_into_tensor(lengths, torch.tensor([data.numel()]))
+    lengths = torch.zeros(world, dtype=torch.int64, device=device)
+    collectives.all_gather_into_tensor(lengths, torch.tensor([data.numel()], device=device))
     longest = int(lengths.max())
-    gathered = torch.zeros(world * longest, dtype=torch.uint8)
-    padded = torch.zeros(longest, dtype=torch.uint8)
+    gathered = torch.zeros(world * longest, dtype=torch.uint8, device=device)
+    padded = torch.zeros(longest, dtype=torch.uint8, device=device)
     padded[:data.numel()] = data
     collectives.all_gather_into_tensor(gathered, padded)
     view: dict[str, dict] = {}
@@ -199,7 +204,7 @@ def save_checkpoint(path: str, model: nn.Module, optimizer) -> None:
         with open(os.path.join(path, METADATA), "w") as file:
             json.dump({"format": FORMAT, "world_size": world, "files": [f"rank{r}.pt" for r in range(world)],
                        "tensors": tensors}, file)
-    collectives.all_reduce(torch.zeros(1), group=None)  # a barrier: the checkpoint is whole when any rank returns
+    collectives.all_reduce(torch.zeros(1, device=_device(model)), group=None)  # a barrier: whole when any rank returns
 
 
 def _read(path: str, name: str, what: str):
@@ -210,7 +215,7 @@ def _read(path: str, name: str, what: str):
         if name == METADATA:
             with open(file) as handle:
                 return json.load(handle)
-        return torch.load(file, weights_only=True)
+        return torch.load(file, weights_only=True, map_location="cpu")  # assembled on the CPU, then copied to the device
     except Exception as error:
         raise ValueError(f"checkpoint {path!r}: {name} ({what}) cannot be read: {error}") from error
 

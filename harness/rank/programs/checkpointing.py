@@ -177,7 +177,7 @@ def _attempt(ctx: RankContext, impl, layout: str, model: dict, seed: int, optimi
         raise
     except BaseException as error:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
         outcome = {"raised": f"{type(error).__name__}: {error}"[:400]}
-    flag = torch.tensor([1 if "raised" in outcome else 0])
+    flag = torch.tensor([1 if "raised" in outcome else 0], device=ctx.device)  # NCCL takes CUDA tensors only
     dist.all_reduce(flag)  # the harness's own agreement, on torch.distributed
     if int(flag) == 0:
         outcome["loaded"] = run.state()
