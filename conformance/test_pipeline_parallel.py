@@ -67,10 +67,13 @@ class Example:
     clip: tuple[float, float] | None = None  # (max_norm, norm_type): clip_grad_norm_ over the stages after the step
     padded: tuple[int, ...] = ()  # rows whose targets are padding (NaN): with them, the loss normalised by the valid rows
     tied: bool = False  # the last layer tied to the first (capability pipeline_tied): then sync_tied_gradients
+    dropout: float = 0.0  # every layer's dropout (capability pipeline_dropout), drawn from each rank's own stream
+    streams: tuple[int, ...] = ()  # with dropout: the seed of each rank's default generator
 
     @property
     def model(self) -> dict:
-        return {"widths": list(self.widths), "dtype": "float64", **({"tied": True} if self.tied else {})}
+        return {"widths": list(self.widths), "dtype": "float64", **({"tied": True} if self.tied else {}),
+                **({"dropout": self.dropout} if self.dropout else {})}
 
     def tied_copies(self) -> list[tuple[int, str]]:
         """(stage, name in the stage) of the tied weight's two uses: the first layer of stage 0 and
@@ -154,7 +157,8 @@ def run_step(judge: Judge, ranks, example: Example) -> dict:
     if example.tied:
         common.update(tied=example.tied_copies())
     per_rank = [{**common, "inputs": batch["inputs"] if r == 0 else None,
-                 "targets": batch["targets"] if r == example.last_rank else None} for r in range(p)]
+                 "targets": batch["targets"] if r == example.last_rank else None,
+                 **({"rng_seed": example.streams[r]} if example.streams else {})} for r in range(p)]
     return run_or_skip(judge, ranks, Layout(p), PROGRAM, per_rank)
 
 
@@ -166,7 +170,7 @@ def dense(example: Example, stages: list | None = None) -> ref.Dense:
         stages = pipeline_models.split(pipeline_models.build(example.model, example.seed), list(example.layers_per_stage))
     if not example.padded:
         return ref.dense_step(stages, batch["inputs"], batch["targets"], pipeline_models.loss_fn(LOSS),
-                              example.num_microbatches)
+                              example.num_microbatches, streams=list(example.streams) or None)
     count = pipeline_models.valid_rows(batch["targets"])
     return ref.dense_step(stages, batch["inputs"], batch["targets"],
                           lambda output, target: pipeline_models.masked_squared_error(output, target) / count,

@@ -59,20 +59,40 @@ class Dense:
 
 
 def dense_step(stages: list[nn.Module], inputs: Tensor, targets: Tensor, loss_fn, num_microbatches: int,
-               scale_grads: bool = True) -> Dense:
+               scale_grads: bool = True, streams: list[int] | None = None) -> Dense:
     """Loss and gradients of the stages run in sequence on the whole batch. The modules' .grad
     are left alone (torch.autograd.grad). ``scale_grads=False``: L = sum_i loss_fn(output_i,
-    target_i), no 1/m (a loss_fn that normalises by the global token count itself)."""
+    target_i), no 1/m (a loss_fn that normalises by the global token count itself). ``streams``
+    (one seed per stage, a stage per rank): stage s draws its random numbers (dropout) from a
+    generator of its own seeded with streams[s], microbatch after microbatch, as rank s does when it
+    runs each microbatch's forward once, in order; the driver's generator is left as it was."""
+    if streams is not None:
+        with torch.random.fork_rng(devices=[]):
+            return _dense_step(stages, inputs, targets, loss_fn, num_microbatches, scale_grads, streams)
+    return _dense_step(stages, inputs, targets, loss_fn, num_microbatches, scale_grads, None)
+
+
+def _dense_step(stages, inputs, targets, loss_fn, num_microbatches, scale_grads, streams) -> Dense:
     named = [(param_name(s, n), p) for s, stage in enumerate(stages) for n, p in stage.named_parameters()
              if p.requires_grad]
     params = [p for _, p in named]
     m = num_microbatches
     scale = m if scale_grads else 1
     losses, per_microbatch = [], []
+    states = None
+    if streams is not None:
+        states = []
+        for seed in streams:
+            torch.manual_seed(seed)
+            states.append(torch.get_rng_state())
     for x, y in zip(split(inputs, m), split(targets, m)):
         h = x
-        for stage in stages:
+        for s, stage in enumerate(stages):
+            if states is not None:
+                torch.set_rng_state(states[s])
             h = stage(h)
+            if states is not None:
+                states[s] = torch.get_rng_state()
         loss = loss_fn(h, y)
         grads = torch.autograd.grad(loss / scale, params, allow_unused=True)
         per_microbatch.append([torch.zeros_like(p) if g is None else g for g, p in zip(grads, params)])

@@ -3,8 +3,8 @@ a plain spec and a seed so that the driver (for the reference) and every rank (f
 implementation under test) build bitwise the same model, and split into stages by a list of layer
 counts. Pure torch.nn: nothing here touches torch.distributed.
 
-Spec: ``{"widths": [w0, w1, ..., wL], "dtype": "float64", "delay_ms": 0.0}``: layer k maps w_k
-features to w_{k+1}. With ``delay_ms`` > 0 every layer also sleeps that long in its forward and
+Spec: ``{"widths": [w0, w1, ..., wL], "dtype": "float64", "delay_ms": 0.0, "dropout": 0.0}``: layer
+k maps w_k features to w_{k+1}; with ``dropout`` p every layer's output is dropped with probability p. With ``delay_ms`` > 0 every layer also sleeps that long in its forward and
 twice that long in its backward (a stand-in for compute that does not load the CPU, for the
 timing benchmark: F = L_s * delay, B = 2 L_s * delay for a stage of L_s layers).
 """
@@ -47,15 +47,19 @@ class _Sleep(torch.autograd.Function):
 
 
 class Layer(nn.Module):
-    """tanh(x W^T + b), optionally sleeping ``delay_s`` forward and 2 * ``delay_s`` backward."""
+    """tanh(x W^T + b), optionally sleeping ``delay_s`` forward and 2 * ``delay_s`` backward, and
+    optionally dropped with probability ``dropout`` (always training: the mask from torch's default
+    generator)."""
 
-    def __init__(self, inputs: int, outputs: int, delay_s: float = 0.0):
+    def __init__(self, inputs: int, outputs: int, delay_s: float = 0.0, dropout: float = 0.0):
         super().__init__()
         self.linear = nn.Linear(inputs, outputs)
-        self.delay_s = delay_s
+        self.delay_s, self.dropout = delay_s, dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.tanh(self.linear(x))
+        if self.dropout:
+            y = F.dropout(y, self.dropout, training=True)
         return _Sleep.apply(y, self.delay_s) if self.delay_s > 0 else y
 
 
@@ -82,7 +86,7 @@ def build(spec: dict, seed: int) -> nn.Sequential:
         raise ValueError(f"widths {widths} describe no layer (need at least an input and an output width)")
     dtype = getattr(torch, spec.get("dtype", "float64"))
     delay_s = float(spec.get("delay_ms", 0.0)) / 1000.0
-    layers = [Layer(a, b, delay_s) for a, b in zip(widths[:-1], widths[1:])]
+    layers = [Layer(a, b, delay_s, float(spec.get("dropout", 0.0))) for a, b in zip(widths[:-1], widths[1:])]
     if spec.get("tied"):
         if len(layers) < 2 or widths[-1] != widths[0] or widths[-2] != widths[1]:
             raise ValueError(f"widths {widths} cannot tie the last layer to the first (need at least two layers, "

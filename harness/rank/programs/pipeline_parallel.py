@@ -66,7 +66,7 @@ def _over_the_batchs_valid_rows(summed, targets):
 def train_step(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage: list[int], stages_per_rank: int,
                num_microbatches: int, loss: str, inputs=None, targets=None, schedule: str | None = "1f1b",
                schedule_rows: list | None = None, placement: str = "loop", calls: int = 1, clip: dict | None = None,
-               per_token: bool = False, tied: list | None = None, group=None) -> dict:
+               per_token: bool = False, tied: list | None = None, rng_seed: int | None = None, group=None) -> dict:
     """``impl.pipeline_step`` on the whole world, ``calls`` times on the same batch (gradient
     accumulation across steps: .grad is never reset between them; the loss of the last call is
     reported). ``schedule_rows`` (one list of compact actions per rank) is handed over as a
@@ -78,7 +78,8 @@ def train_step(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage:
     ``clip_grad_norm_(this rank's stages, max_norm, norm_type, pp_group=the world)``, its result
     reported as "norm" and the gradients reported clipped. ``tied`` ([stage, parameter name] of
     every copy of a weight tied across stages, capability pipeline_tied): after the calls, the
-    implementation's ``sync_tied_gradients(this rank's stages, tied)``."""
+    implementation's ``sync_tied_gradients(this rank's stages, tied)``. ``rng_seed``: torch's default
+    generator seeded with it before the calls (this rank's dropout stream, capability pipeline_dropout)."""
     if group is not None:
         raise ValueError("pipeline parallelism is tested on the whole world, not a subgroup")
     pipeline_step = require(impl, "pipeline_step")
@@ -87,6 +88,8 @@ def train_step(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage:
     loss_fn, options = pipeline_models.loss_fn(loss), _placement_argument(placement)
     if per_token:
         loss_fn, options = _over_the_batchs_valid_rows(loss_fn, targets), {**options, "scale_grads": False}
+    if rng_seed is not None:
+        torch.manual_seed(rng_seed)
     for _ in range(calls):
         executed.append(CALL)  # each call's order is judged on its own (a runtime may warm up per call)
         result = pipeline_step(modules if stages_per_rank > 1 else modules[0], ctx.to_device(inputs),

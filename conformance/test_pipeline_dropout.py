@@ -1,0 +1,41 @@
+"""Conformance of random streams in pipeline parallelism (capability ``pipeline_dropout``): stages whose
+layers draw dropout masks from torch's default generator, each rank its own stream, seeded by the
+harness before ``pipeline_step`` (harness/rank/programs/pipeline_parallel.py: train_step's rng_seed).
+
+The contract's rule (CONTRACT.md, "pipeline_step"): a runtime runs each microbatch's forward of a
+stage once, in microbatch order, and draws nothing from the generator itself. Then stage s's masks are
+the draws of rank s's stream, microbatch after microbatch, which one process replays by keeping a
+generator state per stage (reference/pipeline_parallel.py: dense_step's streams). A runtime that
+runs a forward twice (a recompute without the saved state, allenai/OLMo-core#828's pattern), or out of
+microbatch order, or draws for itself, moves the masks and the gradients with them.
+
+Each example draws GPipe or 1F1B on p = 1-4 ranks (one stage each), m, the layers and widths
+(conformance/test_pipeline_parallel.py's draws), p = 0.25 or 0.5 and each rank's seed; judged as
+that file's step is: the last stage's loss and every stage's gradients against the dense model under
+the same masks, and the schedule run.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conformance.test_pipeline_parallel import examples, judge_step, run_step
+from conformance.verdict import Judge
+
+
+@pytest.mark.capability("pipeline_dropout")
+@given(data=st.data())
+def test_each_stage_draws_its_masks_once_per_microbatch_in_order(data, ranks, target, request):
+    example = data.draw(examples(target.max_world_size, kinds=("gpipe", "1f1b")), label="example")
+    if target.plan.device_type(example.num_ranks) != "cpu":
+        pytest.skip("the masks of a CUDA rank come from its device's generator, which the driver's CPU reference "
+                    "does not replay")
+    example = dataclasses.replace(
+        example, dropout=data.draw(st.sampled_from([0.25, 0.5]), label="dropout"),
+        streams=tuple(data.draw(st.lists(st.integers(0, 2**16), min_size=example.num_ranks,
+                                         max_size=example.num_ranks, unique=True), label="each rank's seed")))
+    judge = Judge(f"{example}", target.reproduce(request.node.nodeid))
+    judge_step(judge, example, run_step(judge, ranks, example))
