@@ -21,6 +21,9 @@ def clip_grad_norm_(module: nn.Module, max_norm: float, norm_type: float = 2.0, 
     if isinstance(module, (list, tuple)):  # a rank's pipeline stages
         module = nn.ModuleList(module)
     parameters = [p for p in module.parameters() if p.grad is not None]
+    experts = [m for m in module.modules() if hasattr(m, "experts") and hasattr(m, "group") and hasattr(m, "router")]
+    if experts:
+        return _clip_with_experts(parameters, experts, max_norm, float(norm_type))
     if pp_group is not None:
         counted = parameters
         if tied:  # a weight tied across stages: its first listed use counts it, the other copies not
@@ -56,4 +59,25 @@ def _clip_over_the_pipeline(parameters: list, max_norm: float, norm_type: float,
         norm = norm.pow(1.0 / norm_type)
     torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm[0])
     return norm[0]
+
+
+def _clip_with_experts(parameters: list, layers: list, max_norm: float, norm_type: float):
+    """torch has no expert-parallel layer; torchtitan keeps experts as DTensors on the expert mesh,
+    whose norm torch reduces over it. The same from torch's pieces: each layer's local experts'
+    norm (``get_total_norm``), its q-th power summed over the layer's group (MAX for inf), the other
+    parameters (the router, replicated) counted here once, then ``clip_grads_with_norm_``."""
+    in_experts = {id(p) for layer in layers for p in layer.experts.parameters()}
+    local = [p.grad for p in parameters if id(p) not in in_experts]
+    parts = [torch.nn.utils.get_total_norm(local, norm_type).double().reshape(1)] if local else []
+    for layer in layers:
+        grads = [p.grad for p in layer.experts.parameters() if p.grad is not None]
+        part = (torch.nn.utils.get_total_norm(grads, norm_type) if grads else torch.zeros(())).double().reshape(1)
+        if not math.isinf(norm_type):
+            part = part.pow(norm_type)
+        dist.all_reduce(part, op=dist.ReduceOp.MAX if math.isinf(norm_type) else dist.ReduceOp.SUM, group=layer.group)
+        parts.append(part if math.isinf(norm_type) else part.pow(1.0 / norm_type))
+    stacked = torch.cat(parts) if parts else torch.zeros(1, dtype=torch.float64)
+    norm = stacked.max() if math.isinf(norm_type) else stacked.pow(norm_type).sum().pow(1.0 / norm_type)
+    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm)
+    return norm
 

@@ -12,6 +12,8 @@ part of the sum is counted where it lives, once:
 * a tensor-parallel layer (impls.tensor_parallel) holds its shard of the weight, and the column
   layer its shard of the bias, so those are reduced over the layer's group; the row layer's bias
   is whole on every member: replicated;
+* an expert-parallel layer (impls.expert_parallel) holds its block of the experts: their sums are
+  reduced over the layer's group; its router is replicated;
 * any other parameter with a gradient is replicated (data parallelism keeps whole, averaged
   gradients everywhere): counted locally, once, never reduced (reducing it would count it n times);
 * a parameter held by two modules (tied weights) is one parameter, counted once;
@@ -34,6 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 from . import collectives
+from .expert_parallel import ExpertParallelMoE
 from .fully_sharded import _STATE
 from .tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
@@ -58,6 +61,8 @@ def _sharded_parameters(module: nn.Module):
             yield m.group, [p for p in (m.weight, m.bias) if p is not None]
         elif isinstance(m, RowParallelLinear):
             yield m.group, [m.weight]
+        elif isinstance(m, ExpertParallelMoE):  # each member holds its block of the experts
+            yield m.group, list(m.experts.parameters())
 
 
 def _tied_copies(stages: list[nn.Module], tied, pp_group) -> set[int]:

@@ -110,3 +110,27 @@ def mesh_step(ctx: RankContext, impl, router_weight, experts, x, grad_output, me
              for e in moe.experts]
     return ctx.to_cpu({"output": y.detach(), "grad_input": _grad(x), "grad_router": summed(_grad(moe.router.weight), None),
                        "grad_experts": local})
+
+
+@on_members
+def clip(ctx: RankContext, impl, process_group, router_weight, experts, x, grad_output, max_norm: float,
+         norm_type: float) -> dict:
+    """Capability moe_clipping: forward_backward's step, then the router's gradient summed over the
+    group with the implementation's ``all_reduce`` (a trainer's reduction of a replicated parameter:
+    the members' tokens are the batch), then the implementation's ``clip_grad_norm_(moe, max_norm,
+    norm_type)``: what it returned and the clipped gradients."""
+    from torch.distributed import ReduceOp
+
+    moe = _build(ctx, impl, process_group, router_weight, experts)
+    x = ctx.to_device(x).requires_grad_(True)
+    moe(x).backward(ctx.to_device(grad_output))
+    router = moe.router.weight
+    if router.grad is None:
+        router.grad = torch.zeros_like(router)
+    require(impl, "all_reduce")(router.grad, op=ReduceOp.SUM, group=process_group)
+    norm = require(impl, "clip_grad_norm_")(moe, max_norm, norm_type)
+    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    local = [tuple(_grad(p) for p in (e[0].weight, e[0].bias, e[2].weight, e[2].bias)) for e in moe.experts]
+    return ctx.to_cpu({"norm": norm.detach().clone() if torch.is_tensor(norm) else norm,
+                       "grad_router": _grad(router), "grad_experts": local})
+

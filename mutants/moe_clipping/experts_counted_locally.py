@@ -1,0 +1,22 @@
+"""clip_grad_norm_ counts each member's experts on that member only, never reduced over the group: every member clips by its own, smaller norm (the pattern of torchtitan#596, where the local part was one pipeline stage).
+targets: moe
+"""
+from impls import *
+from impls import expert_parallel, grad_clipping
+
+_sharded = grad_clipping._sharded_parameters
+
+
+def _experts_as_replicated(module):
+    for group, parameters in _sharded(module):
+        if not any(isinstance(m, expert_parallel.ExpertParallelMoE) and any(p is q for q in m.experts.parameters())
+                   for m in module.modules() for p in parameters):
+            yield group, parameters
+
+
+def clip_grad_norm_(module, max_norm, norm_type=2.0, pp_group=None, tied=None):
+    grad_clipping._sharded_parameters = _experts_as_replicated
+    try:
+        return grad_clipping.clip_grad_norm_(module, max_norm, norm_type, pp_group, tied)
+    finally:
+        grad_clipping._sharded_parameters = _sharded
