@@ -27,6 +27,7 @@ rank takes another stage's slice.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import pytest
@@ -34,6 +35,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+import reference.data_parallel as dp_ref
 import reference.pipeline_parallel as ref
 import reference.pipeline_schedules as sched
 import reference.tensor_parallel as tp_ref
@@ -46,7 +48,6 @@ from reference.mesh import Mesh
 PROGRAM = "pipeline_parallel:mesh_step"
 LOSS = "mse"
 
-pytestmark = pytest.mark.capability("mesh_composition")
 
 
 @dataclass(frozen=True)
@@ -118,24 +119,83 @@ def shard(name: str, full: torch.Tensor, tp: int, t: int) -> torch.Tensor:
     return tp_ref.chunk(full, 1, tp, t) if kind == "weight" else full
 
 
+@pytest.mark.capability("mesh_composition")
 @given(data=st.data())
 def test_a_pp_dp_tp_mesh_matches_the_dense_model_on_the_global_batch(data, ranks, target, reproduce):
     example = data.draw(examples(target.max_world_size), label="example")
+    judge, outputs, whole = run_mesh(example, ranks, reproduce)
+    judge_mesh(judge, example, outputs, whole)
+
+
+@pytest.mark.capability("mesh_clipping")
+@given(data=st.data())
+def test_clipping_on_a_pp_dp_tp_mesh_takes_the_whole_models_norm(data, ranks, target, reproduce):
+    """clip_grad_norm_(stage, max_norm, norm_type, pp_group=<the pipeline group>) after the
+    data-parallel average: the norm of the whole dense model's gradient (every tensor-parallel shard
+    once, fc2's bias, whole on every tensor-parallel rank, once, every stage), bitwise the same on
+    every rank, and every shard clipped by it (torchtitan#596/#649 on a pipeline; ROCm/
+    TransformerEngine#715 counted replicated weights tp-size times)."""
+    example = data.draw(examples(target.max_world_size), label="example")
+    norm_type = data.draw(st.sampled_from([2.0, 1.0, math.inf]), label="norm_type")
+    factor = data.draw(st.sampled_from([0.25, 0.5, 4.0]), label="max_norm / norm")
+    whole = ref.dense_step(_stages(example), *_batch(example), pipeline_models.loss_fn(LOSS),
+                           example.dp * example.num_microbatches)
+    norm = dp_ref.total_norm(list(whole.grads.values()), norm_type)
+    clip = {"max_norm": float(norm) * factor, "norm_type": norm_type}
+    judge, outputs, whole = run_mesh(example, ranks, reproduce, clip, f", norm_type={norm_type}, max_norm {factor} x")
+    widen = 1 + example.tp * sum(example.blocks_per_stage)
+    bound = float(dp_ref.total_norm([whole.grad_atol[n].expand_as(g) * widen for n, g in whole.grads.items()],
+                                    norm_type)) + 1e-300
+    coefficient = min(1.0, clip["max_norm"] / (float(norm) + 1e-6))
+    mesh = example.mesh
+    for rank in range(mesh.world_size):
+        s, _, t = mesh.coordinates(rank)
+        where = f"rank {rank} (stage {s}, tensor-parallel shard {t})"
+        got = outputs[rank]
+        if not torch.is_tensor(got.get("norm")) or got["norm"].numel() != 1:
+            judge.fail(f"{where}: clip_grad_norm_ returned {got.get('norm')!r}, not a one-element tensor")
+        judge.tensor(got["norm"].double().reshape(()), norm, atol=torch.tensor(bound, dtype=torch.float64),
+                     what=f"{where} norm: the whole model's gradient, every shard and replicated bias once, every stage")
+        for name in sorted(n for n in whole.grads if n.startswith(f"stage{s}.")):
+            want = shard(name, whole.grads[name] * coefficient, example.tp, t)
+            atol = whole.grad_atol[name] * widen * coefficient + want.abs().double() * (bound / max(float(norm), 1e-300))
+            judge.tensor(got["grads"][name], want, atol=atol,
+                         what=f"{where} clipped gradient of '{name}' (times min(1, max_norm / (norm + 1e-6)) = "
+                              f"{coefficient:.6g})")
+    judge.bitwise_identical({rank: outputs[rank]["norm"].reshape(()) for rank in range(mesh.world_size)},
+                            what="the returned norm")
+
+
+def _batch(example: Example):
+    batch = pipeline_models.make_block_batch(example.model, example.dp * example.per_replica, example.data_seed)
+    return batch["inputs"], batch["targets"]
+
+
+def run_mesh(example: Example, ranks, reproduce, clip: dict | None = None, note: str = ""):
+    """Run the example on its mesh: (the judge, the ranks' outputs, the dense model's step)."""
     mesh, m = example.mesh, example.num_microbatches
     batch = pipeline_models.make_block_batch(example.model, example.dp * example.per_replica, example.data_seed)
     rows = [torch.tensor_split(batch[key], example.dp) for key in ("inputs", "targets")]
     common = {"model": example.model, "seed": example.seed, "blocks_per_stage": list(example.blocks_per_stage),
               "num_microbatches": m, "loss": LOSS, "schedule": example.kind,
               "mesh": {axis: mesh.groups(axis) for axis in ("pp", "dp", "tp")}}
+    if clip is not None:
+        common["clip"] = clip
     per_rank = []
     for rank in range(mesh.world_size):
         s, d, _ = mesh.coordinates(rank)
         per_rank.append({**common, "inputs": rows[0][d] if s == 0 else None,
                          "targets": rows[1][d] if s == example.pp - 1 else None})
-    judge = Judge(str(example), reproduce)
+    judge = Judge(str(example) + note, reproduce)
     outputs = judge.run(ranks, Layout(mesh.world_size), PROGRAM, per_rank)
     loss_fn = pipeline_models.loss_fn(LOSS)
-    whole = ref.dense_step(_stages(example), batch["inputs"], batch["targets"], loss_fn, example.dp * m)
+    return judge, outputs, ref.dense_step(_stages(example), batch["inputs"], batch["targets"], loss_fn, example.dp * m)
+
+
+def judge_mesh(judge: Judge, example: Example, outputs: dict, whole) -> None:
+    mesh, m = example.mesh, example.num_microbatches
+    rows = [torch.tensor_split(t, example.dp) for t in _batch(example)]
+    loss_fn = pipeline_models.loss_fn(LOSS)
     widen = 1 + example.tp * sum(example.blocks_per_stage)
     for rank in range(mesh.world_size):
         s, d, t = mesh.coordinates(rank)

@@ -287,7 +287,8 @@ def dp_pp_step(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage:
 
 
 def mesh_step(ctx: RankContext, impl, model: dict, seed: int, blocks_per_stage: list[int], num_microbatches: int,
-              loss: str, mesh: dict, inputs=None, targets=None, schedule: str = "1f1b", group=None) -> dict:
+              loss: str, mesh: dict, inputs=None, targets=None, schedule: str = "1f1b", clip: dict | None = None,
+              group=None) -> dict:
     """Data, tensor and pipeline parallelism on one pp x dp x tp mesh (reference/mesh.py, ``Mesh``;
     ``mesh`` carries its groups: {"pp": [...], "dp": [...], "tp": [...]}, every rank creates all of
     them in that order). This rank's stage s is its pipeline group position; its blocks
@@ -297,7 +298,10 @@ def mesh_step(ctx: RankContext, impl, model: dict, seed: int, blocks_per_stage: 
     last, whole on every tensor-parallel rank); then every gradient shard is summed over its
     data-parallel group with the implementation's ``all_reduce`` and divided by its size. Returns
     the loss (None off the last stage), the gradient shards keyed ``stage<s>.<block>.<fc>.<weight|bias>``,
-    the order run and the stage."""
+    the order run and the stage. ``clip`` ({"max_norm", "norm_type"}, capability mesh_clipping): the
+    averaged shards are put back as the gradients and the implementation's ``clip_grad_norm_(stage,
+    max_norm, norm_type, pp_group=<the pipeline group>)`` runs; its result is reported as "norm" and
+    the shards reported clipped."""
     from torch import nn
     from torch.distributed import ReduceOp
 
@@ -327,9 +331,26 @@ def mesh_step(ctx: RankContext, impl, model: dict, seed: int, blocks_per_stage: 
                 parameter = getattr(getattr(block, fc), kind, None)
                 if parameter is None or parameter.grad is None:
                     continue
-                shard = parameter.grad.detach()
-                shard = (shard.to_local() if hasattr(shard, "to_local") else shard).clone().contiguous()
+                local = parameter.grad.detach()
+                local = local.to_local() if hasattr(local, "to_local") else local
+                shard = local.clone().contiguous()
                 all_reduce(shard, op=ReduceOp.SUM, group=dp)
                 grads[f"stage{stage}.{b}.{fc}.{kind}"] = shard / len(mine["dp"])
+                if clip is not None:  # the trainer's averaged gradient, in place (a DTensor's local shard)
+                    local.copy_(grads[f"stage{stage}.{b}.{fc}.{kind}"])
     recording.mark("after")
-    return ctx.to_cpu({"loss": result, "grads": grads, "executed": executed, "stage": stage})
+    norm = None
+    if clip is not None:
+        pipeline = pp if pp is not None else dist.group.WORLD  # a pipeline spanning the world is still one
+        norm = require(impl, "clip_grad_norm_")(module, clip["max_norm"], clip["norm_type"], pp_group=pipeline)
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        norm = norm.detach().clone() if torch.is_tensor(norm) else norm
+        for b, block in enumerate(blocks):
+            for fc in ("fc1", "fc2"):
+                for kind in ("weight", "bias"):
+                    parameter = getattr(getattr(block, fc), kind, None)
+                    if parameter is not None and parameter.grad is not None:
+                        clipped = parameter.grad.detach()
+                        grads[f"stage{stage}.{b}.{fc}.{kind}"] = (clipped.to_local() if hasattr(clipped, "to_local")
+                                                                  else clipped).clone()
+    return ctx.to_cpu({"loss": result, "grads": grads, "executed": executed, "stage": stage, "norm": norm})

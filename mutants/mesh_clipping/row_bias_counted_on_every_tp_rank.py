@@ -1,0 +1,22 @@
+"""clip_grad_norm_ sums the row-parallel layer's bias, whole on every tensor-parallel rank, over the tensor-parallel group with the sharded weights: the bias counts tp times (ROCm/TransformerEngine#715: replicated weights counted tp-size times, the norm 1.52x at TP = 8).
+targets: clipping
+"""
+from impls import *
+from impls import grad_clipping, tensor_parallel
+
+_sharded = grad_clipping._sharded_parameters
+
+
+def _bias_with_the_shards(module):
+    for group, parameters in _sharded(module):
+        extra = [m.bias for m in module.modules() if isinstance(m, tensor_parallel.RowParallelLinear)
+                 and m.bias is not None and any(p is m.weight for p in parameters)]
+        yield group, parameters + extra
+
+
+def clip_grad_norm_(module, max_norm, norm_type=2.0, pp_group=None, tied=None):
+    grad_clipping._sharded_parameters = _bias_with_the_shards
+    try:
+        return grad_clipping.clip_grad_norm_(module, max_norm, norm_type, pp_group, tied)
+    finally:
+        grad_clipping._sharded_parameters = _sharded
