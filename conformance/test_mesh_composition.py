@@ -123,8 +123,8 @@ def shard(name: str, full: torch.Tensor, tp: int, t: int) -> torch.Tensor:
 @given(data=st.data())
 def test_a_pp_dp_tp_mesh_matches_the_dense_model_on_the_global_batch(data, ranks, target, reproduce):
     example = data.draw(examples(target.max_world_size), label="example")
-    judge, outputs, whole = run_mesh(example, ranks, reproduce)
-    judge_mesh(judge, example, outputs, whole)
+    judge, outputs = run_mesh(example, ranks, reproduce)
+    judge_mesh(judge, example, outputs, dense_of(example))
 
 
 @pytest.mark.capability("mesh_clipping")
@@ -138,11 +138,10 @@ def test_clipping_on_a_pp_dp_tp_mesh_takes_the_whole_models_norm(data, ranks, ta
     example = data.draw(examples(target.max_world_size), label="example")
     norm_type = data.draw(st.sampled_from([2.0, 1.0, math.inf]), label="norm_type")
     factor = data.draw(st.sampled_from([0.25, 0.5, 4.0]), label="max_norm / norm")
-    whole = ref.dense_step(_stages(example), *_batch(example), pipeline_models.loss_fn(LOSS),
-                           example.dp * example.num_microbatches)
+    whole = dense_of(example)
     norm = dp_ref.total_norm(list(whole.grads.values()), norm_type)
     clip = {"max_norm": float(norm) * factor, "norm_type": norm_type}
-    judge, outputs, whole = run_mesh(example, ranks, reproduce, clip, f", norm_type={norm_type}, max_norm {factor} x")
+    judge, outputs = run_mesh(example, ranks, reproduce, clip, f", norm_type={norm_type}, max_norm {factor} x")
     widen = 1 + example.tp * sum(example.blocks_per_stage)
     bound = float(dp_ref.total_norm([whole.grad_atol[n].expand_as(g) * widen for n, g in whole.grads.items()],
                                     norm_type)) + 1e-300
@@ -171,11 +170,16 @@ def _batch(example: Example):
     return batch["inputs"], batch["targets"]
 
 
+def dense_of(example: Example) -> ref.Dense:
+    """The dense model's step on the whole global batch (dp m microbatches)."""
+    return ref.dense_step(_stages(example), *_batch(example), pipeline_models.loss_fn(LOSS),
+                          example.dp * example.num_microbatches)
+
+
 def run_mesh(example: Example, ranks, reproduce, clip: dict | None = None, note: str = ""):
-    """Run the example on its mesh: (the judge, the ranks' outputs, the dense model's step)."""
+    """Run the example on its mesh: (the judge, the ranks' outputs)."""
     mesh, m = example.mesh, example.num_microbatches
-    batch = pipeline_models.make_block_batch(example.model, example.dp * example.per_replica, example.data_seed)
-    rows = [torch.tensor_split(batch[key], example.dp) for key in ("inputs", "targets")]
+    rows = [torch.tensor_split(t, example.dp) for t in _batch(example)]
     common = {"model": example.model, "seed": example.seed, "blocks_per_stage": list(example.blocks_per_stage),
               "num_microbatches": m, "loss": LOSS, "schedule": example.kind,
               "mesh": {axis: mesh.groups(axis) for axis in ("pp", "dp", "tp")}}
@@ -187,9 +191,7 @@ def run_mesh(example: Example, ranks, reproduce, clip: dict | None = None, note:
         per_rank.append({**common, "inputs": rows[0][d] if s == 0 else None,
                          "targets": rows[1][d] if s == example.pp - 1 else None})
     judge = Judge(str(example) + note, reproduce)
-    outputs = judge.run(ranks, Layout(mesh.world_size), PROGRAM, per_rank)
-    loss_fn = pipeline_models.loss_fn(LOSS)
-    return judge, outputs, ref.dense_step(_stages(example), batch["inputs"], batch["targets"], loss_fn, example.dp * m)
+    return judge, judge.run(ranks, Layout(mesh.world_size), PROGRAM, per_rank)
 
 
 def judge_mesh(judge: Judge, example: Example, outputs: dict, whole) -> None:

@@ -308,10 +308,8 @@ def load_checkpoint(path: str, model: nn.Module, optimizer) -> None:
     for name, h in held.items():
         if (name, None) in full:  # (an empty tensor has no piece)
             h.keep(full[(name, None)], h.local)
-    mine = [name for name, h in held.items()
-            if id(h.local) in {id(p) for group in (optimizer.optim if whole else optimizer).param_groups
-                               for p in group["params"]}]
-    _restore_state(states, {name: held[name] for name in mine}, saved, whole)
+    stepped = {id(p) for group in (optimizer.optim if whole else optimizer).param_groups for p in group["params"]}
+    _restore_state(states, {name: h for name, h in held.items() if id(h.local) in stepped}, saved, whole)
     _restore_random_stream(metadata, contents)
 
 

@@ -5,12 +5,11 @@ import torch.distributed as dist
 
 from impls import *
 from impls import checkpointing
+from mutants._swap import swapped
 
-_world_view = checkpointing._world_view
 
-
-def _everyone_holds(mine):
-    view = _world_view(mine)
+def _everyone_holds(mine, device, world_view=checkpointing._world_view):
+    view = world_view(mine, device)
     for entry in view.values():
         if entry["holders"]:
             entry["holders"] = list(range(dist.get_world_size()))
@@ -18,8 +17,5 @@ def _everyone_holds(mine):
 
 
 def save_checkpoint(path, model, optimizer):
-    checkpointing._world_view = _everyone_holds
-    try:
+    with swapped(checkpointing, _world_view=_everyone_holds):
         checkpointing.save_checkpoint(path, model, optimizer)
-    finally:
-        checkpointing._world_view = _world_view

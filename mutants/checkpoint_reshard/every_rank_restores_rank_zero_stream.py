@@ -6,6 +6,7 @@ import torch.distributed as dist
 
 from impls import *
 from impls import checkpointing
+from mutants._swap import swapped
 
 
 def _from_rank_zero(metadata, contents):
@@ -14,9 +15,5 @@ def _from_rank_zero(metadata, contents):
 
 
 def load_checkpoint(path, model, optimizer):
-    restore = checkpointing._restore_random_stream
-    checkpointing._restore_random_stream = _from_rank_zero
-    try:
+    with swapped(checkpointing, _restore_random_stream=_from_rank_zero):
         checkpointing.load_checkpoint(path, model, optimizer)
-    finally:
-        checkpointing._restore_random_stream = restore

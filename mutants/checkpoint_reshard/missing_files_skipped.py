@@ -5,18 +5,15 @@ import os
 
 from impls import *
 from impls import checkpointing
+from mutants._swap import swapped
+
+
+def _skip_missing(path, name, what, read=checkpointing._read):
+    if name.startswith("rank") and not os.path.exists(os.path.join(path, name)):
+        return {"format": checkpointing.FORMAT, "pieces": [], "scalars": []}
+    return read(path, name, what)
 
 
 def load_checkpoint(path, model, optimizer):
-    read, check_whole = checkpointing._read, checkpointing._check_whole
-
-    def skip_missing(path, name, what):
-        if name.startswith("rank") and not os.path.exists(os.path.join(path, name)):
-            return {"format": checkpointing.FORMAT, "pieces": [], "scalars": []}
-        return read(path, name, what)
-
-    checkpointing._read, checkpointing._check_whole = skip_missing, lambda *args: None
-    try:
+    with swapped(checkpointing, _read=_skip_missing, _check_whole=lambda *args: None):
         checkpointing.load_checkpoint(path, model, optimizer)
-    finally:
-        checkpointing._read, checkpointing._check_whole = read, check_whole

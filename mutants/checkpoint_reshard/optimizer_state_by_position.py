@@ -3,20 +3,17 @@ targets: test_a_checkpoint_resumes_under_another_layout_and_world_size
 """
 from impls import *
 from impls import checkpointing
+from mutants._swap import swapped
+
+
+def _by_position(states, held, saved, whole, restore=checkpointing._restore_state):
+    renamed = {}  # the i-th saved entry for the i-th parameter held, where its tensors fit
+    for (name, h), entry in zip(held.items(), saved.values()):
+        if all(not hasattr(v, "numel") or v.dim() == 0 or v.numel() == h.numel for v in entry.values()):
+            renamed[name] = entry
+    restore(states, held, renamed, whole)
 
 
 def load_checkpoint(path, model, optimizer):
-    restore = checkpointing._restore_state
-
-    def by_position(states, held, saved, whole):
-        renamed = {}  # the i-th saved entry for the i-th parameter held, where its tensors fit
-        for (name, h), entry in zip(held.items(), saved.values()):
-            if all(not hasattr(v, "numel") or v.dim() == 0 or v.numel() == h.numel for v in entry.values()):
-                renamed[name] = entry
-        restore(states, held, renamed, whole)
-
-    checkpointing._restore_state = by_position
-    try:
+    with swapped(checkpointing, _restore_state=_by_position):
         checkpointing.load_checkpoint(path, model, optimizer)
-    finally:
-        checkpointing._restore_state = restore

@@ -5,18 +5,15 @@ import torch.distributed as dist
 
 from impls import *
 from impls import checkpointing
+from mutants._swap import swapped
+
+
+def _own_file_only(path, name, what, read=checkpointing._read):
+    if name.startswith("rank") and name != f"rank{dist.get_rank()}.pt":
+        return {"format": checkpointing.FORMAT, "pieces": [], "scalars": []}
+    return read(path, name, what)
 
 
 def load_checkpoint(path, model, optimizer):
-    read, check_whole = checkpointing._read, checkpointing._check_whole
-
-    def own_file_only(path, name, what):
-        if name.startswith("rank") and name != f"rank{dist.get_rank()}.pt":
-            return {"format": checkpointing.FORMAT, "pieces": [], "scalars": []}
-        return read(path, name, what)
-
-    checkpointing._read, checkpointing._check_whole = own_file_only, lambda *args: None
-    try:
+    with swapped(checkpointing, _read=_own_file_only, _check_whole=lambda *args: None):
         checkpointing.load_checkpoint(path, model, optimizer)
-    finally:
-        checkpointing._read, checkpointing._check_whole = read, check_whole

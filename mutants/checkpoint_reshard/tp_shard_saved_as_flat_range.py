@@ -3,30 +3,22 @@ targets: tensor_parallel
 """
 from impls import *
 from impls import checkpointing
+from mutants._swap import swapped
 
 
-def _as_flat_ranges(model):
-    split = original(model)
+def _as_flat_ranges(model, split_tensors=checkpointing._split_tensors):
+    split = split_tensors(model)
     for key, (kind, group, shape, dim) in list(split.items()):
         if kind == "block" and dim == 1:
             split[key] = ("flat_piece", group, shape, None)
     return split
 
 
-original = checkpointing._split_tensors
-
-
 def save_checkpoint(path, model, optimizer):
-    checkpointing._split_tensors = _as_flat_ranges
-    try:
+    with swapped(checkpointing, _split_tensors=_as_flat_ranges):
         checkpointing.save_checkpoint(path, model, optimizer)
-    finally:
-        checkpointing._split_tensors = original
 
 
 def load_checkpoint(path, model, optimizer):
-    checkpointing._split_tensors = _as_flat_ranges
-    try:
+    with swapped(checkpointing, _split_tensors=_as_flat_ranges):
         checkpointing.load_checkpoint(path, model, optimizer)
-    finally:
-        checkpointing._split_tensors = original

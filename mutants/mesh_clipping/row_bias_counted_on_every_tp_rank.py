@@ -3,20 +3,16 @@ targets: clipping
 """
 from impls import *
 from impls import grad_clipping, tensor_parallel
+from mutants._swap import swapped
 
-_sharded = grad_clipping._sharded_parameters
 
-
-def _bias_with_the_shards(module):
-    for group, parameters in _sharded(module):
+def _bias_with_the_shards(module, sharded=grad_clipping._sharded_parameters):
+    for group, parameters in sharded(module):
         extra = [m.bias for m in module.modules() if isinstance(m, tensor_parallel.RowParallelLinear)
                  and m.bias is not None and any(p is m.weight for p in parameters)]
         yield group, parameters + extra
 
 
 def clip_grad_norm_(module, max_norm, norm_type=2.0, pp_group=None, tied=None):
-    grad_clipping._sharded_parameters = _bias_with_the_shards
-    try:
+    with swapped(grad_clipping, _sharded_parameters=_bias_with_the_shards):
         return grad_clipping.clip_grad_norm_(module, max_norm, norm_type, pp_group, tied)
-    finally:
-        grad_clipping._sharded_parameters = _sharded

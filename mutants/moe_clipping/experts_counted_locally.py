@@ -3,20 +3,16 @@ targets: moe
 """
 from impls import *
 from impls import expert_parallel, grad_clipping
+from mutants._swap import swapped
 
-_sharded = grad_clipping._sharded_parameters
 
-
-def _experts_as_replicated(module):
-    for group, parameters in _sharded(module):
+def _experts_as_replicated(module, sharded=grad_clipping._sharded_parameters):
+    for group, parameters in sharded(module):
         if not any(isinstance(m, expert_parallel.ExpertParallelMoE) and any(p is q for q in m.experts.parameters())
                    for m in module.modules() for p in parameters):
             yield group, parameters
 
 
 def clip_grad_norm_(module, max_norm, norm_type=2.0, pp_group=None, tied=None):
-    grad_clipping._sharded_parameters = _experts_as_replicated
-    try:
+    with swapped(grad_clipping, _sharded_parameters=_experts_as_replicated):
         return grad_clipping.clip_grad_norm_(module, max_norm, norm_type, pp_group, tied)
-    finally:
-        grad_clipping._sharded_parameters = _sharded

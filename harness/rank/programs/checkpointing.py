@@ -121,8 +121,8 @@ def _read_tree(root: str) -> dict[str, bytes]:
             if os.path.islink(path) or not os.path.isfile(path):
                 raise ValueError(f"the checkpoint holds {os.path.relpath(path, root)!r}, which is not a plain file")
             with open(path, "rb") as file:
-                files[os.path.relpath(path, root)] = file.read()
-            total += len(files[os.path.relpath(path, root)])
+                data = files[os.path.relpath(path, root)] = file.read()
+            total += len(data)
             if total > MAX_CHECKPOINT_BYTES:
                 raise ValueError(f"the checkpoint is over {MAX_CHECKPOINT_BYTES} bytes")
     return files
