@@ -7,8 +7,14 @@ import pytest
 import torch
 
 from conformance.collective_table import TABLE, Case
+from harness.driver.failures import TASK_FAILURES
 from harness.driver.plugin.refusals import BackendRefusals
 from reference.collectives import DTYPES, OPS, op_applies
+
+# The probe runs the backend's own collectives, not the code under test, so --rank-timeout (sized
+# for the implementation's tasks, 2 s in some of the project's own tests) is not its deadline: on a
+# loaded two-core machine its few hundred calls took longer than that.
+PROBE_TIMEOUT_S = 120.0
 
 REDUCTIONS = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor")
 # all_to_all_uneven: all_to_all where member i sends i + 1 elements to every member
@@ -45,8 +51,15 @@ def backend_refusals(world_pool, target) -> BackendRefusals:
         sizes = target.plan.sizes(backend)
         n = next((size for size in sizes if size >= 2), sizes[0])
         calls = probe_calls(cases, n)
-        probe = world_pool.run(n, "harness.rank.programs.probe:native_refusals", [{"calls": c} for c in calls],
-                               impl="torch.distributed")
+        try:
+            probe = world_pool.run(n, "harness.rank.programs.probe:native_refusals", [{"calls": c} for c in calls],
+                                   impl="torch.distributed", timeout_s=max(PROBE_TIMEOUT_S, world_pool.timeout_s))
+        except TASK_FAILURES as failure:
+            # an Exception, not the task's BaseException: pytest caches a session fixture's error
+            # only when it is an Exception (a BaseException here broke its fixture bookkeeping, and
+            # every later test errored with a bare AssertionError from inside pytest)
+            raise RuntimeError(f"the probe of {backend}'s own collectives on {n} ranks (torch.distributed's, "
+                               f"not the implementation's) did not finish: {failure}") from None
         found = {case: f"{backend}: {message}" for case, message in probe.outputs[0].items() if message is not None}
         refusing += [backend] if found else []
         refused = {**found, **refused}
