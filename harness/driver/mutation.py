@@ -60,12 +60,17 @@ DURATIONS_FILE = ROOT / ".mutation-durations.json"  # each run's seconds in the 
 # machine with tests/ beside the runner (known-good runs were 36-279 s: first in any order).
 ESTIMATE_S = {"known good": 120.0, "outsider": 20.0, "mutant": 9.0}
 
+# What none of the runner's runs uses, each loaded by every one of its ~290 runs: pytest-benchmark's
+# configuration starts a subprocess (0.35 s of CPU a run, measured), xdist's registers its hooks.
+UNUSED_PLUGINS = ("-p", "no:cacheprovider", "-p", "no:benchmark", "-p", "no:xdist", "-p", "no:xdist.looponfail")
+
+
 def pytest(runner: WarmPytest, impl: str, args: list[str], profile: str,
            env: dict[str, str] | None = None) -> tuple[int, str, float]:
     """One pytest run of its own (forked from runner's template: see harness/driver/warm_pytest.py)."""
     chosen = any(a.startswith("--hypothesis-profile") for a in args)  # a run's own profile wins
-    return runner.run([*args, "--impl", impl, *([] if chosen else [f"--hypothesis-profile={profile}"]), "-q", "-p",
-                       "no:cacheprovider"], cwd=str(ROOT), env=env)
+    return runner.run([*args, "--impl", impl, *([] if chosen else [f"--hypothesis-profile={profile}"]), "-q",
+                       *UNUSED_PLUGINS], cwd=str(ROOT), env=env)
 
 
 def first_failure(output: str) -> list[str]:
