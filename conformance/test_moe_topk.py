@@ -76,6 +76,14 @@ def check_trained_moe(data, ranks, target, reproduce, capacity: bool, sequence_p
     assume(ref.capacity_gap(t["xs"], t["router"], top_k, factor) > ep.ROUTING_TIE)
     judge = Judge(f"{example}, top_k={top_k}, aux loss weight {weight}"
                   + (f", capacity_factor={factor}" if capacity else ""), reproduce)
+    judge_trained_moe(judge, ranks, example, top_k, weight, factor, sequence_parallel)
+
+
+def judge_trained_moe(judge: Judge, ranks, example, top_k: int, weight: float, factor: float | None,
+                      sequence_parallel: bool) -> None:
+    """One forward and backward of ``example`` on the ranks with top-k routing, the aux loss at
+    ``weight`` and, unless None, capacity ``factor``, judged against reference/moe_routing.py."""
+    t, capacity = example.tensors(), factor is not None
     n, each = example.layout.size, example.experts_per_rank
     expected = ref.moe(t["xs"], t["router"], t["experts"], t["grads"], top_k, weight, factor)
     options = {"top_k": top_k, "aux_weight": weight, **({"capacity_factor": factor} if capacity else {}),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from harness.rank import models
 from harness.rank.context import MissingFunction, RankContext, on_members, require
 from harness.rank.programs.tensor_parallel import _dense
 
@@ -65,6 +66,28 @@ def forward_backward_topk(ctx: RankContext, impl, process_group, router_weight, 
     local = [tuple(_grad(p) for p in (e[0].weight, e[0].bias, e[2].weight, e[2].bias)) for e in moe.experts]
     return ctx.to_cpu({"output": y.detach(), "grad_input": _grad(x), "grad_router": _grad(moe.router.weight),
                        "grad_experts": local, "aux_loss": aux.detach()})
+
+
+@on_members
+def train_steps(ctx: RankContext, impl, process_group, router_weight, experts, x, grad_output, top_k: int,
+                aux_weight: float, optimizer: dict, steps: int, sequence_parallel: bool = False) -> dict:
+    """The layer of ``forward_backward_topk`` trained ``steps`` times on this member's loss
+    sum(y * grad_output) + aux_weight * aux_loss, the optimizer ``optimizer`` (harness.rank.models)
+    over the layer's parameters as this member holds them: each step's loss, and the router's weight
+    after the last step (replicated over the group: a gradient left unreduced makes it differ)."""
+    options = {"sequence_parallel": True} if sequence_parallel else {}
+    moe = _build(ctx, impl, process_group, router_weight, experts, top_k=top_k, compute_aux_loss=True, **options)
+    opt = models.build_optimizer(optimizer, [p for p in moe.parameters() if p.requires_grad])
+    x, g = ctx.to_device(x), ctx.to_device(grad_output)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        y = moe(x)
+        loss = (y * g).sum() + aux_weight * moe.aux_loss
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return ctx.to_cpu({"losses": torch.stack(losses), "router": moe.router.weight.detach()})
 
 
 @on_members

@@ -34,6 +34,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from harness.rank import models
 from harness.rank.context import MissingFunction, RankContext, on_members, require
 
 CLASSES = {"column": "ColumnParallelLinear", "row": "RowParallelLinear", "mlp": "TensorParallelMLP"}
@@ -118,6 +119,29 @@ def forward_backward(ctx: RankContext, impl, process_group, layer: str, dense: d
     y = module(x)
     y.backward(ctx.to_device(grad_output))
     return ctx.to_cpu({"output": _local(y), "grad_input": x.grad, **_parameters(module, layer)})
+
+
+@on_members
+def train_steps(ctx: RankContext, impl, process_group, dense: dict, options: dict, x: torch.Tensor,
+                grad_output: torch.Tensor, optimizer: dict, steps: int) -> dict:
+    """The MLP (with its LayerNorm when ``dense`` has one) trained ``steps`` times on the linear loss
+    sum(y * grad_output) of this member's output, the optimizer ``optimizer`` (harness.rank.models)
+    over the module's parameters as this member holds them: each step's loss, and the LayerNorm's
+    weight and bias after the last step (replicated: a gradient left unreduced makes them differ)."""
+    module = _build(ctx, impl, process_group, "mlp", dense, options)
+    opt = models.build_optimizer(optimizer, [p for p in module.parameters() if p.requires_grad])
+    x, g = ctx.to_device(x), ctx.to_device(grad_output)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        y = module(x)
+        loss = ((y.to_local() if hasattr(y, "to_local") else y) * g).sum()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    norm = getattr(module, "norm", None)
+    return ctx.to_cpu({"losses": torch.stack(losses),
+                       "norm": None if norm is None else {"weight": _local(norm.weight), "bias": _local(norm.bias)}})
 
 
 @on_members
