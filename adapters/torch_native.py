@@ -32,7 +32,7 @@ from adapters.dtensor_tp import ColumnParallelLinear, RowParallelLinear, TensorP
 from adapters.torch_checkpoint import load_checkpoint, save_checkpoint  # noqa: F401 - re-exported: the contract's names
 from adapters.torch_context_parallel import context_parallel_attention  # noqa: F401 - raises: not adapted, why
 from adapters.torch_ddp import DataParallel  # noqa: F401 - re-exported: the contract's names
-from adapters.torch_fsdp import full_parameters, fully_shard  # noqa: F401 - re-exported: the contract's names
+from adapters.torch_fsdp import full_parameters, fully_shard, init_sharded  # noqa: F401 - re-exported: the contract's names
 from adapters.torch_grad_clipping import clip_grad_norm_  # noqa: F401 - re-exported: the contract's names
 from adapters.torch_moe import ExpertParallelMoE  # noqa: F401 - re-exported: the contract's names
 from adapters.torch_pipelining import generate_schedule, pipeline_step, split_stages  # noqa: F401 - re-exported: the contract's names

@@ -17,6 +17,7 @@ from .expert_parallel import ExpertParallelMoE
 from .fully_sharded import full_parameters, fully_shard
 from .grad_clipping import clip_grad_norm_
 from .pipeline_parallel import generate_schedule, pipeline_step, split_stages
+from .sharded_init import init_sharded
 from .sharded_optimizer import ShardedOptimizer
 from .tensor_parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP
 from .tied_weights import sync_tied_gradients
@@ -38,6 +39,7 @@ __all__ = [
     "ExpertParallelMoE",
     # fully sharded data parallelism
     "fully_shard",
+    "init_sharded",
     "full_parameters",
     # checkpoints that reshard
     "save_checkpoint",

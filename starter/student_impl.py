@@ -107,6 +107,13 @@ def full_parameters(module):
     raise NotImplementedError("full_parameters")
 
 
+def init_sharded(module, seed, device=None):
+    """Materialise a model built on the meta device and fully sharded, on ``device``: each rank's
+    pieces of the parameters torch.manual_seed(seed) and each submodule's reset_parameters() give
+    one process; torch's default generator left as it was. Returns ``module``."""
+    raise NotImplementedError("init_sharded")
+
+
 # ------------------------------------------------------------------------ checkpoints that reshard
 # CONTRACT.md, "Checkpoints that reshard"
 def save_checkpoint(path, model, optimizer):

@@ -92,3 +92,36 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
         result["steps"].append({"loss": torch.stack(losses), "state": state, "held": held, "dtypes": dtypes,
                                 "norm": norm, "count": count, "logits_dtype": getattr(net, "logits_dtype", None)})
     return ctx.to_cpu(result)
+
+
+def init_from_meta(ctx: RankContext, impl, model: dict, seed: int, stream_seed: int, optimizer: dict,
+                   batches: list[dict], group=None) -> dict:
+    """Capability fsdp_init: the model built on the meta device (no storage, nothing drawn), every
+    unit fully sharded, then the root; torch's default generator seeded with ``stream_seed`` (the
+    rank's own stream); ``init_sharded(module, seed, device)``. Reports a draw of 4 numbers from the
+    default generator right after (it must be the stream's first: init_sharded leaves it as it was),
+    the full parameters, and one step of training on this rank's slices (losses, full parameters
+    after the optimizer's step)."""
+    if group is not None:
+        raise ValueError("fully sharded data parallelism is tested on the whole world, not a subgroup")
+    init_sharded, full_parameters = require(impl, "init_sharded"), require(impl, "full_parameters")
+    fully_shard = require(impl, "fully_shard")
+    with torch.device("meta"):
+        net = models.build(model, 0)
+    for unit in units(net):
+        fully_shard(unit)
+    net = fully_shard(net)
+    torch.manual_seed(stream_seed)
+    net = init_sharded(net, seed, ctx.device)
+    stream = torch.rand(4, dtype=torch.float64)
+    initial = {name: t.detach().clone() for name, t in full_parameters(net).items()}
+    opt = models.build_optimizer(optimizer, net.parameters())
+    opt.zero_grad(set_to_none=True)
+    losses = []
+    for b in batches:
+        loss = net(ctx.to_device(b["inputs"]), ctx.to_device(b["targets"]))
+        loss.backward()
+        losses.append(loss.detach())
+    opt.step()
+    after = {name: t.detach().clone() for name, t in full_parameters(net).items()}
+    return ctx.to_cpu({"stream": stream, "initial": initial, "loss": torch.stack(losses), "after": after})
