@@ -32,7 +32,6 @@ from conformance.verdict import Judge
 
 PROGRAM = "expert_parallel:mesh_step"
 
-pytestmark = pytest.mark.capability("moe_mesh")
 
 
 def mesh_shapes(max_world_size: int) -> list[tuple[int, int]]:
@@ -42,8 +41,24 @@ def mesh_shapes(max_world_size: int) -> list[tuple[int, int]]:
     return sorted(found, key=lambda shape: (shape[0] * shape[1], shape))
 
 
+@pytest.mark.capability("moe_mesh")
 @given(data=st.data())
 def test_expert_parallel_inside_data_parallel_matches_one_process(data, ranks, target, reproduce):
+    check_mesh(data, ranks, target, reproduce, sequence_parallel=False)
+
+
+@pytest.mark.capability("moe_tp_mesh")
+@given(data=st.data())
+def test_expert_parallel_on_the_tensor_parallel_group_inside_data_parallel(data, ranks, target, reproduce):
+    """The expert-parallel group is a tensor-parallel group (torchtitan borrows TP's ranks for EP):
+    its members' tokens are shards of one sequence and the layer, built with
+    sequence_parallel=True, reduces the replicated router's gradient over that group itself; the
+    trainer sums it over the data-parallel group only. A layer that reduces it over the world, or
+    not at all (torchtitan#4054: TP without EP skipped an all-reduce), fails."""
+    check_mesh(data, ranks, target, reproduce, sequence_parallel=True)
+
+
+def check_mesh(data, ranks, target, reproduce, sequence_parallel: bool) -> None:
     shapes = mesh_shapes(min(target.max_world_size, 4))
     if not shapes:
         pytest.skip(f"needs a world of at least 2 ranks; this run draws at most {target.max_world_size}")
@@ -59,19 +74,25 @@ def test_expert_parallel_inside_data_parallel_matches_one_process(data, ranks, t
     assume(tokens.shape[0] == 0 or ref.top2_gap(tokens, t["router"]) > ref.ROUTING_TIE)
     groups = {"ep": [[d * ep + e for e in range(ep)] for d in range(dp)],
               "dp": [[d * ep + e for d in range(dp)] for e in range(ep)]}
-    judge = Judge(f"mesh dp={dp} x ep={ep} (rank d ep + e), {example}", reproduce)
+    judge = Judge(f"mesh dp={dp} x ep={ep} (rank d ep + e), {example}"
+                  + (", sequence_parallel=True (ep is the tensor-parallel group)" if sequence_parallel else ""), reproduce)
     expected = ref.moe(t["xs"], t["router"], t["experts"], t["grads"])
     outputs = judge.run(ranks, Layout(world), PROGRAM, [
         {"router_weight": t["router"], "experts": t["experts"], "x": t["xs"][r], "grad_output": t["grads"][r],
-         "mesh": groups} for r in range(world)])
+         "mesh": groups, **({"sequence_parallel": True} if sequence_parallel else {})} for r in range(world)])
     router = sum(expected["grad_router"][1:], expected["grad_router"][0])
     for rank in range(world):
         d, e = divmod(rank, ep)
         got, where = outputs[rank], f"rank {rank} (replica {d}, expert-parallel member {e})"
         for key, want, note in (("output", expected["outputs"][rank], "its own tokens"),
                                 ("grad_input", expected["grad_inputs"][rank], "dL/dx of its own tokens"),
-                                ("grad_router", router, "summed over the world: every rank's tokens")):
+                                ("grad_router", router, "over the world: every rank's tokens" + (
+                                     ", reduced over its tensor-parallel group by the layer, then over the data-parallel "
+                                     "group" if sequence_parallel else ""))):
             judge.tensor(got[key], want, atol=ref.atol(want), what=f"{where} {key.replace('_', ' ')} ({note})")
         judge_expert_gradients(judge, where, got["grad_experts"], expected["grad_experts"], e, example.experts_per_rank,
                                f"summed over data-parallel group {groups['dp'][e]}: every token of the world routed "
                                "to it")
+    if sequence_parallel:
+        judge.bitwise_identical({rank: outputs[rank]["grad_router"] for rank in range(world)},
+                                what="the router's gradient (replicated over the whole mesh once summed)")

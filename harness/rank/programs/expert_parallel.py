@@ -102,14 +102,18 @@ def refusal(ctx: RankContext, impl, process_group, router_weight, experts) -> di
     return {"raised": None, "message": ""}
 
 
-def mesh_step(ctx: RankContext, impl, router_weight, experts, x, grad_output, mesh: dict, group=None) -> dict:
+def mesh_step(ctx: RankContext, impl, router_weight, experts, x, grad_output, mesh: dict, group=None,
+              sequence_parallel: bool = False) -> dict:
     """Expert parallelism inside data parallelism (capability ``moe_mesh``): a dp x ep mesh (``mesh``:
     {"ep": [...], "dp": [...]}, every rank makes every group in that order). The layer is built on
     this rank's expert-parallel group; forward on this rank's own tokens, backward of sum(y * G).
     Then the data-parallel reductions a trainer makes, with the implementation's ``all_reduce``: each
     local expert's gradients summed over its data-parallel group (the replicas of those experts), the
     router's over the whole world (it is replicated everywhere). What forward_backward returns, with
-    the gradients so summed."""
+    the gradients so summed. ``sequence_parallel`` (capability moe_tp_mesh): the expert-parallel
+    group is a tensor-parallel group whose members hold shards of one sequence; the layer is built
+    with sequence_parallel=True, so it reduces the router's gradient over that group itself, and the
+    trainer sums it over the data-parallel group only."""
     from torch.distributed import ReduceOp
 
     if group is not None:
@@ -118,7 +122,7 @@ def mesh_step(ctx: RankContext, impl, router_weight, experts, x, grad_output, me
         for members in mesh[axis]:
             ctx.group(members)
     ep, dp = (ctx.group(next(g for g in mesh[axis] if ctx.rank in g)) for axis in ("ep", "dp"))
-    moe = _build(ctx, impl, ep, router_weight, experts)
+    moe = _build(ctx, impl, ep, router_weight, experts, **({"sequence_parallel": True} if sequence_parallel else {}))
     x = ctx.to_device(x).requires_grad_(True)
     y = moe(x)
     y.backward(ctx.to_device(grad_output))
@@ -131,8 +135,8 @@ def mesh_step(ctx: RankContext, impl, router_weight, experts, x, grad_output, me
 
     local = [tuple(summed(_grad(p), dp) for p in (e[0].weight, e[0].bias, e[2].weight, e[2].bias))
              for e in moe.experts]
-    return ctx.to_cpu({"output": y.detach(), "grad_input": _grad(x), "grad_router": summed(_grad(moe.router.weight), None),
-                       "grad_experts": local})
+    router = summed(_grad(moe.router.weight), dp if sequence_parallel else None)
+    return ctx.to_cpu({"output": y.detach(), "grad_input": _grad(x), "grad_router": router, "grad_experts": local})
 
 
 @on_members
