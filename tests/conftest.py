@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.driver.pool import WorldPool
 from harness.driver.warm_pytest import WarmPytest
 from harness.driver.world import PRELOAD
 
@@ -33,3 +34,11 @@ class SuiteRunner:
 def suite_runner():
     with WarmPytest(forkserver_preload=PRELOAD) as warm:
         yield SuiteRunner(warm)
+
+
+@pytest.fixture(scope="module")
+def training_pool():
+    """Gloo ranks for a module's training runs (the loss-blind side-by-sides): a deadline for steps
+    of training, not for a hang."""
+    with WorldPool("gloo", timeout_s=60.0) as pool:
+        yield pool

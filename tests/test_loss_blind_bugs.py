@@ -15,7 +15,6 @@ counts of valid tokens per rank, where a wrong count is a pure scale of the grad
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 import torch
@@ -38,10 +37,9 @@ from conformance.test_token_loss import Example as TokenExample
 from conformance.test_token_loss import judge_training
 from conformance.test_token_loss import rank_inputs as token_inputs
 from conformance.verdict import Judge
-from harness.driver.pool import WorldPool
 from harness.rank import models, pipeline_models
+from tests.loss_blind import impl_of, worst_difference
 
-ROOT = Path(__file__).resolve().parents[1]
 LOSS_RTOL = 1e-4
 STEPS = 3
 ADAMW = {"name": "adamw", "lr": 1e-2, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}
@@ -113,12 +111,6 @@ CASES = {
 # (torchtitan#2972) is no loss-blind bug here either: the loss the last stage reports is divided by m
 # too, 0.5 relative off at m = 2, so a loss-equality check catches it (the bundled implementation's
 # per-token pipeline passes both checks). The suite kills both.
-
-
-@pytest.fixture(scope="module")
-def pool():
-    with WorldPool("gloo", timeout_s=60.0) as pool:
-        yield pool
 
 
 def train(pool, impl: str, kind: str, layout: str, example) -> list[dict]:
@@ -214,14 +206,13 @@ def both_checks(pool, impl: str, kind: str, layout: str, example) -> tuple[float
     """(the loss curve's largest relative difference from one process's, the suite's verdict)."""
     outputs = train(pool, impl, kind, layout, example)
     ranks, single = loss_curves(kind, example, outputs)
-    worst = max(abs(a - b) / max(abs(b), 1e-300) for a, b in zip(ranks, single))
-    return worst, judged(kind, layout, example, outputs)
+    return worst_difference(ranks, single), judged(kind, layout, example, outputs)
 
 
 @pytest.mark.parametrize("mutant", CASES)
-def test_the_loss_curve_passes_the_bug_and_the_suite_fails_it(pool, mutant):
+def test_the_loss_curve_passes_the_bug_and_the_suite_fails_it(training_pool, mutant):
     kind, layout, example = CASES[mutant]
-    worst, verdict = both_checks(pool, str(ROOT / "mutants" / f"{mutant}.py"), kind, layout, example)
+    worst, verdict = both_checks(training_pool, impl_of(mutant), kind, layout, example)
     assert worst <= LOSS_RTOL, (f"the loss curve differs by {worst:.3g} (relative) from one process's: a loss-equality "
                                 f"check at {LOSS_RTOL:g} catches {mutant} too, so it is no example of a loss-blind bug")
     assert verdict is not None, f"the suite passed {mutant} on {example}"
@@ -234,6 +225,6 @@ def test_the_loss_curve_passes_the_bug_and_the_suite_fails_it(pool, mutant):
     ("pipeline", "pipeline", pipeline_example(clip=True, tied=True)), ("pipeline", "pipeline", pipeline_example(padded=(1,)))],
     ids=["token-dp", "token-fsdp", "clip-dp", "clip-fsdp", "pipeline-clip", "pipeline-accumulation", "pipeline-tied-clip",
          "pipeline-token-loss"])
-def test_the_bundled_implementation_passes_both_checks(pool, kind, layout, example):
-    worst, verdict = both_checks(pool, "impls", kind, layout, example)
+def test_the_bundled_implementation_passes_both_checks(training_pool, kind, layout, example):
+    worst, verdict = both_checks(training_pool, "impls", kind, layout, example)
     assert worst <= LOSS_RTOL and verdict is None, (worst, verdict)

@@ -19,7 +19,6 @@ what each mutant does to each check is asserted as measured.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -33,10 +32,9 @@ from conformance.test_tensor_parallel import Example as TensorParallelExample
 from conformance.test_tp_compute_dtype import bias_sum_example, judge_bias_sum
 from conformance.verdict import Judge
 from harness.driver.plugin.fixtures import Ranks
-from harness.driver.pool import WorldPool
 from harness.rank import models
+from tests.loss_blind import impl_of, worst_difference
 
-ROOT = Path(__file__).resolve().parents[1]
 STEPS = 3
 ADAMW = {"name": "adamw", "lr": 1e-2, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}
 SGD = {"name": "sgd", "lr": 2.0 ** -3, "momentum": 0.0, "weight_decay": 0.0}
@@ -49,16 +47,6 @@ DTYPE = "bfloat16"
 # curve equals one process's bitwise; DeepSpeed#7839's differs by 4.1e-4 at the third step,
 # measured, which a check at 1e-4 would catch.)
 LOSS_RTOL = 1e-3
-
-
-@pytest.fixture(scope="module")
-def pool():
-    with WorldPool("gloo", timeout_s=60.0) as pool:
-        yield pool
-
-
-def impl_of(name: str) -> str:
-    return name if name == "impls" else str(ROOT / "mutants" / f"{name}.py")
 
 
 def slices() -> list[dict]:
@@ -100,44 +88,40 @@ def verdict(pool, impl: str) -> str | None:
     return None
 
 
-def worst_difference(ranks: list[float], single: list[float]) -> float:
-    return max(abs(a - b) / max(abs(b), 1e-300) for a, b in zip(ranks, single))
-
-
 def test_the_example_is_exact_in_the_compute_dtype():
     """The judge's half relies on it (reference/mixed_precision.py): a failure here is the example's."""
     model = models.build(MODEL, EXAMPLE.seed)
     ref_mixed.check_exact(model, [[s] for s in slices()], getattr(torch, DTYPE))
 
 
-def test_the_bundled_implementation_passes_both_checks(pool):
-    ranks, single = loss_curves(pool, "impls")
-    worst, found = worst_difference(ranks, single), verdict(pool, "impls")
+def test_the_bundled_implementation_passes_both_checks(training_pool):
+    ranks, single = loss_curves(training_pool, "impls")
+    worst, found = worst_difference(ranks, single), verdict(training_pool, "impls")
     assert worst <= LOSS_RTOL / 10 and found is None, (worst, found)
 
 
-def test_a_gradient_left_divided_by_the_loss_scale_leaves_the_loss_curve_normal(pool):
+def test_a_gradient_left_divided_by_the_loss_scale_leaves_the_loss_curve_normal(training_pool):
     """AdamW's update sees g / 65536 as it sees g while both stand well above its eps (1e-8)."""
     impl = impl_of("dp_compute_dtype/loss_scale_not_undone")
-    ranks, single = loss_curves(pool, impl)
+    ranks, single = loss_curves(training_pool, impl)
     worst = worst_difference(ranks, single)
     assert worst <= LOSS_RTOL, f"the loss check catches DeepSpeed#7839's bug ({worst:.3g}): no loss-blind example"
-    assert verdict(pool, impl) is not None
+    assert verdict(training_pool, impl) is not None
 
 
-def test_low_precision_masters_are_caught_by_both(pool):
+def test_low_precision_masters_are_caught_by_both(training_pool):
     """Measured, and kept as the contrast: OpenTau#181's bug is no loss-blind one here. With
     bfloat16 masters AdamW's updates of lr = 1e-2 round away on weights near 1 (bfloat16 keeps 8
     bits), so the curve departs from one process's by more than a check at ``LOSS_RTOL`` allows;
     the suite fails it at its first step on the dtypes it holds."""
     impl = impl_of("dp_compute_dtype/masters_cast_to_compute_dtype")
-    ranks, single = loss_curves(pool, impl)
+    ranks, single = loss_curves(training_pool, impl)
     assert worst_difference(ranks, single) > LOSS_RTOL
-    assert verdict(pool, impl) is not None
+    assert verdict(training_pool, impl) is not None
 
 
 @pytest.mark.parametrize("impl", ["impls", "tp_compute_dtype/bias_gradient_summed_in_the_compute_dtype"])
-def test_a_tensor_parallel_gradient_summed_in_bfloat16_leaves_the_loss_exact(pool, impl):
+def test_a_tensor_parallel_gradient_summed_in_bfloat16_leaves_the_loss_exact(training_pool, impl):
     """pytorch#190626 side by side: the sequence-parallel bias gradient summed across the group in
     bfloat16. On the conformance test's example the loss sum(y * g) of the members' outputs equals the
     dense loss exactly, bug or not, while the suite's judge fails the mutant on the bias gradient (and
@@ -145,7 +129,7 @@ def test_a_tensor_parallel_gradient_summed_in_bfloat16_leaves_the_loss_exact(poo
     example = TensorParallelExample(layout=Layout(2), dtype=torch.float32, in_features=3, out_features=3,
                                     leading=(1, 4), bias=True, seed=3, ffn=4)
     built = bias_sum_example(example, torch.bfloat16)
-    outputs = pool.run(2, "harness.rank.programs.tensor_parallel:forward_backward", built["per_member"],
+    outputs = training_pool.run(2, "harness.rank.programs.tensor_parallel:forward_backward", built["per_member"],
                        impl=impl_of(impl)).outputs
     loss = sum(float((out["output"].double() * member["grad_output"].double()).sum())
                for out, member in zip(outputs, built["per_member"]))

@@ -17,7 +17,6 @@ sequence's sign, which is why these bugs hide. The bundled implementation passes
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -31,9 +30,8 @@ from conformance.test_tensor_parallel import Example as TensorParallelExample
 from conformance.test_tensor_parallel import check_mlp
 from conformance.verdict import Judge
 from harness.driver.plugin.fixtures import Ranks
-from harness.driver.pool import WorldPool
+from tests.loss_blind import impl_of, worst_difference
 
-ROOT = Path(__file__).resolve().parents[1]
 LOSS_RTOL = 1e-4
 STEPS = 3
 ADAMW = {"name": "adamw", "lr": 1e-2, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}
@@ -75,16 +73,6 @@ MOE = AlikeTokensMoE(layout=Layout(2), experts_per_rank=1, h=4, f=3, tokens=(16,
 TOP_K, AUX_WEIGHT = 1, 0.1
 MUTANTS = {"tp_norm/sequence_parallel_norm_not_reduced": "norm",
            "moe_sequence_parallel/router_gradient_never_reduced": "router"}
-
-
-@pytest.fixture(scope="module")
-def pool():
-    with WorldPool("gloo", timeout_s=60.0) as pool:
-        yield pool
-
-
-def impl_of(name: str) -> str:
-    return name if name == "impls" else str(ROOT / "mutants" / f"{name}.py")
 
 
 def dense_training(parameters: dict[str, torch.Tensor], step) -> list[float]:
@@ -159,23 +147,19 @@ def verdict(pool, impl: str, layer: str) -> str | None:
     return None
 
 
-def worst_difference(ranks: list[float], single: list[float]) -> float:
-    return max(abs(a - b) / max(abs(b), 1e-300) for a, b in zip(ranks, single))
-
-
 @pytest.mark.parametrize("mutant", MUTANTS)
-def test_the_loss_curve_passes_the_bug_and_the_suite_fails_it(pool, mutant):
+def test_the_loss_curve_passes_the_bug_and_the_suite_fails_it(training_pool, mutant):
     layer = MUTANTS[mutant]
-    ranks, single = (norm_curves if layer == "norm" else router_curves)(pool, impl_of(mutant))
+    ranks, single = (norm_curves if layer == "norm" else router_curves)(training_pool, impl_of(mutant))
     worst = worst_difference(ranks, single)
     assert worst <= LOSS_RTOL, (f"the loss curve differs by {worst:.3g} (relative) from one process's: a loss-equality "
                                 f"check at {LOSS_RTOL:g} catches {mutant} too, so it is no example of a loss-blind bug")
-    assert verdict(pool, impl_of(mutant), layer) is not None, f"the suite passed {mutant}"
+    assert verdict(training_pool, impl_of(mutant), layer) is not None, f"the suite passed {mutant}"
 
 
 @pytest.mark.parametrize("layer", ["norm", "router"])
-def test_the_bundled_implementation_passes_both_checks(pool, layer):
-    ranks, single = (norm_curves if layer == "norm" else router_curves)(pool, "impls")
+def test_the_bundled_implementation_passes_both_checks(training_pool, layer):
+    ranks, single = (norm_curves if layer == "norm" else router_curves)(training_pool, "impls")
     worst = worst_difference(ranks, single)
-    found = verdict(pool, "impls", layer)
+    found = verdict(training_pool, "impls", layer)
     assert worst <= 1e-12 and found is None, (worst, found)
