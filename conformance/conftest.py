@@ -43,12 +43,16 @@ def probe_calls(cases: list[tuple[str, str, str | None]], n: int) -> list[list[t
 
 @pytest.fixture(scope="session")
 def backend_refusals(world_pool, target) -> BackendRefusals:
+    return probe_refusals(world_pool, target.plan)
+
+
+def probe_refusals(world_pool, plan) -> BackendRefusals:
     """Probed on each backend of the plan, at its smallest world of two ranks or more (else its
     one world); a case any of them refuses is not drawn."""
     cases = probe_cases()
     refused, refusing = {}, []
-    for backend in target.plan.backends():
-        sizes = target.plan.sizes(backend)
+    for backend in plan.backends():
+        sizes = plan.sizes(backend)
         n = next((size for size in sizes if size >= 2), sizes[0])
         calls = probe_calls(cases, n)
         try:
@@ -63,4 +67,4 @@ def backend_refusals(world_pool, target) -> BackendRefusals:
         found = {case: f"{backend}: {message}" for case, message in probe.outputs[0].items() if message is not None}
         refusing += [backend] if found else []
         refused = {**found, **refused}
-    return BackendRefusals(" and ".join(refusing) or "/".join(target.plan.backends()), refused)
+    return BackendRefusals(" and ".join(refusing) or "/".join(plan.backends()), refused)

@@ -84,3 +84,27 @@ def test_a_rejection_a_skip_or_hypothesis_s_own_flow_is_not_a_failure(in_hypothe
 def test_outside_hypothesis_a_refusal_skips_with_the_reason():
     with pytest.raises(pytest.skip.Exception, match=r"out of order \(1 0\)"):
         Refusals().refuse(REASON, object())
+
+
+def test_a_probe_that_does_not_finish_is_an_error_naming_it_never_a_base_exception():
+    """The probe of the backend's own collectives (conformance/conftest.py) runs in a session
+    fixture: a task failure there is one of the harness's BaseExceptions, which pytest does not
+    cache as a fixture's error (every later test then errored with a bare AssertionError from
+    inside pytest, on a loaded CI machine). It must come out as an Exception that names the probe,
+    and with a deadline of its own, not the implementation's --rank-timeout."""
+    from conformance.conftest import PROBE_TIMEOUT_S, probe_refusals
+    from harness.driver.failures import RankFailure, RanksHung
+
+    asked = []
+
+    class HangingPool:
+        timeout_s = 2.0
+
+        def run(self, n, program, args, impl, timeout_s):
+            asked.append(timeout_s)
+            raise RanksHung(RankFailure("no result within the deadline"))
+
+    plan = SimpleNamespace(backends=lambda: ["gloo"], sizes=lambda backend: [1, 2, 4])
+    with pytest.raises(RuntimeError, match="the probe of gloo's own collectives on 2 ranks") as raised:
+        probe_refusals(HangingPool(), plan)
+    assert isinstance(raised.value, Exception) and asked == [PROBE_TIMEOUT_S]
