@@ -93,7 +93,7 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability("fsdp_init", ("fully_shard", "full_parameters", "init_sharded"), "conformance/test_sharded_init.py",
                "fsdp_init", contract="Fully sharded data parallelism",
                files=(*_files(("data_parallel", "initialisation"), "fully_sharded", "fully_sharded",
-                              adapter="torch_fsdp"), "impls/sharded_init.py")),
+                              adapter="torch_fsdp", outsiders="fsdp_init"), "impls/sharded_init.py")),
     Capability("checkpoint_pp", ("save_checkpoint", "load_checkpoint", "pipeline_step", "all_reduce", "fully_shard",
                                  "full_parameters", "ShardedOptimizer"),
                "conformance/test_checkpoint_reshard.py", None, contract="Checkpoints that reshard",

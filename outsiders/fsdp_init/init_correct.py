@@ -7,15 +7,19 @@ unit; a tied parameter is managed once and all its slots point at the same piece
 cut into n contiguous element chunks of c = ceil(numel / n) elements; rank r keeps elements
 [r*c, min((r+1)*c, numel)) as a 1-D nn.Parameter registered under the original name (so the last
 ranks may hold a shorter or an empty piece, and no padding is ever stored: padding lives only in
-the collective buffers). model.parameters() therefore yields only this rank's pieces.
+the collective buffers). model.parameters() therefore yields only this rank's pieces. A piece is
+recognised by a flag set on the piece object itself (never by id(), which Python reuses once an
+older model's pieces are freed), so every rank cuts the same parameters into the same units.
 
 Forward: a pre-hook calls one autograd Function per unit whose forward all-gathers every managed
 parameter of the unit in one all_gather_into_tensor per dtype (chunks padded to c and concatenated,
 gathered rank-major, copied out per parameter into a fresh contiguous full tensor) and whose
-backward reduce-scatters the gradients that arrived, in one reduce_scatter_tensor per dtype (SUM,
-then divided by n), returning each rank's chunk as the gradient of its piece: autograd's
-AccumulateGrad adds it to .grad (gradient accumulation), and a parameter no forward used gets None
-from autograd and keeps .grad None. Frozen parameters are gathered too but marked
+backward reduce-scatters the gradients in one reduce_scatter_tensor per dtype (SUM, then divided
+by n) whose layout is fixed by the unit alone: every trainable parameter of the dtype with a
+non-empty chunk always has its slot (zeros where no gradient arrived), so every rank makes the same
+calls whatever its piece holds (an empty piece included). Each rank's chunk is returned as the
+gradient of its piece: autograd's AccumulateGrad adds it to .grad (gradient accumulation), and a
+parameter no forward used gets None from autograd and keeps .grad None. Frozen parameters are gathered too but marked
 non-differentiable. The full tensors are placed in the module's _parameters slots for the forward
 and the pieces are put back by a post-hook. With reshard_after_forward=True, saved-tensor hooks are
 active during the unit's forward: a saved tensor sharing storage with a gathered full tensor is
@@ -79,8 +83,18 @@ class _Token:
 
 # storage data_ptr of a gathered full tensor (live during its unit's forward) -> (state, index)
 _REGISTRY = {}
-# ids of all sharded pieces, so an outer unit never shards an inner unit's piece again
-_PIECE_IDS = set()
+# attribute set on every sharded piece, so an outer unit never shards an inner unit's piece again
+# (a flag on the object, not a set of id()s: ids of freed pieces are reused by later parameters)
+_PIECE_FLAG = "_fsdp_init_piece"
+
+
+def _mark_piece(param):
+    setattr(param, _PIECE_FLAG, True)
+    return param
+
+
+def _is_piece(param):
+    return getattr(param, _PIECE_FLAG, False) is True
 
 
 def _pack(t):
@@ -155,30 +169,33 @@ class _UnitState:
         n = self.n
         result = [None] * len(self.infos)
         for dtype, idxs in self.dtype_groups.items():
-            live = [i for i in idxs
-                    if self.infos[i].requires_grad and grads[i] is not None and self.infos[i].chunk]
+            # the layout depends on the unit only (never on which gradients arrived on this rank
+            # nor on what this rank's piece holds), so every rank makes the same call
+            slots = [i for i in idxs if self.infos[i].requires_grad and self.infos[i].chunk]
             for i in idxs:  # empty parameters that got a gradient get an empty one
                 if self.infos[i].requires_grad and grads[i] is not None and not self.infos[i].chunk:
                     result[i] = torch.zeros(0, dtype=dtype, device=grads[i].device)
-            if not live:
+            if not slots:
                 continue
-            device = grads[live[0]].device
-            total = sum(self.infos[i].chunk for i in live)
+            device = self.infos[slots[0]].sharded.device
+            total = sum(self.infos[i].chunk for i in slots)
             buf = torch.zeros(n, total, dtype=dtype, device=device)
             off = 0
-            for i in live:
+            for i in slots:
                 info = self.infos[i]
-                padded = torch.zeros(n * info.chunk, dtype=dtype, device=device)
-                padded[:info.numel].copy_(grads[i].reshape(-1))
-                buf[:, off:off + info.chunk].copy_(padded.view(n, info.chunk))
+                if grads[i] is not None:
+                    padded = torch.zeros(n * info.chunk, dtype=dtype, device=device)
+                    padded[:info.numel].copy_(grads[i].reshape(-1))
+                    buf[:, off:off + info.chunk].copy_(padded.view(n, info.chunk))
                 off += info.chunk
             out = torch.empty(total, dtype=dtype, device=device)
             dist.reduce_scatter_tensor(out, buf.view(-1), op=dist.ReduceOp.SUM, group=self.group)
             out.div_(n)
             off = 0
-            for i in live:
+            for i in slots:
                 info = self.infos[i]
-                result[i] = out[off:off + info.length].clone()
+                if grads[i] is not None:  # no gradient arrived here: .grad stays as it was
+                    result[i] = out[off:off + info.length].clone()
                 off += info.chunk
             del buf, out
         return result
@@ -284,7 +301,7 @@ def fully_shard(module, group=None, reshard_after_forward=True):
         if not top and getattr(m, "_fsdp_unit_state", None) is not None:
             return
         for name, p in m._parameters.items():
-            if p is None or id(p) in _PIECE_IDS:
+            if p is None or _is_piece(p):
                 continue
             if id(p) not in found:
                 found[id(p)] = (p, [])
@@ -302,9 +319,8 @@ def fully_shard(module, group=None, reshard_after_forward=True):
         info = _ParamInfo(p, slots, n, rank)
         with torch.no_grad():
             piece = p.detach().reshape(-1)[info.start:info.start + info.length].clone()
-        sharded = nn.Parameter(piece, requires_grad=p.requires_grad)
+        sharded = _mark_piece(nn.Parameter(piece, requires_grad=p.requires_grad))
         info.set_sharded(sharded)
-        _PIECE_IDS.add(id(sharded))
         infos.append(info)
 
     module._fsdp_unit_state = _UnitState(module, group, reshard_after_forward, infos)
@@ -365,9 +381,7 @@ def init_sharded(module, seed, device=None):
             for info in st.infos:
                 new = _materialise(info.sharded, device, param=True)
                 if new is not info.sharded:
-                    _PIECE_IDS.discard(id(info.sharded))
-                    info.set_sharded(new)
-                    _PIECE_IDS.add(id(new))
+                    info.set_sharded(_mark_piece(new))
         infos = _piece_infos(module)
         replaced = {}
         for m in module.modules():
