@@ -3,13 +3,18 @@ layers draw dropout masks from torch's default generator, each rank its own stre
 harness before ``pipeline_step`` (harness/rank/programs/pipeline_parallel.py: train_step's rng_seed).
 
 The contract's rule (CONTRACT.md, "pipeline_step"): a runtime runs each microbatch's forward of a
-stage once, in microbatch order, and draws nothing from the generator itself. Then stage s's masks are
-the draws of rank s's stream, microbatch after microbatch, which one process replays by keeping a
-generator state per stage (reference/pipeline_parallel.py: dense_step's streams). A runtime that
-runs a forward twice (a recompute without the saved state, allenai/OLMo-core#828's pattern), or out of
-microbatch order, or draws for itself, moves the masks and the gradients with them.
+stage once, each stage's in microbatch order, and draws nothing from the generator itself. Then a
+stage's masks for a microbatch are the draws its rank's stream gives at that point of the rank's
+forwards: on one stage per rank, microbatch after microbatch; on several (interleaved), in the
+order the rank ran its stages' forwards, which the harness's hooks on
+the stage modules record (``executed``, whose order the schedule's own test judges). One process
+replays each rank's stream through that order (reference/pipeline_parallel.py: dense_step's
+streams). A runtime that runs a forward twice (a recompute without the saved state,
+allenai/OLMo-core#828's pattern), or out of microbatch order, or draws for itself, moves the masks
+and the gradients with them.
 
-Each example draws GPipe or 1F1B on p = 1-4 ranks (one stage each), m, the layers and widths
+Each example draws GPipe, 1F1B or interleaved 1F1B (v stages a rank) on p = 1-4 ranks, m, the layers
+and widths
 (conformance/test_pipeline_parallel.py's draws), p = 0.25 or 0.5 and each rank's seed; judged as
 that file's step is: the last stage's loss and every stage's gradients against the dense model under
 the same masks, and the schedule run.
@@ -22,6 +27,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from conformance.executed_schedule import calls_of, without_warm_up_forwards
 from conformance.test_pipeline_parallel import examples, judge_step, run_step
 from conformance.verdict import Judge
 
@@ -29,7 +35,7 @@ from conformance.verdict import Judge
 @pytest.mark.capability("pipeline_dropout")
 @given(data=st.data())
 def test_each_stage_draws_its_masks_once_per_microbatch_in_order(data, ranks, target, request):
-    example = data.draw(examples(target.max_world_size, kinds=("gpipe", "1f1b")), label="example")
+    example = data.draw(examples(target.max_world_size), label="example")
     if target.plan.device_type(example.num_ranks) != "cpu":
         pytest.skip("the masks of a CUDA rank come from its device's generator, which the driver's CPU reference "
                     "does not replay")
@@ -38,4 +44,16 @@ def test_each_stage_draws_its_masks_once_per_microbatch_in_order(data, ranks, ta
         streams=tuple(data.draw(st.lists(st.integers(0, 2**16), min_size=example.num_ranks,
                                          max_size=example.num_ranks, unique=True), label="each rank's seed")))
     judge = Judge(f"{example}", target.reproduce(request.node.nodeid))
-    judge_step(judge, example, run_step(judge, ranks, example))
+    outputs = run_step(judge, ranks, example)
+    judge_step(judge, example, outputs, forward_orders=forward_orders(outputs, example.num_microbatches))
+
+
+def forward_orders(outputs: dict, m: int) -> list[list[int]]:
+    """Each rank's stages in the order it ran their forwards (the harness's record, a runtime's
+    warm-up forwards left out), rank by rank."""
+    orders = []
+    for r in range(len(outputs)):
+        executed = outputs[r].get("executed")
+        run = without_warm_up_forwards(calls_of(executed)[0], m) if isinstance(executed, list) and executed else []
+        orders.append([int(action[1:]) for action in run if action.startswith("F")])
+    return orders

@@ -162,25 +162,30 @@ def run_step(judge: Judge, ranks, example: Example) -> dict:
     return run_or_skip(judge, ranks, Layout(p), PROGRAM, per_rank)
 
 
-def dense(example: Example, stages: list | None = None) -> ref.Dense:
+def dense(example: Example, stages: list | None = None, forward_orders: list[list[int]] | None = None) -> ref.Dense:
     """The dense model's loss and gradients on the example's batch; ``stages``: the stages to run
-    (by default built fresh from the example's seed; a trainer passes its own, as they move)."""
+    (by default built fresh from the example's seed; a trainer passes its own, as they move);
+    ``forward_orders``: with dropout, the stages of each rank's forwards in the order it ran them
+    (reference/pipeline_parallel.py, dense_step)."""
     batch = example.batch()
     if stages is None:
         stages = pipeline_models.split(pipeline_models.build(example.model, example.seed), list(example.layers_per_stage))
     if not example.padded:
         return ref.dense_step(stages, batch["inputs"], batch["targets"], pipeline_models.loss_fn(LOSS),
-                              example.num_microbatches, streams=list(example.streams) or None)
+                              example.num_microbatches, streams=list(example.streams) or None,
+                              forward_orders=forward_orders)
     count = pipeline_models.valid_rows(batch["targets"])
     return ref.dense_step(stages, batch["inputs"], batch["targets"],
                           lambda output, target: pipeline_models.masked_squared_error(output, target) / count,
                           example.num_microbatches, scale_grads=False)
 
 
-def judge_step(judge: Judge, example: Example, outputs: dict, order: sched.Schedule | None = None) -> None:
-    """``order``: the compute order each rank must run, when it is not ``expected_order``'s."""
+def judge_step(judge: Judge, example: Example, outputs: dict, order: sched.Schedule | None = None,
+               forward_orders: list[list[int]] | None = None) -> None:
+    """``order``: the compute order each rank must run, when it is not ``expected_order``'s;
+    ``forward_orders``: see ``dense``."""
     judge_executed_schedule(judge, example, outputs, order)
-    expected = dense(example)
+    expected = dense(example, forward_orders=forward_orders)
     p, last = example.num_ranks, example.last_rank
     for r in range(p):
         got = outputs[r]

@@ -59,40 +59,67 @@ class Dense:
 
 
 def dense_step(stages: list[nn.Module], inputs: Tensor, targets: Tensor, loss_fn, num_microbatches: int,
-               scale_grads: bool = True, streams: list[int] | None = None) -> Dense:
+               scale_grads: bool = True, streams: list[int] | None = None,
+               forward_orders: list[list[int]] | None = None) -> Dense:
     """Loss and gradients of the stages run in sequence on the whole batch. The modules' .grad
     are left alone (torch.autograd.grad). ``scale_grads=False``: L = sum_i loss_fn(output_i,
     target_i), no 1/m (a loss_fn that normalises by the global token count itself). ``streams``
-    (one seed per stage, a stage per rank): stage s draws its random numbers (dropout) from a
-    generator of its own seeded with streams[s], microbatch after microbatch, as rank s does when it
-    runs each microbatch's forward once, in order; the driver's generator is left as it was."""
+    (one seed per rank): the random numbers (dropout) of a stage's forward on a microbatch are the
+    ones its rank's generator, seeded with streams[r], gives at that point of the rank's forwards:
+    ``forward_orders[r]`` lists the stages of rank r's forwards in the order it runs them, the k-th
+    forward of a stage being microbatch k (by default one stage per rank, r = s, its forwards in
+    microbatch order); the driver's generator is left as it was."""
     if streams is not None:
+        orders = forward_orders if forward_orders is not None else [[s] * num_microbatches for s in range(len(stages))]
         with torch.random.fork_rng(devices=[]):
-            return _dense_step(stages, inputs, targets, loss_fn, num_microbatches, scale_grads, streams)
+            states = _stream_states(stages, inputs, num_microbatches, streams, orders)
+            return _dense_step(stages, inputs, targets, loss_fn, num_microbatches, scale_grads, states)
     return _dense_step(stages, inputs, targets, loss_fn, num_microbatches, scale_grads, None)
 
 
-def _dense_step(stages, inputs, targets, loss_fn, num_microbatches, scale_grads, streams) -> Dense:
+def _stream_states(stages, inputs, num_microbatches, streams, orders) -> dict[tuple[int, int], Tensor]:
+    """(stage, microbatch) -> the generator state its forward starts from: each rank's stream run
+    through its forwards in order. A dropout draws as many numbers as its input has elements, so a
+    forward on zeros of the microbatch's shape at that stage advances the stream as the real one
+    does (the shapes come from a first pass)."""
+    shapes = {}
+    with torch.no_grad():
+        for i, x in enumerate(split(inputs, num_microbatches)):
+            h = x
+            for s, stage in enumerate(stages):
+                shapes[(s, i)] = h.shape
+                h = stage(h)
+    states = {}
+    for seed, order in zip(streams, orders):
+        torch.manual_seed(seed)
+        done: dict[int, int] = {}
+        for s in order:
+            i = done.get(s, 0)
+            done[s] = i + 1
+            if (s, i) not in shapes:
+                raise ValueError(f"a rank's order of forwards runs stage {s} more than {num_microbatches} times")
+            states[(s, i)] = torch.get_rng_state()
+            with torch.no_grad():
+                stages[s](torch.zeros(shapes[(s, i)], dtype=inputs.dtype))
+    missing = sorted(set(shapes) - set(states))
+    if missing:
+        raise ValueError(f"no rank's order of forwards runs (stage, microbatch) {missing[:4]}")
+    return states
+
+
+def _dense_step(stages, inputs, targets, loss_fn, num_microbatches, scale_grads, states) -> Dense:
     named = [(param_name(s, n), p) for s, stage in enumerate(stages) for n, p in stage.named_parameters()
              if p.requires_grad]
     params = [p for _, p in named]
     m = num_microbatches
     scale = m if scale_grads else 1
     losses, per_microbatch = [], []
-    states = None
-    if streams is not None:
-        states = []
-        for seed in streams:
-            torch.manual_seed(seed)
-            states.append(torch.get_rng_state())
-    for x, y in zip(split(inputs, m), split(targets, m)):
+    for i, (x, y) in enumerate(zip(split(inputs, m), split(targets, m))):
         h = x
         for s, stage in enumerate(stages):
             if states is not None:
-                torch.set_rng_state(states[s])
+                torch.set_rng_state(states[(s, i)])
             h = stage(h)
-            if states is not None:
-                states[s] = torch.get_rng_state()
         loss = loss_fn(h, y)
         grads = torch.autograd.grad(loss / scale, params, allow_unused=True)
         per_microbatch.append([torch.zeros_like(p) if g is None else g for g, p in zip(grads, params)])
