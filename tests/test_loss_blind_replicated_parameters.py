@@ -118,9 +118,9 @@ def router_curves(pool, impl: str) -> tuple[list[float], list[float]]:
          "top_k": TOP_K, "aux_weight": AUX_WEIGHT, "optimizer": ADAMW, "steps": STEPS, "sequence_parallel": True,
          "group": None} for i in range(n)], impl=impl).outputs
     ranks = [sum(float(out["losses"][s]) for out in outputs) for s in range(STEPS)]
-    names = [f"expert{j}.{k}" for j in range(len(t["experts"])) for k in range(4)]
-    flat = {"router": t["router"], **{name: t["experts"][int(name[6:].split(".")[0])][int(name.split(".")[1])]
-                                      for name in names}}
+    # every expert's (W1, b1, W2, b2), named expert<j>.<k>
+    flat = {"router": t["router"], **{f"expert{j}.{k}": tensor for j, expert in enumerate(t["experts"])
+                                      for k, tensor in enumerate(expert)}}
 
     def step(p):
         experts = [tuple(p[f"expert{j}.{k}"] for k in range(4)) for j in range(len(t["experts"]))]
