@@ -33,7 +33,6 @@ from conformance.verdict import Judge
 PROGRAM = "expert_parallel:mesh_step"
 
 
-
 def mesh_shapes(max_world_size: int) -> list[tuple[int, int]]:
     """(dp, ep) with 2 <= dp ep <= max_world_size, smallest worlds first."""
     found = [(dp, ep) for dp in range(1, max_world_size + 1) for ep in range(1, max_world_size + 1)

@@ -45,15 +45,24 @@ def test_each_stage_draws_its_masks_once_per_microbatch_in_order(data, ranks, ta
                                          max_size=example.num_ranks, unique=True), label="each rank's seed")))
     judge = Judge(f"{example}", target.reproduce(request.node.nodeid))
     outputs = run_step(judge, ranks, example)
-    judge_step(judge, example, outputs, forward_orders=forward_orders(outputs, example.num_microbatches))
+    judge_step(judge, example, outputs, forward_orders=forward_orders(judge, outputs, example.num_microbatches))
 
 
-def forward_orders(outputs: dict, m: int) -> list[list[int]]:
+def forward_orders(judge: Judge, outputs: dict, m: int) -> list[list[int]]:
     """Each rank's stages in the order it ran their forwards (the harness's record, a runtime's
-    warm-up forwards left out), rank by rank."""
+    warm-up forwards left out), rank by rank; a stage whose forward ran other than m times in the
+    call fails here, naming it (one process cannot replay a stream through it; forwards beyond m
+    are dropped as a warm-up, so this sees a stage that ran fewer)."""
     orders = []
     for r in range(len(outputs)):
         executed = outputs[r].get("executed")
-        run = without_warm_up_forwards(calls_of(executed)[0], m) if isinstance(executed, list) and executed else []
-        orders.append([int(action[1:]) for action in run if action.startswith("F")])
+        if not isinstance(executed, list) or not executed:
+            judge.fail(f"rank {r}: the rank program recorded no order of forwards and backwards")
+        run = without_warm_up_forwards(calls_of(executed)[0], m)
+        order = [int(action[1:]) for action in run if action.startswith("F")]
+        for stage in sorted(set(order)):
+            if order.count(stage) != m:
+                judge.fail(f"rank {r} ran the forward of stage {stage} {order.count(stage)} times in one pipeline_step "
+                           f"of {m} microbatches: each microbatch's forward of a stage runs once")
+        orders.append(order)
     return orders

@@ -1,10 +1,14 @@
-"""What the side-by-sides of loss-blind bugs share (tests/test_loss_blind_*.py): a mutant's path and
-the loss check a team's CI runs (their pool of ranks: tests/conftest.py, ``training_pool``)."""
+"""What the side-by-sides of loss-blind bugs share (tests/test_loss_blind_*.py): the training a
+team's run does (``STEPS`` steps of AdamW at torch's default eps, whose update does not see a
+gradient's scale), a mutant's path and the loss check a team's CI runs (their pool of ranks:
+tests/conftest.py, ``training_pool``)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+STEPS = 3
+ADAMW = {"name": "adamw", "lr": 1e-2, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}
 
 
 def impl_of(name: str) -> str:

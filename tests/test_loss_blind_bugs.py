@@ -38,11 +38,9 @@ from conformance.test_token_loss import judge_training
 from conformance.test_token_loss import rank_inputs as token_inputs
 from conformance.verdict import Judge
 from harness.rank import models, pipeline_models
-from tests.loss_blind import impl_of, worst_difference
+from tests.loss_blind import ADAMW, STEPS, impl_of, worst_difference
 
 LOSS_RTOL = 1e-4
-STEPS = 3
-ADAMW = {"name": "adamw", "lr": 1e-2, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}
 MODEL = {"kind": "tied_lm", "vocab": 7, "width": 4, "hidden": 6, "context": 3, "dtype": "float64",
          "skips_first": False, "skips_in_unit": False}
 
@@ -54,10 +52,10 @@ def token_example(micro_batches: int = 1, divide_factor: float = 1.0) -> TokenEx
                         seed=5, data_seed=6)
 
 
-def clip_example(norm_type: float = 2.0) -> ClipExample:
+def clip_example() -> ClipExample:
     training = TrainingExample(world_size=2, per_rank_batch=2, model=MODEL, steps=3, optimizer=ADAMW, seed=5,
                                data_seed=6)
-    return ClipExample(training, micro_batches=1, norm_type=norm_type, max_norm_factor=0.25)
+    return ClipExample(training, micro_batches=1, norm_type=2.0, max_norm_factor=0.25)
 
 
 def pipeline_example(calls: int = 1, clip: bool = False, tied: bool = False, padded: tuple[int, ...] = ()
@@ -106,7 +104,7 @@ CASES = {
     "pipeline_tied/tied_weight_counted_twice_in_the_norm": ("pipeline", "pipeline", pipeline_example(clip=True, tied=True)),
 }
 # Measured and left out: grad_clipping/infinity_norm_always_one (torchrec#3199, whose report saw it in
-# training) clips by max_norm / 1.0 instead of max_norm / N, and on clip_example(inf) the curve departs
+# training) clips by max_norm / 1.0 instead of max_norm / N, and on clip_example() with norm_type=inf the curve departs
 # by 3.3e-4, since the gradients it shrinks reach AdamW's eps. pipeline_token_loss/scale_grads_ignored
 # (torchtitan#2972) is no loss-blind bug here either: the loss the last stage reports is divided by m
 # too, 0.5 relative off at m = 2, so a loss-equality check catches it (the bundled implementation's

@@ -33,10 +33,8 @@ from conformance.test_tp_compute_dtype import bias_sum_example, judge_bias_sum
 from conformance.verdict import Judge
 from harness.driver.plugin.fixtures import Ranks
 from harness.rank import models
-from tests.loss_blind import impl_of, worst_difference
+from tests.loss_blind import ADAMW, STEPS, impl_of, worst_difference
 
-STEPS = 3
-ADAMW = {"name": "adamw", "lr": 1e-2, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}
 SGD = {"name": "sgd", "lr": 2.0 ** -3, "momentum": 0.0, "weight_decay": 0.0}
 MODEL = {"kind": "relu_lm", "vocab": 6, "width": 3, "hidden": 4, "context": 2, "tied": False, "dtype": "float32"}
 EXAMPLE = TrainingExample(world_size=2, per_rank_batch=2, model=MODEL, steps=1, optimizer=SGD, seed=5, data_seed=6)

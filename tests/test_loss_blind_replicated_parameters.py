@@ -30,11 +30,9 @@ from conformance.test_tensor_parallel import Example as TensorParallelExample
 from conformance.test_tensor_parallel import check_mlp
 from conformance.verdict import Judge
 from harness.driver.plugin.fixtures import Ranks
-from tests.loss_blind import impl_of, worst_difference
+from tests.loss_blind import ADAMW, STEPS, impl_of, worst_difference
 
 LOSS_RTOL = 1e-4
-STEPS = 3
-ADAMW = {"name": "adamw", "lr": 1e-2, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}
 NOISE = 0.05  # how far a token's input and upstream gradient stray from the sequence's common one
 
 

@@ -60,8 +60,9 @@ DURATIONS_FILE = ROOT / ".mutation-durations.json"  # each run's seconds in the 
 # machine with tests/ beside the runner (known-good runs were 36-279 s: first in any order).
 ESTIMATE_S = {"known good": 120.0, "outsider": 20.0, "mutant": 9.0}
 
-# What none of the runner's runs uses, each loaded by every one of its ~290 runs: pytest-benchmark's
-# configuration starts a subprocess (0.35 s of CPU a run, measured), xdist's registers its hooks.
+# What none of the runner's runs uses, each loaded by every one of its ~290 runs: pytest-benchmark
+# and xdist cost 0.25-0.35 s of CPU a run together (measured on a run that selects no test; more
+# CPU than the run's wall time, so part of it outside the run's own process).
 UNUSED_PLUGINS = ("-p", "no:cacheprovider", "-p", "no:benchmark", "-p", "no:xdist", "-p", "no:xdist.looponfail")
 
 

@@ -73,8 +73,7 @@ def train_steps(ctx: RankContext, impl, process_group, router_weight, experts, x
                 aux_weight: float, optimizer: dict, steps: int, sequence_parallel: bool = False) -> dict:
     """The layer of ``forward_backward_topk`` trained ``steps`` times on this member's loss
     sum(y * grad_output) + aux_weight * aux_loss, the optimizer ``optimizer`` (harness.rank.models)
-    over the layer's parameters as this member holds them: each step's loss, and the router's weight
-    after the last step (replicated over the group: a gradient left unreduced makes it differ)."""
+    over the layer's parameters as this member holds them: each step's loss."""
     options = {"sequence_parallel": True} if sequence_parallel else {}
     moe = _build(ctx, impl, process_group, router_weight, experts, top_k=top_k, compute_aux_loss=True, **options)
     opt = models.build_optimizer(optimizer, [p for p in moe.parameters() if p.requires_grad])
@@ -87,7 +86,7 @@ def train_steps(ctx: RankContext, impl, process_group, router_weight, experts, x
         loss.backward()
         opt.step()
         losses.append(loss.detach())
-    return ctx.to_cpu({"losses": torch.stack(losses), "router": moe.router.weight.detach()})
+    return ctx.to_cpu({"losses": torch.stack(losses)})
 
 
 @on_members

@@ -126,8 +126,7 @@ def train_steps(ctx: RankContext, impl, process_group, dense: dict, options: dic
                 grad_output: torch.Tensor, optimizer: dict, steps: int) -> dict:
     """The MLP (with its LayerNorm when ``dense`` has one) trained ``steps`` times on the linear loss
     sum(y * grad_output) of this member's output, the optimizer ``optimizer`` (harness.rank.models)
-    over the module's parameters as this member holds them: each step's loss, and the LayerNorm's
-    weight and bias after the last step (replicated: a gradient left unreduced makes them differ)."""
+    over the module's parameters as this member holds them: each step's loss."""
     module = _build(ctx, impl, process_group, "mlp", dense, options)
     opt = models.build_optimizer(optimizer, [p for p in module.parameters() if p.requires_grad])
     x, g = ctx.to_device(x), ctx.to_device(grad_output)
@@ -139,9 +138,7 @@ def train_steps(ctx: RankContext, impl, process_group, dense: dict, options: dic
         loss.backward()
         opt.step()
         losses.append(loss.detach())
-    norm = getattr(module, "norm", None)
-    return ctx.to_cpu({"losses": torch.stack(losses),
-                       "norm": None if norm is None else {"weight": _local(norm.weight), "bias": _local(norm.bias)}})
+    return ctx.to_cpu({"losses": torch.stack(losses)})
 
 
 @on_members
