@@ -18,7 +18,7 @@ the grading process imports neither this module nor the submission.
 | ``.on_train_batch_start(optimizer)`` | ``ddp_bucketed_on_train_batch_start(ddp_model, optimizer)`` where the handout has it |
 | ``.finish_gradient_synchronization()`` | ``ddp_*_on_after_backward(ddp_model, optimizer)`` |
 | ``ShardedOptimizer(params, optimizer_class, **defaults)`` | ``get_sharded_optimizer(params, optimizer_class, **defaults)``, after averaging gradients |
-| ``fully_shard(unit)``, then ``fully_shard(root, compute_dtype=d)`` | ``get_fsdp(root, compute_dtype=d)`` (the 2026 handout; the keyword only when given), the model rebuilt from the submission's cs336_basics layers first (``adapters/cs336_layers.py``) |
+| ``fully_shard(unit)``, then ``fully_shard(root, compute_dtype=d)`` | ``get_fsdp(root, compute_dtype=d)`` (the 2026 handout; the keyword only when given), the model rebuilt first from the submission's layers, where its own tests/test_fsdp.py imports them (``adapters/cs336_layers.py``) |
 | after each ``loss.backward()`` | ``fsdp_on_after_backward(fsdp_model, optimizer)`` (queued by the backward itself) |
 | ``full_parameters(module)`` | ``fsdp_gather_full_params(fsdp_model)``, under the suite's names |
 
@@ -63,8 +63,8 @@ SUBMISSION_VARIABLE = "CS336_SUBMISSION"
 
 
 def _load_submission():
-    """The submission's tests/adapters.py, imported with the submission's folder on sys.path (so
-    that ``import cs336_systems`` finds the student's package)."""
+    """(The submission's tests/adapters.py, its root): imported with the submission's folder on
+    sys.path (so that ``import cs336_systems`` finds the student's package)."""
     where = os.environ.get(SUBMISSION_VARIABLE)
     if not where:
         raise ImportError(f"adapters.cs336 grades a CS336 submission: set {SUBMISSION_VARIABLE} to the folder "
@@ -88,10 +88,12 @@ def _load_submission():
     except SyntaxError as error:
         raise ImportError(f"the submission's code does not parse under Python {sys.version.split()[0]}: "
                           f"{error}{cs336_metadata.python_mismatch(root)}") from error
-    return module
+    return module, root
 
 
-submission = _load_submission()
+submission, SUBMISSION_ROOT = _load_submission()
+# where the FSDP models' layers come from: the module the submission's own tests import them from
+LAYERS = cs336_layers.layers_module(SUBMISSION_ROOT)[0]
 
 
 def _entry(*names: str):
@@ -279,7 +281,7 @@ class _FullyShardedModel:
             self._after_backward_hook = _entry("fsdp_on_after_backward")
             if self._after_backward_hook is None:
                 raise _not_implemented("fsdp_on_after_backward")
-            self._renamed = cs336_layers.convert(self.module)
+            self._renamed = cs336_layers.convert(self.module, LAYERS)
             # the keyword only when set: a 2025-style get_fsdp(module) still grades without one
             options = {} if self.compute_dtype is None else {"compute_dtype": self.compute_dtype}
             self._fsdp = make(self.module, **options)

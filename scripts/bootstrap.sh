@@ -29,9 +29,12 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 # shellcheck disable=SC1091
 source "$VENV/bin/activate"
-stamp="$VENV/.conformance-installed-$(cat pyproject.toml requirements.lock | sha1sum | cut -c1-12)"
+# grading/cs336-requirements.txt: what the project's own CS336 submission (tests/fixtures) imports, as
+# the handout's students' code does (einops, einx, jaxtyping, triton), under the lock's constraints
+COURSE=grading/cs336-requirements.txt
+stamp="$VENV/.conformance-installed-$(cat pyproject.toml requirements.lock "$COURSE" | sha1sum | cut -c1-12)"
 if [ ! -f "$stamp" ] && [ -z "${CONFORMANCE_TORCH:-}" ] \
-   && python -c "import torch, numpy, pytest, xdist, hypothesis, pytest_benchmark" 2>/dev/null; then
+   && python -c "import torch, numpy, pytest, xdist, hypothesis, pytest_benchmark, einops, einx, jaxtyping, triton" 2>/dev/null; then
   # A GPU image (or a venv made earlier) that already holds every dependency: nothing to download,
   # which also makes the scripts work where no package index is reachable.
   echo "[bootstrap] every dependency is already importable (torch $(python -c 'import torch; print(torch.__version__)')):" \
@@ -52,7 +55,8 @@ if [ ! -f "$stamp" ]; then
   else
     cp requirements.lock "$lock"
   fi
-  if pip install "${pip_quiet[@]}" -r "$lock" && pip install "${pip_quiet[@]}" -e .; then
+  if pip install "${pip_quiet[@]}" -r "$lock" && pip install "${pip_quiet[@]}" -r "$COURSE" -c "$lock" \
+     && pip install "${pip_quiet[@]}" -e .; then
     pip install "${pip_quiet[@]}" -e ".[plots]" 2>/dev/null || true  # plots are optional
     touch "$stamp"
   elif python -c "import torch, numpy, pytest, xdist, hypothesis, pytest_benchmark" 2>/dev/null; then

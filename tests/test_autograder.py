@@ -206,3 +206,38 @@ def test_the_autograder_draws_the_examples_a_students_checkout_draws(installed):
     drawn = autograder.stdout.splitlines()
     assert len(drawn) == 30 and len(set(drawn)) > 10, drawn
     assert drawn == checkout.stdout.splitlines()
+
+
+@pytest.mark.parametrize("lines, words", [
+    (["einops>=0.8"], "expected a pinned package"),
+    (["--index-url https://example.org"], "expected a pinned package"),
+    (["torch==2.5.0"], "requirements.lock pins torch=="),
+    (["einops==0.8.2", "Einops==0.8.1"], "Einops is named twice"),
+])
+def test_a_courses_package_that_is_not_pinned_or_changes_the_lock_is_refused(tmp_path, lines, words):
+    (tmp_path / "course.txt").write_text("# the course's packages\n" + "\n".join(lines) + "\n")
+    with pytest.raises(config.ConfigError, match=re.escape(words)):
+        build.configure(build_arguments("--expects", "cs336", "--requirements", str(tmp_path / "course.txt")))
+
+
+def build_arguments(*words: str):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    for option, default in (("--expects", "student_impl.py"), ("--capability", None), ("--rubric", None),
+                            ("--requirements", None), ("--points-possible", None)):
+        parser.add_argument(option, default=default)
+    parser.add_argument("--time-limit-minutes", type=float, default=10)
+    parser.add_argument("--contain-ranks", default="yes")
+    return parser.parse_args(list(words))
+
+
+def test_a_cs336_autograder_carries_the_handouts_packages_by_default_and_a_course_can_name_its_own(tmp_path):
+    default, _ = build.configure(build_arguments("--expects", "cs336"))
+    names = {line.split("==")[0] for line in default.requirements}
+    assert {"einops", "einx", "jaxtyping", "triton"} <= names, default.requirements
+    assert config.AutograderConfig(**json.loads(default.to_json())) == default  # written into autograder.json
+    (tmp_path / "course.txt").write_text("einops==0.8.2\n\n# comment\n")
+    chosen, _ = build.configure(build_arguments("--expects", "cs336", "--requirements", str(tmp_path / "course.txt")))
+    assert chosen.requirements == ("einops==0.8.2",)
+    assert build.configure(build_arguments("--expects", "impl.py"))[0].requirements == ()

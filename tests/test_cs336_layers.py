@@ -109,3 +109,33 @@ def test_a_submission_written_for_a_newer_python_says_so(tmp_path):
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\nversion = "1"\nrequires-python = ">=3.8"\n')
     assert cs336_metadata.python_mismatch(str(tmp_path)) == ""
     assert cs336_metadata.python_mismatch(str(tmp_path / "missing")) == ""
+
+
+def test_the_layers_are_taken_from_where_the_submissions_own_tests_import_them(tmp_path):
+    (tmp_path / "tests").mkdir()
+    assert cs336_layers.layers_module(str(tmp_path)) == ("cs336_basics.model", "the handout's default")
+    (tmp_path / "tests" / "test_ddp.py").write_text("from cs336_basics.layers import Linear\n")
+    assert cs336_layers.layers_module(str(tmp_path)) == ("cs336_basics.layers", "tests/test_ddp.py")
+    # both names in one import win over either alone, wherever in the file the import is (a class body)
+    (tmp_path / "tests" / "test_fsdp.py").write_text(
+        "import torch\nfrom .common import Linear\n\nclass Toy:\n    def __init__(self):\n"
+        "        from cs336_basics.modules import Embedding, Linear, RMSNorm\n")
+    assert cs336_layers.layers_module(str(tmp_path)) == ("cs336_basics.modules", "tests/test_fsdp.py")
+    (tmp_path / "tests" / "test_fsdp.py").write_text("def broken(:\n")  # unparsable: the next file decides
+    assert cs336_layers.layers_module(str(tmp_path)) == ("cs336_basics.layers", "tests/test_ddp.py")
+
+
+def test_a_submission_that_keeps_its_layers_in_a_module_of_its_own_is_rebuilt_from_it(basics, tmp_path, monkeypatch):
+    package = tmp_path / "own_basics"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "modules.py").write_text("from cs336_basics.model import Embedding, Linear\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rebuilt = models.build(MODELS[0], 1)
+    cs336_layers.convert(rebuilt, "own_basics.modules")
+    from cs336_basics.model import Linear
+
+    assert isinstance(rebuilt.fc1, Linear) or isinstance(getattr(rebuilt.fc1, "linear", None), Linear)
+    with pytest.raises(ImportError, match="own_basics.missing cannot be imported"):
+        cs336_layers.convert(models.build(MODELS[0], 1), "own_basics.missing")
+    del sys.modules["own_basics.modules"], sys.modules["own_basics"]

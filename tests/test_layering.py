@@ -73,6 +73,6 @@ def test_every_harness_module_is_on_one_side_of_the_boundary():
 
 def test_ranks_preload_only_rank_side_modules():
     """What the forkserver imports into every rank before the implementation loads."""
-    from harness.driver.world import PRELOAD
+    from harness.rank.preload import PRELOAD
     ours = [m for m in PRELOAD if m.startswith(("harness", "reference", "conformance", "grading"))]
     assert ours and all(m.startswith("harness.rank") for m in ours), PRELOAD

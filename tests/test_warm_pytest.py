@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from harness.driver.warm_pytest import WarmPytest
-from harness.driver.world import PRELOAD
+from harness.rank.preload import PRELOAD
 
 TESTS = {
     "test_passes.py": "def test_one():\n    assert 1 + 1 == 2\n",

@@ -11,7 +11,9 @@
 #      build, gigabytes the platform's machines cannot use), at the version of requirements.lock;
 #   4. every other package at requirements.lock's version, so the examples Hypothesis draws here are
 #      those a student draws locally under the same lock;
-#   5. the suite compiled to bytecode and made readable by every user, then checked by importing it.
+#   5. the course's own packages (autograder.json's "requirements", e.g. a CS336 handout's einops and
+#      triton), with the lock as constraints: none of them may change torch or anything else it pins;
+#   6. the suite compiled to bytecode and made readable by every user, then checked by importing it.
 # Overrides (for the emulation in tests/ and for other platforms): CONFORMANCE_AUTOGRADER_VENV,
 # CONFORMANCE_PYTHON (an interpreter to use), CONFORMANCE_TORCH_INDEX ("" uses pip's own index).
 set -euo pipefail
@@ -46,6 +48,20 @@ else
   "${pip_install[@]}" "$torch_pin"
 fi
 "${pip_install[@]}" -r requirements.lock
+course="$(mktemp)"
+"$VENV/bin/python" -c 'import json, sys; print("\n".join(json.load(open(sys.argv[1])).get("requirements", [])))' \
+  autograder.json > "$course"
+if [ -s "$course" ] && grep -q . "$course"; then
+  echo "[setup] the course's packages: $(grep . "$course" | tr '\n' ' ')"
+  torch_before="$("$VENV/bin/python" -c 'import torch; print(torch.__version__)')"
+  "${pip_install[@]}" -r "$course" -c requirements.lock
+  torch_after="$("$VENV/bin/python" -c 'import torch; print(torch.__version__)')"
+  if [ "$torch_before" != "$torch_after" ]; then
+    echo "[setup] the course's packages changed torch from $torch_before to $torch_after" >&2
+    exit 1
+  fi
+fi
+rm -f "$course"
 
 "$VENV/bin/python" -m compileall -q -j 0 -x '/\.' "$SOURCE" > /dev/null
 chmod -R a+rX "$SOURCE" "$VENV"

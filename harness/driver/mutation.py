@@ -52,7 +52,7 @@ from harness.driver.mutation_catalog import (
     outsiders,
 )
 from harness.driver.warm_pytest import WarmPytest
-from harness.driver.world import PRELOAD
+from harness.rank.preload import PRELOAD
 
 DEADLINE = "no result within the"  # how a deadline's failure reads (harness/driver/world.py, World._fail)
 DURATIONS_FILE = ROOT / ".mutation-durations.json"  # each run's seconds in the last run (git ignores it)
@@ -164,7 +164,7 @@ def main(argv=None) -> int:
     options = parser.parse_args(argv)
     # every run's ranks are forked from the template's forkserver: about 2.4 s of CPU less per run
     # the buggy outsiders kept as diffs are written out here, for the whole run
-    with WarmPytest(forkserver_preload=PRELOAD) as runner, tempfile.TemporaryDirectory(prefix="outsiders-") as scratch:
+    with WarmPytest(forkserver_preload=list(PRELOAD)) as runner, tempfile.TemporaryDirectory(prefix="outsiders-") as scratch:
         os.chmod(scratch, 0o755)
         return _run_all(options, runner, Path(scratch))
 

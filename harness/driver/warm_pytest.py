@@ -16,7 +16,7 @@ single-threaded by design (forking a process with threads of its own can leave a
 child); torch's import starts one native thread, the state the harness's forkserver already forks
 every rank from.
 
-Given ``forkserver_preload`` (harness.driver.world.PRELOAD), the template also starts the one
+Given ``forkserver_preload`` (harness/rank/preload.py), the template also starts the one
 multiprocessing forkserver that every run's ranks are forked from. A run's own forkserver was a
 fresh interpreter importing torch and torch._dynamo before its first world could start: about
 2.4 s of CPU per run, 170 times. A rank is forked with its driver's sys.path and working directory
@@ -72,7 +72,7 @@ class WarmPytest:
     """Driver side: ``run(args, cwd)`` -> (exit code, output, seconds), callable from many threads.
 
     ``forkserver_preload``: the modules of the forkserver the template starts for every run's ranks
-    (harness.driver.world.PRELOAD); empty: each run starts its own, as a plain pytest would."""
+    (harness/rank/preload.py); empty: each run starts its own, as a plain pytest would."""
 
     def __init__(self, python: str = sys.executable, forkserver_preload: Sequence[str] = ()):
         self._python = python

@@ -2,12 +2,14 @@
 
     scripts/autograder --expects student_impl.py --capability collectives,data_parallel,audit \\
         --rubric mycourse.toml --time-limit-minutes 10 --out autograder.zip
-    scripts/autograder --expects cs336 --capability data_parallel,sharded_optimizer,audit
+    scripts/autograder --expects cs336 --capability data_parallel,sharded_optimizer,audit \\
+        --requirements course-packages.txt
 
 Its root holds what the platform runs, ``setup.sh`` and ``run_autograder`` (from grading/gradescope/),
 the course's choices (``autograder.json``, read by harness/driver/gradescope/run.py), the suite
 (reference, impls, harness, conformance, adapters, grading, the contract) and ``requirements.lock``,
-the versions setup.sh installs. Every choice is checked here, before anything is written, and the zip
+the versions setup.sh installs, with the course's own packages (``--requirements``; for ``--expects cs336``
+the handout's, grading/cs336-requirements.txt, by default) listed in ``autograder.json``. Every choice is checked here, before anything is written, and the zip
 is the same bytes for the same checkout and choices (sorted entries, fixed times), so a course can
 tell two builds apart by their hash."""
 from __future__ import annotations
@@ -19,6 +21,7 @@ import zipfile
 from pathlib import Path
 
 from harness.driver import capabilities
+from harness.driver.gradescope import requirements
 from harness.driver.gradescope.config import CS336, FILE_NAME, PLATFORM_DEFAULT_LIMIT_S, AutograderConfig, ConfigError
 
 SUITE = Path(__file__).resolve().parents[3]
@@ -51,8 +54,13 @@ def configure(args: argparse.Namespace) -> tuple[AutograderConfig, Path]:
         rubric = load_rubric(rubric_path)
     except (OSError, ValueError) as error:
         raise ConfigError(f"--rubric: {error}") from None
+    chosen = args.requirements or (requirements.CS336_DEFAULT if args.expects == CS336 else None)
+    try:
+        packages = requirements.read_file(Path(chosen)) if chosen else ()
+    except requirements.RequirementError as error:
+        raise ConfigError(f"--requirements: {error}") from None
     config = AutograderConfig(
-        expects=args.expects, capability=args.capability,
+        expects=args.expects, capability=args.capability, requirements=packages,
         rubric=COURSE_RUBRIC if args.rubric else "grading/rubric.toml",
         time_limit_s=args.time_limit_minutes * 60, points_possible=args.points_possible,
         contain_ranks=args.contain_ranks, suite_version=suite_version()).check()
@@ -98,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-limit-minutes", type=float, default=PLATFORM_DEFAULT_LIMIT_S / 60,
                         help="the time limit set on the platform (default 10, at most 40): the suite's budget is "
                              "taken from it")
+    parser.add_argument("--requirements", default=None, metavar="FILE",
+                        help="the course's packages, name==version a line, installed by setup.sh beside the lock "
+                             "(never changing what it pins); default for --expects cs336: the handout's runtime "
+                             "packages (grading/cs336-requirements.txt)")
     parser.add_argument("--points-possible", type=float, default=None, help="scale the total to this")
     parser.add_argument("--contain-ranks", default="yes", choices=("yes", "no"),
                         help="no: grade uncontained where the platform cannot contain ranks (the report says so)")
@@ -109,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     digest = build(config, rubric_path, args.out)
     print(f"{args.out}: sha256 {digest}\n  expects {config.expects}; capabilities "
           f"{config.capability or 'every one'}; rubric {rubric_path}; time limit {config.time_limit_s / 60:g} min"
-          f"{'; ranks NOT contained' if config.contain_ranks == 'no' else ''}\n"
+          f"{'; ranks NOT contained' if config.contain_ranks == 'no' else ''}"
+          f"; course packages: {', '.join(config.requirements) or 'none'}\n"
           "  upload it as the assignment's autograder (Gradescope: Configure Autograder, zip file upload, "
           "Ubuntu 22.04 base image)")
     return 0

@@ -1,7 +1,9 @@
 """What a course chose when it built its autograder (``scripts/autograder``), written into the zip as
 ``autograder.json`` and read back by ``run_autograder``: which capabilities the submission is graded
 on, the rubric, what the submission is (one file of the contract, or a CS336 repository), the
-platform's time limit and the total to scale to. Every value is checked when the zip is built and
+platform's time limit, the total to scale to, and the course's own packages installed beside the
+suite (``requirements``: what submissions import that the suite does not, such as a CS336 handout's
+einops and triton). Every value is checked when the zip is built and
 again when it is read, and a bad one is a :class:`ConfigError` naming the key."""
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from harness.driver import capabilities
+from harness.driver.gradescope.requirements import RequirementError, check_requirements
 
 FILE_NAME = "autograder.json"
 CS336 = "cs336"  # ``expects``: a CS336 assignment 2 repository, graded through adapters.cs336
@@ -32,6 +35,11 @@ class AutograderConfig:
     points_possible: float | None = None
     contain_ranks: str = "yes"  # "no" only where the platform cannot contain ranks (the report says so)
     suite_version: str = ""
+    requirements: tuple[str, ...] = ()  # "name==version", installed by setup.sh under the lock's constraints
+
+    def __post_init__(self):
+        if isinstance(self.requirements, list):  # as JSON gives it back
+            object.__setattr__(self, "requirements", tuple(self.requirements))
 
     @property
     def is_cs336(self) -> bool:
@@ -52,6 +60,12 @@ class AutograderConfig:
                               f"{PLATFORM_MAX_LIMIT_S} seconds (its default is {PLATFORM_DEFAULT_LIMIT_S})")
         if self.points_possible is not None and not 0 < self.points_possible < float("inf"):
             raise ConfigError(f"points_possible = {self.points_possible!r}: expected a positive number of points")
+        if not isinstance(self.requirements, tuple):
+            raise ConfigError(f"requirements = {self.requirements!r}: expected a list of name==version")
+        try:
+            check_requirements(self.requirements)
+        except RequirementError as error:
+            raise ConfigError(f"requirements: {error}") from None
         if self.contain_ranks not in CONTAIN_CHOICES:
             raise ConfigError(f"contain_ranks = {self.contain_ranks!r}: expected one of {', '.join(CONTAIN_CHOICES)}")
         return self

@@ -86,13 +86,15 @@ def _memory(root: Path, paths: dict[str, str]) -> int | None:
     return None
 
 
-def live_ranks_for(memory_bytes: int | None) -> int | None:
+def live_ranks_for(memory_bytes: int | None, import_bytes: int = 0) -> int | None:
     """How many rank processes may stay alive at once in ``memory_bytes``: what is left after the
-    driver, one rank's share each, never fewer than the largest world (4), which must run. None
-    where there is no limit (every world stays warm)."""
+    driver, one rank's share each (a rank of the light fixture the figures were measured on, plus
+    ``import_bytes``, what importing this submission added to a rank: measured by the autograder's
+    import check), never fewer than the largest world (4), which must run. None where there is no
+    limit (every world stays warm)."""
     if memory_bytes is None:
         return None
-    return max(SMALLEST_WORLDS, (memory_bytes - DRIVER_BYTES) // RANK_BYTES)
+    return max(SMALLEST_WORLDS, (memory_bytes - DRIVER_BYTES) // (RANK_BYTES + max(0, import_bytes)))
 
 
 def fits(memory_bytes: int | None, world_size: int = SMALLEST_WORLDS) -> bool:

@@ -93,8 +93,12 @@ def _locate_cs336(submission: Path, files: list[Path]) -> Found | Problem:
                        f"expected a CS336 assignment 2 repository, with {handout} at its root (the handout's layout: "
                        f"the functions the suite calls are in it); {_listing(files)}.")
     root = submission / candidates[0]
-    note = f"graded the repository in {candidates[0]}" if candidates[0] != Path(".") else ""
-    return Found("adapters.cs336", {"CS336_SUBMISSION": str(root)}, note)
+    from adapters.cs336_layers import layers_module  # parses the submission's tests; runs none of it
+
+    layers, found_in = layers_module(str(root))
+    notes = [f"graded the repository in {candidates[0]}"] if candidates[0] != Path(".") else []
+    notes.append(f"its FSDP is graded on the layers of {layers} ({found_in})")
+    return Found("adapters.cs336", {"CS336_SUBMISSION": str(root)}, "; ".join(notes))
 
 
 def syntax_problem(found: Found) -> Problem | None:
@@ -116,37 +120,106 @@ def syntax_problem(found: Found) -> Problem | None:
     return None
 
 
+@dataclass(frozen=True)
+class Imported:
+    """What importing the submission as a rank would showed: the problem (None: it imports), and the
+    anonymous memory the import added to a process that had the ranks' preloaded modules, read by
+    the driver from the child's /proc/<pid>/status (None where it could not be read)."""
+
+    problem: Problem | None
+    import_bytes: int | None = None
+
+
 def import_problem(found: Found, *, contain: bool, timeout_s: float = IMPORT_TIMEOUT_S) -> Problem | None:
     """Import the submission as a rank would (contained when ``contain``) and say what it raised.
     None when it imports, and also when containment itself cannot be set up here: that is the
     grader's problem, not the submission's, and the suite's own check refuses to grade then."""
+    return check_import(found, contain=contain, timeout_s=timeout_s).problem
+
+
+def check_import(found: Found, *, contain: bool, timeout_s: float = IMPORT_TIMEOUT_S) -> Imported:
+    """:func:`import_problem`, and what the import costs a rank in memory. The child first imports
+    what every rank has before the implementation (harness/rank/preload.py) and waits; the
+    driver reads its resident anonymous memory, lets it import the submission, and reads it again
+    once the answer is in. The child reports nothing about memory itself: a submission that shrank
+    the figure would only get more ranks alive at once than the container holds, and the OOM
+    killer takes ranks before the driver (harness/rank/loop.py)."""
     sandbox = containment.new_sandbox() if contain else None
     read_end, write_end = os.pipe()
+    ready_read, ready_write = os.pipe()  # child -> driver: the preload is imported
+    go_read, go_write = os.pipe()  # driver -> child: one byte to import; closed: exit
     pid = os.fork()
     if pid == 0:  # the child: never returns into the driver's code
-        os.close(read_end)
-        _import_in_child(found, sandbox, write_end)
-    os.close(write_end)
-    answer, timed_out = _read_bounded(read_end, timeout_s)
-    if timed_out:
-        os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
+        for fd in (read_end, ready_read, go_write):
+            os.close(fd)
+        _import_in_child(found, sandbox, write_end, ready_write, go_read)
+    for fd in (write_end, ready_write, go_read):
+        os.close(fd)
+    deadline = time.monotonic() + timeout_s
+    before = None
+    if _wait_readable(ready_read, deadline) and os.read(ready_read, 1) == b"B":
+        before = _anonymous_bytes(pid)
+    os.close(ready_read)
+    try:
+        os.write(go_write, b"G")
+    except OSError:  # the child is gone: its answer (or none) says why
+        pass
+    answer, timed_out = _read_bounded(read_end, max(0.0, deadline - time.monotonic()))
+    after = _anonymous_bytes(pid)
+    os.close(go_write)
+    _reap(pid, kill=timed_out)
     if sandbox is not None:
         containment.sweep(sandbox)
     if timed_out:
-        return Problem("The submission imports", f"importing {_shown(found)} did not finish within {timeout_s:g} s "
-                       "(code at the top level of a module runs when it is imported)")
+        return Imported(Problem("The submission imports", f"importing {_shown(found)} did not finish within "
+                                f"{timeout_s:g} s (code at the top level of a module runs when it is imported)"))
     kind, message = answer[:1], answer[1:].decode(errors="replace")
     if kind == b"I":
-        return Problem("The submission imports", f"importing {_shown(found)} raised:\n{message}")
-    return None  # b"": imported; b"C": containment failed (the suite refuses and says why)
+        return Imported(Problem("The submission imports", f"importing {_shown(found)} raised:\n{message}"))
+    cost = max(0, after - before) if before is not None and after is not None else None
+    return Imported(None, cost)  # b"": imported; b"C": containment failed (the suite refuses and says why)
+
+
+def _wait_readable(fd: int, deadline: float) -> bool:
+    left = deadline - time.monotonic()
+    return left > 0 and bool(select.select([fd], [], [], left)[0])
+
+
+def _anonymous_bytes(pid: int) -> int | None:
+    """The process's resident anonymous memory (RssAnon of /proc/<pid>/status, readable by every
+    user: no ptrace access needed, so root without CAP_SYS_PTRACE reads a contained child's)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) << 10
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _reap(pid: int, *, kill: bool, patience_s: float = 10.0) -> None:
+    """Wait for the child, boundedly: killed when asked, when it stops itself, or when it has not
+    exited ``patience_s`` after its pipes closed."""
+    if kill:
+        os.kill(pid, signal.SIGKILL)
+    end = time.monotonic() + patience_s
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG | os.WUNTRACED)
+        if done and not os.WIFSTOPPED(status):
+            return
+        if done or time.monotonic() > end:  # stopped, or still running past its time
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return
+        time.sleep(0.02)
 
 
 def _shown(found: Found) -> str:
     return Path(found.impl).name if found.impl.endswith(".py") else "the repository's tests/adapters.py"
 
 
-def _import_in_child(found: Found, sandbox, write_end: int) -> None:
+def _import_in_child(found: Found, sandbox, write_end: int, ready_write: int, go_read: int) -> None:
     kind, message = b"", ""
     try:
         null = os.open(os.devnull, os.O_WRONLY)
@@ -160,12 +233,22 @@ def _import_in_child(found: Found, sandbox, write_end: int) -> None:
         else:
             os.environ.update(found.env)
             try:
+                import importlib
+
+                from harness.rank.preload import PRELOAD  # what a rank has before the implementation
+
+                for name in PRELOAD:
+                    importlib.import_module(name)
+                os.write(ready_write, b"B")
+                os.read(go_read, 1)
                 from harness.rank.loader import load_implementation
 
                 load_implementation(found.impl)
             except BaseException:  # noqa: BLE001 - whatever the submission raised is the answer
                 kind, message = b"I", _student_traceback()
         os.write(write_end, kind + message.encode(errors="replace")[:MESSAGE_LIMIT])
+        os.close(write_end)
+        os.read(go_read, 1)  # until the driver has read this process's memory and closed its end
     finally:
         os._exit(0)
 

@@ -70,12 +70,14 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(found, precheck.Problem):
             return _one_failed_test(results, config, found)
         contain = config.contain_ranks == "yes" and containment.possible()
-        problem = precheck.syntax_problem(found) or precheck.import_problem(found, contain=contain)
+        problem = precheck.syntax_problem(found)
+        imported = precheck.check_import(found, contain=contain) if problem is None else None
+        problem = problem or imported.problem
         if problem is not None:
             return _one_failed_test(results, config, problem)
         if found.note:
             print(f"[autograder] {found.note}", flush=True)
-        return _run_suite(config, found, results, started)
+        return _run_suite(config, found, results, started, imported.import_bytes)
     finally:
         shutil.rmtree(staged, ignore_errors=True)
 
@@ -100,7 +102,8 @@ def _staged(submission: Path) -> Path:
     return staged
 
 
-def suite_command(config: AutograderConfig, found: precheck.Found, results: Path, budget_s: float) -> list[str]:
+def suite_command(config: AutograderConfig, found: precheck.Found, results: Path, budget_s: float,
+                  live_ranks: int | None = None) -> list[str]:
     command = [sys.executable, "-m", "pytest", "conformance", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
                "--impl", found.impl, "--hypothesis-profile=grading", "--report-dir", str(results),
                "--rubric", str(SUITE / config.rubric), "--time-budget", f"{budget_s:.0f}",
@@ -111,14 +114,22 @@ def suite_command(config: AutograderConfig, found: precheck.Found, results: Path
         command += ["--points-possible", f"{config.points_possible:g}"]
     if config.is_cs336:
         command += ["--scope", "cs336"]
+    if live_ranks is not None:
+        command += ["--max-live-ranks", str(live_ranks)]
     return command
 
 
-def _run_suite(config: AutograderConfig, found: precheck.Found, results: Path, started: float) -> int:
+def _run_suite(config: AutograderConfig, found: precheck.Found, results: Path, started: float,
+               import_bytes: int | None) -> int:
     budget = budget_for(config, time.monotonic() - started)
     hard_stop = config.time_limit_s - HARD_STOP_MARGIN_S - (time.monotonic() - started)
-    command = suite_command(config, found, results, budget)
     container = limits.read()
+    # the live ranks the memory holds, for a rank of this submission (what its import added, measured)
+    live_ranks = limits.live_ranks_for(container.memory_bytes, import_bytes or 0)
+    command = suite_command(config, found, results, budget, live_ranks)
+    if import_bytes is not None:
+        print(f"[autograder] importing the submission adds {import_bytes / 2**20:.0f} MiB to a rank: "
+              f"{'no cap on' if live_ranks is None else f'at most {live_ranks}'} live ranks", flush=True)
     print(f"[autograder] container: {container}; time budget {budget:.0f} s of the platform's "
           f"{config.time_limit_s:g} s; {' '.join(command[1:])}", flush=True)
     if container.cpus < 1:  # measured: docs/measured.md, "Grading tiers"
@@ -139,7 +150,9 @@ def _run_suite(config: AutograderConfig, found: precheck.Found, results: Path, s
         code = process.wait()
     reader.join(timeout=5)
     return _settle(config, results, code, stopped, list(tail),
-                   {"time_limit_s": config.time_limit_s, "budget_s": round(budget), "container": str(container)})
+                   {"time_limit_s": config.time_limit_s, "budget_s": round(budget), "container": str(container),
+                    "submission": found.note, "import_mib": None if import_bytes is None else round(import_bytes / 2**20),
+                    "max_live_ranks": live_ranks})
 
 
 def _forward(stream, tail: collections.deque) -> None:

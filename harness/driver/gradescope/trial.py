@@ -33,11 +33,12 @@ class Graded:
     root: Path  # the run's /autograder
 
 
-def venv_for_this_lock() -> Path:
-    """Where setup.sh installs for trials: kept between runs by the lock's hash, so only the first
-    trial on a machine downloads torch (setup.sh then finds every package installed)."""
-    digest = hashlib.sha256((SUITE / "requirements.lock").read_bytes()).hexdigest()[:12]
-    return Path(f"/var/tmp/conformance-autograder-venv-{digest}")
+def venv_for_this_lock(course_packages: tuple[str, ...] = ()) -> Path:
+    """Where setup.sh installs for trials: kept between runs by the hash of the lock and the course's
+    packages, so only the first trial on a machine downloads torch (setup.sh then finds every
+    package installed), and a zip without the course's packages never finds them installed."""
+    digest = hashlib.sha256((SUITE / "requirements.lock").read_bytes() + "\n".join(course_packages).encode())
+    return Path(f"/var/tmp/conformance-autograder-venv-{digest.hexdigest()[:12]}")
 
 
 def install(config: AutograderConfig, venv: Path | None = None) -> Installed:
@@ -51,7 +52,7 @@ def install(config: AutograderConfig, venv: Path | None = None) -> Installed:
         archive.extractall(source)
         for info in archive.infolist():  # zipfile drops the modes; the platform's unzip keeps them
             os.chmod(source / info.filename, (info.external_attr >> 16) & 0o777)
-    venv = venv or venv_for_this_lock()
+    venv = venv or venv_for_this_lock(config.requirements)
     setup = subprocess.run(["bash", str(source / "setup.sh")], capture_output=True, text=True, timeout=1800,
                            env={**os.environ, "CONFORMANCE_AUTOGRADER_VENV": str(venv), "CONFORMANCE_TORCH_INDEX": ""})
     if setup.returncode != 0 or "[setup] ready: torch" not in setup.stdout:
