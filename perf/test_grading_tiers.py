@@ -1,7 +1,9 @@
 """The autograder at each of Gradescope's tiers: the zip for every capability, run_autograder in an
 emulated container of the tier's CPU quota and memory (Docker's default capabilities, no network),
 on a correct submission (the bundled implementations handed in as a student's file), the starter,
-a hanging and crashing one, and one whose ranks print 1 GiB each. Each row records the grade, whether
+a hanging and crashing one, and one whose ranks print 1 GiB each; and the zip for the CS336 set
+(``--expects cs336``, the handout's packages in the image) on the project's 2026-shaped repository,
+whose ranks import what a real submission's do (einops, einx, jaxtyping, triton). Each row records the grade, whether
 the report was complete, the wall time against the platform's default limit of 10 minutes, the
 memory cgroup's peak (page cache included) and the largest sum of proportional set sizes.
 
@@ -29,7 +31,9 @@ SUBMISSIONS = {
 # (vCPU, MiB, submission): Gradescope's tiers, each with the correct submission; the others where
 # the issue asks for them
 ROWS = [(0.5, 768, "correct"), (1, 1536, "correct"), (2, 3072, "correct"), (4, 6144, "correct"),
-        (1, 1536, "starter"), (1, 1536, "hanging and crashing"), (2, 3072, "chatty")]
+        (1, 1536, "starter"), (1, 1536, "hanging and crashing"), (2, 3072, "chatty"),
+        (0.5, 768, "cs336"), (1, 1536, "cs336"), (2, 3072, "cs336")]
+CS336_SET = "data_parallel,sharded_optimizer,fully_sharded,fsdp_compute_dtype,audit"  # what the handout asks
 
 
 def _chosen(config_option: str | None) -> list[tuple[float, int, str]]:
@@ -60,26 +64,43 @@ def installed():
     trial.remove(installed)
 
 
-def test_grading_tier(installed, tier_row, figures):
+@pytest.fixture(scope="module")
+def installed_cs336():
+    from harness.driver.gradescope import requirements
+
+    installed = trial.install(config.AutograderConfig(
+        expects=config.CS336, capability=CS336_SET, suite_version="tiers",
+        requirements=requirements.read_file(requirements.CS336_DEFAULT)).check())
+    yield installed
+    trial.remove(installed)
+
+
+def test_grading_tier(request, tier_row, figures):
     cpus, mib, submission = tier_row
     limits = container.Limits(cpus=cpus, memory_bytes=mib << 20)
     chatter = {"CHATTY_CALLS": "2"} if submission == "chatty" else {}  # 1 GiB per rank on its first two calls
-    graded = trial.grade(installed, {"student_impl.py": SUBMISSIONS[submission]}, limits, env=chatter)
+    if submission == "cs336":
+        graded = trial.grade(request.getfixturevalue("installed_cs336"), trial.cs336_repository(), limits)
+    else:
+        graded = trial.grade(request.getfixturevalue("installed"), {"student_impl.py": SUBMISSIONS[submission]},
+                             limits, env=chatter)
     results, outcome = graded.results, graded.outcome
     tests = results["tests"]
     skipped = [t for t in tests if t.get("output", "").startswith("skipped, not counted")]  # 0 of 0 points
     statuses = {status: sum(t["status"] == status and t not in skipped for t in tests) for status in ("passed", "failed")}
     complete = results["extra_data"].get("complete", False)
-    full = submission == "correct" and results["score"] == results["max_score"] > 0
+    correct = submission in ("correct", "cs336")
+    full = correct and results["score"] == results["max_score"] > 0
     figure = (f"{results['score']:.2f}/{results['max_score']:.2f}, {len(tests)} tests ({statuses['passed']} passed, "
               f"{statuses['failed']} failed, {len(skipped)} skipped), {'complete' if complete else 'INCOMPLETE'}; {outcome.seconds:.0f} s; "
               f"cgroup peak {outcome.peak_memory_bytes / 2**20:.0f} MiB, PSS peak {outcome.peak_pss_bytes / 2**20:.0f} MiB"
               f"{f', {outcome.oom_kills} OOM kills' if outcome.oom_kills else ''}")
-    met = complete and outcome.seconds < PLATFORM_LIMIT_S and (full or submission != "correct")
+    met = complete and outcome.seconds < PLATFORM_LIMIT_S and (full or not correct)
     if cpus > (os.cpu_count() or 1):
         figure += f" (this machine has {os.cpu_count()} cores)"
-    figures.record(f"autograder at {cpus:g} vCPU / {mib} MiB, every capability: {submission} submission", figure,
-                   f"complete report{' with full marks' if submission == 'correct' else ''} within "
+    claimed = "the CS336 set" if submission == "cs336" else "every capability"
+    figures.record(f"autograder at {cpus:g} vCPU / {mib} MiB, {claimed}: {submission} submission", figure,
+                   f"complete report{' with full marks' if correct else ''} within "
                    f"{PLATFORM_LIMIT_S} s", met)
     print(f"\n{cpus:g} vCPU / {mib} MiB, {submission}: {figure}")
     assert met, figure

@@ -241,3 +241,23 @@ def test_a_cs336_autograder_carries_the_handouts_packages_by_default_and_a_cours
     chosen, _ = build.configure(build_arguments("--expects", "cs336", "--requirements", str(tmp_path / "course.txt")))
     assert chosen.requirements == ("einops==0.8.2",)
     assert build.configure(build_arguments("--expects", "impl.py"))[0].requirements == ()
+
+
+def test_a_2026_cs336_repository_gets_full_marks_from_the_zip_with_the_handouts_packages(installed):
+    """``scripts/autograder --expects cs336``: the handout's packages are in autograder.json and in
+    the image; the repository's FSDP (its layers found where its own tests import them) gets full
+    marks, and the live-rank cap follows what its import measured. Built after ``installed`` (its
+    venv seeds this one: only the course's packages are added)."""
+    chosen, _ = build.configure(build_arguments("--expects", "cs336", "--capability", "fully_sharded"))
+    course = trial.install(chosen)
+    try:
+        graded = trial.grade(course, trial.cs336_repository(), TIER, timeout_s=900)
+    finally:
+        trial.remove(course)
+    results, outcome = graded.results, graded.outcome
+    assert results["extra_data"]["complete"] and results["score"] == results["max_score"] > 0, outcome.stdout[-6000:]
+    platform = results["extra_data"]["autograder"]
+    assert "layers of cs336_basics.model (tests/test_fsdp.py)" in platform["submission"], platform
+    assert platform["import_mib"] is not None and platform["max_live_ranks"] >= 4, platform
+    assert f"--max-live-ranks {platform['max_live_ranks']}" in outcome.stdout
+    assert outcome.oom_kills == 0 and not outcome.leftovers

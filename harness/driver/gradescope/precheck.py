@@ -176,6 +176,11 @@ def check_import(found: Found, *, contain: bool, timeout_s: float = IMPORT_TIMEO
     kind, message = answer[:1], answer[1:].decode(errors="replace")
     if kind == b"I":
         return Imported(Problem("The submission imports", f"importing {_shown(found)} raised:\n{message}"))
+    if kind == b"M":  # the image's fault, not the student's: said so, to both
+        return Imported(Problem("The autograder has the packages the submission imports", f"{message}.\n\nThe "
+                                "autograder's image lacks a package your code imports; this is not a fault of your "
+                                "submission. Course staff: add it to the autograder's packages (scripts/autograder "
+                                "--requirements, or autograder.json's requirements) and rebuild the image."))
     cost = max(0, after - before) if before is not None and after is not None else None
     return Imported(None, cost)  # b"": imported; b"C": containment failed (the suite refuses and says why)
 
@@ -241,9 +246,12 @@ def _import_in_child(found: Found, sandbox, write_end: int, ready_write: int, go
                     importlib.import_module(name)
                 os.write(ready_write, b"B")
                 os.read(go_read, 1)
-                from harness.rank.loader import load_implementation
+                from harness.rank.loader import MissingDependency, load_implementation
 
-                load_implementation(found.impl)
+                try:
+                    load_implementation(found.impl)
+                except MissingDependency as error:
+                    kind, message = b"M", str(error)
             except BaseException:  # noqa: BLE001 - whatever the submission raised is the answer
                 kind, message = b"I", _student_traceback()
         os.write(write_end, kind + message.encode(errors="replace")[:MESSAGE_LIMIT])

@@ -53,6 +53,11 @@ def install(config: AutograderConfig, venv: Path | None = None) -> Installed:
         for info in archive.infolist():  # zipfile drops the modes; the platform's unzip keeps them
             os.chmod(source / info.filename, (info.external_attr >> 16) & 0o777)
     venv = venv or venv_for_this_lock(config.requirements)
+    plain = venv_for_this_lock()
+    if config.requirements and not venv.exists() and (plain / "bin" / "python").exists():
+        # seeded from the lock's venv of earlier trials (a venv moved whole still runs by its own
+        # bin/python): setup.sh then adds only the course's packages, not torch again
+        subprocess.run(["cp", "-a", str(plain), str(venv)], check=True, timeout=600)
     setup = subprocess.run(["bash", str(source / "setup.sh")], capture_output=True, text=True, timeout=1800,
                            env={**os.environ, "CONFORMANCE_AUTOGRADER_VENV": str(venv), "CONFORMANCE_TORCH_INDEX": ""})
     if setup.returncode != 0 or "[setup] ready: torch" not in setup.stdout:
@@ -93,6 +98,18 @@ def grade(installed: Installed, files: dict[str, str | Path], limits: container.
         raise RuntimeError(f"run_autograder left no readable results.json ({error}); exit {outcome.returncode}:\n"
                            f"{outcome.stdout[-3000:]}\n{outcome.stderr[-3000:]}") from None
     return Graded(outcome, results, root)
+
+
+CS336_FIXTURE = SUITE / "tests" / "fixtures" / "cs336_submission"
+
+
+def cs336_repository(adapters: str = "adapters_newer.py") -> dict[str, Path]:
+    """The project's CS336 submission as a 2026 student hands it in, for :func:`grade`: the
+    repository with its tests/adapters.py (the 2026 names), its cs336_basics on einops, einx and
+    jaxtyping, and its flash attention on triton."""
+    files = {str(p.relative_to(CS336_FIXTURE)): p for p in CS336_FIXTURE.rglob("*")
+             if p.is_file() and "__pycache__" not in p.parts and p.name not in ("adapters.py", "adapters_newer.py")}
+    return {**files, "tests/adapters.py": CS336_FIXTURE / "tests" / adapters}
 
 
 def remove(installed: Installed) -> None:
