@@ -261,3 +261,12 @@ def test_a_2026_cs336_repository_gets_full_marks_from_the_zip_with_the_handouts_
     assert platform["import_mib"] is not None and platform["max_live_ranks"] >= 4, platform
     assert f"--max-live-ranks {platform['max_live_ranks']}" in outcome.stdout
     assert outcome.oom_kills == 0 and not outcome.leftovers
+
+
+def test_the_live_rank_cap_and_the_tier_warning_follow_what_the_submissions_import_costs():
+    from harness.driver.gradescope import limits
+
+    light, heavy = limits.live_ranks_for(1536 << 20), limits.live_ranks_for(1536 << 20, import_bytes=300 << 20)
+    assert light == (1536 - 450) // 110 and heavy == limits.SMALLEST_WORLDS < light  # never fewer than 4
+    assert limits.live_ranks_for(None, import_bytes=1 << 30) is None
+    assert limits.fits(1536 << 20, import_bytes=4 << 20) and not limits.fits(768 << 20, import_bytes=4 << 20)

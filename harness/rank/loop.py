@@ -43,6 +43,10 @@ class RankConfig:
     driver_pid: int | None = None  # local ranks die with the driver; None for remote ranks
     log_path: str | None = None
     init_timeout_s: float = 60.0
+    # how long a rank keeps dialling a driver that refuses the connection: 0 for local ranks (their
+    # driver listens before it starts them); an attached rank's launcher may start it first, on
+    # another host (CONFORMANCE_DIAL_TIMEOUT, default DIAL_TIMEOUT_S)
+    dial_timeout_s: float = 0.0
     collective_timeout_s: float = 300.0
     local_rank: int | None = None  # rank on this host (torchrun's LOCAL_RANK) for the GPU; None: rank
     threads: int | None = None  # torch intra-op threads; None keeps torch's default (remote ranks)
@@ -96,7 +100,7 @@ def serve(config: RankConfig) -> None:
         containment.enter(config.sandbox)  # before anything of the implementation's runs
     if config.driver_pid is not None:
         _die_with_driver(config.driver_pid)  # after enter: changing credentials clears PDEATHSIG
-    conn = Client(config.control_address, authkey=config.authkey)
+    conn = _dial(config)
     conn.send_bytes(wire.encode_untrusted(("hello", config.rank, os.getpid(), config.world_size)))
     message = wire.decode_trusted(conn.recv_bytes())
     if message[0] != "join":
@@ -292,6 +296,21 @@ def _die_with_driver(driver_pid: int) -> None:
     threading.Thread(target=watch, name="driver-watchdog", daemon=True).start()
 
 
+DIAL_TIMEOUT_S = 300.0
+
+
+def _dial(config: RankConfig):
+    """The driver's control connection; a refused one is dialled again until ``dial_timeout_s``."""
+    deadline = time.monotonic() + config.dial_timeout_s
+    while True:
+        try:
+            return Client(config.control_address, authkey=config.authkey)
+        except ConnectionRefusedError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)
+
+
 def _config_from_environment() -> RankConfig:
     """For ranks started by a launcher, on this host or others: torchrun sets RANK and WORLD_SIZE;
     CONFORMANCE_DRIVER (host:port of the driver's attach listener, which also serves the store on
@@ -308,6 +327,7 @@ def _config_from_environment() -> RankConfig:
         store_host=host,
         store_port=int(port) + 1,
         threads=int(os.environ["OMP_NUM_THREADS"]) if os.environ.get("OMP_NUM_THREADS", "").isdigit() else None,
+        dial_timeout_s=float(os.environ.get("CONFORMANCE_DIAL_TIMEOUT", DIAL_TIMEOUT_S)),
     )
 
 

@@ -97,6 +97,7 @@ def live_ranks_for(memory_bytes: int | None, import_bytes: int = 0) -> int | Non
     return max(SMALLEST_WORLDS, (memory_bytes - DRIVER_BYTES) // (RANK_BYTES + max(0, import_bytes)))
 
 
-def fits(memory_bytes: int | None, world_size: int = SMALLEST_WORLDS) -> bool:
-    """Whether the driver and one world of ``world_size`` ranks fit in ``memory_bytes`` at all."""
-    return memory_bytes is None or DRIVER_BYTES + world_size * RANK_BYTES <= memory_bytes
+def fits(memory_bytes: int | None, world_size: int = SMALLEST_WORLDS, import_bytes: int = 0) -> bool:
+    """Whether the driver and one world of ``world_size`` ranks (each ``import_bytes`` heavier than
+    the light fixture's) fit in ``memory_bytes`` at all."""
+    return memory_bytes is None or DRIVER_BYTES + world_size * (RANK_BYTES + max(0, import_bytes)) <= memory_bytes

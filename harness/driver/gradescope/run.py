@@ -132,6 +132,10 @@ def _run_suite(config: AutograderConfig, found: precheck.Found, results: Path, s
               f"{'no cap on' if live_ranks is None else f'at most {live_ranks}'} live ranks", flush=True)
     print(f"[autograder] container: {container}; time budget {budget:.0f} s of the platform's "
           f"{config.time_limit_s:g} s; {' '.join(command[1:])}", flush=True)
+    if not limits.fits(container.memory_bytes, import_bytes=import_bytes or 0):  # measured: the tiers' rows
+        print(f"[autograder] {container.memory_bytes / 2**20:.0f} MiB does not hold the driver and a world of "
+              f"{limits.SMALLEST_WORLDS} ranks of this submission: the kernel will kill ranks for memory and their "
+              "tests fail saying so (choose 1.5 GB or more; the CS336 set at 768 MB: docs/measured.md)", flush=True)
     if container.cpus < 1:  # measured: docs/measured.md, "Grading tiers"
         print("[autograder] under 1 CPU, every capability takes about 16 minutes: tests past the budget are "
               "reported 'not run' (choose 1 vCPU, a longer limit or fewer capabilities)", flush=True)
