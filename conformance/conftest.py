@@ -48,13 +48,17 @@ def backend_refusals(world_pool, target) -> BackendRefusals:
 
 def probe_refusals(world_pool, plan) -> BackendRefusals:
     """Probed on each backend of the plan, at its smallest world of two ranks or more (else its
-    one world); a case any of them refuses is not drawn."""
+    one world), in a world started for the probe; a case any of them refuses is not drawn."""
     cases = probe_cases()
     refused, refusing = {}, []
     for backend in plan.backends():
         sizes = plan.sizes(backend)
         n = next((size for size in sizes if size >= 2), sizes[0])
         calls = probe_calls(cases, n)
+        # A fresh world: ranks that ran the implementation could have replaced this probe's rank
+        # program (whatever runs in a rank it can rewrite), and then chosen which tests skip.
+        # Ranks forked anew from the forkserver never imported it (the world's old ones are swept).
+        world_pool.close_world(n)
         try:
             probe = world_pool.run(n, "harness.rank.programs.probe:native_refusals", [{"calls": c} for c in calls],
                                    impl="torch.distributed", timeout_s=max(PROBE_TIMEOUT_S, world_pool.timeout_s))

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 
-from harness.driver import deadlock, disagreement
+from harness.driver import deadlock, disagreement, memory_cgroup
 from harness.driver.failures import TASK_FAILURES, RankFailure, RankReport, RanksCrashed, WorldStartError, task_failure
 from harness.driver.io_counters import IoCounters
 from harness.driver.rank_handle import RankHandle, dump_stacks
@@ -91,6 +91,8 @@ class World:
         # local ranks run as a user of this world's own (harness/rank/containment.py); swept at close
         self.sandbox = containment.new_sandbox() if contain and attach_server is None else None
         self._counters = IoCounters(self.sandbox)
+        group = memory_cgroup.of_process(os.getpid())  # the driver's own: the container's, in a grading run
+        self._reply_limit = wire.reply_limit(None if group is None else group.limit(), size)
         if attach_server is not None:
             self._attach(attach_server, start_timeout_s)
         else:
@@ -317,10 +319,16 @@ class World:
     def _collect(self, rank: RankHandle, task_id: int) -> tuple[str, object]:
         if rank.conn.poll():
             try:
-                raw = rank.conn.recv_bytes()
+                # refused by its length header, before the driver holds any of it
+                raw = rank.conn.recv_bytes(maxlength=self._reply_limit)
                 rank.reply_bytes = len(raw) + (4 if len(raw) < 0x7FFFFFFF else 12)  # Connection's length header
                 message = wire.decode_untrusted(raw)
-            except (EOFError, OSError):
+            except OSError as error:
+                if "bad message length" not in str(error):
+                    return "exited", rank.describe_exit()
+                return "broken", (f"the rank sent a reply over the driver's limit of {self._reply_limit} bytes for a "
+                                  f"world of {self.size} ranks in this memory limit (harness/rank/wire.py: reply_limit)")
+            except EOFError:
                 return "exited", rank.describe_exit()
             except Exception as error:  # noqa: BLE001 - refused by the restricted unpickler
                 return "raised", f"the rank sent a result the driver refuses to decode: {error}"

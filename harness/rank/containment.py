@@ -29,12 +29,13 @@ import ctypes
 import os
 import secrets
 import select
-import shutil
 import signal
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
+
+from harness.rank.sweeping import reap, sweep  # noqa: F401 - the driver's side of containment, re-exported
 
 UID_LOW, UID_SPAN = 1_000_000, 1_000_000_000  # far above any real account
 
@@ -199,6 +200,7 @@ def probe(paths: list[str]) -> str | None:
         os.close(read_end)
         message = b""
         try:
+            close_inherited({write_end})
             enter(sandbox)
             for path in paths:
                 if os.path.isdir(path):
@@ -212,7 +214,7 @@ def probe(paths: list[str]) -> str | None:
     os.close(write_end)
     with os.fdopen(read_end, "rb") as answer:
         message = answer.read().decode(errors="replace")
-    os.waitpid(pid, 0)
+    reap(pid, 60.0)
     sweep(sandbox)
     if not message:
         return None
@@ -294,6 +296,21 @@ class CounterReader:
         self.pid = None
 
 
+def close_inherited(keep: set[int] = frozenset()) -> None:
+    """Close every descriptor but stdin, stdout, stderr and ``keep`` (contained side, before the code
+    under test runs). A rank is forked from multiprocessing's forkserver and the precheck's child from
+    the driver, both root: what they inherit is root's (the resource tracker's pipe, which unlinks as
+    root any /dev/shm name written to it; the forkserver's pipes; the driver's own). Closed, none of it
+    is reachable: another uid cannot reopen a root process's pipe through /proc. The resource tracker's
+    number is forgotten too, so nothing writes to whatever later reuses it (a register would start a
+    tracker of the sandbox's own uid, swept with the world)."""
+    _close_all_but(set(keep))
+    tracker = sys.modules.get("multiprocessing.resource_tracker")
+    if tracker is not None:
+        tracker._resource_tracker._fd = None
+        tracker._resource_tracker._pid = None
+
+
 def _close_all_but(keep: set[int]) -> None:
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
@@ -334,25 +351,3 @@ def parse_io_counters(line: str) -> dict[str, int] | None:
         return {words[i]: int(words[i + 1]) for i in range(0, len(words), 2)}
     except ValueError:
         return None
-
-
-def sweep(sandbox: Sandbox) -> None:
-    """Kill every process running as the sandbox's uid, then remove its directory (driver side).
-    kill(-1) as that uid reaches exactly the processes that uid owns: the ranks and whatever they
-    started, detached or not. A forked child does it (no exec: the sandbox's uid may not be allowed
-    to run this Python, e.g. one under /root)."""
-    pid = os.fork()
-    if pid == 0:  # only system calls between fork and _exit
-        code = 0
-        try:
-            os.setgroups([])
-            os.setgid(sandbox.uid)
-            os.setuid(sandbox.uid)
-            os.kill(-1, signal.SIGKILL)
-        except ProcessLookupError:
-            pass  # nothing of that uid is left
-        except BaseException:  # noqa: BLE001 - the child must never return into the driver's code
-            code = 1
-        os._exit(code)
-    os.waitpid(pid, 0)
-    shutil.rmtree(sandbox.directory, ignore_errors=True)

@@ -74,6 +74,8 @@ def _first_for_the_oom_killer() -> None:
 
 def serve(config: RankConfig) -> None:
     """Entry point of a rank process."""
+    if config.sandbox is not None:
+        containment.close_inherited()  # the forkserver's and the resource tracker's pipes are root's
     if config.environment is not None:
         os.environ.clear()
         os.environ.update(config.environment)

@@ -181,8 +181,12 @@ def check_import(found: Found, *, contain: bool, timeout_s: float = IMPORT_TIMEO
                                 "autograder's image lacks a package your code imports; this is not a fault of your "
                                 "submission. Course staff: add it to the autograder's packages (scripts/autograder "
                                 "--requirements, or autograder.json's requirements) and rebuild the image."))
+    if kind not in (b"K", b"C"):  # its code closed the pipe, or ended or stopped the child, before the answer
+        return Imported(Problem("The submission imports", f"importing {_shown(found)} gave no answer: the process "
+                                "that imported it closed the autograder's pipe, stopped or ended first (code at the "
+                                "top level of a module runs when it is imported)"))
     cost = max(0, after - before) if before is not None and after is not None else None
-    return Imported(None, cost)  # b"": imported; b"C": containment failed (the suite refuses and says why)
+    return Imported(None, cost)  # b"K": imported; b"C": containment failed (the suite refuses and says why)
 
 
 def _wait_readable(fd: int, deadline: float) -> bool:
@@ -225,13 +229,15 @@ def _shown(found: Found) -> str:
 
 
 def _import_in_child(found: Found, sandbox, write_end: int, ready_write: int, go_read: int) -> None:
-    kind, message = b"", ""
+    kind, message = b"K", ""
     try:
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, 1)  # what the submission prints at import is not the report's business
         os.dup2(null, 2)
         try:
             if sandbox is not None:
+                # the driver's pipes to the platform are root's: only this child's own three stay
+                containment.close_inherited({write_end, ready_write, go_read})
                 containment.enter(sandbox)
         except BaseException as error:  # noqa: BLE001 - any failure to contain is reported, never run past
             kind, message = b"C", repr(error)

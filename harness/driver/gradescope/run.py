@@ -23,12 +23,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
-from harness.driver.gradescope import limits, precheck
+from harness.driver.gradescope import limits, precheck, staging
 from harness.driver.gradescope.config import FILE_NAME, AutograderConfig, ConfigError, load
 from harness.rank import containment
 
@@ -64,11 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     if not submission.is_dir():
         return _one_failed_test(results, config, precheck.Problem(
             "The submission has the expected file", f"no submission folder at {submission}"))
-    staged = _staged(submission)
+    staged, left_out = staging.stage(submission)
     try:
         found = precheck.locate(staged, config)
         if isinstance(found, precheck.Problem):
-            return _one_failed_test(results, config, found)
+            return _one_failed_test(results, config, precheck.Problem(
+                found.name, staging.explained(found.message, left_out)))
         contain = config.contain_ranks == "yes" and containment.possible()
         problem = precheck.syntax_problem(found)
         imported = precheck.check_import(found, contain=contain) if problem is None else None
@@ -86,20 +86,6 @@ def _one_failed_test(results: Path, config: AutograderConfig, problem: precheck.
     print(f"[autograder] {problem.name}: no\n{problem.message}", flush=True)
     _write_one_test(results, config, problem.name, problem.message)
     return 0
-
-
-def _staged(submission: Path) -> Path:
-    """A copy of the submission that contained ranks can read and not write: root's, world-readable,
-    in a fresh folder (the platform's own folder may not be reachable by other users)."""
-    staged = Path(tempfile.mkdtemp(prefix="conformance-submission-"))
-    shutil.copytree(submission, staged, symlinks=True, dirs_exist_ok=True)
-    for folder, _dirs, files in os.walk(staged):
-        os.chmod(folder, 0o755)
-        for name in files:
-            path = os.path.join(folder, name)
-            if not os.path.islink(path):
-                os.chmod(path, 0o644)
-    return staged
 
 
 def suite_command(config: AutograderConfig, found: precheck.Found, results: Path, budget_s: float,
