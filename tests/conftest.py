@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from harness.driver.gradescope import config, container, trial
 from harness.driver.pool import WorldPool
 from harness.driver.warm_pytest import WarmPytest
 from harness.rank.preload import PRELOAD
+from tests.autograder_trial import CLAIMED, TIER
 
 ROOT = Path(__file__).parent.parent
 # the fixtures are implementations and a CS336 repository, whose own tests (tests/test_fsdp.py there)
@@ -37,6 +39,19 @@ class SuiteRunner:
 def suite_runner():
     with WarmPytest(forkserver_preload=PRELOAD) as warm:
         yield SuiteRunner(warm)
+
+
+@pytest.fixture(scope="session")
+def installed():
+    """The zip built for CLAIMED (tests/autograder_trial.py), unpacked and installed by its own
+    setup.sh (trial.install), once for every file that grades in the emulated container."""
+    reason = container.unavailable(TIER)
+    if reason:
+        pytest.skip(f"no grading container can be emulated here: {reason}")
+    installed = trial.install(config.AutograderConfig(expects="student_impl.py", capability=CLAIMED,
+                                                      suite_version="test").check())
+    yield installed
+    trial.remove(installed)
 
 
 @pytest.fixture(scope="module")

@@ -17,32 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.driver.gradescope import build, config, container, precheck, run, trial
+from harness.driver.gradescope import build, config, precheck, run
+from tests.autograder_trial import grade
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
-CLAIMED = "broadcast,all_reduce"
-# Gradescope's 1.5 GB tier with a quota of two CPUs: the quota is read from inside as on the platform,
-# while the runs can still use both cores of a busy machine (the tiers' CPU figures are perf's job)
-TIER = container.Limits(cpus=2.0, memory_bytes=1536 << 20)
 CORRECT = "from impls import *  # noqa: F403 - the bundled implementations, handed in as a student's file\n"
-
-
-@pytest.fixture(scope="session")
-def installed():
-    """The zip built for CLAIMED, unpacked and installed by its own setup.sh (trial.install)."""
-    reason = container.unavailable(TIER)
-    if reason:
-        pytest.skip(f"no grading container can be emulated here: {reason}")
-    installed = trial.install(config.AutograderConfig(expects="student_impl.py", capability=CLAIMED,
-                                                      suite_version="test").check())
-    yield installed
-    trial.remove(installed)
-
-
-def grade(installed, files, *, limits: container.Limits = TIER, env=None, settings=None):
-    graded = trial.grade(installed, files, limits, env=env, settings=settings, timeout_s=900)
-    return graded.outcome, graded.results, graded.root
 
 
 def _statuses(results: dict) -> set[str]:

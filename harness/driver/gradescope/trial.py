@@ -27,6 +27,13 @@ class Installed:
 
 
 @dataclass(frozen=True)
+class Symlink:
+    """A file of a trial's submission that is a symbolic link to ``target`` (as a zip can carry one)."""
+
+    target: str | Path
+
+
+@dataclass(frozen=True)
 class Graded:
     outcome: container.Outcome
     results: dict  # results.json as the platform reads it when the run ends
@@ -65,9 +72,9 @@ def install(config: AutograderConfig, venv: Path | None = None) -> Installed:
     return Installed(base, venv)
 
 
-def grade(installed: Installed, files: dict[str, str | Path], limits: container.Limits, *,
+def grade(installed: Installed, files: dict[str, str | Path | Symlink], limits: container.Limits, *,
           env: dict[str, str] | None = None, settings: dict | None = None, timeout_s: float = 3000) -> Graded:
-    """run_autograder on a submission of ``files`` (name: text, or a file to copy) in a fresh
+    """run_autograder on a submission of ``files`` (name: text, a file to copy, or a Symlink) in a fresh
     /autograder-like root with its own copy of run_autograder, in the emulated container. ``{root}``
     in a value of ``env`` is that root; ``settings`` changes the course's choices (autograder.json)
     for this run only."""
@@ -83,7 +90,9 @@ def grade(installed: Installed, files: dict[str, str | Path], limits: container.
     submission.mkdir()
     for name, content in files.items():
         (submission / name).parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, Path):
+        if isinstance(content, Symlink):
+            (submission / name).symlink_to(content.target)
+        elif isinstance(content, Path):
             shutil.copy(content, submission / name)
         else:
             (submission / name).write_text(content)
