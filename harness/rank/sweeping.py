@@ -68,20 +68,29 @@ def sweep(sandbox) -> None:
 
 def kill_all(uid: int) -> None:
     """kill(-1) as ``uid`` reaches exactly the processes that uid owns: the ranks and whatever they
-    started, detached or not. A forked child does it (no exec: the sandbox's uid may not be allowed
-    to run this Python, e.g. one under /root). The child is of that uid between its setuid and its
-    kill, so a process of the uid could stop it: the wait is bounded and the kill tried again."""
+    started, detached or not."""
+    def kill() -> None:
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # nothing of that uid is left
+    _as_uid(uid, kill)
+
+
+def _as_uid(uid: int, action) -> None:
+    """Run ``action`` (system calls only) in a forked child that has become ``uid``: no exec, since
+    the sandbox's uid may not be allowed to run this Python (e.g. one under /root). The child is of
+    that uid from its setuid on, so a process of the uid could stop it: the wait is bounded and the
+    action tried again."""
     for _ in range(SWEEP_TRIES):
         pid = os.fork()
-        if pid == 0:  # only system calls between fork and _exit
+        if pid == 0:
             code = 0
             try:
                 os.setgroups([])
                 os.setgid(uid)
                 os.setuid(uid)
-                os.kill(-1, signal.SIGKILL)
-            except ProcessLookupError:
-                pass  # nothing of that uid is left
+                action()
             except BaseException:  # noqa: BLE001 - the child must never return into the driver's code
                 code = 1
             os._exit(code)
@@ -143,16 +152,19 @@ def ipc_of(uid: int) -> dict[str, list[int]]:
 
 
 def remove_ipc_of(uid: int) -> None:
-    """IPC_RMID every System V object of ``uid`` (as root; a segment still attached goes when its
-    last process detaches, and the sweep has killed them all)."""
+    """IPC_RMID every System V object of ``uid``, as that uid: it owns them, where root in a container
+    may not remove another user's (that needs CAP_SYS_ADMIN, which Docker withholds). Its processes
+    are gone by then, so no new ones appear; a segment still attached would go with its last user."""
     found = ipc_of(uid)
     if not any(found.values()):
         return
     libc = ctypes.CDLL(None, use_errno=True)
-    for table, ids in found.items():
-        remove = getattr(libc, SYSV_TABLES[table])
-        for ipc_id in ids:
+    calls = [(getattr(libc, SYSV_TABLES[table]), ipc_id, table) for table, ids in found.items() for ipc_id in ids]
+
+    def remove() -> None:
+        for call, ipc_id, table in calls:
             if table == "sem":
-                remove(ipc_id, 0, IPC_RMID)
+                call(ipc_id, 0, IPC_RMID)
             else:
-                remove(ipc_id, IPC_RMID, None)
+                call(ipc_id, IPC_RMID, None)
+    _as_uid(uid, remove)

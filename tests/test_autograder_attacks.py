@@ -1,0 +1,156 @@
+"""Issue 45's ways through the grading run, tried in the emulated grading container (Docker's
+default capabilities, 1.5 GiB, no network) as a student's submission would. Each test names the
+class of attack it belongs to and the defence of the class it checks (docs/grading.md, the threat
+model):
+
+1. a check that decides a verdict or a skip runs where the implementation cannot reach;
+2. the audit's kernel evidence (open: see docs/grading.md; no test here);
+3. root never acts for the student: no link in the submission is followed, ranks inherit no
+   descriptor of a root process;
+4. a grade always arrives: waits on contained children are bounded, replies bounded by the memory;
+5. nothing a world's uid left outlives the world.
+
+Classes 1, 3 (descriptors), 4 (replies) and 5 share one grading run of one hostile submission
+(tests/fixtures/grade_never_earned_impl.py), each checked by a test of its own.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.driver.gradescope import config, precheck, trial
+from harness.rank import containment
+from tests.autograder_trial import grade
+
+FIXTURES = Path(__file__).parent / "fixtures"
+CORRECT = "from impls import *  # noqa: F403\n"
+# checkpoint_tp's test runs first (its file sorts before the collectives'), on the world of 2 that the
+# backend probe would reuse; broadcast carries the streamed reply; all_reduce is what the probe forges
+HOSTILE_CLAIM = "checkpoint_tp,broadcast,all_reduce"
+
+
+@pytest.fixture(scope="module")
+def hostile(installed):
+    """One grading run of the hostile submission; what its ranks tried, and the /dev/shm file of
+    root's that it asked the resource tracker to unlink."""
+    base = Path(tempfile.mkdtemp(prefix="conformance-hostile-"))
+    os.chmod(base, 0o755)
+    log = base / "attempts.log"
+    log.touch()
+    os.chmod(log, 0o666)
+    name = f"conformance-witness-{secrets.token_hex(4)}"
+    witness = Path("/dev/shm") / name
+    witness.write_text("root's, and no contained rank may delete it\n")
+    os.chmod(witness, 0o644)
+    outcome, results, _ = grade(installed, {"student_impl.py": FIXTURES / "grade_never_earned_impl.py"},
+                                env={"HOSTILE_LOG": str(log), "HOSTILE_SHM_NAME": name},
+                                settings={"capability": HOSTILE_CLAIM})
+    attempts = log.read_text().splitlines()
+    yield outcome, results, attempts, witness
+    for line in attempts:  # whatever a failed sweep left, so that one failure does not fill the disk
+        if line.startswith("left file "):
+            Path(line.removeprefix("left file ")).unlink(missing_ok=True)
+    witness.unlink(missing_ok=True)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def _tests(results: dict, prefix: str) -> list[dict]:
+    return [test for test in results["tests"] if test["name"].startswith(prefix)]
+
+
+def test_class_1_the_backend_probe_runs_in_a_world_that_never_imported_the_implementation(hostile):
+    """Class 1: the submission replaced the probe's rank program in every rank it ran in (those of the
+    checkpoint test among them, the world of 2 the probe would have reused); the probe never ran
+    there, and every all_reduce test ran and failed instead of skipping as "the gloo backend
+    refuses all_reduce"."""
+    _, results, attempts, _ = hostile
+    assert not any(line.startswith("forged the backend probe") for line in attempts), attempts
+    value_tests = _tests(results, "test_all_reduce[")
+    assert len(value_tests) == 8, [t["name"] for t in results["tests"]]
+    assert all(test["status"] == "failed" and "refuses every tensor" in test["output"] for test in value_tests), [
+        (test["name"], test["output"][:200]) for test in value_tests]
+    assert results["score"] < results["max_score"] - 8, results["output"]
+
+
+def test_class_3_ranks_inherit_no_descriptor_of_a_root_process(hostile):
+    """Class 3: a rank that writes a registration to the resource tracker's pipe (root's) would have
+    the tracker unlink a root file in /dev/shm when the run ends; the ranks hold no such pipe."""
+    outcome, _, attempts, witness = hostile
+    assert not any(line.startswith("registered") for line in attempts), attempts
+    assert witness.exists(), "the resource tracker (root) unlinked a file a contained rank registered"
+
+
+def test_class_4_a_reply_is_bounded_by_the_containers_memory(hostile):
+    """Class 4: a broadcast whose reply streams just under 1 GiB from a 1 MiB buffer is refused at its
+    length header; the driver is not OOM-killed and the report is complete."""
+    outcome, results, attempts, _ = hostile
+    assert any(line.startswith("streaming a reply") for line in attempts), attempts
+    assert outcome.oom_kills == 0 and results["extra_data"]["complete"], (outcome.oom_kills, results["output"][-2000:])
+    broadcast = _tests(results, "test_broadcast")
+    assert broadcast and any("over the driver's limit" in test["output"] for test in broadcast), [
+        test["output"][:300] for test in broadcast]
+
+
+def test_class_5_nothing_a_world_left_outlives_it(hostile):
+    """Class 5: files made with posix_fallocate in /tmp and /dev/shm and a System V segment, left by
+    ranks and by the precheck's import, are gone when the run ends."""
+    _, _, attempts, _ = hostile
+    files = [line.removeprefix("left file ") for line in attempts if line.startswith("left file ")]
+    segments = [int(line.removeprefix("left shm ")) for line in attempts if line.startswith("left shm ")]
+    assert files and segments, attempts
+    assert not [path for path in files if os.path.exists(path)], "files outlived their world"
+    with open("/proc/sysvipc/shm") as listing:
+        alive = {int(line.split()[1]) for line in list(listing)[1:]}
+    assert not alive & set(segments), "System V segments outlived their world"
+
+
+def test_class_3_root_never_follows_a_link_in_the_submission(installed):
+    """Class 3: a student_impl.py that links to a file only root may read is left out of the staged
+    submission, said by name, and nothing of the file reaches the results."""
+    secret = Path(tempfile.mkdtemp(prefix="conformance-secret-")) / "root-only.txt"
+    secret.write_text("THE-ROOT-ONLY-FIRST-LINE is not Python\n")
+    os.chmod(secret, 0o600)
+    outcome, results, _ = grade(installed, {"student_impl.py": trial.Symlink(secret)})
+    shown = json.dumps(results) + outcome.stdout
+    assert "THE-ROOT-ONLY-FIRST-LINE" not in shown, results["tests"][0]["output"]
+    [test] = results["tests"]
+    assert test["status"] == "failed" and "student_impl.py (a symbolic link" in test["output"], test["output"]
+    shutil.rmtree(secret.parent)
+
+
+@pytest.mark.skipif(not containment.possible(), reason="the contained import needs root")
+def test_class_4_an_import_that_stops_itself_gets_an_answer_in_bounded_time():
+    """Class 4: the precheck's child closes its answer pipe and stops itself; the wait is bounded and
+    the submission is told its import gave no answer (no container: the precheck alone)."""
+    started = time.monotonic()
+    found = precheck.Found(str(FIXTURES / "stopping_import_impl.py"), {})
+    problem = precheck.import_problem(found, contain=True, timeout_s=60)
+    assert problem is not None and "gave no answer" in problem.message, problem
+    assert time.monotonic() - started < 45  # the reap's patience is 10 s; the import itself a few
+
+
+def test_the_correct_submission_is_not_left_out_by_staging(tmp_path):
+    """Staging keeps what a correct submission holds: regular files in folders, with their bytes."""
+    from harness.driver.gradescope import staging
+
+    (tmp_path / "hw" / "sub").mkdir(parents=True)
+    (tmp_path / "hw" / "student_impl.py").write_text(CORRECT)
+    (tmp_path / "hw" / "sub" / "notes.txt").write_bytes(b"\x00\x01")
+    (tmp_path / "link.py").symlink_to(tmp_path / "hw" / "student_impl.py")
+    os.mkfifo(tmp_path / "fifo")
+    staged, left_out = staging.stage(tmp_path)
+    try:
+        assert (staged / "hw" / "student_impl.py").read_text() == CORRECT
+        assert (staged / "hw" / "sub" / "notes.txt").read_bytes() == b"\x00\x01"
+        assert sorted(left_out) == ["fifo (not a regular file)", "link.py (a symbolic link: only regular files are "
+                                    "graded)"], left_out
+        assert precheck.locate(staged, config.AutograderConfig(expects="student_impl.py")).note
+    finally:
+        shutil.rmtree(staged)
