@@ -32,8 +32,8 @@ from tests.autograder_trial import grade
 FIXTURES = Path(__file__).parent / "fixtures"
 CORRECT = "from impls import *  # noqa: F403\n"
 # checkpoint_tp's test runs first (its file sorts before the collectives'), on the world of 2 that the
-# backend probe would reuse; broadcast carries the streamed reply; all_reduce is what the probe forges
-HOSTILE_CLAIM = "checkpoint_tp,broadcast,all_reduce"
+# backend probe would reuse; all_reduce is what the probe forges, and its large message the reply
+HOSTILE_CLAIM = "checkpoint_tp,all_reduce"
 
 
 @pytest.fixture(scope="module")
@@ -74,9 +74,9 @@ def test_class_1_the_backend_probe_runs_in_a_world_that_never_imported_the_imple
     assert not any(line.startswith("forged the backend probe") for line in attempts), attempts
     value_tests = _tests(results, "test_all_reduce[")
     assert len(value_tests) == 8, [t["name"] for t in results["tests"]]
-    assert all(test["status"] == "failed" and "refuses every tensor" in test["output"] for test in value_tests), [
+    assert all(test["status"] == "failed" and "exited with code 7" in test["output"] for test in value_tests), [
         (test["name"], test["output"][:200]) for test in value_tests]
-    assert results["score"] < results["max_score"] - 8, results["output"]
+    assert sum(test["score"] for test in results["tests"] if "all_reduce" in test["name"]) == 0, results["output"]
 
 
 def test_class_3_ranks_inherit_no_descriptor_of_a_root_process(hostile):
@@ -88,14 +88,13 @@ def test_class_3_ranks_inherit_no_descriptor_of_a_root_process(hostile):
 
 
 def test_class_4_a_reply_is_bounded_by_the_containers_memory(hostile):
-    """Class 4: a broadcast whose reply streams just under 1 GiB from a 1 MiB buffer is refused at its
-    length header; the driver is not OOM-killed and the report is complete."""
+    """Class 4: replies of an all_reduce that stream just under 1 GiB each from a 1 MiB buffer are
+    refused at their length header; the driver is not OOM-killed and the report is complete."""
     outcome, results, attempts, _ = hostile
     assert any(line.startswith("streaming a reply") for line in attempts), attempts
     assert outcome.oom_kills == 0 and results["extra_data"]["complete"], (outcome.oom_kills, results["output"][-2000:])
-    broadcast = _tests(results, "test_broadcast")
-    assert broadcast and any("over the driver's limit" in test["output"] for test in broadcast), [
-        test["output"][:300] for test in broadcast]
+    [large] = _tests(results, "test_large_message[all_reduce]")
+    assert large["status"] == "failed" and "over the driver's limit" in large["output"], large["output"][:2000]
 
 
 def test_class_5_nothing_a_world_left_outlives_it(hostile):
