@@ -114,11 +114,11 @@ def test_class_3_root_never_follows_a_link_in_the_submission(installed):
     """Class 3: a student_impl.py that links to a file only root may read is left out of the staged
     submission, said by name, and nothing of the file reaches the results."""
     secret = Path(tempfile.mkdtemp(prefix="conformance-secret-")) / "root-only.txt"
-    secret.write_text("THE-ROOT-ONLY-FIRST-LINE is not Python\n")
+    secret.write_text("root-only secret 7f3a9c\n")  # not Python: a syntax error would show this line
     os.chmod(secret, 0o600)
     outcome, results, _ = grade(installed, {"student_impl.py": trial.Symlink(secret)})
     shown = json.dumps(results) + outcome.stdout
-    assert "THE-ROOT-ONLY-FIRST-LINE" not in shown, results["tests"][0]["output"]
+    assert "7f3a9c" not in shown, results["tests"][0]["output"]
     [test] = results["tests"]
     assert test["status"] == "failed" and "student_impl.py (a symbolic link" in test["output"], test["output"]
     shutil.rmtree(secret.parent)

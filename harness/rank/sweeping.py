@@ -27,7 +27,7 @@ import time
 WRITABLE_ROOTS = ("/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue", "/run/lock")
 SYSV_TABLES = {"shm": "shmctl", "sem": "semctl", "msg": "msgctl"}  # /proc/sysvipc/<name>: how to remove it
 IPC_RMID = 0
-REAP_POLL_S = 0.01
+REAP_FIRST_POLL_S, REAP_POLL_S = 0.0005, 0.05
 SWEEP_TIMEOUT_S, SWEEP_TRIES = 5.0, 5
 
 
@@ -35,7 +35,7 @@ def reap(pid: int, timeout_s: float) -> int | None:
     """Wait for the child ``pid`` to end, at most ``timeout_s``; a child that stops (SIGSTOP, its own
     or a peer's of the same uid) or outlives the wait is killed, and then reaped: a contained child
     can never leave the driver in waitpid. Its wait status, or None when it was killed here."""
-    deadline = time.monotonic() + timeout_s
+    deadline, pause = time.monotonic() + timeout_s, REAP_FIRST_POLL_S
     while True:
         try:
             done, status = os.waitpid(pid, os.WNOHANG | os.WUNTRACED)
@@ -45,7 +45,8 @@ def reap(pid: int, timeout_s: float) -> int | None:
             return status
         if done or time.monotonic() >= deadline:
             break
-        time.sleep(REAP_POLL_S)
+        time.sleep(pause)  # a sweep's child ends in about a millisecond: first polls are short
+        pause = min(REAP_POLL_S, pause * 2)
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
