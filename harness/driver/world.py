@@ -45,9 +45,10 @@ class TaskResult:
     outputs: list  # per rank, what the rank program returned
     logs: list[str]  # per rank, what it printed during the task: its head and tail (harness/driver/rank_output.py)
     records: list = field(default_factory=list)  # per rank, its communication calls (harness/rank/recording.py); [] unless audited
-    # per rank, the bytes the kernel saw it write during the task (sockets, pipes, files: /proc/<pid>/io
-    # wchar, read by the driver), less its reply to the driver and its captured output; None where
-    # not measured (attached ranks, worlds that do not record). The rank cannot lower this count.
+    # per rank, the bytes the kernel saw it write during the task (/proc/<pid>/io wchar, read by the
+    # driver: write and writev, not send, sendmsg or splice), less its reply to the driver and the
+    # growth of its captured output; None where not measured (attached ranks, worlds that do not
+    # record). The rank cannot lower this count, but can dodge it (docs/grading.md, class 2).
     bytes_written: list = field(default_factory=list)
     # per rank, why its count is missing where it should have been measured (a local rank of an
     # audited world), else "": the audit fails on evidence withheld instead of skipping it

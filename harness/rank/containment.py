@@ -16,8 +16,10 @@ What that guarantees, by the kernel's permission checks rather than by anything 
   keeps none, so what it runs must be world-readable: :func:`probe` tells beforehand).
 
 What it does not guarantee: the rank can still read files (the tests, the reference and the rubric
-are readable, never writable), use the network, and write world-writable places such as /tmp. Its
-verdicts do not depend on any of these (docs/grading.md, the threat model).
+are readable, never writable), use the network, and write world-writable places such as /tmp while
+its world lives (the sweep removes what its uid left there: harness/rank/sweeping.py). Its verdicts
+do not depend on any of these (docs/grading.md, the threat model). Before it enters, a contained
+process closes what it inherited from root (:func:`close_inherited`).
 
 The uid is drawn at random from a high range per world, so worlds (and xdist workers, and
 concurrent runs) never share one; it needs no /etc/passwd entry. Driver side: :func:`new_sandbox`,
