@@ -147,3 +147,84 @@ def test_the_kernels_write_count_holds_where_the_driver_lacks_ptrace(impl, said)
     outcome = suite_in_container(str(SYSTEM_PYTHON), impl, test_file="conformance/audit",
                                  selected="test_point_to_point_only and all_reduce")
     assert outcome.returncode == 1 and said in outcome.stdout, outcome.stdout[-3000:] + outcome.stderr[-2000:]
+
+
+@pytest.mark.skipif(not containment.possible(), reason="a sweep of another uid needs root")
+def test_the_sweep_removes_what_a_uid_left_in_world_writable_places_and_nothing_else(tmp_path):
+    """Issue 45, class 5, without a container (the end-to-end test is in tests/test_autograder_attacks.py):
+    a file and a folder of the uid, also inside a world-writable folder, go; another owner's stay;
+    a folder that is not world-writable is not entered; links are not followed."""
+    from harness.rank import sweeping
+
+    uid = containment.new_sandbox().uid
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    os.chmod(shared, 0o1777)
+    private = tmp_path / "private"
+    private.mkdir()
+    left = [tmp_path / "file", shared / "file", shared / "folder"]
+    left[0].write_bytes(b"x")
+    left[1].write_bytes(b"x")
+    left[2].mkdir()
+    (left[2] / "inside").write_bytes(b"x")
+    kept = [tmp_path / "roots", private / "of-the-uid", shared / "link"]
+    kept[0].write_bytes(b"x")
+    kept[1].write_bytes(b"x")
+    kept[2].symlink_to(private)
+    for path in [*left, left[2] / "inside", kept[1]]:
+        os.lchown(path, uid, uid)
+    os.lchown(kept[2], 0, 0)
+    os.chmod(tmp_path, 0o1777)  # a root like /tmp
+    removed = sweeping.remove_files_of(uid, roots=(str(tmp_path),))
+    assert sorted(removed) == sorted(map(str, left))
+    assert not any(path.exists() for path in left) and all(os.path.lexists(path) for path in kept)
+
+
+@pytest.mark.skipif(not containment.possible(), reason="a sweep of another uid needs root")
+def test_the_sweep_removes_a_uids_system_v_segments_and_reaps_a_stopped_child():
+    from harness.rank import sweeping
+
+    sandbox = containment.new_sandbox()
+    libc = ctypes.CDLL(None, use_errno=True)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # becomes the uid, leaves a segment, says its id, then stops itself
+        try:
+            os.setgroups([])
+            os.setgid(sandbox.uid)
+            os.setuid(sandbox.uid)
+            segment = libc.shmget(0, ctypes.c_size_t(4096), 0o1000 | 0o600)
+            os.write(write_end, str(segment).encode())
+            os.kill(os.getpid(), signal.SIGSTOP)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    segment = int(os.read(read_end, 64))
+    os.close(read_end)
+    assert segment >= 0 and segment in sweeping.ipc_of(sandbox.uid)["shm"]
+    assert sweeping.reap(pid, timeout_s=2) is None  # stopped: killed, then reaped, never waited for ever
+    containment.sweep(sandbox)
+    assert segment not in sweeping.ipc_of(sandbox.uid)["shm"]
+
+
+def test_a_contained_process_keeps_no_descriptor_it_inherited():
+    read_end, write_end = os.pipe()
+    keep_read, keep_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            containment.close_inherited({keep_write})
+            from multiprocessing import resource_tracker
+
+            open_fds = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
+            os.write(keep_write, json.dumps([open_fds, resource_tracker._resource_tracker._fd]).encode())
+        finally:
+            os._exit(0)
+    os.close(keep_write)
+    answer = json.loads(os.read(keep_read, 4096))
+    os.waitpid(pid, 0)
+    for fd in (read_end, write_end, keep_read):
+        os.close(fd)
+    open_fds, tracker = answer
+    assert read_end not in open_fds and write_end not in open_fds and keep_write in open_fds, answer
+    assert tracker is None
