@@ -100,6 +100,9 @@ def test_a_probe_that_does_not_finish_is_an_error_naming_it_never_a_base_excepti
     class HangingPool:
         timeout_s = 2.0
 
+        def close_world(self, n):  # the probe's world is a fresh one (issue 45, class 1)
+            asked.append(("closed", n))
+
         def run(self, n, program, args, impl, timeout_s):
             asked.append(timeout_s)
             raise RanksHung(RankFailure("no result within the deadline"))
@@ -107,4 +110,4 @@ def test_a_probe_that_does_not_finish_is_an_error_naming_it_never_a_base_excepti
     plan = SimpleNamespace(backends=lambda: ["gloo"], sizes=lambda backend: [1, 2, 4])
     with pytest.raises(RuntimeError, match="the probe of gloo's own collectives on 2 ranks") as raised:
         probe_refusals(HangingPool(), plan)
-    assert isinstance(raised.value, Exception) and asked == [PROBE_TIMEOUT_S]
+    assert isinstance(raised.value, Exception) and asked == [("closed", 2), PROBE_TIMEOUT_S]
