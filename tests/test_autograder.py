@@ -74,7 +74,9 @@ def test_a_syntax_error_is_one_failed_test_with_its_line(installed):
 
 def test_an_import_error_is_one_failed_test_raised_in_a_contained_import(installed):
     witness = Path(tempfile.mkdtemp(prefix="conformance-import-"))
-    os.chmod(witness, 0o777)  # the contained import writes who it ran as here
+    os.chmod(witness, 0o755)
+    (witness / "uid").touch(mode=0o666)  # the contained import writes who it ran as here: root's file, so
+    os.chmod(witness / "uid", 0o666)     # the sweep (which removes what the import's uid made) keeps it
     source = f"import os\nopen('{witness}/uid', 'w').write(str(os.getuid()))\nimport no_such_module\n"
     _, results, _ = grade(installed, {"student_impl.py": source})
     [test] = results["tests"]
