@@ -144,6 +144,12 @@ def of_process(pid: int) -> MemoryCgroup | None:
     return group if group is not None and group.oom_kills() is not None else None
 
 
+def own_limit() -> int | None:
+    """This process's memory limit (in a grading run the container's), None where none is known."""
+    group = of_process(os.getpid())
+    return None if group is None else group.limit()
+
+
 def _below(path: str, root: str) -> str | None:
     """``path`` relative to ``root`` (both cgroup paths), or None when it is not under it."""
     path, root = path.rstrip("/") or "/", root.rstrip("/") or "/"

@@ -45,10 +45,9 @@ class TaskResult:
     outputs: list  # per rank, what the rank program returned
     logs: list[str]  # per rank, what it printed during the task: its head and tail (harness/driver/rank_output.py)
     records: list = field(default_factory=list)  # per rank, its communication calls (harness/rank/recording.py); [] unless audited
-    # per rank, the bytes the kernel saw it write during the task (/proc/<pid>/io wchar, read by the
-    # driver: write and writev, not send, sendmsg or splice), less its reply to the driver and the
-    # growth of its captured output; None where not measured (attached ranks, worlds that do not
-    # record). The rank cannot lower this count, but can dodge it (docs/grading.md, class 2).
+    # per rank, the bytes the kernel saw it write during the task (/proc/<pid>/io wchar: write, writev,
+    # not send or splice), less its reply and its captured output's growth; None where not measured
+    # (attached ranks, worlds that do not record). It cannot lower it, but can dodge it (docs/grading.md)
     bytes_written: list = field(default_factory=list)
     # per rank, why its count is missing where it should have been measured (a local rank of an
     # audited world), else "": the audit fails on evidence withheld instead of skipping it
@@ -92,8 +91,7 @@ class World:
         # local ranks run as a user of this world's own (harness/rank/containment.py); swept at close
         self.sandbox = containment.new_sandbox() if contain and attach_server is None else None
         self._counters = IoCounters(self.sandbox)
-        group = memory_cgroup.of_process(os.getpid())  # the driver's own: the container's, in a grading run
-        self._reply_limit = wire.reply_limit(None if group is None else group.limit(), size)
+        self._reply_limit = wire.reply_limit(memory_cgroup.own_limit(), size)
         if attach_server is not None:
             self._attach(attach_server, start_timeout_s)
         else:
@@ -319,17 +317,14 @@ class World:
 
     def _collect(self, rank: RankHandle, task_id: int) -> tuple[str, object]:
         if rank.conn.poll():
-            try:
-                # refused by its length header, before the driver holds any of it
+            try:  # a reply over the limit is refused by its length header, before the driver holds any of it
                 raw = rank.conn.recv_bytes(maxlength=self._reply_limit)
                 rank.reply_bytes = len(raw) + (4 if len(raw) < 0x7FFFFFFF else 12)  # Connection's length header
                 message = wire.decode_untrusted(raw)
-            except OSError as error:
-                if "bad message length" not in str(error):
-                    return "exited", rank.describe_exit()
-                return "broken", (f"the rank sent a reply over the driver's limit of {self._reply_limit} bytes for a "
-                                  f"world of {self.size} ranks in this memory limit (harness/rank/wire.py: reply_limit)")
-            except EOFError:
+            except (EOFError, OSError) as error:
+                if "bad message length" in str(error):  # the connection is out of step: the world is rebuilt
+                    return "broken", (f"the rank sent a reply over the driver's limit of {self._reply_limit} bytes "
+                                      f"(harness/rank/wire.py: reply_limit, for {self.size} ranks in this memory)")
                 return "exited", rank.describe_exit()
             except Exception as error:  # noqa: BLE001 - refused by the restricted unpickler
                 return "raised", f"the rank sent a result the driver refuses to decode: {error}"
