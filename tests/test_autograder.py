@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.driver.gradescope import build, config, precheck, run
-from tests.autograder_trial import grade
+from harness.driver.gradescope import build, config, precheck, run, trial
+from tests.autograder_trial import TIER, grade
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
