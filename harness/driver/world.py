@@ -52,6 +52,9 @@ class TaskResult:
     # per rank, why its count is missing where it should have been measured (a local rank of an
     # audited world), else "": the audit fails on evidence withheld instead of skipping it
     bytes_unread: list = field(default_factory=list)
+    # per rank, the calls --perturb-timing delayed and where each stood when the program returned
+    # (harness/rank/perturbation.py, Perturbation.report); [] when not perturbed. Explains a failure only.
+    late: list = field(default_factory=list)
 
 
 class World:
@@ -78,8 +81,10 @@ class World:
         attach_server: socket.socket | None = None,
         contain: bool = False,
         flight_recorder: bool = True,
+        perturb: bool = False,
     ):
         self.size = size
+        self.perturb = perturb  # its ranks can apply a delay schedule per task (harness/rank/perturbation.py)
         self.backend = backend
         self.record_communication = record_communication
         self.flight_recorder = flight_recorder
@@ -177,7 +182,8 @@ class World:
                 conn.close()
                 continue
             self._ranks[rank].conn = conn
-            conn.send_bytes(wire.encode_trusted(("join", self.name, self.backend, self.record_communication)))
+            conn.send_bytes(wire.encode_trusted(("join", self.name, self.backend, self.record_communication,
+                                                     self.perturb)))
             connected += 1
 
     def _await_ready(self, deadline: float) -> None:
@@ -213,7 +219,8 @@ class World:
                 )
 
     # ------------------------------------------------------------------------------------- run
-    def run(self, program: str, args_per_rank: list[dict], *, impl: str, timeout_s: float, grace_s: float) -> TaskResult:
+    def run(self, program: str, args_per_rank: list[dict], *, impl: str, timeout_s: float, grace_s: float,
+            schedules: list | None = None) -> TaskResult:
         """Run ``program`` on every rank (rank r gets ``args_per_rank[r]``); return every rank's
         output, or raise RankFailure / RanksHung naming the ranks that did not finish. On gloo, a
         task every rank finished is followed by the stray-message check (harness.rank.programs.probe:
@@ -221,7 +228,8 @@ class World:
         taken by the next test's receive, and blamed on it. Skipped for torch.distributed itself,
         whose collectives send no user-visible point-to-point messages."""
         __tracebackhide__ = True
-        result = self._run(program, args_per_rank, impl=impl, timeout_s=timeout_s, grace_s=grace_s)
+        result = self._run(program, args_per_rank, impl=impl, timeout_s=timeout_s, grace_s=grace_s,
+                           schedules=schedules)
         if self.backend == "gloo" and self.size > 1 and impl != "torch.distributed":
             self._check_for_stray_messages(program, impl, timeout_s, grace_s)
         return result
@@ -250,7 +258,8 @@ class World:
                 "Each would be taken by a later test's receive; this world is rebuilt for the next test.",
                 [RankReport(r.rank, "ok", "", "") for r in self._ranks]))
 
-    def _run(self, program: str, args_per_rank: list[dict], *, impl: str, timeout_s: float, grace_s: float) -> TaskResult:
+    def _run(self, program: str, args_per_rank: list[dict], *, impl: str, timeout_s: float, grace_s: float,
+             schedules: list | None = None) -> TaskResult:
         __tracebackhide__ = True
         if self._closed:
             raise RuntimeError(f"{self.name} is closed")
@@ -262,8 +271,9 @@ class World:
         for rank in self._ranks:
             rank.begin_task()  # forget output printed between tasks; note the OOM kill count
             logged_before.append(rank.log_offset)
+            schedule = schedules[rank.rank] if schedules is not None and self.perturb else None
             rank.conn.send_bytes(wire.encode_trusted(("run", task_id, program, args_per_rank[rank.rank], impl,
-                                                      program != STRAY_CHECK)))
+                                                      program != STRAY_CHECK, schedule)))
         outcome: dict[int, tuple[str, object]] = {}
         deadline = time.monotonic() + timeout_s
         owners = {}
@@ -296,7 +306,8 @@ class World:
                       if self.record_communication and not rank.attached and count is None else ""
                       for rank, count in zip(self._ranks, written)]
             return TaskResult([outcome[r][1][0] for r in range(self.size)], logs,
-                              [outcome[r][1][1] for r in range(self.size)], written, unread)
+                              [outcome[r][1][1] for r in range(self.size)], written, unread,
+                              [outcome[r][1][2] for r in range(self.size)])
         raise self._fail(program, outcome, timeout_s, task_id, watch)
 
     def _deadlock_watch(self, task_id: int) -> deadlock.Watch | None:
@@ -329,7 +340,8 @@ class World:
                     records = json.loads(message[3]) if len(message) > 3 and message[3] else []
                 except (TypeError, ValueError, RecursionError) as error:
                     return "raised", f"the rank sent communication records the driver cannot read: {error}"
-                return "ok", (message[2], records)
+                late = message[4] if len(message) > 4 and isinstance(message[4], list) else []
+                return "ok", (message[2], records, late)
             if message[0] == "error":
                 return (message[3] if message[3] in ("missing", "unloadable", "broken") else "raised"), message[2]
             return "raised", f"unexpected message from rank: {message[:2]!r}"
