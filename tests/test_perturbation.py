@@ -80,3 +80,23 @@ def test_the_schedule_is_described_per_rank():
     text = perturbation.describe([([0, 2], 0), NONE, EVERY_CALL_SHORT])
     assert text == ("delay schedule rank 0: calls 0-1 none, long, then every later call none; rank 1: none; "
                     "rank 2: every later call short")
+
+
+def test_a_failure_that_does_not_repeat_is_reported_as_nondeterminism():
+    from types import SimpleNamespace
+
+    from hypothesis.errors import FlakyFailure
+
+    from harness.driver.plugin.nondeterminism import is_flaky, nondeterminism_report
+    from harness.driver.plugin.state import Target
+
+    error = FlakyFailure("Hypothesis test_x(data=...) produces unreliable results: Falsified on the first call but did "
+                         "not on a subsequent one", [AssertionError("gradient of 'fc2.weight': expected -2.82, got -2.03")])
+    item = SimpleNamespace(nodeid="conformance/test_data_parallel.py::test_x",
+                           funcargs={"target": Target("impls", "auto", 4, "ci", perturb=True)})
+    assert is_flaky(error)
+    text = nondeterminism_report(error, item)
+    assert text.startswith("nondeterminism: ") and "FlakyFailure" not in text
+    assert "first outcome: AssertionError: gradient of 'fc2.weight': expected -2.82, got -2.03" in text
+    assert "replayed: Hypothesis test_x(data=...) produces unreliable results" in text
+    assert "--impl impls" in text and "--perturb-timing on" in text
