@@ -100,3 +100,13 @@ def test_a_failure_that_does_not_repeat_is_reported_as_nondeterminism():
     assert "first outcome: AssertionError: gradient of 'fc2.weight': expected -2.82, got -2.03" in text
     assert "replayed: Hypothesis test_x(data=...) produces unreliable results" in text
     assert "--impl impls" in text and "--perturb-timing on" in text
+
+
+def test_a_buffer_changed_before_its_send_left_is_named(pool):
+    tasks = [{"function": "send_then_change", "arguments": {"tensor": torch.full((8,), 5.0), "peer": 1 - r}}
+             for r in range(2)]
+    schedules = [EVERY_CALL_LONG, NONE]
+    result = pool.run(2, CALL, tasks, impl=EARLY, schedules=schedules)
+    message = perturbation.poisoned_reads(result.outputs, result.late, schedules)
+    assert "rank 0's send (call 0 of the task, delayed long, made at " in message
+    assert "early_read_impl.py:19" in message and "had its buffer changed after the call" in message

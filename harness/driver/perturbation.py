@@ -22,7 +22,8 @@ SCHEDULE = st.tuples(st.lists(DELAYS, max_size=8), DELAYS)
 
 
 class ReadBeforeCompletion(AssertionError):
-    """A rank's result holds the poison of a call that had not completed when the program read it:
+    """A rank's result holds the poison of a call that had not completed when the program read it,
+    or a buffer was changed while its send was in flight:
     an AssertionError, so that Hypothesis shrinks the example (the schedule with it) and replays it."""
 
 
@@ -57,10 +58,11 @@ def describe(schedules: list | None) -> str:
 
 
 def poisoned_reads(outputs: list, late: list, schedules: list | None) -> str | None:
-    """The failure's message when a rank's result holds poison, naming the call it came from; None
-    when none does. ``outputs`` and ``late``: per rank, its result and its table of delayed calls."""
+    """The failure's message when a rank's result holds poison, naming the call it came from, or a
+    send's buffer changed while it was in flight; None when neither. ``outputs`` and ``late``: per rank, its result and its table of delayed calls."""
     calls = {(c["rank"], c["call"]): c for table in late for c in table if isinstance(c, dict)}
-    lines = []
+    lines = [f"{_call(c)} had its buffer changed after the call and before the data left: what it sent is what the "
+             f"buffer held then, not at the call" for c in calls.values() if c.get("changed")]
     for rank, output in enumerate(outputs):
         named, unnamed = set(), 0
         for tensor in _tensors(output):
@@ -80,7 +82,7 @@ def poisoned_reads(outputs: list, late: list, schedules: list | None) -> str | N
                              + "; ".join(_call(c) for c in pending))
     if not lines:
         return None
-    return ("read before completion (--perturb-timing): " + "\n  ".join(lines)
+    return ("a race, found by --perturb-timing: " + "\n  ".join(lines)
             + f"\n  {describe(schedules)}")
 
 

@@ -93,7 +93,7 @@ def serve(config: RankConfig) -> None:
     conn.send_bytes(wire.encode_untrusted(("ready", config.rank)))
     implementations: dict[str, object] = {}
     recorder = _recorder(config)
-    late = _perturbation(config.rank) if perturb else None  # before the flight recorder: it records calls as made
+    late = _perturbation(config.rank, config.backend) if perturb else None  # before the flight recorder: it records calls as made
     if flight is not None:
         flight_recorder.install(flight, classes=[dist_process_group(), *([recorder.RecordingProcessGroup] if recorder
                                                                           else [])])
@@ -235,11 +235,11 @@ def dist_process_group():
     return dist.ProcessGroup
 
 
-def _perturbation(rank: int):
+def _perturbation(rank: int, backend: str):
     """This rank's perturbed completion (harness/rank/perturbation.py), installed on torch's ProcessGroup."""
     from harness.rank import perturbation
 
-    late = perturbation.Perturbation(rank)
+    late = perturbation.Perturbation(rank, match_tags=backend == "gloo")
     perturbation.install(late)
     return late
 

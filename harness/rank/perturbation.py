@@ -11,15 +11,18 @@ the rank's n-th call of the task, each 0, SHORT or LONG. The rank applies it her
   receive's buffer, a gather's output) hold poison (harness/rank/poison.py) until the program
   waits for the work (``wait()``, an ``is_completed()`` that answers True, ``get_future()``); the
   result is then copied in. A receive's message is thus delivered late.
-* LONG: the same, and the call is also launched late: at the rank's next communication call, at
-  its own wait, or at an ``is_completed()`` poll, whichever comes first. A send (or a collective's
-  input that is not its output) is read when it really leaves, so a buffer changed after ``isend``
-  and before ``wait`` sends the changed data, as NCCL can.
+* LONG: the same, and the call is also launched late: at the first wait of any of the rank's works
+  (or an ``is_completed()`` poll), or when the rank makes a call that must not overtake it (a send
+  to the same peer, a collective of the same group), whichever comes first. A send (or a
+  collective's input that is not its output) is read when it really leaves, so a buffer changed
+  after ``isend`` and before ``wait`` sends the changed data, as NCCL can. A receive is launched
+  at once (launching it later would show nothing its poison does not).
 
-What it keeps deadlock-free: launches stay in call order (a call first launches every call
-deferred before it, whichever thread made it), and every blocking point of the rank (a call, a
-wait) comes after the launch of everything before it; the rank never blocks where it did not
-block before, since a result is copied in only where the program waits for it. ``is_completed()``
+What keeps it deadlock-free and matched: calls the backend matches by order (a group's
+collectives, the sends to one peer) are launched in the order they were made, whichever thread
+made them; every wait of the rank, the one place it blocks, first launches everything deferred;
+and the rank never blocks where it did not block before, since a result is copied in only where
+the program waits for it. ``is_completed()``
 answers False on its first SHORT-or-LONG-many polls, then what the backend says. Delays are in
 calls, not seconds: the same schedule replays the same outcome, so Hypothesis can shrink it.
 
@@ -62,8 +65,9 @@ class Perturbation:
     """One rank's perturbation: ``begin(schedule)`` before a task, ``report()`` once its result is
     taken, ``end()`` after (launches what is still deferred and forgets the task's works)."""
 
-    def __init__(self, rank: int):
+    def __init__(self, rank: int, match_tags: bool = True):
         self.rank = rank
+        self.match_tags = match_tags  # gloo matches a peer's messages by tag; NCCL by order alone
         self._lock = threading.RLock()
         self._prefix: list[int] = []
         self._tail = 0
@@ -79,22 +83,27 @@ class Perturbation:
             self._prefix, self._tail = (list(schedule[0]), int(schedule[1])) if self.active else ([], 0)
             self._calls, self._deferred, self._late = 0, [], []
 
-    def delay(self) -> tuple[int, int]:
-        """(this call's number in the task, its delay); launches every deferred call first."""
+    def delay(self, key) -> tuple[int, int]:
+        """(this call's number in the task, its delay). ``key`` says what the call must not overtake:
+        deferred calls with the same key (a collective of the same group, a send to the same peer)
+        are launched first, so that the backend still matches calls in the order they were made."""
         with self._lock:
             index = self._calls
             self._calls += 1
-            self.launch_deferred()
+            if self._deferred:
+                self.launch_deferred(key)
             return index, self._prefix[index] if index < len(self._prefix) else self._tail
 
-    def launch_deferred(self, upto: LateWork | None = None) -> None:
-        """Launch the deferred calls in call order (all, or those up to ``upto``)."""
+    def launch_deferred(self, key=None) -> None:
+        """Launch the deferred calls in call order: those with ``key``, or all (a blocking point)."""
         with self._lock:
-            while self._deferred:
-                work = self._deferred.pop(0)
-                work.launch()
-                if work is upto:
-                    break
+            kept = []
+            for work in self._deferred:
+                if key is None or work.key == key:
+                    work.launch()
+                else:
+                    kept.append(work)
+            self._deferred = kept
 
     def add(self, work: LateWork) -> None:
         with self._lock:
@@ -120,25 +129,33 @@ class Perturbation:
 class LateWork(dist.Work):
     """A call that completes late: its outputs hold poison until the program waits for it."""
 
-    def __init__(self, owner: Perturbation, index: int, op: str, delay: int, where: str, start, pairs):
+    def __init__(self, owner: Perturbation, index: int, op: str, delay: int, where: str, start, pairs, key):
         super().__init__()
-        self.owner, self.index, self.op, self.delay, self.where = owner, index, op, delay, where
+        self.owner, self.index, self.op, self.delay, self.where, self.key = owner, index, op, delay, where, key
         self._start = start  # () -> the backend's Work, reading the inputs it was given now
         self._pairs = pairs  # (the program's output tensor, the private one the backend writes)
+        self._sent: list = []  # a LONG call's inputs read at launch: (the tensor, a copy of it at the call)
+        self.changed = False  # one of them changed between the call and the launch
         self._real = None
         self._polls = 0
         self.state = "deferred" if delay == LONG else "in flight"
         self.how = ""
 
+    def keep_inputs(self, inputs) -> None:
+        self._sent = [(t, t.detach().clone()) for t in inputs]
+
     def launch(self) -> None:
         if self._real is None:
+            self.changed = any(not torch.equal(t.detach().view(torch.uint8), copy.view(torch.uint8))
+                               for t, copy in self._sent if t.numel())
+            self._sent = []
             self._real = self._start()
             self.state = "in flight"
 
     def _complete(self, how: str) -> None:
         if self.state == "completed":
             return
-        self.owner.launch_deferred(upto=self)
+        self.owner.launch_deferred()  # a blocking point: nothing deferred may wait behind it
         if self._real is not None:
             self._real.wait()
         for output, private in self._pairs:
@@ -155,7 +172,7 @@ class LateWork(dist.Work):
         self._polls += 1
         if self._polls <= self.delay:
             return False
-        self.owner.launch_deferred(upto=self)
+        self.owner.launch_deferred()  # a program that polls must see progress
         if self._real is not None and self._real.is_completed():
             self._complete("is_completed()")
             return True
@@ -184,7 +201,7 @@ class LateWork(dist.Work):
 
     def describe(self) -> dict:
         return {"rank": self.owner.rank, "call": self.index, "op": self.op, "delay": NAMES[self.delay],
-                "where": self.where, "state": self.state, "how": self.how}
+                "where": self.where, "state": self.state, "how": self.how, "changed": self.changed}
 
 
 def install(perturbation: Perturbation, cls=None) -> None:
@@ -198,13 +215,15 @@ def install(perturbation: Perturbation, cls=None) -> None:
     for method in PASSED_THROUGH:
         function = cls.__dict__.get(method)
         if function is not None and not getattr(function, "_perturbed", False):
-            setattr(cls, method, _launch_point(perturbation, function))
+            setattr(cls, method, _launch_point(perturbation, method, function))
 
 
-def _launch_point(perturbation: Perturbation, function):
+def _launch_point(perturbation: Perturbation, method: str, function):
     def call(group, *args, **kwargs):
         if perturbation.active:
-            perturbation.delay()
+            perturbation.delay(_key(group, method, args, perturbation.match_tags))
+            if method in ("barrier", "monitored_barrier"):
+                perturbation.launch_deferred()  # it blocks
         return function(group, *args, **kwargs)
 
     call._perturbed = True
@@ -218,7 +237,8 @@ def _wrap(perturbation: Perturbation, method: str, spec, function):
     def call(group, *args, **kwargs):
         if not perturbation.active:
             return function(group, *args, **kwargs)
-        index, delay = perturbation.delay()
+        key = _key(group, method, args, perturbation.match_tags)
+        index, delay = perturbation.delay(key)
         if delay == 0:
             return function(group, *args, **kwargs)
         args, inplace = list(args), in_place
@@ -240,13 +260,27 @@ def _wrap(perturbation: Perturbation, method: str, spec, function):
         pairs = [(t, privates[id(t)]) for t in outputs]
         for tensor in outputs:
             poison.fill(tensor, perturbation.rank, index)
-        work = LateWork(perturbation, index, method, delay, _caller(), lambda: function(group, *args, **kwargs), pairs)
+        if method == "recv" and delay == LONG:
+            delay = SHORT  # a receive launched later changes nothing its poison does not already show
+        work = LateWork(perturbation, index, method, delay, _caller(), lambda: function(group, *args, **kwargs), pairs,
+                        key)
+        if delay == LONG and not inplace and in_at is not None:
+            work.keep_inputs([t for t in _tensors(args[in_at]) if t.numel()])  # read when it leaves: watch for changes
         perturbation.add(work)
         return work
 
     call._perturbed = True
     call.__name__ = getattr(function, "__name__", method)
     return call
+
+
+def _key(group, method: str, args, match_tags: bool) -> tuple:
+    """What a call must not overtake: a send to the same peer (with the same tag, where the backend
+    matches by tag), a receive from it, a collective of the group."""
+    if method in ("send", "recv"):
+        tag = (args[2] if len(args) > 2 else 0) if match_tags else None
+        return id(group), method, args[1] if len(args) > 1 else None, tag
+    return id(group), "collective"
 
 
 def _is_root(group, args) -> bool:
