@@ -18,6 +18,7 @@ from harness.rank import poison
 from harness.rank.perturbation import NAMES
 
 DELAYS = st.sampled_from((0, 1, 2))
+MAX_LINES = 4  # of a failure's calls, named one per line
 SCHEDULE = st.tuples(st.lists(DELAYS, max_size=8), DELAYS)
 
 
@@ -61,8 +62,10 @@ def poisoned_reads(outputs: list, late: list, schedules: list | None) -> str | N
     """The failure's message when a rank's result holds poison, naming the call it came from, or a
     send's buffer changed while it was in flight; None when neither. ``outputs`` and ``late``: per rank, its result and its table of delayed calls."""
     calls = {(c["rank"], c["call"]): c for table in late for c in table if isinstance(c, dict)}
-    lines = [f"{_call(c)} had its buffer changed after the call and before the data left: what it sent is what the "
-             f"buffer held then, not at the call" for c in calls.values() if c.get("changed")]
+    lines = [f"{_call(c)} had its buffer changed after the call and before "
+             + ("the data left: what it sent is what the buffer held then, not at the call" if c["delay"] == "long" else
+                "its wait(): the backend may send either (gloo and NCCL read a send's buffer until it completes)")
+             for c in calls.values() if c.get("changed")]
     for rank, output in enumerate(outputs):
         named, unnamed = set(), 0
         for tensor in _tensors(output):
@@ -82,6 +85,8 @@ def poisoned_reads(outputs: list, late: list, schedules: list | None) -> str | N
                              + "; ".join(_call(c) for c in pending))
     if not lines:
         return None
+    if len(lines) > MAX_LINES:
+        lines = [*lines[:MAX_LINES], f"and {len(lines) - MAX_LINES} more like these"]
     return ("a race, found by --perturb-timing: " + "\n  ".join(lines)
             + f"\n  {describe(schedules)}")
 

@@ -116,7 +116,7 @@ class Perturbation:
     def report(self) -> list[dict]:
         """Plain data, for the driver: each delayed call and where it stood when the program returned."""
         with self._lock:
-            return [work.describe() for work in self._late]
+            return [work.describe() for work in self._late if work.delay or work.changed]
 
     def end(self) -> None:
         with self._lock:
@@ -142,13 +142,20 @@ class LateWork(dist.Work):
         self.how = ""
 
     def keep_inputs(self, inputs) -> None:
+        """Watch what this call sends: a change before it left (LONG: its launch; else its completion,
+        the first moment the program may reuse the buffer) is a race whatever the backend did."""
         self._sent = [(t, t.detach().clone()) for t in inputs]
+
+    def _check_sent(self) -> None:
+        if self._sent:
+            self.changed = self.changed or any(not torch.equal(t.detach().view(torch.uint8), copy.view(torch.uint8))
+                                               for t, copy in self._sent)
+            self._sent = []
 
     def launch(self) -> None:
         if self._real is None:
-            self.changed = any(not torch.equal(t.detach().view(torch.uint8), copy.view(torch.uint8))
-                               for t, copy in self._sent if t.numel())
-            self._sent = []
+            if self.delay == LONG:
+                self._check_sent()
             self._real = self._start()
             self.state = "in flight"
 
@@ -156,6 +163,7 @@ class LateWork(dist.Work):
         if self.state == "completed":
             return
         self.owner.launch_deferred()  # a blocking point: nothing deferred may wait behind it
+        self._check_sent()
         if self._real is not None:
             self._real.wait()
         for output, private in self._pairs:
@@ -195,6 +203,7 @@ class LateWork(dist.Work):
 
     def settle(self) -> None:
         """After the task: the result copied in where the backend finished (nobody waits for it now)."""
+        self._check_sent()
         if self.state != "completed" and self._real is not None and self._real.is_completed():
             for output, private in self._pairs:
                 poison.copy_back(output, private)
@@ -239,8 +248,13 @@ def _wrap(perturbation: Perturbation, method: str, spec, function):
             return function(group, *args, **kwargs)
         key = _key(group, method, args, perturbation.match_tags)
         index, delay = perturbation.delay(key)
-        if delay == 0:
+        if delay == 0 and method != "send":
             return function(group, *args, **kwargs)
+        if delay == 0:  # sent at once, as the backend does; its buffer is still watched until the wait
+            work = LateWork(perturbation, index, method, 0, _caller(), lambda: function(group, *args, **kwargs), [], key)
+            work.keep_inputs([t for t in _tensors(args[0]) if t.numel()] if _all_plain(args[0]) else [])
+            perturbation.add(work)
+            return work
         args, inplace = list(args), in_place
         outputs = _tensors(args[out_at]) if out_at is not None and len(args) > out_at else []
         inputs = _tensors(args[in_at]) if in_at is not None and len(args) > in_at else []
@@ -286,6 +300,10 @@ def _key(group, method: str, args, match_tags: bool) -> tuple:
 def _is_root(group, args) -> bool:
     options = next((a for a in args if hasattr(a, "rootRank")), None)
     return options is not None and options.rootRank == group.rank()
+
+
+def _all_plain(value) -> bool:
+    return all(_plain(t) for t in _tensors(value))
 
 
 def _plain(tensor: torch.Tensor) -> bool:
