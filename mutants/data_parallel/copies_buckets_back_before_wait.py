@@ -1,6 +1,6 @@
 """A bucket's averaged gradient is copied back into .grad before its all-reduce was waited for: it waits only for the bucket it launched last, and reads the others' results as they stand.
 targets: test_bucketed_gradients_are_the_mean_over_ranks
-race: passes without --perturb-timing
+race: killed by --perturb-timing, naming the call; without it only when the scheduler happens to show it
 
 Each bucket's all-reduce is launched asynchronously (torch.distributed, async_op=True) from the
 post-accumulate-grad hook of the bucket's last gradient. finish_gradient_synchronization waits for
@@ -45,16 +45,25 @@ class EarlyCopyDDP(nn.Module):
 
     def _on_grad_ready(self, p):
         i = self.bucket_of[id(p)]
+        if self.ready[i] is None:
+            return
         self.ready[i].add(id(p))
         if len(self.ready[i]) == len(self.buckets[i]):
-            bucket = self.buckets[i]
-            flat = torch.cat([q.grad.reshape(-1) for q in bucket])
-            self.inflight.append((bucket, flat, dist.all_reduce(flat, async_op=True)))
+            self._launch(i)
+
+    def _launch(self, i):
+        bucket = self.buckets[i]
+        self.ready[i] = None  # launched
+        flat = torch.cat([(q.grad if q.grad is not None else torch.zeros_like(q)).reshape(-1) for q in bucket])
+        self.inflight.append((bucket, flat, dist.all_reduce(flat, async_op=True)))
 
     def forward(self, *a, **k):
         return self.module(*a, **k)
 
     def finish_gradient_synchronization(self):
+        for i, ready in enumerate(self.ready):  # a bucket holding a parameter no forward used this step
+            if ready:
+                self._launch(i)
         inflight, self.inflight = self.inflight, []
         self.ready = [set() for _ in self.buckets]
         if inflight:
@@ -62,7 +71,8 @@ class EarlyCopyDDP(nn.Module):
         for bucket, flat, _ in inflight:  # the bug: the others are read before their wait
             offset = 0
             for q in bucket:
-                q.grad.copy_(flat[offset:offset + q.numel()].view_as(q.grad) / dist.get_world_size())
+                if q.grad is not None:
+                    q.grad.copy_(flat[offset:offset + q.numel()].view_as(q.grad) / dist.get_world_size())
                 offset += q.numel()
         for _, _, work in inflight:
             work.wait()

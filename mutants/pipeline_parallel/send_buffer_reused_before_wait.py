@@ -1,6 +1,6 @@
 """A stage sends every activation and gradient of one shape from one buffer it reuses: the next microbatch overwrites it while the last send may still be in flight.
 targets: dense_model
-race: passes without --perturb-timing
+race: killed by --perturb-timing, naming the call; without it only when the scheduler happens to show it
 
 The bundled stage sends each tensor itself and waits for every send at the end of the step. This
 one copies what it sends into a buffer kept per (shape, dtype) to save allocations, and isends the
