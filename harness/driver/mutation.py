@@ -44,6 +44,8 @@ from pathlib import Path
 from harness.driver.mutation_catalog import (
     HANG,
     MUTANT_RANK_TIMEOUT_S,
+    RACE,
+    RACE_EVIDENCE,
     ROOT,
     Mutant,
     Outsider,
@@ -176,7 +178,8 @@ def _name(path: Path) -> str:
 def run_mutant(runner: WarmPytest, mutant: Mutant, profile: str) -> tuple[int, str, float]:
     impl, env = mutant.impl_and_env()
     return pytest(runner, impl, [mutant.test_file, "-x", "-k", mutant.targets, "--rank-timeout",
-                                 str(MUTANT_RANK_TIMEOUT_S)], profile, env)
+                                 str(MUTANT_RANK_TIMEOUT_S), "--perturb-timing", "on" if mutant.race else "off"],
+                  profile, env)
 
 
 def run_outsider(runner: WarmPytest, outsider: Outsider, impl: str, options) -> tuple[int, str, float]:
@@ -260,6 +263,10 @@ def _report_mutants(every_mutant, jobs, result) -> tuple[list[str], list[str], l
             deadline_only.append(name)
             print(f"DEADLINE {head}\n         killed only by a deadline: the runner cannot tell this from load "
                   f"({failing_line(output)}); if its bug is a hang, its docstring says '{HANG}'", flush=True)
+        elif code == 1 and mutant.race and RACE_EVIDENCE not in output:
+            survived.append(name)
+            print(f"UNNAMED  {head}\n         failed, but not with --perturb-timing naming the call ('{RACE}' in its "
+                  f"docstring): {failing_line(output)}", flush=True)
         elif code == 1:
             killed.append(name)
             print(f"killed   {head}\n         caught by: {failing_line(output)}", flush=True)

@@ -35,8 +35,8 @@ class Target:
         submission = os.environ.get("CS336_SUBMISSION") if self.impl == "adapters.cs336" else None
         return ((f"CS336_SUBMISSION={shlex.quote(submission)} " if submission else "") + f"pytest {shlex.quote(nodeid)} --impl {shlex.quote(self.impl)} --backend {self.backend} "
                 f"--hypothesis-profile={self.profile} --max-world-size {self.max_world_size}{self.attach}"
-                + (f" --scope {self.scope}" if self.scope != "contract" else "")
-                + f" --perturb-timing {'on' if self.perturb else 'off'}")
+                f" --perturb-timing {'on' if self.perturb else 'off'}"
+                + (f" --scope {self.scope}" if self.scope != "contract" else ""))
 
 
 
