@@ -17,7 +17,6 @@ from impls import pipeline_parallel as _bundled
 from impls.pipeline_parallel import *  # noqa: F403
 from mutants._swap import swapped
 
-
 _BUNDLED_SEND = _bundled._Peers.send
 
 
