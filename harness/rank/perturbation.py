@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 import threading
 
 import torch
@@ -57,6 +58,8 @@ METHODS = {
     "scatter": (0, 1, False),
 }
 PASSED_THROUGH = ("recv_anysource", "barrier", "monitored_barrier", "allgather_coalesced")  # still launch points
+# frames that are never the implementation's: torch, its decorators' helpers, the standard library
+_NOT_THE_CALLER = ("torch" + os.sep, "typing_extensions", sysconfig.get_paths()["stdlib"] + os.sep)
 _HARNESS = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
                  for name in ("perturbation.py", "flight_recorder.py"))
 
@@ -341,7 +344,7 @@ def _caller() -> str:
     frame = sys._getframe(2)
     while frame is not None:
         name = frame.f_code.co_filename
-        if "torch" + os.sep not in name and not name.startswith(_HARNESS):
+        if not any(part in name for part in _NOT_THE_CALLER) and not name.startswith(_HARNESS):
             return f"{_short(name)}:{frame.f_lineno}"
         frame = frame.f_back
     return "?"
