@@ -82,7 +82,7 @@ class Perturbation:
     def begin(self, schedule) -> None:
         """``schedule``: (delays of the first calls, delay of every later call), or None (no perturbation)."""
         with self._lock:
-            self.active = bool(schedule) and (any(schedule[0]) or schedule[1] != 0)
+            self.active = bool(schedule)  # all delays 0 still watches every send's buffer until its wait
             self._prefix, self._tail = (list(schedule[0]), int(schedule[1])) if self.active else ([], 0)
             self._calls, self._deferred, self._late = 0, [], []
 
