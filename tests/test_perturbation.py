@@ -110,3 +110,12 @@ def test_a_buffer_changed_before_its_send_left_is_named(pool):
     message = perturbation.poisoned_reads(result.outputs, result.late, schedules)
     assert "rank 0's send (call 0 of the task, delayed long, made at " in message
     assert "early_read_impl.py:19" in message and "had its buffer changed after the call" in message
+
+
+def test_an_output_written_while_in_flight_is_named(pool):
+    tasks = [{"function": "add_while_reducing", "arguments": {"tensor": torch.ones(4)}} for _ in range(2)]
+    schedules = [EVERY_CALL_SHORT, NONE]
+    result = pool.run(2, CALL, tasks, impl=EARLY, schedules=schedules)
+    message = perturbation.poisoned_reads(result.outputs, result.late, schedules)
+    assert "rank 0's allreduce (call 0 of the task, delayed short" in message
+    assert "had its output written by the program while the call was in flight" in message

@@ -71,6 +71,9 @@ def poisoned_reads(outputs: list, late: list, schedules: list | None) -> str | N
              + ("the data left: what it sent is what the buffer held then, not at the call" if c["delay"] == "long" else
                 "its wait(): the backend may send either (gloo and NCCL read a send's buffer until it completes)")
              for c in calls.values() if c.get("changed")]
+    lines += [f"{_call(c)} had its output written by the program while the call was in flight: the result it "
+              f"delivered at completion replaced that write (a backend may as well keep either)"
+              for c in calls.values() if c.get("overwritten")]
     for rank, output in enumerate(outputs):
         named, unnamed = set(), 0
         for tensor in _tensors(output):

@@ -119,7 +119,7 @@ class Perturbation:
     def report(self) -> list[dict]:
         """Plain data, for the driver: each delayed call and where it stood when the program returned."""
         with self._lock:
-            return [work.describe() for work in self._late if work.delay or work.changed]
+            return [work.describe() for work in self._late if work.delay or work.changed or work.overwritten]
 
     def end(self) -> None:
         with self._lock:
@@ -139,6 +139,7 @@ class LateWork(dist.Work):
         self._pairs = pairs  # (the program's output tensor, the private one the backend writes)
         self._sent: list = []  # a LONG call's inputs read at launch: (the tensor, a copy of it at the call)
         self.changed = False  # one of them changed between the call and the launch
+        self.overwritten = False  # the program wrote into an output while the call was in flight
         self._real = None
         self._polls = 0
         self.state = "deferred" if delay == LONG else "in flight"
@@ -170,6 +171,7 @@ class LateWork(dist.Work):
         if self._real is not None:
             self._real.wait()
         for output, private in self._pairs:
+            self.overwritten = self.overwritten or not poison.intact(output, self.owner.rank, self.index)
             poison.copy_back(output, private)
         self.state, self.how = "completed", how
 
@@ -213,7 +215,8 @@ class LateWork(dist.Work):
 
     def describe(self) -> dict:
         return {"rank": self.owner.rank, "call": self.index, "op": self.op, "delay": NAMES[self.delay],
-                "where": self.where, "state": self.state, "how": self.how, "changed": self.changed}
+                "where": self.where, "state": self.state, "how": self.how, "changed": self.changed,
+                "overwritten": self.overwritten}
 
 
 def install(perturbation: Perturbation, cls=None) -> None:

@@ -57,6 +57,17 @@ def fill(tensor: torch.Tensor, rank: int, index: int) -> None:
     torch._C._autograd._unsafe_set_version_counter((tensor,), (version,))
 
 
+def intact(tensor: torch.Tensor, rank: int, index: int) -> bool:
+    """Whether ``tensor`` still holds, bit for bit, the poison ``fill`` wrote (True where none was written)."""
+    if tensor.is_complex():
+        tensor = torch.view_as_real(tensor)
+    value = bits(tensor.dtype, rank, index)
+    if value is None or tensor.numel() == 0:
+        return True
+    raw = tensor.detach().view(_AS_INT[tensor.dtype]) if tensor.is_floating_point() else tensor.detach()
+    return bool((raw == value).all())
+
+
 def copy_back(tensor: torch.Tensor, source: torch.Tensor) -> None:
     """tensor <- source in place, its version counter kept (as ``fill``)."""
     version = tensor._version
