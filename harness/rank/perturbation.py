@@ -341,14 +341,21 @@ def _mapped(value, function):
     return value
 
 
+_SKIP: dict = {}  # code object -> whether its frames are never the implementation's (memo, per process)
+
+
 def _caller() -> str:
     """The first frame outside torch and the harness's wrappers: the implementation's line (the
     rank program's, when the implementation is torch.distributed itself)."""
     frame = sys._getframe(2)
     while frame is not None:
-        name = frame.f_code.co_filename
-        if not any(part in name for part in _NOT_THE_CALLER) and not name.startswith(_HARNESS):
-            return f"{_short(name)}:{frame.f_lineno}"
+        code = frame.f_code
+        skip = _SKIP.get(code)
+        if skip is None:
+            name = code.co_filename
+            skip = _SKIP[code] = any(part in name for part in _NOT_THE_CALLER) or name.startswith(_HARNESS)
+        if not skip:
+            return f"{_short(code.co_filename)}:{frame.f_lineno}"
         frame = frame.f_back
     return "?"
 
