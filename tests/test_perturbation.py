@@ -119,3 +119,10 @@ def test_an_output_written_while_in_flight_is_named(pool):
     message = perturbation.poisoned_reads(result.outputs, result.late, schedules)
     assert "rank 0's allreduce (call 0 of the task, delayed short" in message
     assert "had its output written by the program while the call was in flight" in message
+
+
+def test_a_zero_dimensional_send_is_watched(pool):
+    tasks = [{"function": "send_then_change", "arguments": {"tensor": torch.tensor(5.0), "peer": 1 - r}}
+             for r in range(2)]
+    result = pool.run(2, CALL, tasks, impl=EARLY, schedules=[EVERY_CALL_LONG, NONE])
+    assert result.outputs[1]["tensor"].item() == -1.0

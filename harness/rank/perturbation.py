@@ -148,12 +148,12 @@ class LateWork(dist.Work):
     def keep_inputs(self, inputs) -> None:
         """Watch what this call sends: a change before it left (LONG: its launch; else its completion,
         the first moment the program may reuse the buffer) is a race whatever the backend did."""
-        self._sent = [(t, t.detach().clone()) for t in inputs]
+        self._sent = [(t, t.detach().reshape(-1).clone()) for t in inputs]
 
     def _check_sent(self) -> None:
         if self._sent:
-            self.changed = self.changed or any(not torch.equal(t.detach().view(torch.uint8), copy.view(torch.uint8))
-                                               for t, copy in self._sent)
+            self.changed = self.changed or any(not torch.equal(t.detach().reshape(-1).view(torch.uint8),
+                                                                   copy.view(torch.uint8)) for t, copy in self._sent)
             self._sent = []
 
     def launch(self) -> None:
