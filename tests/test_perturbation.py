@@ -126,3 +126,12 @@ def test_a_zero_dimensional_send_is_watched(pool):
              for r in range(2)]
     result = pool.run(2, CALL, tasks, impl=EARLY, schedules=[EVERY_CALL_LONG, NONE])
     assert result.outputs[1]["tensor"].item() == -1.0
+
+
+def test_an_accumulation_into_an_output_in_flight_is_named(pool):
+    tasks = [{"function": "accumulate_while_reducing", "arguments": {"tensor": torch.ones(4)}} for _ in range(2)]
+    schedules = [NONE, EVERY_CALL_LONG]
+    result = pool.run(2, CALL, tasks, impl=EARLY, schedules=schedules)
+    message = perturbation.poisoned_reads(result.outputs, result.late, schedules)
+    assert "rank 1's allreduce (call 0 of the task, delayed long" in message
+    assert "had its output written by the program while the call was in flight" in message

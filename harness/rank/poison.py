@@ -1,12 +1,14 @@
 """The poison an output holds while its communication is in flight under --perturb-timing
 (harness/rank/perturbation.py), and how the driver reads it back out of a rank's results.
 
-Floating point: a quiet NaN whose payload names the call, so that a read before completion shows in
-the numbers at once and says which call it was. IEEE 754 arithmetic on x86 and ARM propagates a
-NaN operand's payload (only the sign may change): measured on torch 2.13 CPU, x*2, x+1, -x, relu,
-exp, sqrt, gelu, sum, softmax and a matmul all returned the poison's payload unchanged. float32
-carries ``SIGNATURE`` in payload bits 21-16, the rank in bits 15-12 and the rank's call number in
-bits 11-0; float64 the same fields wider. float16 and bfloat16 have too few bits to name a call:
+Floating point: a signaling NaN whose payload names the call, so that a read before completion
+shows in the numbers at once and says which call it was. IEEE 754 arithmetic on x86 and ARM
+propagates a NaN operand's payload, quieted (measured on torch 2.13 CPU: x*2, x+1, -x, relu, exp,
+sqrt, gelu, sum, softmax and a matmul all kept the payload), and a copy keeps the NaN signaling: an
+output still signaling, bit for bit, at completion was not written by the program while in flight
+(``intact``), where an accumulation into it (``+=``) would have quieted it. float32 carries
+``SIGNATURE`` in payload bits 21-16, the rank in bits 15-12 and the rank's call number in bits
+11-0; float64 the same fields wider. float16 and bfloat16 have too few bits to name a call:
 they get a NaN with a short signature, found but unnamed. Integers get a sentinel pattern
 (0x5A5A in the top 16 bits of int32/int64, the call below it), which arithmetic does not keep, so
 only a copied value is named. bool and the 8/16-bit integers are not poisoned (no pattern a real
@@ -18,10 +20,10 @@ from __future__ import annotations
 import torch
 
 SIGNATURE = 0x29  # 6 bits: a NaN with these payload bits is this module's
-_F32 = 0x7FC00000 | (SIGNATURE << 16)
-_F64 = 0x7FF8000000000000 | (SIGNATURE << 40)
+_F32 = 0x7F800000 | (SIGNATURE << 16)  # exponent all ones, quiet bit clear: signaling
+_F64 = 0x7FF0000000000000 | (SIGNATURE << 40)
 _INT = 0x5A5A
-_HALF = {torch.float16: 0x7E29, torch.bfloat16: 0x7FE9}
+_HALF = {torch.float16: 0x7C29, torch.bfloat16: 0x7FA9}
 _AS_INT = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,
            torch.bfloat16: torch.int16}
 
@@ -88,14 +90,13 @@ def found(tensor: torch.Tensor) -> tuple[set[tuple[int, int]], int]:
         if not bool(nan.any()):
             return set(), 0
         raw = tensor[nan].view(_AS_INT[tensor.dtype]).tolist()
-        if tensor.dtype == torch.float32:
-            named = {((w >> 12) & 0xF, w & 0xFFF) for w in raw if (w & 0x7FFF0000) == (_F32 & 0x7FFF0000)}
-            unnamed = sum(1 for w in raw if (w & 0x7FFF0000) != (_F32 & 0x7FFF0000))
+        if tensor.dtype == torch.float32:  # quiet or signaling, either sign: the signature bits decide
+            ours = [((w >> 16) & 0x3F) == SIGNATURE for w in raw]
+            named = {((w >> 12) & 0xF, w & 0xFFF) for w, mine in zip(raw, ours) if mine}
         else:
-            top = (_F64 >> 40) & 0x7FFFFF
-            named = {((w >> 32) & 0xFF, w & 0xFFFFFFFF) for w in raw if ((w >> 40) & 0x7FFFFF) == top}
-            unnamed = sum(1 for w in raw if ((w >> 40) & 0x7FFFFF) != top)
-        return named, unnamed
+            ours = [((w >> 40) & 0x3F) == SIGNATURE for w in raw]
+            named = {((w >> 32) & 0xFF, w & 0xFFFFFFFF) for w, mine in zip(raw, ours) if mine}
+        return named, ours.count(False)
     if tensor.dtype in _HALF:
         nan = torch.isnan(tensor)
         return set(), int(nan.sum())
