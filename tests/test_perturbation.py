@@ -135,3 +135,8 @@ def test_an_accumulation_into_an_output_in_flight_is_named(pool):
     message = perturbation.poisoned_reads(result.outputs, result.late, schedules)
     assert "rank 1's allreduce (call 0 of the task, delayed long" in message
     assert "had its output written by the program while the call was in flight" in message
+
+
+def test_a_nan_of_the_data_is_not_poison():
+    assert poison.found(torch.tensor([float("nan"), 1.0])) == (set(), 0)
+    assert poison.found(torch.tensor([float("nan")], dtype=torch.float64)) == (set(), 0)

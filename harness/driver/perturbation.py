@@ -87,9 +87,9 @@ def poisoned_reads(outputs: list, late: list, schedules: list | None) -> str | N
             lines.append(f"rank {rank}'s result holds the poison of {_call(call)}: its result was read before "
                          f"it completed")
         if unnamed and not named:
-            pending = [c for c in calls.values() if c["state"] != "completed"]
+            pending = [c for c in calls.values() if c["state"] != "completed" and c.get("outputs")]
             if pending:
-                lines.append(f"rank {rank}'s result holds {unnamed} NaN while these of its calls had not completed: "
+                lines.append(f"rank {rank}'s result holds {unnamed} half-precision NaN while these calls had not completed: "
                              + "; ".join(_call(c) for c in pending))
     if not lines:
         return None

@@ -206,6 +206,10 @@ class LateWork(dist.Work):
     def synchronize(self):
         self._complete("synchronize()")
 
+    def result(self):
+        self._complete("result()")
+        return [output for output, _ in self._pairs]
+
     def settle(self) -> None:
         """After the task: the result copied in where the backend finished (nobody waits for it now)."""
         self._check_sent()
@@ -216,7 +220,7 @@ class LateWork(dist.Work):
     def describe(self) -> dict:
         return {"rank": self.owner.rank, "call": self.index, "op": self.op, "delay": NAMES[self.delay],
                 "where": self.where, "state": self.state, "how": self.how, "changed": self.changed,
-                "overwritten": self.overwritten}
+                "overwritten": self.overwritten, "outputs": bool(self._pairs)}
 
 
 def install(perturbation: Perturbation, cls=None) -> None:

@@ -79,7 +79,9 @@ def copy_back(tensor: torch.Tensor, source: torch.Tensor) -> None:
 
 
 def found(tensor: torch.Tensor) -> tuple[set[tuple[int, int]], int]:
-    """The (rank, call) pairs whose poison ``tensor`` holds, and how many of its NaNs name none."""
+    """The (rank, call) pairs whose poison ``tensor`` holds, and how many NaNs of a half-precision
+    tensor it holds (a poison there names no call). A float32 or float64 NaN without the signature
+    is not counted: it is not this module's (the data's own, or a library's canonical NaN)."""
     if tensor.is_complex():
         tensor = torch.view_as_real(tensor)
     if tensor.numel() == 0:
@@ -91,12 +93,8 @@ def found(tensor: torch.Tensor) -> tuple[set[tuple[int, int]], int]:
             return set(), 0
         raw = tensor[nan].view(_AS_INT[tensor.dtype]).tolist()
         if tensor.dtype == torch.float32:  # quiet or signaling, either sign: the signature bits decide
-            ours = [((w >> 16) & 0x3F) == SIGNATURE for w in raw]
-            named = {((w >> 12) & 0xF, w & 0xFFF) for w, mine in zip(raw, ours) if mine}
-        else:
-            ours = [((w >> 40) & 0x3F) == SIGNATURE for w in raw]
-            named = {((w >> 32) & 0xFF, w & 0xFFFFFFFF) for w, mine in zip(raw, ours) if mine}
-        return named, ours.count(False)
+            return {((w >> 12) & 0xF, w & 0xFFF) for w in raw if ((w >> 16) & 0x3F) == SIGNATURE}, 0
+        return {((w >> 32) & 0xFF, w & 0xFFFFFFFF) for w in raw if ((w >> 40) & 0x3F) == SIGNATURE}, 0
     if tensor.dtype in _HALF:
         nan = torch.isnan(tensor)
         return set(), int(nan.sum())
