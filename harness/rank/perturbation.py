@@ -108,6 +108,9 @@ class Perturbation:
                     kept.append(work)
             self._deferred = kept
 
+    def has_deferred(self) -> bool:
+        return bool(self._deferred)
+
     def add(self, work: LateWork) -> None:
         with self._lock:
             self._late.append(work)
@@ -235,6 +238,21 @@ def install(perturbation: Perturbation, cls=None) -> None:
         function = cls.__dict__.get(method)
         if function is not None and not getattr(function, "_perturbed", False):
             setattr(cls, method, _launch_point(perturbation, method, function))
+    for method in ("wait", "is_completed"):  # the backend's own works: a wait is a blocking point too
+        function = dist.Work.__dict__.get(method)
+        if function is not None and not getattr(function, "_perturbed", False):
+            setattr(dist.Work, method, _blocking_point(perturbation, function))
+
+
+def _blocking_point(perturbation: Perturbation, function):
+    def call(work, *args, **kwargs):
+        if perturbation.active and perturbation.has_deferred():
+            perturbation.launch_deferred()  # what this wait may depend on leaves first
+        return function(work, *args, **kwargs)
+
+    call._perturbed = True
+    call.__name__ = getattr(function, "__name__", "wait")
+    return call
 
 
 def _launch_point(perturbation: Perturbation, method: str, function):
