@@ -18,6 +18,11 @@ runner's whole run and named by it in the report. 'audit:' on a correct one says
 communication exceeds the audit's bounds by its author's design (e.g. an all-reduce that sends
 whole tensors): its values must pass and its audit must fail.
 
+A mutant whose docstring has a 'race:' line (its bug is a race: a result read before its wait, a
+buffer reused before its send left) runs under --perturb-timing on, and counts as killed only when
+its failure names the call ("a race, found by --perturb-timing"): values the scheduler happened to
+garble are not evidence, since they do not fail on every run.
+
 A kill must be evidence, not load: a buggy implementation whose first failure is a task's deadline
 ("no result within the N s deadline") counts as a failure of the runner, since a deadline missed on
 a busy machine reads the same, unless its docstring has the line 'bug: hang' (its bug is that ranks
