@@ -306,8 +306,8 @@ def _wrap(perturbation: Perturbation, method: str, spec, function):
             delay = SHORT  # a receive launched later changes nothing its poison does not already show
         work = LateWork(perturbation, index, method, delay, _caller(), lambda: function(group, *args, **kwargs), pairs,
                         key)
-        if delay == LONG and not inplace and in_at is not None:
-            work.keep_inputs([t for t in _tensors(args[in_at]) if t.numel()])  # read when it leaves: watch for changes
+        if not inplace and in_at is not None:  # read until it leaves (LONG: when it leaves): watched for changes
+            work.keep_inputs([t for t in _tensors(args[in_at]) if t.numel()])
         perturbation.add(work)
         return work
 
