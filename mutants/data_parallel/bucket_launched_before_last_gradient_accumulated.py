@@ -1,14 +1,14 @@
 """A bucket's all-reduce is launched from a tensor hook of its last gradient, which runs before autograd accumulates that gradient into the bucket: the reduction races the accumulation.
 targets: test_gradient_accumulation_and_both_zero_grad_modes
-race: killed by --perturb-timing, naming the call; without it only when the scheduler happens to show it
+race: killed by --perturb-timing, naming the call; without it by values only when gloo's timing shows it (docs/measured.md)
 
 Gradients are views into flat buckets (torch's gradient_as_bucket_view), so autograd accumulates
 each .grad into its bucket in place; the bucket's asynchronous all-reduce is launched when the
 last of its parameters' tensor hooks (Tensor.register_hook) has fired. A tensor hook runs before
 the gradient is accumulated (register_post_accumulate_grad_hook runs after): the all-reduce is in
-flight while autograd still adds the last gradient into the bucket. On gloo the backend's thread
-reads the bucket after that addition, nearly always; a backend that reads it at the launch (or
---perturb-timing, which names the write into the output in flight) reduces it without.
+flight while autograd still adds the last gradient into the bucket. gloo's thread reads the
+bucket before that addition often enough to fail on values (2 of 2 runs without
+--perturb-timing); --perturb-timing names the write into the output in flight.
 """
 import torch
 import torch.distributed as dist

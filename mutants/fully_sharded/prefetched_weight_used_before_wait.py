@@ -1,12 +1,13 @@
 """A unit's all-gather is launched asynchronously as a prefetch and waited for only when the next unit gathers (or backward starts): the unit computes with its weight while the gather may still be in flight.
 targets: test_training_matches_one_process_and_memory_is_sharded
-race: killed by --perturb-timing, naming the call; without it only when the scheduler happens to show it
+race: killed by --perturb-timing, naming the call; without it by values only when gloo's timing shows it (docs/measured.md)
 
 The bundled FSDP gathers a unit's parameters synchronously before its forward. This one overlaps:
 dist.all_gather_into_tensor(async_op=True), the work kept, and every kept work waited for at the
 start of the next gather or of the reduce-scatter in backward, which is where the author thought
 the prefetch of the next unit would be consumed. The unit's own forward reads the gathered weight
-before its wait; on gloo a small gather usually lands first.
+before its wait; on gloo the gather lands first only sometimes (2 of 2 runs without
+--perturb-timing failed as nondeterminism).
 """
 import torch
 import torch.distributed as dist

@@ -1,13 +1,13 @@
 """A stage sends every activation and gradient of one shape from one buffer it reuses: the next microbatch overwrites it while the last send may still be in flight.
 targets: dense_model
-race: killed by --perturb-timing, naming the call; without it only when the scheduler happens to show it
+race: killed by --perturb-timing, naming the call; without it by values only when gloo's timing shows it (docs/measured.md)
 
 The bundled stage sends each tensor itself and waits for every send at the end of the step. This
 one copies what it sends into a buffer kept per (shape, dtype) to save allocations, and isends the
 buffer; it still waits at the end of the step, but the copy of the next microbatch lands in the
-buffer before that. On gloo a small send has left long before the next microbatch's compute ends,
-so every value is right; a send that leaves later (NCCL, --perturb-timing) carries the next
-microbatch's data.
+buffer before that. gloo reads a send's buffer until the send completes, so it too sends the next
+microbatch's data now and then (5 of 5 runs without --perturb-timing failed, on values that name
+no call); --perturb-timing compares each send's buffer at its wait with what it held at the call.
 """
 import torch
 import torch.distributed as dist

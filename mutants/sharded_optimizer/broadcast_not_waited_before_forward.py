@@ -1,12 +1,13 @@
 """The owners' updated parameters are broadcast asynchronously and waited for only at the start of the next step(): the forward in between, and whatever reads the parameters after step(), see them in flight.
 targets: test_sharded_training_matches_one_process_with_the_whole_state
-race: killed by --perturb-timing, naming the call; without it only when the scheduler happens to show it
+race: killed by --perturb-timing, naming the call; without it by values only when gloo's timing shows it (docs/measured.md)
 
 A ZeRO-1 as CS336 submissions write it with torch.distributed's own collectives: gradients
 all-reduced (sum, then divided by n), each owner steps its parameters, then one
 broadcast(async_op=True) per parameter from its owner, kept in a list that the next step() waits
 for before touching gradients. The next forward reads parameters whose broadcast has not been
-waited for; on gloo a small broadcast usually lands first.
+waited for; gloo's broadcasts land late enough to fail on values too (5 of 5 runs without
+--perturb-timing), but nothing then says which call.
 """
 import torch
 import torch.distributed as dist

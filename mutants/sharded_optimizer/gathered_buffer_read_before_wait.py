@@ -1,6 +1,6 @@
 """The owners' parameters are all-gathered into one buffer reused from step to step, never zeroed, and copied out of it before the all-gather's wait: each rank takes whatever the buffer holds, last step's values where the gather has not landed.
 targets: test_sharded_training_matches_one_process_with_the_whole_state
-race: killed by --perturb-timing, naming the call; without it only when the scheduler happens to show it
+race: killed by --perturb-timing, naming the call; without it by values only when gloo's timing shows it (docs/measured.md)
 
 Each owner packs its updated parameters into its slot of B elements, and
 dist.all_gather_into_tensor(async_op=True) fills a flat buffer of n B elements kept across steps.
