@@ -22,9 +22,14 @@ What keeps it deadlock-free and matched: calls the backend matches by order (a g
 collectives, the sends to one peer) are launched in the order they were made, whichever thread
 made them; every wait of the rank, the one place it blocks, first launches everything deferred;
 and the rank never blocks where it did not block before, since a result is copied in only where
-the program waits for it. ``is_completed()``
-answers False on its first SHORT-or-LONG-many polls, then what the backend says. Delays are in
-calls, not seconds: the same schedule replays the same outcome, so Hypothesis can shrink it.
+the program waits for it. ``is_completed()`` answers False on its first SHORT-or-LONG-many polls,
+then what the backend says. Delays are in calls, not seconds: the same schedule replays the same
+outcome, so Hypothesis can shrink it.
+
+Watched in every perturbed task, whatever the delays: the inputs of every send and out-of-place
+collective, compared at its wait (LONG: at its launch) with a copy taken at the call (a change is
+a race whatever the backend did), and every poisoned output, which must still hold its poison bit
+for bit when the result is copied in (else the program wrote into it while it was in flight).
 
 What cannot be perturbed: what the backend does inside one call, and calls torch makes from C++
 (DDP's reducer, functional collectives, DTensor): they do not pass through these Python methods.
