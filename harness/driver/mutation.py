@@ -20,10 +20,10 @@ whole tensors): its values must pass and its audit must fail.
 
 Every known-good run and every correct outsider runs under --perturb-timing on (calls complete
 late, outputs poisoned until waited for: harness/rank/perturbation.py): a false failure there is a
-bug of the perturbation. A mutant whose docstring has a 'race:' line (its bug is a race: a result read before its wait, a
-buffer reused before its send left) runs under --perturb-timing on, and counts as killed only when
-its failure names the call ("a race, found by --perturb-timing"): values the scheduler happened to
-garble are not evidence, since they do not fail on every run.
+bug of the perturbation. A mutant whose docstring has a 'race:' line (its bug is a race: a result
+read before its wait, a buffer reused before its send left) runs under --perturb-timing on, and
+counts as killed only when its failure names the call ("a race, found by --perturb-timing"):
+values the scheduler happened to garble are not evidence, since they do not fail on every run.
 
 A kill must be evidence, not load: a buggy implementation whose first failure is a task's deadline
 ("no result within the N s deadline") counts as a failure of the runner, since a deadline missed on
