@@ -8,6 +8,7 @@ import torch
 
 from conformance.examples import Layout, is_sentinel
 from harness.driver.failures import TASK_FAILURES, ImplementationIncomplete
+from harness.driver.perturbation import ReadBeforeCompletion
 from reference.tolerance import first_mismatch
 
 
@@ -23,7 +24,7 @@ class Judge:
         self._ranks = ranks
         try:
             return ranks.run(layout.world_size, layout.members, program, per_member)
-        except TASK_FAILURES as failure:
+        except (*TASK_FAILURES, ReadBeforeCompletion) as failure:
             failure.add_note(f"  example: {self.example}\n  reproduce: {self.reproduce}")
             raise
 
@@ -37,6 +38,7 @@ class Judge:
         ranks = getattr(self, "_ranks", None)
         told = ranks.disagreements() if ranks is not None and hasattr(ranks, "disagreements") else []
         also = "".join(f"\n  the ranks disagree: {line}" for line in told)
+        also += ranks.late_note() if ranks is not None and hasattr(ranks, "late_note") else ""
         raise AssertionError(f"{problem}{also}\n  example: {self.example}\n  reproduce: {self.reproduce}")
 
     def tensor(self, actual, expected: torch.Tensor, *, what: str, atol: torch.Tensor | None = None,

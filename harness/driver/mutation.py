@@ -18,6 +18,13 @@ runner's whole run and named by it in the report. 'audit:' on a correct one says
 communication exceeds the audit's bounds by its author's design (e.g. an all-reduce that sends
 whole tensors): its values must pass and its audit must fail.
 
+Every known-good run and every correct outsider runs under --perturb-timing on (calls complete
+late, outputs poisoned until waited for: harness/rank/perturbation.py): a false failure there is a
+bug of the perturbation. A mutant whose docstring has a 'race:' line (its bug is a race: a result
+read before its wait, a buffer reused before its send left) runs under --perturb-timing on, and
+counts as killed only when its failure names the call ("a race, found by --perturb-timing"):
+values the scheduler happened to garble are not evidence, since they do not fail on every run.
+
 A kill must be evidence, not load: a buggy implementation whose first failure is a task's deadline
 ("no result within the N s deadline") counts as a failure of the runner, since a deadline missed on
 a busy machine reads the same, unless its docstring has the line 'bug: hang' (its bug is that ranks
@@ -44,6 +51,8 @@ from pathlib import Path
 from harness.driver.mutation_catalog import (
     HANG,
     MUTANT_RANK_TIMEOUT_S,
+    RACE,
+    RACE_EVIDENCE,
     ROOT,
     Mutant,
     Outsider,
@@ -54,6 +63,7 @@ from harness.driver.mutation_catalog import (
 from harness.driver.warm_pytest import WarmPytest
 from harness.rank.preload import PRELOAD
 
+PERTURBED = ("--perturb-timing", "on")  # every known-good run: a false failure under it is the perturbation's bug
 DEADLINE = "no result within the"  # how a deadline's failure reads (harness/driver/world.py, World._fail)
 DURATIONS_FILE = ROOT / ".mutation-durations.json"  # each run's seconds in the last run (git ignores it)
 # A run never timed is placed by its kind: the median seconds of each kind, measured on the 2-core
@@ -176,12 +186,14 @@ def _name(path: Path) -> str:
 def run_mutant(runner: WarmPytest, mutant: Mutant, profile: str) -> tuple[int, str, float]:
     impl, env = mutant.impl_and_env()
     return pytest(runner, impl, [mutant.test_file, "-x", "-k", mutant.targets, "--rank-timeout",
-                                 str(MUTANT_RANK_TIMEOUT_S)], profile, env)
+                                 str(MUTANT_RANK_TIMEOUT_S), "--perturb-timing", "on" if mutant.race else "off"],
+                  profile, env)
 
 
 def run_outsider(runner: WarmPytest, outsider: Outsider, impl: str, options) -> tuple[int, str, float]:
     profile = options.outsider_profile if outsider.verdict == "pass" else options.mutant_profile
-    code, output, seconds = pytest(runner, impl, outsider.pytest_args(), profile)
+    perturbed = ["--perturb-timing", "on"] if outsider.verdict == "pass" else []  # a correct one passes under it
+    code, output, seconds = pytest(runner, impl, [*outsider.pytest_args(), *perturbed], profile)
     if outsider.audit and code == 0:  # right values; the audit must then find what its author chose
         audit_code, audit_output, audit_seconds = pytest(runner, impl, outsider.audit_args(), options.mutant_profile)
         if audit_code != 1:
@@ -197,7 +209,7 @@ def _run_all(options, runner: WarmPytest, scratch: Path) -> int:
     every_outsider = outsiders()
     impls = {o.path: o.impl(scratch) for o in every_outsider}
     good_jobs = [Job(f"known good: {impl} {' '.join(args)}", "known good",
-                     lambda impl=impl, args=args, env=env: pytest(runner, impl, args, options.profile, env))
+                     lambda impl=impl, args=args, env=env: pytest(runner, impl, [*args, *PERTURBED], options.profile, env))
                  for impl, args, env in goods]
     mutant_jobs = [Job(f"mutant: {_name(m.path)}", "mutant", lambda m=m: run_mutant(runner, m, options.mutant_profile))
                    for m in every_mutant]
@@ -260,6 +272,10 @@ def _report_mutants(every_mutant, jobs, result) -> tuple[list[str], list[str], l
             deadline_only.append(name)
             print(f"DEADLINE {head}\n         killed only by a deadline: the runner cannot tell this from load "
                   f"({failing_line(output)}); if its bug is a hang, its docstring says '{HANG}'", flush=True)
+        elif code == 1 and mutant.race and RACE_EVIDENCE not in output:
+            survived.append(name)
+            print(f"UNNAMED  {head}\n         failed, but not with --perturb-timing naming the call ('{RACE}' in its "
+                  f"docstring): {failing_line(output)}", flush=True)
         elif code == 1:
             killed.append(name)
             print(f"killed   {head}\n         caught by: {failing_line(output)}", flush=True)

@@ -19,6 +19,10 @@ CS336_FIXTURE = ROOT / "tests" / "fixtures" / "cs336_submission"  # a CS336 subm
 MUTANT_RANK_TIMEOUT_S = 10
 HANG = "bug: hang"  # the docstring line of a buggy implementation whose bug is ranks waiting forever
 CS336_MUTANT = "graded as: a CS336 submission"  # the docstring line of a mutant that is a tests/adapters.py
+# the docstring line of a mutant whose bug is a race: run under --perturb-timing on, and killed only
+# by a failure that names the call (harness/driver/perturbation.py), not by values the scheduler garbled
+RACE = "race:"
+RACE_EVIDENCE = "a race, found by --perturb-timing"
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,7 @@ class Mutant:
     test_file: str
     hang: bool = False  # its docstring says 'bug: hang': a deadline is a fair kill
     submission: bool = False  # its docstring says 'graded as: a CS336 submission': a tests/adapters.py
+    race: bool = False  # its docstring has a 'race:' line: run with --perturb-timing on
 
     @classmethod
     def read(cls, path: Path) -> Mutant:
@@ -38,7 +43,7 @@ class Mutant:
         if not lines or not targets:
             raise ValueError(f"{path}: the docstring must state the bug in its first line and have a 'targets:' line")
         return cls(path, lines[0], targets, conformance_file_of_mutants(path.parent.name), HANG in lines[1:],
-                   CS336_MUTANT in lines[1:])
+                   CS336_MUTANT in lines[1:], any(line.startswith(RACE) for line in lines[1:]))
 
     def impl_and_env(self) -> tuple[str, dict[str, str] | None]:
         """A CS336 mutant is a student's tests/adapters.py: graded through adapters.cs336, as a

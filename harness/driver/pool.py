@@ -78,6 +78,7 @@ class WorldPool:
         time_left=None,
         flight_recorder: bool = True,
         live_ranks: LiveRanks | None = None,
+        perturb: bool = False,
     ):
         self.backend = backend  # one backend for every world, or a BackendPlan: a backend per world size
         self.audit = audit  # ranks record their communication; TaskResult.records carries it
@@ -88,6 +89,7 @@ class WorldPool:
         self.rebuilds = 0
         self._time_left = time_left  # () -> seconds left of the run's --time-budget; None: no budget
         self.flight_recorder = flight_recorder  # ranks keep their last calls for the failure report
+        self.perturb = perturb  # ranks apply a drawn delay schedule per task (harness/rank/perturbation.py)
         self.contain = contain  # local ranks run as a user of their own (harness/rank/containment.py)
         self._on_run = on_run  # called with the world size of every task (the driver's coverage record)
         self.live_ranks = live_ranks or LiveRanks()  # the cap on rank processes kept alive, shared between pools
@@ -146,6 +148,7 @@ class WorldPool:
                 record_communication=self.audit,
                 contain=self.contain,
                 flight_recorder=self.flight_recorder,
+                perturb=self.perturb,
                 **options,
             )
         except WorldStartError as error:
@@ -156,7 +159,8 @@ class WorldPool:
             self.live_ranks.used(self, size)
         return world
 
-    def run(self, size: int, program: str, args_per_rank: list[dict], *, impl: str, timeout_s: float | None = None) -> TaskResult:
+    def run(self, size: int, program: str, args_per_rank: list[dict], *, impl: str, timeout_s: float | None = None,
+            schedules: list | None = None) -> TaskResult:
         __tracebackhide__ = True
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         cut_by_budget = False
@@ -175,6 +179,7 @@ class WorldPool:
                 impl=impl,
                 timeout_s=timeout_s,
                 grace_s=self.grace_s,
+                schedules=schedules,
             )
         except TASK_FAILURES as failure:
             if world.closed:  # torn down after a hang or exit; the next task starts a fresh world

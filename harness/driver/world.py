@@ -52,6 +52,7 @@ class TaskResult:
     # per rank, why its count is missing where it should have been measured (a local rank of an
     # audited world), else "": the audit fails on evidence withheld instead of skipping it
     bytes_unread: list = field(default_factory=list)
+    late: list = field(default_factory=list)  # per rank, the calls --perturb-timing delayed (Perturbation.report)
 
 
 class World:
@@ -78,8 +79,10 @@ class World:
         attach_server: socket.socket | None = None,
         contain: bool = False,
         flight_recorder: bool = True,
+        perturb: bool = False,
     ):
         self.size = size
+        self.perturb = perturb  # its ranks apply a delay schedule per task (harness/rank/perturbation.py)
         self.backend = backend
         self.record_communication = record_communication
         self.flight_recorder = flight_recorder
@@ -178,7 +181,7 @@ class World:
                 conn.close()
                 continue
             self._ranks[rank].conn = conn
-            conn.send_bytes(wire.encode_trusted(("join", self.name, self.backend, self.record_communication)))
+            conn.send_bytes(wire.encode_trusted(("join", self.name, self.backend, self.record_communication, self.perturb)))
             connected += 1
 
     def _await_ready(self, deadline: float) -> None:
@@ -214,15 +217,16 @@ class World:
                 )
 
     # ------------------------------------------------------------------------------------- run
-    def run(self, program: str, args_per_rank: list[dict], *, impl: str, timeout_s: float, grace_s: float) -> TaskResult:
+    def run(self, program: str, args_per_rank: list[dict], *, impl: str, timeout_s: float, grace_s: float,
+            schedules=None) -> TaskResult:
         """Run ``program`` on every rank (rank r gets ``args_per_rank[r]``); return every rank's
-        output, or raise RankFailure / RanksHung naming the ranks that did not finish. On gloo, a
-        task every rank finished is followed by the stray-message check (harness.rank.programs.probe:
-        stray_messages): a message the implementation sent and nobody received would otherwise be
-        taken by the next test's receive, and blamed on it. Skipped for torch.distributed itself,
-        whose collectives send no user-visible point-to-point messages."""
+        output, or raise RankFailure / RanksHung naming the ranks that did not finish (``schedules``:
+        each rank's --perturb-timing delays). On gloo, a task every rank finished is followed by the
+        stray-message check (harness.rank.programs.probe: stray_messages): a message the
+        implementation sent and nobody received would otherwise be taken by the next test's receive,
+        and blamed on it. Skipped for torch.distributed, whose collectives send no user-visible one."""
         __tracebackhide__ = True
-        result = self._run(program, args_per_rank, impl=impl, timeout_s=timeout_s, grace_s=grace_s)
+        result = self._run(program, args_per_rank, impl=impl, timeout_s=timeout_s, grace_s=grace_s, schedules=schedules)
         if self.backend == "gloo" and self.size > 1 and impl != "torch.distributed":
             self._check_for_stray_messages(program, impl, timeout_s, grace_s)
         return result
@@ -251,7 +255,8 @@ class World:
                 "Each would be taken by a later test's receive; this world is rebuilt for the next test.",
                 [RankReport(r.rank, "ok", "", "") for r in self._ranks]))
 
-    def _run(self, program: str, args_per_rank: list[dict], *, impl: str, timeout_s: float, grace_s: float) -> TaskResult:
+    def _run(self, program: str, args_per_rank: list[dict], *, impl: str, timeout_s: float, grace_s: float,
+             schedules=None) -> TaskResult:
         __tracebackhide__ = True
         if self._closed:
             raise RuntimeError(f"{self.name} is closed")
@@ -264,7 +269,7 @@ class World:
             rank.begin_task()  # forget output printed between tasks; note the OOM kill count
             logged_before.append(rank.log_offset)
             rank.conn.send_bytes(wire.encode_trusted(("run", task_id, program, args_per_rank[rank.rank], impl,
-                                                      program != STRAY_CHECK)))
+                                                      program != STRAY_CHECK, schedules and schedules[rank.rank])))
         outcome: dict[int, tuple[str, object]] = {}
         deadline = time.monotonic() + timeout_s
         owners = {}
@@ -296,8 +301,8 @@ class World:
                       "refused the driver; a rank that makes itself undumpable hides it)"
                       if self.record_communication and not rank.attached and count is None else ""
                       for rank, count in zip(self._ranks, written)]
-            return TaskResult([outcome[r][1][0] for r in range(self.size)], logs,
-                              [outcome[r][1][1] for r in range(self.size)], written, unread)
+            return TaskResult([outcome[r][1][0] for r in range(self.size)], logs, [outcome[r][1][1] for r in range(self.size)],
+                              written, unread, [outcome[r][1][2] for r in range(self.size)])
         raise self._fail(program, outcome, timeout_s, task_id, watch)
 
     def _deadlock_watch(self, task_id: int) -> deadlock.Watch | None:
@@ -333,7 +338,7 @@ class World:
                     records = json.loads(message[3]) if len(message) > 3 and message[3] else []
                 except (TypeError, ValueError, RecursionError) as error:
                     return "raised", f"the rank sent communication records the driver cannot read: {error}"
-                return "ok", (message[2], records)
+                return "ok", (message[2], records, message[4] if len(message) > 4 and isinstance(message[4], list) else [])
             if message[0] == "error":
                 return (message[3] if message[3] in ("missing", "unloadable", "broken") else "raised"), message[2]
             return "raised", f"unexpected message from rank: {message[:2]!r}"

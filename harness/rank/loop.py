@@ -107,12 +107,13 @@ def serve(config: RankConfig) -> None:
     message = wire.decode_trusted(conn.recv_bytes())
     if message[0] != "join":
         os._exit(0)  # the driver turned this rank away (it says why on its side)
-    _, store_prefix, backend, record_communication = message
+    _, store_prefix, backend, record_communication, perturb = (*message, False)[:5]
     config = replace(config, store_prefix=store_prefix, backend=backend, record_communication=record_communication)
     context = _join_world(config)
     conn.send_bytes(wire.encode_untrusted(("ready", config.rank)))
     implementations: dict[str, object] = {}
     recorder = _recorder(config)
+    late = _perturbation(config.rank, config.backend) if perturb else None  # before the flight recorder: it records calls as made
     if flight is not None:
         flight_recorder.install(flight, classes=[dist_process_group(), *([recorder.RecordingProcessGroup] if recorder
                                                                           else [])])
@@ -124,7 +125,7 @@ def serve(config: RankConfig) -> None:
             break
         if message[0] == "exit":
             break
-        _, task_id, program, kwargs, impl_spec, record_flight = message
+        _, task_id, program, kwargs, impl_spec, record_flight, schedule = (*message, None)[:7]
         if flight is not None:
             if record_flight:
                 flight.begin_task(task_id)
@@ -137,14 +138,22 @@ def serve(config: RankConfig) -> None:
                 impl = implementations[impl_spec] = load_implementation(impl_spec, start_directory)
             if recorder:
                 recorder.start()
+            if late is not None:
+                late.begin(schedule)
             result = _resolve(program)(context, impl, **kwargs)
-            reply = ("done", task_id, result, json.dumps(recorder.stop()) if recorder else "")
-            payload = wire.encode_untrusted(reply)
+            reply = ("done", task_id, result, json.dumps(recorder.stop()) if recorder else "",
+                     late.report() if late is not None else [])
+            payload = wire.encode_untrusted(reply)  # the result as the program left it, before end() below
         except BaseException as error:  # noqa: BLE001 - everything a rank raises goes to the driver
             status = ("unloadable" if isinstance(error, MissingDependency) else
                       "missing" if isinstance(error, (MissingFunction, ImportError, NotImplementedError)) else "raised")
             raised = traceback.format_exc()
             payload = wire.encode_untrusted(("error", task_id, raised, status))
+        if late is not None:
+            try:
+                late.end()
+            except Exception:  # noqa: BLE001 - the harness's own bug: said in the rank's output, the rank goes on
+                traceback.print_exc()
         settings.restore()  # one test's torch.set_default_dtype & co. never leak into the next
         damage = _world_damage(context)
         if damage:  # this world cannot run another task: say why, then leave; the driver rebuilds it
@@ -247,6 +256,15 @@ def dist_process_group():
     import torch.distributed as dist
 
     return dist.ProcessGroup
+
+
+def _perturbation(rank: int, backend: str):
+    """This rank's perturbed completion (harness/rank/perturbation.py), installed on torch's ProcessGroup."""
+    from harness.rank import perturbation
+
+    late = perturbation.Perturbation(rank, match_tags=backend == "gloo")
+    perturbation.install(late)
+    return late
 
 
 def _recorder(config: RankConfig):

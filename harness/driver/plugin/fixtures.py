@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
+from harness.driver import perturbation
 from harness.driver.plugin.contain import contained
-from harness.driver.plugin.options import attached_world
+from harness.driver.plugin.options import attached_world, perturb_timing
 from harness.driver.plugin.profiles import current_profile
 from harness.driver.plugin.refusals import Refusals
 from harness.driver.plugin.state import STATE, Target, backend_plan
@@ -33,7 +34,7 @@ def target(pytestconfig) -> Target:
     if attach is not None:
         attach_options = f" --attach {attach.size} --attach-address {attach.host}:{attach.port}"
     return Target(pytestconfig.getoption("--impl"), pytestconfig.getoption("--backend"), plan.max_world_size, profile,
-                  attach_options, plan, pytestconfig.getoption("--scope"))
+                  attach_options, plan, pytestconfig.getoption("--scope"), perturb_timing(pytestconfig))
 
 
 
@@ -48,7 +49,7 @@ def world_pool(target, pytestconfig):
     attach = attached_world(pytestconfig)
     key = os.environ.get("CONFORMANCE_AUTHKEY")
     pool = WorldPool(target.plan, attach=attach, authkey=bytes.fromhex(key) if key else None,
-                     **pool_options(pytestconfig))
+                     perturb=target.perturb, **pool_options(pytestconfig))
     if attach is not None:
         capture = pytestconfig.pluginmanager.getplugin("capturemanager")
         with capture.global_and_fixture_disabled():
@@ -98,9 +99,21 @@ class Ranks:
             args[rank] = {**kwargs, "group": group}
         if not program.startswith("harness.rank.programs."):
             program = f"harness.rank.programs.{program}"
-        result = self.pool.run(world_size, program, args, impl=self.target.impl, timeout_s=timeout_s)
-        self._last_world = world_size
+        schedules = perturbation.draw(world_size) if self.pool.perturb else None
+        self._late = []
+        result = self.pool.run(world_size, program, args, impl=self.target.impl, timeout_s=timeout_s,
+                               schedules=schedules)
+        self._last_world, self._late = world_size, result.late
+        if schedules is not None:
+            read_early = perturbation.poisoned_reads(result.outputs, result.late, schedules)
+            if read_early is not None:
+                raise perturbation.ReadBeforeCompletion(read_early)
         return {rank: result.outputs[rank] for rank in ranks}
+
+    def late_note(self) -> str:
+        """For a verdict that failed on values under --perturb-timing: the last task's calls that had
+        not completed when its program returned (harness/driver/perturbation.py)."""
+        return perturbation.late_note(getattr(self, "_late", []))
 
     def disagreements(self) -> list[str]:
         """What the flight recorders of the last task's ranks say (harness/driver/disagreement.py), for a

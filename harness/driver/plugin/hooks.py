@@ -11,6 +11,7 @@ from harness.driver.failures import RanksHung
 from harness.driver.plugin import profiles  # noqa: F401 - registers the profiles before Hypothesis loads one
 from harness.driver.plugin.contain import CONTAINED, containment_note, decide_containment
 from harness.driver.plugin.grading_files import GradingFiles, junit_key
+from harness.driver.plugin.nondeterminism import is_flaky, nondeterminism_report
 from harness.driver.plugin.options import SCOPES, check_options, claimed
 from harness.driver.plugin.refusals import EnoughRefused
 from harness.driver.plugin.state import PLAN, STATE, Budget, RunState, backend_plan, max_live_ranks
@@ -127,6 +128,8 @@ def pytest_runtest_makereport(item, call):
         capability = next((value for key, value in item.user_properties if key == "capability"), None)
         if capability is not None and state is not None:
             state.hung.setdefault(capability, item.nodeid)
+    if call.when == "call" and call.excinfo is not None and is_flaky(call.excinfo.value):
+        report.longrepr = nondeterminism_report(call.excinfo.value, item)  # never Hypothesis's raw FlakyFailure
     refusals = state.refusals if state is not None and call.when == "call" else None
     if refusals is not None and call.excinfo is not None and call.excinfo.errisinstance(EnoughRefused):
         report.outcome, report.longrepr = "passed", None  # every example it ran passed; it stopped drawing

@@ -73,6 +73,10 @@ def pytest_addoption(parser):
                     help="how many rank processes may stay alive at once across the session's worlds (least "
                          "recently used worlds are closed first; auto: what the container's memory limit holds, "
                          "no cap without one)")
+    group.addoption("--perturb-timing", default="auto", choices=("auto", "on", "off"),
+                    help="every call the implementation makes through a process group can complete late, by a "
+                         "delay Hypothesis draws per call and shrinks: outputs hold poison (NaN) until waited for, "
+                         "a send reads its buffer when it leaves (auto: on under the ci and grading profiles)")
     group.addoption("--contain-ranks", default="auto", choices=("auto", "yes", "no"),
                     help="run each world's ranks as a user of its own in a private directory, all their processes "
                          "killed with the world (needs root; auto: yes under the grading profile when root)")
@@ -127,6 +131,19 @@ def attached_world(config) -> Attach | None:
     host, _, port = config.getoption("--attach-address").rpartition(":")
     return Attach(config.getoption("--attach"), host, int(port), timeout_s=config.getoption("--attach-timeout"))
 
+
+
+PERTURBED_PROFILES = ("ci", "grading")  # where --perturb-timing auto is on
+
+
+def perturb_timing(config) -> bool:
+    """--perturb-timing, resolved (auto: on under PERTURBED_PROFILES)."""
+    option = config.getoption("--perturb-timing")
+    if option == "auto":
+        from harness.driver.plugin.profiles import current_profile
+
+        return current_profile() in PERTURBED_PROFILES
+    return option == "on"
 
 
 def claimed(config) -> frozenset[str]:
