@@ -60,4 +60,29 @@ DEEPSPEED = Library(
     explained={},
 )
 
-LIBRARIES = {library.name: library for library in (DEEPSPEED,)}
+FAIRSCALE = Library(
+    name="fairscale", pinned="0.4.13", older=("0.4.12",),
+    environment={"ENABLE_NCCL_BASE_COLLECTIVES": "0"},  # fairscale's own switch off NCCL's _base collectives
+    runs=(
+        Run("OSS + ShardedDataParallel", "adapters.fairscale", ("sharded_optimizer",)),
+        Run("OSS + torch DDP", "adapters.fairscale_oss", ("sharded_optimizer",)),
+        Run("FullyShardedDataParallel", "adapters.fairscale", ("fully_sharded", "zero2")),
+    ),
+    shims=(
+        ("torch.cuda.current_stream() and torch.cuda.Stream() give a stream that waits for nothing, inside "
+         "fairscale's FSDP module only (adapters/fairscale_cpu.py)",
+         "fully_sharded_data_parallel.py: self._streams[...].wait_stream(torch.cuda.current_stream()), "
+         "torch.cuda.current_stream().wait_stream(...)"),
+        ("torch.cuda.stream(s) is a context that does nothing, inside fairscale's FSDP module only",
+         "fully_sharded_data_parallel.py: with torch.cuda.stream(self._streams[\"post_backward\"]) / "
+         "[\"all_gather\"]"),
+        ("each FSDP instance's _streams dict gives the stand-in stream for any name (FSDP fills it only where "
+         "torch.cuda.is_available())", "fully_sharded_data_parallel.py, _setup_streams: "
+         "self._streams[\"all_gather\"] = torch.cuda.Stream()"),
+        ("Tensor.record_stream(stand-in stream) on a CPU tensor does nothing (any other call is torch's)",
+         "fully_sharded_data_parallel.py, _free_full_params: p._full_param_padded.record_stream(current_stream)"),
+    ),
+    explained={},
+)
+
+LIBRARIES = {library.name: library for library in (DEEPSPEED, FAIRSCALE)}
