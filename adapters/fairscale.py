@@ -103,11 +103,26 @@ def fully_shard(module: nn.Module, group=None, reshard_after_forward: bool = Tru
     if not units:
         module.__dict__["_fairscale_unit"] = options  # wrapped when its root is
         return module
+    _refuse_what_fsdp_refuses(module, [child for _, _, child in units])
     sharded = _fsdp_class()
     device = next((p.device for p in module.parameters()), torch.device("cpu"))
     for owner, name, child in units:
         setattr(owner, name, sharded(child, compute_device=device, **child.__dict__.pop("_fairscale_unit")))
     return sharded(module, compute_device=device, **options)
+
+
+def _refuse_what_fsdp_refuses(root: nn.Module, units: list) -> None:
+    """fairscale's FSDP asserts, on every rank, what these raise first with its own words."""
+    if any(p.dtype != torch.float32 for p in root.parameters()):
+        raise NotImplementedError("fairscale's FullyShardedDataParallel cannot shard parameters other than float32 "
+                                  "without its mixed precision: 'Expecting FP16 param type in FP32 & MP modes.'")
+    inside = {id(p) for unit in units for p in unit.parameters()}
+    for owner, parameters in [*((u, list(u.parameters())) for u in units),
+                              (root, [p for p in root.parameters() if id(p) not in inside])]:
+        if len({p.requires_grad for p in parameters}) > 1:
+            raise NotImplementedError("fairscale's FullyShardedDataParallel cannot flatten frozen and trainable "
+                                      "parameters into one FlatParameter: 'expects all parameters to have same "
+                                      f"requires_grad' ({type(owner).__name__})")
 
 
 def full_parameters(module: nn.Module) -> dict:

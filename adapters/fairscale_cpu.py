@@ -5,7 +5,8 @@ touches what is computed or sent.
 
 * ``torch.cuda.current_stream()``, ``torch.cuda.stream(s)``, ``torch.cuda.Stream()`` inside
   fairscale's FSDP module (its own ``torch`` name, so nothing else in the process sees it): a
-  stream that waits for nothing and a context that does nothing;
+  stream that waits for nothing and a context that does nothing; and ``torch.cuda.synchronize()``
+  (``summon_full_params`` calls it unguarded), which has nothing to wait for;
 * ``self._streams[...]``: FSDP fills it only where ``torch.cuda.is_available()``, and its backward
   hooks index it unconditionally; each FSDP instance's dict gives the stand-in stream instead;
 * ``tensor.record_stream(stream)`` for a CPU tensor and the stand-in stream (fairscale keeps the
@@ -42,6 +43,7 @@ def _cuda_on_cpu():
     cuda.current_stream = lambda device=None: _STREAM
     cuda.stream = lambda stream=None: contextlib.nullcontext()
     cuda.Stream = CpuStream
+    cuda.synchronize = lambda device=None: None
     return cuda
 
 
