@@ -72,7 +72,7 @@ def test_a_capability_passes_fails_with_its_first_failure_or_is_refused_with_the
 
 
 def test_a_version_that_does_not_import_is_one_line(tmp_path):
-    fake = tmp_path / "lib-9.9" / "bin"
+    fake = tmp_path / "nolib-9.9" / "bin"
     fake.mkdir(parents=True)
     (fake / "python").write_text("#!/bin/sh\necho 'ModuleNotFoundError: No module named nolib' >&2\nexit 1\n")
     (fake / "python").chmod(0o755)
