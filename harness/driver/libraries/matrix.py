@@ -96,7 +96,7 @@ def run_suite(venv: Venv, run: Run, pytest_options: list[str], report: Path, log
     junit = report / f"{venv.path.name}-{re.sub(r'[^A-Za-z0-9]+', '-', run.label).strip('-')}.xml"
     command = [str(venv.python), "-m", "pytest", "conformance", "-p", "no:randomly", "-p", "no:cacheprovider",
                "--impl", run.adapter, "--capability", capabilities, f"--junitxml={junit}", *pytest_options]
-    env = {**os.environ, **venv.library.environment, "PYTHONUNBUFFERED": "1"}
+    env = venv.environment({**os.environ, "PYTHONUNBUFFERED": "1"})
     env["PATH"] = f"{venv.path / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     log(f"[libraries] {venv.library.name}=={venv.version} {run.label}: --impl {run.adapter} --capability {capabilities}")
     started = time.monotonic()

@@ -31,6 +31,13 @@ class Venv:
     def python(self) -> Path:
         return self.path / "bin" / "python"
 
+    def environment(self, base: dict) -> dict:
+        """``base`` with the library's variables and this venv's own op cache: torch's JIT-built
+        extensions (DeepSpeed's deepspeed_shm_comm) are cached by name in ~/.cache/torch_extensions,
+        so two versions there rebuild each other's op at every switch, and a run waits on the other's
+        build lock; TORCH_EXTENSIONS_DIR (torch.utils.cpp_extension's) keeps each version's apart."""
+        return {**base, **self.library.environment, "TORCH_EXTENSIONS_DIR": str(self.path / "torch_extensions")}
+
 
 class InstallFailed(Exception):
     """One line saying why a library==version cannot be installed or imported."""
