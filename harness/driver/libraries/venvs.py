@@ -89,6 +89,12 @@ def ensure(venv: Venv, log=print) -> Venv:
         if done.returncode:
             raise InstallFailed(f"pip cannot install {requirement} beside requirements.lock: {_tail(done.stderr)}")
     check(venv)
+    if venv.library.warm_up and not stamp.exists():
+        log(f"[libraries] {venv.library.name}=={venv.version}: warming up ({venv.library.warm_up})")
+        done = subprocess.run([str(venv.python), "-c", venv.library.warm_up], capture_output=True, text=True, cwd=ROOT,
+                              env=venv.environment(dict(os.environ)))
+        if done.returncode:
+            raise InstallFailed(f"{venv.library.name}=={venv.version}'s warm-up failed: {_tail(done.stderr)}")
     stamp.touch()
     return venv
 
