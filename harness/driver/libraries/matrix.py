@@ -34,11 +34,12 @@ class Verdict:
 
 
 def _first_line(text: str) -> str:
-    for line in (text or "").splitlines():
-        line = line.strip().removeprefix("E").strip()
-        if line and not line.startswith(("Traceback", "File ", "^")):
-            return line[:400]
-    return ""
+    """The message's first line, with the next one where it ends in a colon ("communication audit:")."""
+    lines = [line.strip().removeprefix("E").strip() for line in (text or "").splitlines()]
+    lines = [line for line in lines if line and not line.startswith(("Traceback", "File ", "^"))]
+    if not lines:
+        return ""
+    return (f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0])[:500]
 
 
 def verdicts_of(junit: Path, library: Library, version: str, run: Run) -> list[Verdict]:

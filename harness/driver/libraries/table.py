@@ -133,6 +133,12 @@ FAIRSCALE = Library(
             "process's from the second step on. Shown without the suite by tests/libraries/"
             "fairscale_sdp_zero_grad_set_to_none.py; upstream facebookresearch/fairscale#354 ('[ShardedDDP] "
             "Intercept zero_grad()'), closed, still there in 0.4.13",
+        "OSS + ShardedDataParallel: test_sharded_optimizer.py::test_sharded_optimizer_step":
+            "SDP reduces every gradient to the rank that owns it and OSS broadcasts every parameter from its owner: "
+            "measured at n=2 on the MLP, reduce 3596 B and broadcast 3596 B per rank as the audit charges them, 7192 B "
+            "against the 6144 B of a reduce-scatter and an all-gather of balanced shards (1.17x): whole parameters "
+            "per owner, as the contract allows, moved by per-tensor reduce and broadcast, which the cost model "
+            "charges at the tensor's size. A cost question, not a bug",
     },
 )
 
