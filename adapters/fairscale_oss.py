@@ -12,7 +12,9 @@ class _OSSWithDDP(_OSSWithSDP):
     def wrap_model(self, model: nn.Module) -> nn.Module:
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(model)
+        # find_unused_parameters: a step may leave parameters unused (the contract's models do), which
+        # DDP otherwise refuses at the next step ("Expected to have finished reduction in the prior iteration")
+        return DistributedDataParallel(model, find_unused_parameters=True)
 
 
 def ShardedOptimizer(params, optimizer_class, group=None, **defaults):
