@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.rank import models
+from harness.rank import library_loop, models
 from harness.rank.context import RankContext, require
 
 CONTRACT = ("step", "zero_grad", "optim")
@@ -36,6 +36,7 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
     net = models.build(model, seed).to(ctx.device)
     optimizer_class, options = models.optimizer_class(optimizer)
     opt = ShardedOptimizer(net.parameters(), optimizer_class, **options)
+    forward = library_loop.wrap_model(opt, net)  # a library's engine: .optim exists from here on
     missing = [name for name in CONTRACT if not hasattr(opt, name)]
     if missing:
         raise TypeError(f"ShardedOptimizer(params, optimizer_class, **defaults) returned a {type(opt).__name__} "
@@ -44,8 +45,8 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
     result = {"steps": []}
     for _ in range(steps):
         opt.zero_grad(set_to_none=True)
-        loss = net(inputs, targets)
-        loss.backward()
+        loss = forward(inputs, targets)
+        library_loop.backward(opt, loss)
         opt.step()
         result["steps"].append({"loss": loss.detach(), "state": models.state(net),
                                 "optimizer_state_numel": local_state_numel(opt.optim),
