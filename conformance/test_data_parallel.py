@@ -35,7 +35,7 @@ import reference.data_parallel as ref
 import reference.likely_bugs as likely_bugs
 from conformance.compute_dtype import compute_dtype_examples, judge_one_step, run_one_step
 from conformance.examples import MIB, MODEL_DTYPES, bucket_sizes, describe_spec, model_specs, optimizer_specs
-from conformance.verdict import Judge, check_names, mismatch
+from conformance.verdict import Judge, check_names, mismatch, run_refusable
 from harness.rank import models
 
 PROGRAM = "data_parallel:train"
@@ -139,7 +139,7 @@ def run_training(ranks, example: Example) -> tuple[dict, dict, ref.Trajectory, d
     model, and which names are frozen parameters or buffers (judged exactly)."""
     batch = models.make_batch(example.model, example.batch_size, example.data_seed)
     micro = [ref.split_batch(b, example.world_size) for b in ref.split_micro_batches(batch, example.micro_batches)]
-    outputs = ranks.run(example.world_size, None, PROGRAM, [
+    outputs = run_refusable(ranks, example, example.world_size, PROGRAM, [
         {"model": example.model_of(r), "seed": example.seed_of(r), "optimizer": example.optimizer, "steps": example.steps,
          "batches": [slices[r] for slices in micro], "bucket_size_mb": example.bucket_size_mb,
          "set_to_none": example.set_to_none} for r in range(example.world_size)])

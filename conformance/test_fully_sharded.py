@@ -41,7 +41,7 @@ import reference.data_parallel as ref
 from conformance.compute_dtype import compute_dtype_examples, judge_one_step, run_one_step
 from conformance.examples import Layout, handout_fsdp_model, training_examples
 from conformance.examples import TrainingExample as Example
-from conformance.verdict import Judge, check_names
+from conformance.verdict import Judge, check_names, run_or_skip
 from harness.rank import models
 from harness.rank.programs.fully_sharded import units
 
@@ -132,7 +132,7 @@ def judge_training(example: Example, micro_batches: int, ranks, target, request,
     n = example.world_size
     batch = models.make_batch(example.model, n * example.per_rank_batch * micro_batches, example.data_seed)
     micro = [ref.split_batch(b, n) for b in ref.split_micro_batches(batch, micro_batches)]
-    outputs = judge.run(ranks, Layout(n), PROGRAM, [
+    outputs = run_or_skip(judge, ranks, Layout(n), PROGRAM, [
         {"model": example.model, "seed": example.seed, "optimizer": example.optimizer, "steps": example.steps,
          "batches": [slices[r] for slices in micro], "reshard_after_forward": reshard} for r in range(n)])
     model = models.build(example.model, example.seed)

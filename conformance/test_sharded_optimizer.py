@@ -39,7 +39,7 @@ from hypothesis import strategies as st
 import reference.data_parallel as ref
 from conformance.examples import TrainingExample as Example
 from conformance.examples import training_examples as examples
-from conformance.verdict import Judge, check_names
+from conformance.verdict import Judge, check_names, run_refusable
 from harness.rank import models
 
 PROGRAM = "sharded_optimizer:train"
@@ -49,7 +49,7 @@ STATE_TENSORS = {"sgd": 1, "adamw": 2}  # K: state tensors per parameter element
 def run_training(ranks, example: Example) -> tuple[dict, dict, ref.Trajectory]:
     batch = models.make_batch(example.model, example.world_size * example.per_rank_batch, example.data_seed)
     slices = ref.split_batch(batch, example.world_size)
-    outputs = ranks.run(example.world_size, None, PROGRAM, [
+    outputs = run_refusable(ranks, example, example.world_size, PROGRAM, [
         {"model": example.model, "seed": example.seed, "optimizer": example.optimizer, "steps": example.steps,
          "batch": slices[r]} for r in range(example.world_size)])
     return outputs, batch, ref.train(models.build(example.model, example.seed), example.optimizer, batch, example.steps)

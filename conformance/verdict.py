@@ -123,14 +123,24 @@ def run_or_skip(judge: Judge, ranks, layout: Layout, program: str, per_member: l
     (``ranks.refusals``, harness.driver.plugin.refusals.Refusals: rejected and another drawn inside
     Hypothesis, the test skipped outside it). For any other implementation the same error is "not
     implemented": it scores 0."""
+    return _refusable(ranks, judge, lambda: judge.run(ranks, layout, program, per_member))
+
+
+def run_refusable(ranks, example, world_size: int, program: str, per_member: list[dict]) -> dict:
+    """``ranks.run`` on the whole world, with run_or_skip's refusals; ``example`` (one object per
+    drawn example) stands for it in the count of what ran and what was refused."""
+    return _refusable(ranks, example, lambda: ranks.run(world_size, None, program, per_member))
+
+
+def _refusable(ranks, example, run) -> dict:
     try:
-        outputs = judge.run(ranks, layout, program, per_member)
+        outputs = run()
     except ImplementationIncomplete as incomplete:
         reason = adapter_cannot(ranks.target.impl, incomplete)
         if not reason:
             raise
-        ranks.refusals.refuse(reason, judge)
-    ranks.refusals.ran_task(judge)
+        ranks.refusals.refuse(reason, example)
+    ranks.refusals.ran_task(example)
     return outputs
 
 

@@ -10,7 +10,7 @@ import time
 import torch
 from torch import nn
 
-from harness.rank import models, recording
+from harness.rank import library_loop, models, recording
 from harness.rank.context import RankContext, on_members, require
 
 OVERLAP_WAIT_S = 2.0  # how long backward waits, at its last gradient, for a reduction to start
@@ -42,12 +42,14 @@ def data_parallel_step(ctx: RankContext, impl, model: dict, seed: int, frozen: l
         last.register_hook(_wait_for_communication)
     wrapped = require(impl, "DataParallel")(net, bucket_size_mb=bucket_size_mb)
     inputs, targets = ctx.to_device(batch["inputs"]), ctx.to_device(batch["targets"])
+    step_optimizer = torch.optim.SGD(wrapped.module.parameters(), lr=0.0)  # the optimizer the step would use
+    library_loop.take_optimizer(wrapped, step_optimizer)  # a library's engine is built here, in "setup"
     start = getattr(wrapped, "on_train_batch_start", None)
-    if start is not None:  # the optional hook at a step's start, given the optimizer the step would use
-        start(torch.optim.SGD(wrapped.module.parameters(), lr=0.0))
+    if start is not None:  # the optional hook at a step's start
+        start(step_optimizer)
     recording.mark("backward")
     loss = wrapped(inputs, targets)
-    loss.backward()
+    library_loop.backward(wrapped, loss)
     recording.mark("finish")
     wrapped.finish_gradient_synchronization()
     if clip is not None:
@@ -79,10 +81,11 @@ def sharded_optimizer_step(ctx: RankContext, impl, model: dict, seed: int, optim
     net = models.build(model, seed).to(ctx.device)
     optimizer_class, options = models.optimizer_class(optimizer)
     opt = require(impl, "ShardedOptimizer")(net.parameters(), optimizer_class, **options)
+    forward = library_loop.wrap_model(opt, net)
     inputs, targets = ctx.to_device(batch["inputs"]), ctx.to_device(batch["targets"])
     recording.mark("backward")
-    loss = net(inputs, targets)
-    loss.backward()
+    loss = forward(inputs, targets)
+    library_loop.backward(opt, loss)
     recording.mark("step")
     opt.step()
     recording.mark("after")
@@ -156,13 +159,13 @@ def fully_sharded_step(ctx: RankContext, impl, model: dict, seed: int, optimizer
         raise ValueError("fully sharded data parallelism is audited on the whole world, not a subgroup")
     recording.mark("setup")
     net = sharded_model(ctx, impl, model, seed, reshard_after_forward, compute_dtype)
-    opt = models.build_optimizer(optimizer, net.parameters())
+    opt = library_loop.take_optimizer(net, models.build_optimizer(optimizer, net.parameters()))
     inputs, targets = ctx.to_device(batch["inputs"]), ctx.to_device(batch["targets"])
     recording.mark("step")
     recording.watch()
     loss = net(inputs, targets)
     held = sum(s["bytes"] for s in recording.still_held() if s["held"])
-    loss.backward()
+    library_loop.backward(net, loss)
     if clip is not None:
         recording.mark("clip")
         require(impl, "clip_grad_norm_")(net, clip["max_norm"], clip["norm_type"])

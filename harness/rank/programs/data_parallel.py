@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.rank import models
+from harness.rank import library_loop, models
 from harness.rank.context import RankContext, require
 from harness.rank.token_loss import scale_of_step
 
@@ -41,8 +41,8 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
         raise TypeError(f"DataParallel(module, bucket_size_mb) returned a {type(wrapped).__name__} without "
                         f"{', '.join(missing)}: the contract needs .module and finish_gradient_synchronization()")
     module = wrapped.module
+    opt = library_loop.take_optimizer(wrapped, models.build_optimizer(optimizer, module.parameters()))
     result = {"wrapped": models.state(module), "steps": []}
-    opt = models.build_optimizer(optimizer, module.parameters())
     micro = [(ctx.to_device(b["inputs"]), ctx.to_device(b["targets"])) for b in batches]
     clip_grad_norm_ = require(impl, "clip_grad_norm_") if clip is not None else None
     start = getattr(wrapped, "on_train_batch_start", None)
@@ -54,7 +54,7 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
         scale, count = scale_of_step(impl, micro, divide_factor) if divide_factor is not None else (1.0, None)
         for inputs, targets in micro:
             loss = wrapped(inputs, targets)
-            (loss * scale if divide_factor is not None else loss).backward()
+            library_loop.backward(wrapped, loss * scale if divide_factor is not None else loss)
             wrapped.finish_gradient_synchronization()
             losses.append(loss.detach())
         grads = {name: p.grad.detach().clone() for name, p in module.named_parameters() if p.grad is not None}

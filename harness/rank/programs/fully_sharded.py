@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import torch
 
-from harness.rank import models
+from harness.rank import library_loop, models
 from harness.rank.context import RankContext, require
 from harness.rank.token_loss import scale_of_step
 
 
 def _local_numel(tensor) -> int:
+    if hasattr(tensor, "ds_tensor"):  # a DeepSpeed ZeRO-3 parameter: its partition (the data is released)
+        return tensor.ds_tensor.numel()
     local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
     return local.numel()
 
@@ -64,7 +66,7 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
         raise ValueError("fully sharded data parallelism is tested on the whole world, not a subgroup")
     full_parameters = require(impl, "full_parameters")
     net = sharded_model(ctx, impl, model, seed, reshard_after_forward, compute_dtype, divide_factor)
-    opt = models.build_optimizer(optimizer, net.parameters())
+    opt = library_loop.take_optimizer(net, models.build_optimizer(optimizer, net.parameters()))
     clip_grad_norm_ = require(impl, "clip_grad_norm_") if clip is not None else None
     micro = [(ctx.to_device(b["inputs"]), ctx.to_device(b["targets"])) for b in batches]
     result = {"steps": []}
@@ -76,7 +78,7 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
         scale, count = scale_of_step(impl, micro, divide_factor) if divide_factor is not None else (1.0, None)
         for inputs, targets in micro:  # gradient accumulation: .grad adds up over the backwards
             loss = net(inputs, targets)
-            (loss * scale if divide_factor is not None else loss).backward()
+            library_loop.backward(net, loss * scale if divide_factor is not None else loss)
             losses.append(loss.detach())
         norm = None
         if clip_grad_norm_ is not None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.rank import models
+from harness.rank import library_loop, models
 from harness.rank.context import RankContext, require
 
 CONTRACT = ("step", "zero_grad", "optim")
@@ -40,12 +40,13 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
     if missing:
         raise TypeError(f"ShardedOptimizer(params, optimizer_class, **defaults) returned a {type(opt).__name__} "
                         f"without {', '.join(missing)}: the contract needs step(), zero_grad() and .optim")
+    forward = library_loop.wrap_model(opt, net)
     inputs, targets = ctx.to_device(batch["inputs"]), ctx.to_device(batch["targets"])
     result = {"steps": []}
     for _ in range(steps):
         opt.zero_grad(set_to_none=True)
-        loss = net(inputs, targets)
-        loss.backward()
+        loss = forward(inputs, targets)
+        library_loop.backward(opt, loss)
         opt.step()
         result["steps"].append({"loss": loss.detach(), "state": models.state(net),
                                 "optimizer_state_numel": local_state_numel(opt.optim),

@@ -1,0 +1,57 @@
+"""``python -m harness.driver.libraries [library[==version] ...] [pytest options]`` (scripts/libraries):
+each library named, at the version named or its pinned one, through the suite in its own venv, with
+the usual scorecard per run; without a library, every library of the table at its pinned version
+and its older ones, and docs/libraries.md written from the verdicts. A library==version that cannot
+be installed or imported is one line, and the rest go on. Exit 0 when the matrix was made (its
+verdicts are findings, not the command's failure); 2 on a bad argument."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from harness.driver.libraries.document import write
+from harness.driver.libraries.matrix import run_library
+from harness.driver.libraries.table import LIBRARIES
+from harness.driver.libraries.venvs import ROOT
+
+DOC = ROOT / "docs" / "libraries.md"
+REPORT = ROOT / "reports" / "libraries"
+
+
+def parse(arguments: list[str]) -> tuple[list[tuple[str, str]], list[str], bool]:
+    """(library, version) pairs, pytest's options, and whether this is the whole matrix."""
+    chosen, options = [], []
+    for argument in arguments:
+        name, _, version = argument.partition("==")
+        if not argument.startswith("-") and name in LIBRARIES and not options:
+            chosen.append((name, version or LIBRARIES[name].pinned))
+        elif not argument.startswith("-") and not options and "==" in argument:
+            raise SystemExit(f"scripts/libraries: unknown library {name!r} (known: {', '.join(LIBRARIES)})")
+        else:
+            options.append(argument)
+    if chosen:
+        return chosen, options, False
+    return [(name, v) for name, library in LIBRARIES.items() for v in (library.pinned, *library.older)], options, True
+
+
+def main(arguments: list[str]) -> int:
+    try:
+        chosen, options, whole = parse(arguments)
+    except SystemExit as bad:
+        print(bad, file=sys.stderr)
+        return 2
+    verdicts = []
+    for name, version in chosen:
+        verdicts += run_library(LIBRARIES[name], version, options, REPORT)
+    width = max((len(v.run) for v in verdicts), default=3)
+    print("\nlibrary     version  " + "run".ljust(width) + "  capability         verdict")
+    for v in verdicts:
+        print(f"{v.library:<11} {v.version:<8} {v.run:<{width}}  {v.capability:<18} {v.verdict}: {v.detail[:160]}")
+    if whole:
+        write(verdicts, DOC, " ".join(options))
+        print(f"[libraries] wrote {Path(DOC).relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,48 @@
+"""docs/libraries.md from the matrix's verdicts: per library, version, run and capability the
+verdict (pass; fail with the first failing test and why; refused with the library's reason; not
+installed with pip's or the import's line), then every shim the adapters apply and what each
+failure is, from harness/driver/libraries/table.py."""
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+
+from harness.driver.libraries.matrix import Verdict
+from harness.driver.libraries.table import LIBRARIES
+
+HEAD = """# The libraries teams train with, through the suite
+
+Written by `scripts/libraries` (the whole matrix: every library of `harness/driver/libraries/table.py`
+at its pinned version and its older ones, each in its own venv `.venv-libraries/<name>-<version>`:
+requirements.lock, torch==2.13.0 CPU included, plus the library, with the lock as pip's
+constraints). `scripts/libraries deepspeed==0.18.3` runs one. Each row: one run of the suite on the
+library's adapter (`--impl`) for one capability, on 1-4 gloo CPU ranks; the audit row covers the
+communication audit of the run's capabilities.
+"""
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def write(verdicts: list[Verdict], path: Path, options: str) -> None:
+    lines = [HEAD, f"Last run: {datetime.date.today().isoformat()}"
+             + (f", with pytest options `{options}`" if options else ", Hypothesis profile `quick`") + ".\n",
+             "| library | version | run | capability | verdict | detail | why |", "|---|---|---|---|---|---|---|"]
+    for v in verdicts:
+        lines.append(f"| {v.library} | {v.version} | {_cell(v.run)} | {v.capability} | **{v.verdict}** | "
+                     f"{_cell(v.detail[:500])} | {_cell(v.why)} |")
+    for name in dict.fromkeys(v.library for v in verdicts):
+        library = LIBRARIES[name]
+        lines += ["", f"## {name}", ""]
+        if library.system_packages:
+            lines.append("Needs (Debian packages, installed by `scripts/libraries` where the command is missing): "
+                         + ", ".join(f"`{p}` (`{c}`)" for c, p in library.system_packages.items()) + ".")
+        if library.environment:
+            lines.append("Ranks run with " + ", ".join(f"`{k}={v}`" for k, v in library.environment.items()) + ".")
+        lines += ["", "Shims (each stands in for one library line, never for its arithmetic or communication):", ""]
+        lines += [f"- {what} (stands in for: {line})" for what, line in library.shims] or ["- none"]
+        if library.explained:
+            lines += ["", "Every failure and refusal explained:", ""]
+            lines += [f"- `{key}`: {text}" for key, text in library.explained.items()]
+    path.write_text("\n".join(lines) + "\n")

@@ -1,0 +1,107 @@
+"""The suite on each library's runs, and the matrix of what came out: one pytest per run (the run's
+adapter as ``--impl``, its capabilities and the audit as ``--capability``) in the library's own
+venv, its JUnit XML read back per capability (each test's ``capability`` property): passed when
+every test of it passed (notes of what the library refused included); failed with the first
+failing test and its first line; refused when none ran, with the reasons. The verdicts go into
+docs/libraries.md with the table's explanations and shims."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.driver.libraries.table import Library, Run
+from harness.driver.libraries.venvs import ROOT, InstallFailed, Venv, ensure, venv_of
+
+
+@dataclass
+class Verdict:
+    library: str
+    version: str
+    run: str
+    capability: str
+    verdict: str  # "pass", "fail", "refused", "not installed"
+    detail: str = ""
+    tests: dict = field(default_factory=dict)  # outcome -> count
+    why: str = ""
+
+
+def _first_line(text: str) -> str:
+    for line in (text or "").splitlines():
+        line = line.strip().removeprefix("E").strip()
+        if line and not line.startswith(("Traceback", "File ", "^")):
+            return line[:400]
+    return ""
+
+
+def verdicts_of(junit: Path, library: Library, version: str, run: Run) -> list[Verdict]:
+    """Per capability of ``run`` (and the audit, per capability it audits), from pytest's JUnit XML."""
+    cases: dict[str, list[tuple[str, str, str]]] = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        properties = {p.get("name"): p.get("value") for p in case.iter("property")}
+        capability = properties.get("capability", "?")
+        test = f"{Path(case.get('file') or case.get('classname', '').replace('.', '/')).name}::{case.get('name')}"
+        failure = case.find("failure") if case.find("failure") is not None else case.find("error")
+        skipped = case.find("skipped")
+        if failure is not None:
+            cases.setdefault(capability, []).append(("failed", test, _first_line(failure.get("message") or failure.text)))
+        elif skipped is not None:
+            cases.setdefault(capability, []).append(("skipped", test, (skipped.get("message") or "").strip()))
+        else:
+            cases.setdefault(capability, []).append(("passed", test, ""))
+    verdicts = []
+    for capability in (*run.capabilities, *(("audit",) if run.audit else ())):
+        rows = cases.get(capability, [])
+        counts = {outcome: sum(1 for o, _, _ in rows if o == outcome) for outcome in ("passed", "failed", "skipped")}
+        failed = [(test, message) for outcome, test, message in rows if outcome == "failed"]
+        skipped = [(test, message) for outcome, test, message in rows if outcome == "skipped"]
+        if failed:
+            verdict, detail = "fail", f"{failed[0][0]}: {failed[0][1]}"
+        elif counts["passed"]:
+            verdict = "pass"
+            detail = f"{counts['passed']} passed" + (f"; {counts['skipped']} refused or skipped: {skipped[0][0]}: "
+                                                      f"{skipped[0][1][:300]}" if skipped else "")
+        elif rows:
+            verdict, detail = "refused", f"{skipped[0][0]}: {skipped[0][1][:400]}"
+        else:
+            verdict, detail = "refused", "no test ran"
+        why = next((text for key, text in library.explained.items() if key in (capability, *[t for t, _ in failed[:1]],
+                    *[t for t, _ in skipped[:1]]) or any(t.startswith(key) for t, _ in failed[:1])), "")
+        verdicts.append(Verdict(library.name, version, run.label, capability, verdict, detail, counts, why))
+    return verdicts
+
+
+def run_suite(venv: Venv, run: Run, pytest_options: list[str], report: Path, log=print) -> list[Verdict]:
+    """pytest on the run's adapter in the library's venv; the verdicts per capability."""
+    capabilities = ",".join((*run.capabilities, *(("audit",) if run.audit else ())))
+    junit = report / f"{venv.path.name}-{re.sub(r'[^A-Za-z0-9]+', '-', run.label).strip('-')}.xml"
+    command = [str(venv.python), "-m", "pytest", "conformance", "-p", "no:randomly", "-p", "no:cacheprovider",
+               "--impl", run.adapter, "--capability", capabilities, f"--junitxml={junit}", *pytest_options]
+    env = {**os.environ, **venv.library.environment, "PYTHONUNBUFFERED": "1"}
+    env["PATH"] = f"{venv.path / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    log(f"[libraries] {venv.library.name}=={venv.version} {run.label}: --impl {run.adapter} --capability {capabilities}")
+    started = time.monotonic()
+    done = subprocess.run(command, cwd=ROOT, env=env, text=True, capture_output=True)
+    log(done.stdout[done.stdout.find("conformance scorecard") - 20:] if "conformance scorecard" in done.stdout
+        else done.stdout[-3000:] + done.stderr[-2000:])
+    log(f"[libraries] {time.monotonic() - started:.0f} s")
+    if not junit.exists():
+        return [Verdict(venv.library.name, venv.version, run.label, c, "fail",
+                        f"pytest wrote no report (exit {done.returncode}): {_first_line(done.stderr[-2000:])}")
+                for c in run.capabilities]
+    return verdicts_of(junit, venv.library, venv.version, run)
+
+
+def run_library(library: Library, version: str, pytest_options: list[str], report: Path, log=print) -> list[Verdict]:
+    """Every run of one library==version; one "not installed" line when it cannot be installed or imported."""
+    try:
+        venv = ensure(venv_of(library, version), log)
+    except InstallFailed as failed:
+        log(f"[libraries] {library.name}=={version}: {failed}")
+        return [Verdict(library.name, version, "-", "-", "not installed", str(failed))]
+    report.mkdir(parents=True, exist_ok=True)
+    return [v for run in library.runs for v in run_suite(venv, run, pytest_options, report, log)]

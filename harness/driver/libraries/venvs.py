@@ -1,0 +1,101 @@
+"""One virtual environment per library==version (``.venv-libraries/<name>-<version>``), as a user
+installs the library: the project's requirements.lock, torch included, plus the library, with the
+lock as pip's constraints so that the library can change no pinned version (torch above all: the
+CPU torch==2.13.0 the suite runs on stays; a library that asks for another torch fails to install,
+and says so). Made once, then reused while the lock and the requirement are unchanged (a stamp).
+The Debian packages a library needs come from apt where a command is missing."""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.driver.libraries.table import Library
+
+ROOT = Path(__file__).resolve().parents[3]
+LOCK = ROOT / "requirements.lock"
+HOME = ROOT / ".venv-libraries"
+
+
+@dataclass(frozen=True)
+class Venv:
+    library: Library
+    version: str
+    path: Path
+
+    @property
+    def python(self) -> Path:
+        return self.path / "bin" / "python"
+
+
+class InstallFailed(Exception):
+    """One line saying why a library==version cannot be installed or imported."""
+
+
+def venv_of(library: Library, version: str, home: Path = HOME) -> Venv:
+    return Venv(library, version, home / f"{library.name}-{version}")
+
+
+def _stamp(venv: Venv) -> Path:
+    digest = hashlib.sha1(LOCK.read_bytes() + venv.library.requirement(venv.version).encode()).hexdigest()[:12]
+    return venv.path / f".libraries-installed-{digest}"
+
+
+def _tail(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip() and not line.startswith("WARNING: Location")]
+    return lines[-1].strip() if lines else "(no output)"
+
+
+def system_packages(library: Library, log=print) -> None:
+    """apt-get install the Debian packages whose commands are missing (once: ``apt-get update`` first)."""
+    missing = sorted({package for command, package in library.system_packages.items() if shutil.which(command) is None})
+    if not missing:
+        return
+    if shutil.which("apt-get") is None or os.geteuid() != 0:
+        raise InstallFailed(f"{library.name} needs {', '.join(missing)} (Debian packages) and this machine has no "
+                            "apt-get run as root to install them")
+    log(f"[libraries] apt-get install {' '.join(missing)} (for {library.name})")
+    for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *missing]):
+        done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        if done.returncode:
+            raise InstallFailed(f"{' '.join(command)} failed: {_tail(done.stderr or done.stdout)}")
+
+
+def ensure(venv: Venv, log=print) -> Venv:
+    """The venv, made and installed if its stamp is missing; InstallFailed with one line if pip or
+    the import fails, or if the installed torch is not the lock's."""
+    system_packages(venv.library, log)
+    stamp = _stamp(venv)
+    if not stamp.exists():
+        requirement = venv.library.requirement(venv.version)
+        log(f"[libraries] installing {requirement} into {venv.path.relative_to(ROOT)} (the lock as constraints)")
+        if not venv.python.exists():
+            made = subprocess.run([sys.executable, "-m", "venv", str(venv.path)], capture_output=True, text=True)
+            if made.returncode:
+                raise InstallFailed(f"python -m venv failed: {_tail(made.stderr)}")
+        pip = [str(venv.python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        done = subprocess.run([*pip, "-r", str(LOCK), "-c", str(LOCK), requirement], capture_output=True, text=True)
+        if done.returncode:
+            raise InstallFailed(f"pip cannot install {requirement} beside requirements.lock: {_tail(done.stderr)}")
+    check(venv)
+    stamp.touch()
+    return venv
+
+
+def check(venv: Venv) -> None:
+    """The library imports, at the version asked, on the lock's torch (CPU or CUDA as the lock's is)."""
+    want_torch = next(line.split("==")[1].strip() for line in LOCK.read_text().splitlines() if line.startswith("torch=="))
+    probe = ("import importlib.metadata as m, torch; import " + venv.library.module +
+             f"; print(torch.__version__.split('+')[0], m.version({venv.library.name!r}))")
+    done = subprocess.run([str(venv.python), "-c", probe], capture_output=True, text=True, cwd=ROOT)
+    if done.returncode:
+        raise InstallFailed(f"{venv.library.name}=={venv.version} does not import: {_tail(done.stderr)}")
+    torch_version, version = done.stdout.strip().splitlines()[-1].split()
+    if torch_version != want_torch:
+        raise InstallFailed(f"{venv.library.name}=={venv.version} brought torch {torch_version}, not the lock's {want_torch}")
+    if version != venv.version:
+        raise InstallFailed(f"{venv.library.name} {version} is installed, not {venv.version}")
