@@ -62,17 +62,23 @@ __all__ = ["ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP", "Vo
 
 def _cpu_shims() -> None:
     """What Megatron asks of a GPU that a CPU rank can answer (docs/libraries.md lists each)."""
-    from megatron.core import parallel_state
-
     if not torch.cuda.is_available():
         # megatron/core/tensor_parallel/layers.py and distributed/param_and_grad_buffer.py allocate
         # with device=torch.cuda.current_device(); the CPU device is the one this rank computes on
         torch.cuda.current_device = lambda: torch.device("cpu")
-    if parallel_state._GLOBAL_MEMORY_BUFFER is None:
-        parallel_state._set_global_memory_buffer()  # initialize_model_parallel's own line
 
 
 _cpu_shims()
+
+
+def _memory_buffer() -> None:
+    """parallel_state's global memory buffer (sequence parallelism gathers into it), made as
+    initialize_model_parallel makes it; the layers take their group as ``tp_group``, so nothing else of
+    parallel_state is needed for them."""
+    from megatron.core import parallel_state
+
+    if parallel_state._GLOBAL_MEMORY_BUFFER is None:
+        parallel_state._set_global_memory_buffer()
 
 
 def _group(group):
@@ -131,6 +137,7 @@ class ColumnParallelLinear:
     def from_dense(linear: nn.Linear, group=None, gather_output: bool = False) -> nn.Module:
         from megatron.core import tensor_parallel
 
+        _memory_buffer()
         group = _group(group)
         n, r = group.size(), group.rank()
         _check_divisible("out_features", linear.out_features, n)
@@ -169,6 +176,7 @@ class TensorParallelMLP(nn.Module):
         from megatron.core.transformer.mlp import MLP, MLPSubmodules
 
         super().__init__()
+        _memory_buffer()
         self.group = _group(group)
         n, r = self.group.size(), self.group.rank()
         h, f = fc1.in_features, fc1.out_features

@@ -51,8 +51,9 @@ def _ddp_class():
 
 
 def DataParallel(module, bucket_size_mb=None, gradient_divide_factor=None, compute_dtype=None):
-    from megatron.core import ModelParallelConfig, parallel_state
+    from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.transformer import TransformerConfig
 
     from adapters import megatron_core_refusals as refusals
 
@@ -61,13 +62,17 @@ def DataParallel(module, bucket_size_mb=None, gradient_divide_factor=None, compu
     if compute_dtype is not None:
         raise NotImplementedError(refusals.COMPUTE_DTYPE)
     if not parallel_state.model_parallel_is_initialized():
+        # it makes the global memory buffer itself and refuses one that the layers made before it
+        parallel_state._GLOBAL_MEMORY_BUFFER = None
         parallel_state.initialize_model_parallel()
     parameters = [p for p in module.parameters() if p.requires_grad]
     itemsize = parameters[0].element_size() if parameters else 4
     bucket = None if bucket_size_mb is None else max(1, int(bucket_size_mb * 2**20 / itemsize))
     ddp_config = DistributedDataParallelConfig(overlap_grad_reduce=True, bucket_size=bucket)
-    config = ModelParallelConfig(use_cpu_initialization=True, perform_initialization=False,
-                                 params_dtype=parameters[0].dtype if parameters else torch.float32)
+    # the model's config as DDP reads it (calculate_per_token_loss and the like); the sizes are unused here
+    config = TransformerConfig(num_layers=1, hidden_size=1, num_attention_heads=1, use_cpu_initialization=True,
+                               perform_initialization=False,
+                               params_dtype=parameters[0].dtype if parameters else torch.float32)
     wrapped = _ddp_class()(config, ddp_config, module)
     wrapped.broadcast_params()  # parameters only: Megatron's DDP broadcasts no buffers
     return wrapped
