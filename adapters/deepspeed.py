@@ -23,7 +23,9 @@ The configuration keeps what the contract's loop does, nothing more: ``gradient_
 (DeepSpeed 0.19 clips at 1.0 by default; the loop does not clip), one micro-batch per engine step
 (``gradient_accumulation_steps`` 1: the loop's several backwards per step are the contract's
 accumulation, and DeepSpeed scales a loss by 1 / that count), ``zero_allow_untested_optimizer``
-(the contract's optimizers are torch's SGD and AdamW) and, with offload, ``zero_force_ds_cpu_optimizer``
+(the contract's optimizers are torch's SGD and AdamW), ZeRO-3's ``stage3_param_persistence_threshold``
+0 (by default ZeRO-3 keeps every parameter under 100,000 elements whole on every rank, which is
+every parameter of the suite's models: the contract asks for them sharded) and, with offload, ``zero_force_ds_cpu_optimizer``
 off (DeepSpeed otherwise insists on its own CPU Adam, which is not the optimizer the loop asked for).
 
 What it cannot run (NotImplementedError on every rank, before anything is built):
@@ -51,6 +53,8 @@ REFUSED_DTYPE = ("DeepSpeed cannot reduce float64 gradients: its ZeRO stage 0 as
 def config(stage: int, offload: bool) -> dict:
     """The DeepSpeed configuration of one contract call (the module docstring says why each key)."""
     zero = {"stage": stage}
+    if stage == 3:
+        zero["stage3_param_persistence_threshold"] = 0  # shard every parameter, small ones too (below)
     if offload:
         zero["offload_optimizer"] = {"device": "cpu"}
     return {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,

@@ -25,15 +25,15 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def write(verdicts: list[Verdict], path: Path, options: str) -> None:
+def write(verdicts: list[Verdict], path: Path, options: str, libraries: dict = LIBRARIES) -> None:
     lines = [HEAD, f"Last run: {datetime.date.today().isoformat()}"
              + (f", with pytest options `{options}`" if options else ", Hypothesis profile `quick`") + ".\n",
              "| library | version | run | capability | verdict | detail | why |", "|---|---|---|---|---|---|---|"]
     for v in verdicts:
         lines.append(f"| {v.library} | {v.version} | {_cell(v.run)} | {v.capability} | **{v.verdict}** | "
                      f"{_cell(v.detail[:500])} | {_cell(v.why)} |")
-    for name in dict.fromkeys(v.library for v in verdicts):
-        library = LIBRARIES[name]
+    for name in dict.fromkeys(v.library for v in verdicts if v.library in libraries):
+        library = libraries[name]
         lines += ["", f"## {name}", ""]
         if library.system_packages:
             lines.append("Needs (Debian packages, installed by `scripts/libraries` where the command is missing): "

@@ -69,10 +69,21 @@ def verdicts_of(junit: Path, library: Library, version: str, run: Run) -> list[V
             verdict, detail = "refused", f"{skipped[0][0]}: {skipped[0][1][:400]}"
         else:
             verdict, detail = "refused", "no test ran"
-        why = next((text for key, text in library.explained.items() if key in (capability, *[t for t, _ in failed[:1]],
-                    *[t for t, _ in skipped[:1]]) or any(t.startswith(key) for t, _ in failed[:1])), "")
+        why = explanation(library, run, capability, failed[0][0] if failed else (skipped[0][0] if skipped else ""))
         verdicts.append(Verdict(library.name, version, run.label, capability, verdict, detail, counts, why))
     return verdicts
+
+
+def explanation(library: Library, run: Run, capability: str, test: str) -> str:
+    """The table's explanation of a verdict: keyed "<run label>: <test id>" (one run's), a test id
+    ("test_file.py::test_name", a prefix of the failing one) or a capability."""
+    for key, text in library.explained.items():
+        scope, _, name = key.rpartition(": ")
+        if scope and scope != run.label:
+            continue
+        if name == capability or (test and test.startswith(name)):
+            return text
+    return ""
 
 
 def run_suite(venv: Venv, run: Run, pytest_options: list[str], report: Path, log=print) -> list[Verdict]:

@@ -57,7 +57,77 @@ DEEPSPEED = Library(
         Run("ZeRO-3", "adapters.deepspeed", ("fully_sharded", "zero2")),
         Run("ZeRO-3 + offload_optimizer cpu", "adapters.deepspeed_offload", ("fully_sharded", "zero2")),
     ),
-    explained={},
+    explained={
+        "test_data_parallel.py::test_buffers_start_from_rank_0s":
+            "DeepSpeed's engine broadcasts rank 0's parameters at initialize and never its buffers "
+            "(engine._broadcast_model iterates self.module.named_parameters() only); the contract, as torch's DDP, makes "
+            "every rank hold rank 0's buffers. Shown without the suite by tests/libraries/"
+            "deepspeed_buffers_not_broadcast.py. A contract question (DeepSpeed documents no buffer broadcast); no "
+            "upstream issue found",
+        "test_data_parallel.py::test_ranks_start_from_rank_0s_parameters":
+            "the buffers, as in test_buffers_start_from_rank_0s (the example seeds each rank's buffers apart)",
+        "test_data_parallel.py::test_training_matches_one_process_on_the_global_batch":
+            "the buffers, as in test_buffers_start_from_rank_0s, or the unused parameter, as in "
+            "test_tied_frozen_and_unused_parameters (the first failing example says which)",
+        "test_data_parallel.py::test_tied_frozen_and_unused_parameters":
+            "DeepSpeed gives every trainable parameter without a gradient a zero one before reducing "
+            "(engine._get_gradients_for_reduction: 'we must create empty grads'), so a parameter no forward used has "
+            ".grad zeros and AdamW's weight decay or momentum moves it, where one process and torch's DDP leave it "
+            "None (pytorch/pytorch#28294 is the same question for DDP). Shown by tests/libraries/"
+            "deepspeed_unused_parameter_moves.py 0. A contract question: DeepSpeed chose it deliberately",
+        "test_fully_sharded.py::test_training_matches_one_process_and_memory_is_sharded":
+            "the unused parameter inside a unit (aux.weight of skips_in_unit) moves: ZeRO-3 reduces a zero gradient "
+            "for it and the optimizer steps it (tests/libraries/deepspeed_unused_parameter_moves.py 3)",
+        "test_sharded_optimizer.py::test_sharded_training_matches_one_process_with_the_whole_state":
+            "the values matched; the state count did not: ZeRO-1/2 pads each flat fp32 partition group to a multiple "
+            "of 2n elements (stage_1_and_2.py: alignment = nccl_start_alignment_factor * world size, '4-byte "
+            "alignment/sizeof(fp16) = 2') and its optimizer holds state for the padding, where the contract allows "
+            "n - 1 elements per state tensor (a flat split's padding). A contract question: alignment padding is "
+            "not replicated state, but the contract's bound does not allow it (not widened here)",
+        "test_fully_sharded.py::test_a_parameter_unused_inside_a_unit_that_ran_keeps_no_gradient":
+            "the unused parameter inside a unit, as in test_training_matches_one_process_and_memory_is_sharded",
+        "test_fully_sharded_step":
+            "ZeRO-3's traffic goes through torch.distributed, so it is audited: its optimizer step all-reduces one "
+            "scalar (8 B: the overflow / norm check of DeepSpeed's step, which the contract's 'the step sends "
+            "nothing' does not allow), and the step's forward and backward add two 4-byte broadcasts "
+            "(zero/utils.py assert_ints_same_as_other_ranks: ZeRO-3 checks that every rank recorded the same module "
+            "trace) and, on the MLP, gathers beyond two per unit (1.14x the bound: the first step has no recorded "
+            "trace to prefetch and release by)",
+    },
 )
 
-LIBRARIES = {library.name: library for library in (DEEPSPEED,)}
+FAIRSCALE = Library(
+    name="fairscale", pinned="0.4.13", older=("0.4.12",),
+    environment={"ENABLE_NCCL_BASE_COLLECTIVES": "0"},  # fairscale's own switch off NCCL's _base collectives
+    runs=(
+        Run("OSS + ShardedDataParallel", "adapters.fairscale", ("sharded_optimizer",)),
+        Run("OSS + torch DDP", "adapters.fairscale_oss", ("sharded_optimizer",)),
+        Run("FullyShardedDataParallel", "adapters.fairscale", ("fully_sharded", "zero2")),
+    ),
+    shims=(
+        ("torch.cuda.current_stream() and torch.cuda.Stream() give a stream that waits for nothing, inside "
+         "fairscale's FSDP module only (adapters/fairscale_cpu.py)",
+         "fully_sharded_data_parallel.py: self._streams[...].wait_stream(torch.cuda.current_stream()), "
+         "torch.cuda.current_stream().wait_stream(...)"),
+        ("torch.cuda.stream(s) is a context that does nothing, inside fairscale's FSDP module only",
+         "fully_sharded_data_parallel.py: with torch.cuda.stream(self._streams[\"post_backward\"]) / "
+         "[\"all_gather\"]"),
+        ("each FSDP instance's _streams dict gives the stand-in stream for any name (FSDP fills it only where "
+         "torch.cuda.is_available())", "fully_sharded_data_parallel.py, _setup_streams: "
+         "self._streams[\"all_gather\"] = torch.cuda.Stream()"),
+        ("Tensor.record_stream(stand-in stream) on a CPU tensor does nothing (any other call is torch's)",
+         "fully_sharded_data_parallel.py, _free_full_params: p._full_param_padded.record_stream(current_stream)"),
+        ("torch.cuda.synchronize() does nothing, inside fairscale's FSDP module only",
+         "fully_sharded_data_parallel.py, summon_full_params: torch.cuda.synchronize()"),
+    ),
+    explained={
+        "OSS + ShardedDataParallel: test_sharded_optimizer.py::test_sharded_training_matches_one_process":
+            "a bug of fairscale: after OSS.zero_grad(set_to_none=True) (torch 2's default, the contract's call) "
+            "ShardedDataParallel reduces its bucket, no longer the parameters' fresh .grad, and training leaves one "
+            "process's from the second step on. Shown without the suite by tests/libraries/"
+            "fairscale_sdp_zero_grad_set_to_none.py; upstream facebookresearch/fairscale#354 ('[ShardedDDP] "
+            "Intercept zero_grad()'), closed, still there in 0.4.13",
+    },
+)
+
+LIBRARIES = {library.name: library for library in (DEEPSPEED, FAIRSCALE)}

@@ -36,11 +36,11 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
     net = models.build(model, seed).to(ctx.device)
     optimizer_class, options = models.optimizer_class(optimizer)
     opt = ShardedOptimizer(net.parameters(), optimizer_class, **options)
+    forward = library_loop.wrap_model(opt, net)  # a library's engine: .optim exists from here on
     missing = [name for name in CONTRACT if not hasattr(opt, name)]
     if missing:
         raise TypeError(f"ShardedOptimizer(params, optimizer_class, **defaults) returned a {type(opt).__name__} "
                         f"without {', '.join(missing)}: the contract needs step(), zero_grad() and .optim")
-    forward = library_loop.wrap_model(opt, net)
     inputs, targets = ctx.to_device(batch["inputs"]), ctx.to_device(batch["targets"])
     result = {"steps": []}
     for _ in range(steps):

@@ -1,0 +1,19 @@
+"""fairscale's OSS (ZeRO-1) as the contract's ShardedOptimizer with torch's DistributedDataParallel
+around the model (``wrap_model``), the pairing fairscale's OSS documentation shows first: DDP
+all-reduces every gradient in backward, OSS steps this rank's parameters and broadcasts them."""
+from __future__ import annotations
+
+from torch import nn
+
+from adapters.fairscale import _OSSWithSDP
+
+
+class _OSSWithDDP(_OSSWithSDP):
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model)
+
+
+def ShardedOptimizer(params, optimizer_class, group=None, **defaults):
+    return _OSSWithDDP(params, optimizer_class, group, **defaults)

@@ -1,0 +1,125 @@
+"""scripts/libraries' table, verdicts and document (harness/driver/libraries/), without the libraries;
+then, where a library's venv has been made (scripts/libraries makes it), one example of every
+capability each of its runs maps, in that venv, and the standalone reproductions of
+tests/libraries/ (each exits 0 while the library still behaves as its docstring says)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from harness.driver import capabilities
+from harness.driver.libraries import __main__ as command
+from harness.driver.libraries.document import write
+from harness.driver.libraries.matrix import Verdict, verdicts_of
+from harness.driver.libraries.table import LIBRARIES, Library, Run
+from harness.driver.libraries.venvs import ROOT, InstallFailed, check, venv_of
+
+REPRODUCTIONS = {"deepspeed": ["deepspeed_buffers_not_broadcast.py", "deepspeed_unused_parameter_moves.py"],
+                 "fairscale": ["fairscale_sdp_zero_grad_set_to_none.py"]}
+
+
+def test_every_run_names_an_adapter_that_exists_and_capabilities_the_registry_knows():
+    for library in LIBRARIES.values():
+        assert library.pinned and library.older, f"{library.name}: a pinned version and an older one"
+        for run in library.runs:
+            assert (ROOT / Path(*run.adapter.split("."))).with_suffix(".py").exists(), run.adapter
+            unknown = [c for c in run.capabilities if c not in capabilities.BY_NAME]
+            assert not unknown, f"{library.name} {run.label}: unknown capabilities {unknown}"
+    for name, files in REPRODUCTIONS.items():
+        assert name in LIBRARIES and all((ROOT / "tests" / "libraries" / f).exists() for f in files)
+
+
+def test_arguments_are_libraries_then_pytest_options():
+    assert command.parse(["deepspeed==0.18.3", "-x"]) == ([("deepspeed", "0.18.3")], ["-x"], False)
+    assert command.parse(["fairscale"]) == ([("fairscale", LIBRARIES["fairscale"].pinned)], [], False)
+    chosen, options, whole = command.parse(["-k", "zero"])
+    assert whole and options == ["-k", "zero"] and ("deepspeed", LIBRARIES["deepspeed"].older[0]) in chosen
+    with pytest.raises(SystemExit, match="unknown library 'megatron'"):
+        command.parse(["megatron==0.1"])
+
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
+<testcase classname="conformance.test_sharded_optimizer" name="test_a" file="conformance/test_sharded_optimizer.py">
+  <properties><property name="capability" value="sharded_optimizer"/></properties></testcase>
+<testcase classname="conformance.test_fully_sharded" name="test_b" file="conformance/test_fully_sharded.py">
+  <properties><property name="capability" value="fully_sharded"/></properties>
+  <failure message="AssertionError: rank 0 'w' after step 1: expected 1.0, got 2.0">E   AssertionError</failure></testcase>
+<testcase classname="conformance.test_fully_sharded" name="test_c" file="conformance/test_fully_sharded.py">
+  <properties><property name="capability" value="zero2"/></properties>
+  <skipped message="no drawn example ran: 10x X cannot keep parameters"/></testcase>
+</testsuite></testsuites>"""
+
+
+def test_a_capability_passes_fails_with_its_first_failure_or_is_refused_with_the_reason(tmp_path):
+    junit = tmp_path / "run.xml"
+    junit.write_text(JUNIT)
+    library = Library("lib", "1.0", runs=(), explained={"test_fully_sharded.py::test_b": "a bug, shown by x.py"})
+    run = Run("R", "adapters.deepspeed", ("sharded_optimizer", "fully_sharded", "zero2"), audit=True)
+    got = {v.capability: v for v in verdicts_of(junit, library, "1.0", run)}
+    assert got["sharded_optimizer"].verdict == "pass"
+    assert got["fully_sharded"].verdict == "fail" and "expected 1.0, got 2.0" in got["fully_sharded"].detail
+    assert got["fully_sharded"].why == "a bug, shown by x.py"
+    assert got["zero2"].verdict == "refused" and "cannot keep parameters" in got["zero2"].detail
+    assert got["audit"].verdict == "refused" and got["audit"].detail == "no test ran"
+    doc = tmp_path / "libraries.md"
+    write([*got.values(), Verdict("deepspeed", "0.0.1", "-", "-", "not installed", "pip cannot install it")], doc, "")
+    text = doc.read_text()
+    assert "| lib | 1.0 | R | fully_sharded | **fail** |" in text and "**not installed** | pip cannot install it" in text
+
+
+def test_a_version_that_does_not_import_is_one_line(tmp_path):
+    fake = tmp_path / "nolib-9.9" / "bin"
+    fake.mkdir(parents=True)
+    (fake / "python").write_text("#!/bin/sh\necho 'ModuleNotFoundError: No module named nolib' >&2\nexit 1\n")
+    (fake / "python").chmod(0o755)
+    venv = venv_of(Library("nolib", "9.9", runs=()), "9.9", home=tmp_path)
+    with pytest.raises(InstallFailed, match="nolib==9.9 does not import: ModuleNotFoundError: No module named nolib"):
+        check(venv)
+
+
+def _made(library: Library):
+    venv = venv_of(library, library.pinned)
+    if not list(venv.path.glob(".libraries-installed-*")):
+        pytest.skip(f"{library.name}=={library.pinned} has no venv here: scripts/libraries {library.name} makes it")
+    return venv
+
+
+RUNS = [(library, run, capability) for library in LIBRARIES.values() for run in library.runs
+        for capability in run.capabilities]
+
+
+@pytest.mark.parametrize("library,run,capability", RUNS,
+                         ids=[f"{lib.name}-{run.adapter.split('.')[-1]}-{cap}" for lib, run, cap in RUNS])
+def test_one_example_of_each_mapped_capability_runs_in_the_librarys_venv(library, run, capability, tmp_path):
+    """The capability's first test, one example (the ``second_opinion`` profile's first draw), in
+    the venv: the run must end in a verdict the matrix explains, never a crash of the suite."""
+    venv = _made(library)
+    junit = tmp_path / "one.xml"
+    file = capabilities.BY_NAME[capability].conformance
+    done = subprocess.run([str(venv.python), "-m", "pytest", file, "-p", "no:randomly", "-p", "no:cacheprovider", "-x",
+                           "--impl", run.adapter, "--capability", capability, "--hypothesis-profile=second_opinion",
+                           "--max-world-size", "2", f"--junitxml={junit}", "-q"],
+                          cwd=ROOT, capture_output=True, text=True, env={**library.environment, **_env()}, timeout=600)
+    assert junit.exists(), done.stdout[-3000:] + done.stderr[-2000:]
+    verdicts = [v for v in verdicts_of(junit, library, library.pinned, Run(run.label, run.adapter, (capability,),
+                                                                          audit=False))]
+    assert verdicts and all(v.verdict in ("pass", "fail", "refused") for v in verdicts)
+    unexplained = [v for v in verdicts if v.verdict == "fail" and not v.why]
+    assert not unexplained, textwrap.shorten(f"unexplained failure: {unexplained[0].detail}", 1500)
+
+
+def _env() -> dict:
+    return dict(os.environ)
+
+
+@pytest.mark.parametrize("name,script", [(n, s) for n, files in REPRODUCTIONS.items() for s in files])
+def test_each_standalone_reproduction_still_reproduces(name, script):
+    venv = _made(LIBRARIES[name])
+    done = subprocess.run([str(venv.python), str(ROOT / "tests" / "libraries" / script)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "reproduced" in done.stdout
