@@ -17,6 +17,9 @@ from pathlib import Path
 from harness.driver.libraries.table import Library, Run
 from harness.driver.libraries.venvs import ROOT, InstallFailed, Venv, ensure, venv_of
 
+# an audit test of a capability the run does not claim skips saying so: not a refusal of the library
+UNCLAIMED = "is not claimed (--capability)"
+
 
 @dataclass
 class Verdict:
@@ -44,14 +47,15 @@ def verdicts_of(junit: Path, library: Library, version: str, run: Run) -> list[V
     for case in ET.parse(junit).getroot().iter("testcase"):
         properties = {p.get("name"): p.get("value") for p in case.iter("property")}
         capability = properties.get("capability", "?")
-        test = f"{Path(case.get('file') or case.get('classname', '').replace('.', '/')).name}::{case.get('name')}"
+        module = (case.get("file") or case.get("classname", "").replace(".", "/") + ".py")
+        test = f"{Path(module).name}::{case.get('name')}"
         failure = case.find("failure") if case.find("failure") is not None else case.find("error")
         skipped = case.find("skipped")
         if failure is not None:
             cases.setdefault(capability, []).append(("failed", test, _first_line(failure.get("message") or failure.text)))
-        elif skipped is not None:
+        elif skipped is not None and UNCLAIMED not in (skipped.get("message") or ""):
             cases.setdefault(capability, []).append(("skipped", test, (skipped.get("message") or "").strip()))
-        else:
+        elif skipped is None:
             cases.setdefault(capability, []).append(("passed", test, ""))
     verdicts = []
     for capability in (*run.capabilities, *(("audit",) if run.audit else ())):

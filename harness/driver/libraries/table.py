@@ -86,7 +86,7 @@ DEEPSPEED = Library(
             "not replicated state, but the contract's bound does not allow it (not widened here)",
         "test_fully_sharded.py::test_a_parameter_unused_inside_a_unit_that_ran_keeps_no_gradient":
             "the unused parameter inside a unit, as in test_training_matches_one_process_and_memory_is_sharded",
-        "test_fully_sharded_step":
+        "test_fully_sharded.py::test_fully_sharded_step":
             "ZeRO-3's traffic goes through torch.distributed, so it is audited: its optimizer step all-reduces one "
             "scalar (8 B: the overflow / norm check of DeepSpeed's step, which the contract's 'the step sends "
             "nothing' does not allow), and the step's forward and backward add two 4-byte broadcasts "

@@ -89,7 +89,8 @@ def sharded_optimizer_step(ctx: RankContext, impl, model: dict, seed: int, optim
     recording.mark("step")
     opt.step()
     recording.mark("after")
-    return {"loss": loss.detach().cpu()}
+    return {"loss": loss.detach().cpu(), "library_loop": any(callable(getattr(opt, hook, None))
+                                                                   for hook in ("backward", "wrap_model"))}
 
 
 @on_members
