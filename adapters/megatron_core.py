@@ -38,7 +38,7 @@ megatron-core``; docs/libraries.md has the verdicts and every shim).
 
 Refused, on every rank, with the library's reason (megatron_core_refusals.py has the texts):
 ``ShardedOptimizer`` (Megatron's ZeRO-1 is its DistributedOptimizer), TP dropout (its CUDA RNG
-tracker), a compute dtype (Float16Module).
+tracker), a compute dtype (Float16Module), ``pipeline_step`` (its schedules name the device "cuda").
 
 Shims for CPU ranks (``_cpu_shims``): ``torch.cuda.current_device()`` answers the CPU device (the
 global memory buffer of sequence parallelism and the gradient buffers of DDP allocate on it);
@@ -57,7 +57,7 @@ from adapters import megatron_core_refusals as refusals
 from adapters.megatron_core_ddp import DataParallel  # noqa: F401 - re-exported: the contract's names
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP", "VocabParallelEmbedding",
-           "vocab_parallel_cross_entropy", "DataParallel", "ShardedOptimizer"]
+           "vocab_parallel_cross_entropy", "DataParallel", "ShardedOptimizer", "pipeline_step"]
 
 
 def _cpu_shims() -> None:
@@ -294,3 +294,9 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, vo
 
 def ShardedOptimizer(params, optimizer_class, group=None, **defaults):
     raise NotImplementedError(refusals.DISTRIBUTED_OPTIMIZER)
+
+
+def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="1f1b", group=None, **options):
+    """Megatron's schedules (get_forward_backward_func) would run the contract's 1F1B and interleaved
+    1F1B; on CPU ranks they cannot start (refusals.PIPELINE)."""
+    raise NotImplementedError(refusals.PIPELINE)

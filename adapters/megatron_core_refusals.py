@@ -23,3 +23,8 @@ DIVIDE_FACTOR = (
     "(calculate_per_token_loss) reduces the whole main_grad buffer once, at the step's last micro-batch "
     "(no_sync around the others), so under the contract's loop the part synchronised earlier would be "
     "summed again")
+PIPELINE = (
+    "megatron-core cannot run its pipeline schedules on CPU ranks: forward_backward_no_pipelining, "
+    "forward_backward_pipelining_without_interleaving and _with_interleaving each start with "
+    "total_num_tokens = torch.zeros([], dtype=torch.int, device=\"cuda\") (pipeline_parallel/schedules.py), a "
+    "device named outright, and its P2PCommunicator calls torch.cuda.synchronize() after batch_isend_irecv")

@@ -21,7 +21,8 @@ from harness.driver.libraries.venvs import ROOT, InstallFailed, check, venv_of
 REPRODUCTIONS = {"deepspeed": ["deepspeed_buffers_not_broadcast.py", "deepspeed_unused_parameter_moves.py"],
                  "fairscale": ["fairscale_sdp_zero_grad_set_to_none.py"],
                  "megatron-core": ["megatron_cross_entropy_float32.py", "megatron_ddp_buffers_and_unused_parameters.py"],
-                 "nanotron": ["nanotron_circular_import.py"]}
+                 "nanotron": ["nanotron_circular_import.py"],
+                 "nanotron==0.2": ["nanotron_row_bias_on_rank0.py"]}  # name==version: in that version's venv
 
 
 def test_every_run_names_an_adapter_that_exists_and_capabilities_the_registry_knows():
@@ -32,7 +33,7 @@ def test_every_run_names_an_adapter_that_exists_and_capabilities_the_registry_kn
             unknown = [c for c in run.capabilities if c not in capabilities.BY_NAME]
             assert not unknown, f"{library.name} {run.label}: unknown capabilities {unknown}"
     for name, files in REPRODUCTIONS.items():
-        assert name in LIBRARIES and all((ROOT / "tests" / "libraries" / f).exists() for f in files)
+        assert name.partition("==")[0] in LIBRARIES and all((ROOT / "tests" / "libraries" / f).exists() for f in files)
 
 
 def test_arguments_are_libraries_then_pytest_options():
@@ -120,9 +121,10 @@ def _env() -> dict:
 
 @pytest.mark.parametrize("name,script", [(n, s) for n, files in REPRODUCTIONS.items() for s in files])
 def test_each_standalone_reproduction_still_reproduces(name, script):
-    venv = venv_of(LIBRARIES[name], LIBRARIES[name].pinned)
+    name, _, version = name.partition("==")
+    venv = venv_of(LIBRARIES[name], version or LIBRARIES[name].pinned)
     if not venv.python.exists():  # not _made: a library that does not import (nanotron 0.4) never gets the stamp
-        pytest.skip(f"{name}=={LIBRARIES[name].pinned} has no venv here: scripts/libraries {name} makes it")
+        pytest.skip(f"{name}=={venv.version} has no venv here: scripts/libraries {name}=={venv.version} makes it")
     done = subprocess.run([str(venv.python), str(ROOT / "tests" / "libraries" / script)], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

@@ -137,6 +137,8 @@ MEGATRON_CORE = Library(
             ("tensor_parallel", "tp_norm", "vocab_parallel", "tp_dropout", "tp_compute_dtype")),
         Run("DistributedDataParallel (overlap_grad_reduce, buckets)", "adapters.megatron_core", ("data_parallel",)),
         Run("DistributedOptimizer (ZeRO-1)", "adapters.megatron_core", ("sharded_optimizer",), audit=False),
+        Run("pipeline schedules (get_forward_backward_func)", "adapters.megatron_core", ("pipeline_parallel",),
+            audit=False),
     ),
     shims=(
         ("torch.cuda.current_device() returns torch.device('cpu') on a rank without CUDA (adapters/megatron_core.py, "
@@ -204,15 +206,30 @@ NANOTRON = Library(
     name="nanotron", pinned="0.4", older=("0.2",),
     # what its users import for tensor parallelism (a bare ``import nanotron`` runs only __version__ = ...)
     import_name="nanotron.parallel.tensor_parallel.nn",
-    # no run yet: as served, nanotron 0.4 does not import (below), so its TensorParallelColumnLinear /
-    # RowLinear and ZeroDistributedOptimizer have no adapter that could be run here
-    runs=(),
+    # 0.4 does not import (below); 0.2 does, and runs this (scripts/libraries nanotron==0.2)
+    runs=(Run("TensorParallelColumnLinear / RowLinear (ALL_REDUCE, REDUCE_SCATTER)", "adapters.nanotron",
+              ("tensor_parallel",)),),
     explained={
         "nanotron": "nanotron 0.4 from the package index does not import: nanotron/logging.py imports "
                     "nanotron.config.config (LoggingArgs), whose imports reach parallel/pipeline_parallel/engine.py, "
                     "which imports log_rank from the half-initialised nanotron.logging; each module of the cycle "
                     "imported first fails (tests/libraries/nanotron_circular_import.py), so no import order works "
                     "around it. Upstream huggingface/nanotron#191 and #235",
+        "test_tensor_parallel.py::test_row_parallel_linear":
+            "nanotron's TensorParallelRowLinear keeps its bias on the group's rank 0 only (nn.py: 'No need to shard "
+            "the bias term, only rank 0 would have it') and adds it there before the all-reduce: the output is right, "
+            "but the other ranks hold no bias and no bias gradient, where the contract (as Megatron's and torch's row "
+            "layers) holds the whole bias on every member. Shown by tests/libraries/nanotron_row_bias_on_rank0.py. "
+            "A contract question; with input_is_parallel=False the adapter refuses (no scatter of a full input)",
+        "test_tensor_parallel.py::test_mlp_equals_the_dense_mlp":
+            "fc2's bias on rank 0 only, as in test_row_parallel_linear",
+        "test_tensor_parallel.py::test_sequence_parallel_mlp_equals_the_dense_mlp":
+            "fc2's bias on rank 0 only, as in test_row_parallel_linear",
+        "test_tensor_parallel.py::test_the_bias_enters_once_in_low_precision":
+            "the row layer's bias on rank 0 only, as in test_row_parallel_linear",
+        "test_tensor_parallel.py::test_column_parallel_linear":
+            "nanotron's TensorParallelColumnLinear has no gather_output: the adapter raises 'nanotron cannot gather', "
+            "which this test (not a refusing one) counts as not implemented; gather_output=False runs",
     },
 )
 
