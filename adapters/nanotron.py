@@ -24,12 +24,17 @@ import torch.nn.functional as F
 from torch import distributed as dist
 from torch import nn
 
-__all__ = ["ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP"]
+__all__ = ["ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP", "ShardedOptimizer"]
 
 NO_GATHER = ("nanotron cannot gather a column-parallel layer's output: TensorParallelColumnLinear has no gather_output "
              "(its models keep the output sharded into the row layer)")
 NO_SCATTER = ("nanotron cannot take a full input into a row-parallel layer: TensorParallelRowLinear has no "
               "input_is_parallel=False (its input is always the column layer's shard)")
+
+
+GLOO_UNEVEN = ("nanotron cannot run its ZeRO-1 on gloo when a parameter's elements do not split evenly over the ranks: "
+               "ZeroDistributedOptimizer._all_gather_params all-gathers each rank's slice (the last ranks' one element "
+               "shorter), and ProcessGroupGloo::allgather refuses tensors of unequal sizes ('invalid tensor size')")
 
 
 def _group(group):
@@ -144,3 +149,40 @@ class TensorParallelMLP(nn.Module):
         sbh = x.reshape(-1, seq, hidden).transpose(0, 1).reshape(-1, hidden)  # [s * b, h]: the sequence shard leads
         y = self.fc2(F.gelu(self.fc1(sbh), approximate="none"))
         return y.reshape(seq, -1, hidden).transpose(0, 1).reshape(x.shape)
+
+
+class ShardedOptimizer:
+    """nanotron's ZeRO-1, ``nanotron.optim.zero.ZeroDistributedOptimizer``, as its trainer builds it:
+    around a ``NamedOptimizer`` of ``optimizer_class`` (the parameters named by position), over the
+    group as ``dp_pg``. It splits every parameter's flat elements across the ranks, steps this rank's
+    slices and all-gathers the parameters after the step. It expects gradients already averaged over
+    the group (nanotron's trainer wraps the model in torch's DistributedDataParallel), so ``step``
+    first all-reduces each gradient with AVG, as adapters/torch_zero.py does for torch's ZeRO."""
+
+    def __init__(self, params, optimizer_class, group=None, **defaults):
+        from nanotron.optim.named_optimizer import NamedOptimizer
+        from nanotron.optim.zero import ZeroDistributedOptimizer
+
+        self._group = _group(group)
+        self._trainable = [p for p in params if p.requires_grad]
+        n = self._group.size()
+        if dist.get_backend(self._group) == "gloo" and any(p.numel() % n for p in self._trainable):
+            raise NotImplementedError(GLOO_UNEVEN)
+        named = [(f"param{i}", p) for i, p in enumerate(self._trainable)]
+        self._zero = ZeroDistributedOptimizer(
+            named, lambda groups: NamedOptimizer(groups, lambda torch_groups: optimizer_class(torch_groups, **defaults)),
+            dp_pg=self._group)
+
+    @property
+    def optim(self) -> torch.optim.Optimizer:
+        """The torch optimizer this rank steps (its slices' state)."""
+        return self._zero.optimizer.optimizer
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._zero.zero_grad()  # nanotron sets every .grad to None
+
+    def step(self, closure=None):
+        for p in self._trainable:
+            if p.grad is not None:
+                dist.all_reduce(p.grad, op=dist.ReduceOp.AVG, group=self._group)
+        return self._zero.step(closure)

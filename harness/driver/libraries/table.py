@@ -208,7 +208,9 @@ NANOTRON = Library(
     import_name="nanotron.parallel.tensor_parallel.nn",
     # 0.4 does not import (below); 0.2 does, and runs this (scripts/libraries nanotron==0.2)
     runs=(Run("TensorParallelColumnLinear / RowLinear (ALL_REDUCE, REDUCE_SCATTER)", "adapters.nanotron",
-              ("tensor_parallel",)),),
+              ("tensor_parallel",)),
+          # its step's all-reduce is the adapter's (nanotron's trainer leaves it to torch's DDP): not audited
+          Run("ZeroDistributedOptimizer (ZeRO-1)", "adapters.nanotron", ("sharded_optimizer",), audit=False)),
     explained={
         "nanotron": "nanotron 0.4 from the package index does not import: nanotron/logging.py imports "
                     "nanotron.config.config (LoggingArgs), whose imports reach parallel/pipeline_parallel/engine.py, "
