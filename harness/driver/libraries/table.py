@@ -190,9 +190,10 @@ MEGATRON_CORE = Library(
             "counts one all-gather, and megatron-core does two: fc2's all-gather of the output gradient and fc1's "
             "all-gather of its input again (layers.py, LinearWithGradAccumulationAndAsyncCommunication.backward: "
             "dist_all_gather_func(all_gather_buffer, input, ...) under sequence_parallel), because it saves only the "
-            "input's shard for backward, as Korthikanti et al. 2022 sec. 4.2.2 prescribe to save memory (measured: 36 B "
-            "against the bound's 32 B on 4 ranks, h=1, ffn=4). A contract question: the bound assumes the gathered "
-            "input is kept",
+            "input's shard for backward, as Korthikanti et al. 2022 sec. 4.2.2 prescribe to save memory (measured on 2 "
+            "ranks, h=1, ffn=2: 20 B sent in backward against the bound's 16 B, its calls two all-gathers, one "
+            "reduce-scatter and the finalize step's all-reduce of dL/db2). A contract question: the bound assumes "
+            "the gathered input is kept",
         "test_data_parallel.py::test_data_parallel_step":
             "the audit's one step is the first, and in its first step megatron-core's DDP launches no bucket from "
             "backward: it records the order in which gradients arrive and reduces every bucket in finish_grad_sync "
