@@ -38,7 +38,8 @@ def test_sharded_optimizer_step(n, model_name, audited, request, reproduce):
     what = (f"one sharded-optimizer step over {sum(numels)} trainable items in {len(numels)} tensors: a "
             f"reduce-scatter and an all-gather of balanced shards of {cost_model.balanced_shard(numels, n)} items, "
             f"2(n-1)B itemsize")
-    if any(o.get("library_loop") for o in outputs.values()):
+    library_loop = any(o.get("library_loop") for o in outputs.values())
+    if library_loop:
         # a library that trains through its own object (an engine's backward(loss), a model wrapped by
         # wrap_model: CONTRACT.md) reduces in backward what a ShardedOptimizer reduces in its step, so its
         # backward and step are bound together (a rank that claims a hook loosens only where, not how much)
@@ -48,7 +49,7 @@ def test_sharded_optimizer_step(n, model_name, audited, request, reproduce):
         violations = audit.within_bound(records, {r: 0 for r in range(n)}, "backward (gradients stay local)",
                                         phase="backward")
         violations += audit.within_bound(records, {r: bound for r in range(n)}, what, phase="step")
-    if violations and not audited.require_p2p:
+    if violations and not audited.require_p2p and not library_loop:
         pytest.skip(f"{audited.target.impl} is an adapter whose optimizer expects gradients already averaged "
                     f"(torch's ZeroRedundancyOptimizer runs after DDP; CS336's sharded optimizer is tested on equal "
                     f"batches), so the adapter all-reduces them first; observed:\n  " + "\n  ".join(violations))

@@ -2,15 +2,16 @@
 each library named, at the version named or its pinned one, through the suite in its own venv, with
 the usual scorecard per run; without a library, every library of the table at its pinned version
 and its older ones, and docs/libraries.md written from the verdicts. A library==version that cannot
-be installed or imported is one line, and the rest go on. Exit 0 when the matrix was made (its
-verdicts are findings, not the command's failure); 2 on a bad argument."""
+be installed or imported is one line, and the rest go on. ``--document`` writes docs/libraries.md
+from the JUnit XML earlier runs left in reports/libraries/, running nothing. Exit 0 when the matrix
+was made (its verdicts are findings, not the command's failure); 2 on a bad argument."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
 from harness.driver.libraries.document import write
-from harness.driver.libraries.matrix import run_library
+from harness.driver.libraries.matrix import from_reports, run_library
 from harness.driver.libraries.table import LIBRARIES
 from harness.driver.libraries.venvs import ROOT
 
@@ -35,6 +36,12 @@ def parse(arguments: list[str]) -> tuple[list[tuple[str, str]], list[str], bool]
 
 
 def main(arguments: list[str]) -> int:
+    if arguments[:1] == ["--document"]:
+        verdicts = [v for name, library in LIBRARIES.items() for version in (library.pinned, *library.older)
+                    for v in from_reports(library, version, REPORT)]
+        write(verdicts, DOC, " ".join(arguments[1:]))
+        print(f"[libraries] wrote {Path(DOC).relative_to(ROOT)} from {Path(REPORT).relative_to(ROOT)}")
+        return 0
     try:
         chosen, options, whole = parse(arguments)
     except SystemExit as bad:

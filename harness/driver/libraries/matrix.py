@@ -90,13 +90,25 @@ def explanation(library: Library, run: Run, capability: str, test: str) -> str:
     return ""
 
 
+def junit_of(report: Path, venv: Venv, run: Run) -> Path:
+    return report / f"{venv.path.name}-{re.sub(r'[^A-Za-z0-9]+', '-', run.label).strip('-')}.xml"
+
+
+def from_reports(library: Library, version: str, report: Path) -> list[Verdict]:
+    """The verdicts of the runs' JUnit XML that an earlier run left in ``report`` (none where a
+    run's is missing): docs/libraries.md rewritten without running the suite again."""
+    venv = venv_of(library, version)
+    return [v for run in library.runs if junit_of(report, venv, run).exists()
+            for v in verdicts_of(junit_of(report, venv, run), library, version, run)]
+
+
 def run_suite(venv: Venv, run: Run, pytest_options: list[str], report: Path, log=print) -> list[Verdict]:
     """pytest on the run's adapter in the library's venv; the verdicts per capability."""
     capabilities = ",".join((*run.capabilities, *(("audit",) if run.audit else ())))
-    junit = report / f"{venv.path.name}-{re.sub(r'[^A-Za-z0-9]+', '-', run.label).strip('-')}.xml"
+    junit = junit_of(report, venv, run)
     command = [str(venv.python), "-m", "pytest", "conformance", "-p", "no:randomly", "-p", "no:cacheprovider",
                "--impl", run.adapter, "--capability", capabilities, f"--junitxml={junit}", *pytest_options]
-    env = {**os.environ, **venv.library.environment, "PYTHONUNBUFFERED": "1"}
+    env = venv.environment({**os.environ, "PYTHONUNBUFFERED": "1"})
     env["PATH"] = f"{venv.path / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     log(f"[libraries] {venv.library.name}=={venv.version} {run.label}: --impl {run.adapter} --capability {capabilities}")
     started = time.monotonic()

@@ -31,6 +31,9 @@ class Library:
     import_name: str | None = None
     system_packages: dict = field(default_factory=dict)  # command -> Debian package
     environment: dict = field(default_factory=dict)  # set for the ranks (the pytest process passes it on)
+    # Python run once in the venv after installing (its op cache set): what a library builds at its
+    # first use, built before any rank has a deadline to meet
+    warm_up: str = ""
     shims: tuple[tuple[str, str], ...] = ()  # (what the adapter does, the library line it stands in for)
     # (test id prefix, as "test_file.py::test_name", or a capability) -> why it fails or is refused
     explained: dict = field(default_factory=dict)
@@ -48,6 +51,9 @@ DEEPSPEED = Library(
     # deepspeed.init_distributed JIT-builds its deepspeed_shm_comm op on every machine (about 100 s
     # the first time, cached in ~/.cache/torch_extensions); a compiler that fails is an error there
     system_packages={"g++": "g++", "ninja": "ninja-build"},
+    # the op init_distributed builds (comm/torch.py), built here: a rank building it cold (70 s and
+    # more on 2 shared cores) outlasts the suite's 60 s rank deadline
+    warm_up="from deepspeed.comm.torch import build_shm_op; build_shm_op()",
     runs=(
         Run("ZeRO-0", "adapters.deepspeed", ("data_parallel",)),
         Run("ZeRO-1", "adapters.deepspeed", ("sharded_optimizer",)),

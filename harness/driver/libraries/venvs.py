@@ -31,6 +31,13 @@ class Venv:
     def python(self) -> Path:
         return self.path / "bin" / "python"
 
+    def environment(self, base: dict) -> dict:
+        """``base`` with the library's variables and this venv's own op cache: torch's JIT-built
+        extensions (DeepSpeed's deepspeed_shm_comm) are cached by name in ~/.cache/torch_extensions,
+        so two versions there rebuild each other's op at every switch, and a run waits on the other's
+        build lock; TORCH_EXTENSIONS_DIR (torch.utils.cpp_extension's) keeps each version's apart."""
+        return {**base, **self.library.environment, "TORCH_EXTENSIONS_DIR": str(self.path / "torch_extensions")}
+
 
 class InstallFailed(Exception):
     """One line saying why a library==version cannot be installed or imported."""
@@ -82,6 +89,12 @@ def ensure(venv: Venv, log=print) -> Venv:
         if done.returncode:
             raise InstallFailed(f"pip cannot install {requirement} beside requirements.lock: {_tail(done.stderr)}")
     check(venv)
+    if venv.library.warm_up and not stamp.exists():
+        log(f"[libraries] {venv.library.name}=={venv.version}: warming up ({venv.library.warm_up})")
+        done = subprocess.run([str(venv.python), "-c", venv.library.warm_up], capture_output=True, text=True, cwd=ROOT,
+                              env=venv.environment(dict(os.environ)))
+        if done.returncode:
+            raise InstallFailed(f"{venv.library.name}=={venv.version}'s warm-up failed: {_tail(done.stderr)}")
     stamp.touch()
     return venv
 

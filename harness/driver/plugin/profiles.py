@@ -21,6 +21,8 @@ PROFILES = {
     # opinion on the judges (a known-good implementation the suite did not write must pass), where the
     # mutants' kills rest on the bundled implementation passing their own draws (the ci profile's)
     "second_opinion": dict(max_examples=5, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate]),
+    # For tests/test_libraries.py: one drawn example of one test, that a library's adapter runs in its venv
+    "smoke": dict(max_examples=1, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate]),
 }
 for _name, _options in PROFILES.items():
     settings.register_profile(_name, **_options, **_COMMON)
