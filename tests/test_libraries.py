@@ -96,6 +96,13 @@ ONE_TEST = {  # per capability a library maps: the test that trains through the 
     "sharded_optimizer": "conformance/test_sharded_optimizer.py::test_sharded_training_matches_one_process_with_the_whole_state",
     "fully_sharded": "conformance/test_fully_sharded.py::test_training_matches_one_process_and_memory_is_sharded",
     "zero2": "conformance/test_fully_sharded.py::test_zero2_training_matches_one_process_and_memory_is_sharded",
+    # the model-parallel libraries (issue 47): the layer's forward and backward, or the step, against the dense one
+    "tensor_parallel": "conformance/test_tensor_parallel.py::test_sequence_parallel_mlp_equals_the_dense_mlp",
+    "tp_norm": "conformance/test_tensor_parallel.py::test_a_layernorm_before_the_mlp_keeps_whole_gradients",
+    "vocab_parallel": "conformance/test_vocab_parallel.py::test_the_loss_and_its_gradient_equal_the_dense_cross_entropy",
+    "tp_dropout": "conformance/test_tp_dropout.py::test_tensor_parallel_dropout_is_the_dense_dropout",
+    "tp_compute_dtype": "conformance/test_tp_compute_dtype.py::test_the_sequence_parallel_bias_gradient_is_summed_in_the_masters_dtype",
+    "pipeline_parallel": "conformance/test_pipeline_parallel.py::test_pipeline_step_matches_the_dense_model",
 }
 RUNS = [(library, run, capability) for library in LIBRARIES.values() for run in library.runs
         for capability in run.capabilities]
