@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import reference.tensor_parallel as ref
 from conformance.test_tensor_parallel import PROGRAM, examples, judge_member, judge_replicated
-from conformance.verdict import Judge
+from conformance.verdict import Judge, run_or_skip
 
 
 @pytest.mark.capability("tp_dropout")
@@ -48,7 +48,7 @@ def test_tensor_parallel_dropout_is_the_dense_dropout(data, ranks, target, seque
     atol = ref.dropout_mlp_atol(x, (w1, b1), (w2, b2), g, n, p)
     mine = (lambda t, i: ref.sequence_shard(t, n, i)) if sequence_parallel else (lambda t, i: t)
     weights = {"fc1_weight": w1, "fc1_bias": b1, "fc2_weight": w2, "fc2_bias": b2}
-    outputs = judge.run(ranks, example.layout, PROGRAM, [
+    outputs = run_or_skip(judge, ranks, example.layout, PROGRAM, [
         {"layer": "mlp", "dense": weights, "options": {"sequence_parallel": sequence_parallel, "dropout": p},
          "x": mine(x, i), "grad_output": mine(g, i), "rng_seed": rng_seed} for i in range(n)])
     notes = {"output": " (after the output dropout: the dense mask" + (", its sequence shard)" if sequence_parallel

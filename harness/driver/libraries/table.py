@@ -157,4 +157,122 @@ FAIRSCALE = Library(
     },
 )
 
-LIBRARIES = {library.name: library for library in (DEEPSPEED, FAIRSCALE)}
+MEGATRON_CORE = Library(
+    name="megatron-core", pinned="0.16.1", older=("0.15.3",), import_name="megatron.core",
+    runs=(
+        Run("tensor_parallel layers, MLP (sequence parallelism), vocabulary", "adapters.megatron_core",
+            ("tensor_parallel", "tp_norm", "vocab_parallel", "tp_dropout", "tp_compute_dtype")),
+        Run("DistributedDataParallel (overlap_grad_reduce, buckets)", "adapters.megatron_core", ("data_parallel",)),
+        Run("DistributedOptimizer (ZeRO-1)", "adapters.megatron_core", ("sharded_optimizer",), audit=False),
+        Run("pipeline schedules (get_forward_backward_func)", "adapters.megatron_core", ("pipeline_parallel",),
+            audit=False),
+    ),
+    shims=(
+        ("torch.cuda.current_device() returns torch.device('cpu') on a rank without CUDA (adapters/megatron_core.py, "
+         "_cpu_shims): only where Megatron allocates a tensor on 'the current device'",
+         "tensor_parallel/layers.py, LinearWithGradAccumulationAndAsyncCommunication.backward: sub_grad_input = "
+         "torch.empty(dim_size, ..., device=torch.cuda.current_device()); distributed/param_and_grad_buffer.py: "
+         "the grad buffers' torch.zeros(..., device=torch.cuda.current_device())"),
+        ("parallel_state._set_global_memory_buffer() where no buffer exists yet (the layers take their group as "
+         "tp_group, so initialize_model_parallel, a collective over the world, is not called for them)",
+         "parallel_state.py, initialize_model_parallel: _set_global_memory_buffer()"),
+        ("parallel_state._TENSOR_MODEL_PARALLEL_GROUP is the caller's group for the duration of "
+         "vocab_parallel_cross_entropy (it takes no group argument)",
+         "tensor_parallel/cross_entropy.py: group=get_tensor_model_parallel_group()"),
+        ("the LayerNorm before the MLP is torch.nn.LayerNorm with Megatron's sequence_parallel attribute on its "
+         "weight and bias (WrappedTorchNorm asserts 'sequence parallel not supported by torch LayerNorm'; "
+         "FusedLayerNorm needs Apex)",
+         "fusions/fused_layer_norm.py: setattr(self.weight, 'sequence_parallel', self.sequence_parallel)"),
+    ),
+    explained={
+        "test_vocab_parallel.py::test_the_loss_and_its_gradient_equal_the_dense_cross_entropy":
+            "megatron-core computes the vocab-parallel loss in float32 whatever the logits' dtype "
+            "(cross_entropy.py, calculate_logits_max: vocab_parallel_logits.float()), so float64 logits get a float32 "
+            "loss, where the contract wants the logits' dtype and float64's rounding. Shown without the suite by "
+            "tests/libraries/megatron_cross_entropy_float32.py. By design for bf16/fp16 logits; a downcast for "
+            "float64; no upstream issue found",
+        "test_data_parallel.py::test_buffers_start_from_rank_0s":
+            "megatron-core's DistributedDataParallel broadcasts parameters only (broadcast_params iterates "
+            "self.module.parameters()); buffers stay each rank's own, where the contract, as torch's DDP, makes them "
+            "rank 0's. Shown by tests/libraries/megatron_ddp_buffers_and_unused_parameters.py. A contract question "
+            "(Megatron's models keep no buffers that differ across ranks)",
+        "test_data_parallel.py::test_ranks_start_from_rank_0s_parameters":
+            "the buffers, as in test_buffers_start_from_rank_0s (the example seeds each rank's buffers apart)",
+        "test_data_parallel.py::test_tied_frozen_and_unused_parameters":
+            "megatron-core gives every trainable parameter a gradient every step: its main_grad buffer holds zeros "
+            "for one no forward used, which its optimizer steps as .grad (FP32Optimizer: param.grad = "
+            "param.main_grad), and with overlap_grad_reduce a parameter unused after the first step leaves its "
+            "bucket's reduction unlaunched: finish_grad_sync raises 'Communication call has not been issued for this "
+            "bucket'. Shown by tests/libraries/megatron_ddp_buffers_and_unused_parameters.py. A contract question: "
+            "Megatron requires every parameter to be used every step",
+        "test_data_parallel.py::test_training_matches_one_process_on_the_global_batch":
+            "the buffers or the unused parameter, as in test_buffers_start_from_rank_0s and "
+            "test_tied_frozen_and_unused_parameters (the first failing example says which)",
+        "test_data_parallel.py::test_gradient_accumulation_and_both_zero_grad_modes":
+            "the unused parameter, as in test_tied_frozen_and_unused_parameters",
+        "test_data_parallel.py::test_bucketed_gradients_are_the_mean_over_ranks":
+            "the unused parameter, as in test_tied_frozen_and_unused_parameters",
+        "test_tensor_parallel.py::test_tensor_parallel_traffic":
+            "the values pass (tensor_parallel, tp_norm); the audit's bound for the sequence-parallel MLP's backward "
+            "counts one all-gather, and megatron-core does two: fc2's all-gather of the output gradient and fc1's "
+            "all-gather of its input again (layers.py, LinearWithGradAccumulationAndAsyncCommunication.backward: "
+            "dist_all_gather_func(all_gather_buffer, input, ...) under sequence_parallel), because it saves only the "
+            "input's shard for backward, as Korthikanti et al. 2022 sec. 4.2.2 prescribe to save memory (measured on 2 "
+            "ranks, h=1, ffn=2: 20 B sent in backward against the bound's 16 B, its calls two all-gathers, one "
+            "reduce-scatter and the finalize step's all-reduce of dL/db2). A contract question: the bound assumes "
+            "the gathered input is kept",
+        "test_data_parallel.py::test_data_parallel_step":
+            "the audit's one step is the first, and in its first step megatron-core's DDP launches no bucket from "
+            "backward: it records the order in which gradients arrive and reduces every bucket in finish_grad_sync "
+            "(param_and_grad_buffer.py: register_grad_ready launches only 'if not self.is_first_batch'; "
+            "finish_grad_sync: 'If first batch, start asynchronous communication here'). From the second step on "
+            "the buckets launch from backward's hooks (read in the code; not measured here). A contract question",
+    },
+)
+
+NANOTRON = Library(
+    name="nanotron", pinned="0.4", older=("0.2",),
+    # what its users import for tensor parallelism (a bare ``import nanotron`` runs only __version__ = ...)
+    import_name="nanotron.parallel.tensor_parallel.nn",
+    # 0.4 does not import (below); 0.2 does, and runs this (scripts/libraries nanotron==0.2)
+    runs=(Run("TensorParallelColumnLinear / RowLinear (ALL_REDUCE, REDUCE_SCATTER)", "adapters.nanotron",
+              ("tensor_parallel",)),
+          # its step's all-reduce is the adapter's (nanotron's trainer leaves it to torch's DDP): not audited
+          Run("ZeroDistributedOptimizer (ZeRO-1)", "adapters.nanotron", ("sharded_optimizer",), audit=False)),
+    explained={
+        "nanotron": "nanotron 0.4 from the package index does not import: nanotron/logging.py imports "
+                    "nanotron.config.config (LoggingArgs), whose imports reach parallel/pipeline_parallel/engine.py, "
+                    "which imports log_rank from the half-initialised nanotron.logging; each module of the cycle "
+                    "imported first fails (tests/libraries/nanotron_circular_import.py), so no import order works "
+                    "around it. Upstream huggingface/nanotron#191 and #235",
+        "test_tensor_parallel.py::test_row_parallel_linear":
+            "nanotron's TensorParallelRowLinear keeps its bias on the group's rank 0 only (nn.py: 'No need to shard "
+            "the bias term, only rank 0 would have it') and adds it there before the all-reduce: the output is right, "
+            "but the other ranks hold no bias and no bias gradient, where the contract (as Megatron's and torch's row "
+            "layers) holds the whole bias on every member. Shown by tests/libraries/nanotron_row_bias_on_rank0.py. "
+            "A contract question; with input_is_parallel=False the adapter refuses (no scatter of a full input)",
+        "test_tensor_parallel.py::test_mlp_equals_the_dense_mlp":
+            "fc2's bias on rank 0 only, as in test_row_parallel_linear",
+        "test_tensor_parallel.py::test_sequence_parallel_mlp_equals_the_dense_mlp":
+            "fc2's bias on rank 0 only, as in test_row_parallel_linear",
+        "test_tensor_parallel.py::test_the_bias_enters_once_in_low_precision":
+            "the row layer's bias on rank 0 only, as in test_row_parallel_linear",
+        "test_tensor_parallel.py::test_column_parallel_linear":
+            "nanotron's TensorParallelColumnLinear has no gather_output: the adapter raises 'nanotron cannot gather', "
+            "which this test (not a refusing one) counts as not implemented; gather_output=False runs",
+    },
+)
+
+TORCHTITAN = Library(
+    name="torchtitan", pinned="0.3.0", older=("0.2.2",),
+    # no run yet (see explained): parallelize_llama (FSDP2, TP) and pipeline_llm (PP) are not adapted
+    runs=(),
+    explained={
+        "torchtitan": "torchtitan 0.3.0 does not install beside requirements.lock: it needs datasets, every release "
+                      "of which pins fsspec[http] <= 2026.2.0, and the lock pins fsspec==2026.9.0 (a dependency of "
+                      "torch's, not torch itself); pip reports ResolutionImpossible. It installs with the lock's "
+                      "fsspec line left out of the constraints (torch stays 2.13.0)",
+    },
+)
+
+LIBRARIES = {library.name: library for library in (DEEPSPEED, FAIRSCALE, MEGATRON_CORE, NANOTRON, TORCHTITAN)}

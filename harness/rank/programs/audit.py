@@ -141,6 +141,9 @@ def tensor_parallel(ctx: RankContext, impl, process_group, layer: str, dense: di
     recording.mark("backward")
     local = y.to_local() if hasattr(y, "to_local") else y
     local.backward(ctx.to_device(grad_output))
+    hook = getattr(module, "finish_gradient_synchronization", None)
+    if callable(hook):  # part of backward where a module has it (CONTRACT.md's optional hooks)
+        hook()
     recording.mark("after")
     return {"shape": list(local.shape)}
 

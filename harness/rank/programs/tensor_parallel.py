@@ -77,6 +77,15 @@ def _build(ctx: RankContext, impl, process_group, layer: str, dense: dict, optio
     return cls.from_dense(_dense(ctx, dense["weight"], dense["bias"]), group=process_group, **options)
 
 
+def _after_backward(module: nn.Module) -> None:
+    """``module.finish_gradient_synchronization()`` where the module has one (optional, CONTRACT.md:
+    megatron-core's finalize step, which sums the gradients of the parameters that met only a sequence
+    shard); nothing otherwise."""
+    hook = getattr(module, "finish_gradient_synchronization", None)
+    if callable(hook):
+        hook()
+
+
 def _gradient(parameter):
     """``parameter.grad`` laid out as the parameter is. torch 2.13's DTensor leaves some gradients in
     another placement than their parameter's, to be reduced when used: a replicated LayerNorm under
@@ -118,6 +127,7 @@ def forward_backward(ctx: RankContext, impl, process_group, layer: str, dense: d
         torch.manual_seed(rng_seed)
     y = module(x)
     y.backward(ctx.to_device(grad_output))
+    _after_backward(module)
     return ctx.to_cpu({"output": _local(y), "grad_input": x.grad, **_parameters(module, layer)})
 
 
@@ -136,6 +146,7 @@ def train_steps(ctx: RankContext, impl, process_group, dense: dict, options: dic
         y = module(x)
         loss = ((y.to_local() if hasattr(y, "to_local") else y) * g).sum()
         loss.backward()
+        _after_backward(module)
         opt.step()
         losses.append(loss.detach())
     return ctx.to_cpu({"losses": torch.stack(losses)})
@@ -150,6 +161,7 @@ def clip(ctx: RankContext, impl, process_group, dense: dict, options: dict, x: t
     module = _build(ctx, impl, process_group, "mlp", dense, options)
     x = ctx.to_device(x).requires_grad_(True)
     module(x).backward(ctx.to_device(grad_output))
+    _after_backward(module)
     norm = require(impl, "clip_grad_norm_")(module, clip["max_norm"], clip["norm_type"])
     norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
     return ctx.to_cpu({"norm": norm.detach().clone() if torch.is_tensor(norm) else norm,
