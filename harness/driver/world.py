@@ -31,10 +31,6 @@ from harness.rank import containment, wire
 from harness.rank.loop import RankConfig, ring_path, serve
 from harness.rank.preload import PRELOAD
 
-# torch._dynamo: torch imports it lazily on the first call of a function it decorated, such as the
-# first optimizer's constructor, and that import cost each rank about 0.9 s of CPU in its first
-# training task (1.4 s under load): 9 s of a 12 s data-parallel mutant run with worlds of 1-4.
-# Loaded once in the forkserver, every rank shares it.
 STRAY_CHECK = "harness.rank.programs.probe:stray_messages"
 STRAY_CHECK_TIMEOUT_S = 20.0  # every rank is idle by then: the exchange takes milliseconds
 CLOSE_WAIT_S = 1.0  # a rank told to exit leaves at once; one that has not by then is killed
