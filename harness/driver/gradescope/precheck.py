@@ -176,15 +176,12 @@ def check_import(found: Found, *, contain: bool, timeout_s: float = IMPORT_TIMEO
     kind, message = answer[:1], answer[1:].decode(errors="replace")
     if kind == b"I":
         return Imported(Problem("The submission imports", f"importing {_shown(found)} raised:\n{message}"))
-    if kind == b"M":  # the image's fault, not the student's: said so, to both
-        return Imported(Problem("The autograder has the packages the submission imports", f"{message}.\n\nThe "
-                                "autograder's image lacks a package your code imports; this is not a fault of your "
-                                "submission. Course staff: add it to the autograder's packages (scripts/autograder "
-                                "--requirements, or autograder.json's requirements) and rebuild the image."))
-    if kind not in (b"K", b"C"):  # its code closed the pipe, or ended or stopped the child, before the answer
-        return Imported(Problem("The submission imports", f"importing {_shown(found)} gave no answer: the process "
-                                "that imported it closed the autograder's pipe, stopped or ended first (code at the "
-                                "top level of a module runs when it is imported)"))
+    if kind == b"M":  # a package the image lacks, or a module the submission lacks: said both ways
+        return Imported(Problem("The submission imports", f"importing {_shown(found)} raised:\n{message}.\n\n"
+                                "If it is a package from the package index, the autograder's image lacks it: course "
+                                "staff add it to the autograder's packages (scripts/autograder --requirements, or "
+                                "autograder.json's requirements) and rebuild the image. If it is a module of your "
+                                "own, it is missing from your submission."))
     cost = max(0, after - before) if before is not None and after is not None else None
     return Imported(None, cost)  # b"K": imported; b"C": containment failed (the suite refuses and says why)
 
