@@ -182,6 +182,10 @@ def check_import(found: Found, *, contain: bool, timeout_s: float = IMPORT_TIMEO
                                 "staff add it to the autograder's packages (scripts/autograder --requirements, or "
                                 "autograder.json's requirements) and rebuild the image. If it is a module of your "
                                 "own, it is missing from your submission."))
+    if kind not in (b"K", b"C"):  # its code closed the pipe, or ended or stopped the child, before the answer
+        return Imported(Problem("The submission imports", f"importing {_shown(found)} gave no answer: the process "
+                                "that imported it closed the autograder's pipe, stopped or ended first (code at the "
+                                "top level of a module runs when it is imported)"))
     cost = max(0, after - before) if before is not None and after is not None else None
     return Imported(None, cost)  # b"K": imported; b"C": containment failed (the suite refuses and says why)
 
