@@ -1,2 +1,2 @@
 """Adapters: modules that expose a third-party library through the suite's contract, so
-``--impl adapters.<name>`` grades that library like any implementation under test."""
+``--impl parallelism_conformance.adapters.<name>`` grades that library like any implementation under test."""

@@ -4,7 +4,7 @@ The assignment's entry points are the functions of the submission's ``tests/adap
 module maps them onto the contract's names, so that course staff run the suite on a student's
 repository as it was handed in:
 
-    CS336_SUBMISSION=/abs/path/to/student-repo scripts/conformance --impl adapters.cs336 --scope cs336 \\
+    CS336_SUBMISSION=/abs/path/to/student-repo scripts/conformance --impl parallelism_conformance.adapters.cs336 --scope cs336 \\
         --capability data_parallel,sharded_optimizer,audit --hypothesis-profile=grading --report-dir out
 
 ``CS336_SUBMISSION`` is the folder holding ``tests/adapters.py`` (and the ``cs336_systems`` package
@@ -57,7 +57,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from adapters import cs336_layers, cs336_metadata
+from parallelism_conformance.adapters import cs336_layers, cs336_metadata
 
 SUBMISSION_VARIABLE = "CS336_SUBMISSION"
 
@@ -67,7 +67,7 @@ def _load_submission():
     sys.path (so that ``import cs336_systems`` finds the student's package)."""
     where = os.environ.get(SUBMISSION_VARIABLE)
     if not where:
-        raise ImportError(f"adapters.cs336 grades a CS336 submission: set {SUBMISSION_VARIABLE} to the folder "
+        raise ImportError(f"parallelism_conformance.adapters.cs336 grades a CS336 submission: set {SUBMISSION_VARIABLE} to the folder "
                           "that holds its tests/adapters.py")
     where = os.path.abspath(where)
     path = where if os.path.isfile(where) else os.path.join(where, "tests", "adapters.py")
@@ -257,7 +257,7 @@ class _OptimizerOfTheLoop:
     the model's parameters, after ``fully_shard``, so the adapter cannot hand it over."""
 
     def __getattr__(self, name):
-        raise AttributeError(f"adapters.cs336: the submission's fsdp_on_after_backward read optimizer.{name}; the "
+        raise AttributeError(f"parallelism_conformance.adapters.cs336: the submission's fsdp_on_after_backward read optimizer.{name}; the "
                              "suite's loop builds its optimizer from the model's parameters after fully_shard and "
                              "never gives it to the adapter, so a hook that uses it cannot be graded here")
 

@@ -65,7 +65,7 @@ def submission_layers(module_name: str = DEFAULT_LAYERS) -> tuple[type, type]:
     try:
         model = importlib.import_module(module_name)
     except ImportError as error:
-        raise ImportError(f"adapters.cs336 builds the FSDP models from the submission's cs336_basics layers, and "
+        raise ImportError(f"parallelism_conformance.adapters.cs336 builds the FSDP models from the submission's cs336_basics layers, and "
                           f"{module_name} cannot be imported: {error}") from error
     missing = [name for name in ("Linear", "Embedding") if not isinstance(getattr(model, name, None), type)]
     if missing:
@@ -76,7 +76,7 @@ def submission_layers(module_name: str = DEFAULT_LAYERS) -> tuple[type, type]:
 def _only_parameter(layer: nn.Module, what: str) -> str:
     names = [name for name, _ in layer.named_parameters()]
     if len(names) != 1:
-        raise ValueError(f"the submission's {what} has parameters {names}; adapters.cs336 expects one weight")
+        raise ValueError(f"the submission's {what} has parameters {names}; parallelism_conformance.adapters.cs336 expects one weight")
     return names[0]
 
 

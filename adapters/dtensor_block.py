@@ -22,7 +22,7 @@ from torch import nn
 from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from adapters.dtensor_tp import _check_divisible, _copy, _mesh
+from parallelism_conformance.adapters.dtensor_tp import _check_divisible, _copy, _mesh
 
 __all__ = ["TensorParallelAttention", "TensorParallelSwiGLU"]
 

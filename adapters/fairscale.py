@@ -79,7 +79,7 @@ def _fsdp_class():
     from fairscale.nn import FullyShardedDataParallel
     from fairscale.nn.data_parallel.fully_sharded_data_parallel import _clean_path
 
-    from adapters import fairscale_cpu
+    from parallelism_conformance.adapters import fairscale_cpu
 
     fairscale_cpu.install()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from adapters.fairscale import _OSSWithSDP
+from parallelism_conformance.adapters.fairscale import _OSSWithSDP
 
 
 class _OSSWithDDP(_OSSWithSDP):

@@ -1,5 +1,5 @@
 """megatron-core (NVIDIA's Megatron-LM as a library) through the suite's contract, as its users
-call it: ``--impl adapters.megatron_core`` in a venv that has megatron-core (``scripts/libraries
+call it: ``--impl parallelism_conformance.adapters.megatron_core`` in a venv that has megatron-core (``scripts/libraries
 megatron-core``; docs/libraries.md has the verdicts and every shim).
 
 * ``ColumnParallelLinear``, ``RowParallelLinear``: megatron.core.tensor_parallel's layers, built
@@ -53,8 +53,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from adapters import megatron_core_refusals as refusals
-from adapters.megatron_core_ddp import DataParallel  # noqa: F401 - re-exported: the contract's names
+from parallelism_conformance.adapters import megatron_core_refusals as refusals
+from parallelism_conformance.adapters.megatron_core_ddp import DataParallel  # noqa: F401 - re-exported: the contract's names
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP", "VocabParallelEmbedding",
            "vocab_parallel_cross_entropy", "DataParallel", "ShardedOptimizer", "pipeline_step"]

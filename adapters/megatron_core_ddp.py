@@ -55,7 +55,7 @@ def DataParallel(module, bucket_size_mb=None, gradient_divide_factor=None, compu
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.transformer import TransformerConfig
 
-    from adapters import megatron_core_refusals as refusals
+    from parallelism_conformance.adapters import megatron_core_refusals as refusals
 
     if gradient_divide_factor is not None:
         raise NotImplementedError(refusals.DIVIDE_FACTOR)

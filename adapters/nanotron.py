@@ -1,5 +1,5 @@
 """nanotron's tensor parallelism through the suite's contract, as its models build it
-(``--impl adapters.nanotron`` in a venv that has nanotron; ``scripts/libraries nanotron==0.2``:
+(``--impl parallelism_conformance.adapters.nanotron`` in a venv that has nanotron; ``scripts/libraries nanotron==0.2``:
 nanotron 0.4 as served does not import, docs/libraries.md).
 
 * ``ColumnParallelLinear``: ``nanotron.parallel.tensor_parallel.nn.TensorParallelColumnLinear`` on

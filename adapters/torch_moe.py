@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from impls.expert_parallel import ExpertParallelMoE as _Bundled
+from parallelism_conformance.impls.expert_parallel import ExpertParallelMoE as _Bundled
 
 
 class ExpertParallelMoE(_Bundled):

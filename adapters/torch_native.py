@@ -1,5 +1,5 @@
 """torch's own implementations, through the suite's contract: one module that passes every
-capability (``--impl adapters.torch_native``).
+capability (``--impl parallelism_conformance.adapters.torch_native``).
 
 * the eleven collectives: torch.distributed's, as they are;
 * ``DataParallel``: torch.nn.parallel.DistributedDataParallel (adapters/torch_ddp.py);
@@ -27,17 +27,17 @@ from torch.distributed import (  # noqa: F401 - re-exported: the contract's coll
     scatter,
 )
 
-from adapters.dtensor_block import TensorParallelAttention, TensorParallelSwiGLU  # noqa: F401 - re-exported: the contract's names
-from adapters.dtensor_tp import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP  # noqa: F401 - re-exported: the contract's names
-from adapters.torch_checkpoint import load_checkpoint, save_checkpoint  # noqa: F401 - re-exported: the contract's names
-from adapters.torch_context_parallel import context_parallel_attention  # noqa: F401 - raises: not adapted, why
-from adapters.torch_ddp import DataParallel  # noqa: F401 - re-exported: the contract's names
-from adapters.torch_fsdp import full_parameters, fully_shard, init_sharded  # noqa: F401 - re-exported: the contract's names
-from adapters.torch_grad_clipping import clip_grad_norm_  # noqa: F401 - re-exported: the contract's names
-from adapters.torch_moe import ExpertParallelMoE  # noqa: F401 - re-exported: the contract's names
-from adapters.torch_pipelining import generate_schedule, pipeline_step, split_stages  # noqa: F401 - re-exported: the contract's names
-from adapters.torch_sampler import DistributedSampler  # noqa: F401 - re-exported: the contract's names
-from adapters.torch_tied_weights import sync_tied_gradients  # noqa: F401 - re-exported: the contract's names
-from adapters.torch_token_loss import global_token_count  # noqa: F401 - re-exported: the contract's names
-from adapters.torch_vocab_parallel import VocabParallelEmbedding, vocab_parallel_cross_entropy  # noqa: F401 - re-exported: the contract's names
-from adapters.torch_zero import ShardedOptimizer  # noqa: F401 - re-exported: the contract's names
+from parallelism_conformance.adapters.dtensor_block import TensorParallelAttention, TensorParallelSwiGLU  # noqa: F401 - re-exported: the contract's names
+from parallelism_conformance.adapters.dtensor_tp import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP  # noqa: F401 - re-exported: the contract's names
+from parallelism_conformance.adapters.torch_checkpoint import load_checkpoint, save_checkpoint  # noqa: F401 - re-exported: the contract's names
+from parallelism_conformance.adapters.torch_context_parallel import context_parallel_attention  # noqa: F401 - raises: not adapted, why
+from parallelism_conformance.adapters.torch_ddp import DataParallel  # noqa: F401 - re-exported: the contract's names
+from parallelism_conformance.adapters.torch_fsdp import full_parameters, fully_shard, init_sharded  # noqa: F401 - re-exported: the contract's names
+from parallelism_conformance.adapters.torch_grad_clipping import clip_grad_norm_  # noqa: F401 - re-exported: the contract's names
+from parallelism_conformance.adapters.torch_moe import ExpertParallelMoE  # noqa: F401 - re-exported: the contract's names
+from parallelism_conformance.adapters.torch_pipelining import generate_schedule, pipeline_step, split_stages  # noqa: F401 - re-exported: the contract's names
+from parallelism_conformance.adapters.torch_sampler import DistributedSampler  # noqa: F401 - re-exported: the contract's names
+from parallelism_conformance.adapters.torch_tied_weights import sync_tied_gradients  # noqa: F401 - re-exported: the contract's names
+from parallelism_conformance.adapters.torch_token_loss import global_token_count  # noqa: F401 - re-exported: the contract's names
+from parallelism_conformance.adapters.torch_vocab_parallel import VocabParallelEmbedding, vocab_parallel_cross_entropy  # noqa: F401 - re-exported: the contract's names
+from parallelism_conformance.adapters.torch_zero import ShardedOptimizer  # noqa: F401 - re-exported: the contract's names

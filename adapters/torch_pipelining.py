@@ -39,13 +39,7 @@ from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleGPipe,
-    ScheduleInterleaved1F1B,
-    ScheduleZBVZeroBubble,
-)
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B, ScheduleZBVZeroBubble
 from torch.distributed.pipelining import schedules as _ir
 
 KINDS = ("gpipe", "1f1b", "interleaved", "zb-v")

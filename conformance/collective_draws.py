@@ -6,8 +6,8 @@ import pytest
 from hypothesis import event
 from hypothesis import strategies as st
 
-from conformance.examples import Layout, Values, dtypes_for, layouts, values
-from conformance.verdict import Judge
+from parallelism_conformance.conformance.examples import Layout, Values, dtypes_for, layouts, values
+from parallelism_conformance.conformance.verdict import Judge
 
 
 class Drawer:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-import reference.collectives as ref
-from conformance.examples import sentinel
+import parallelism_conformance.reference.collectives as ref
+from parallelism_conformance.conformance.examples import sentinel
 
 
 def pieces(x: Tensor, n: int) -> list[Tensor]:

@@ -8,11 +8,11 @@ import torch
 from hypothesis import assume
 from hypothesis import strategies as st
 
-import reference.data_parallel as ref
-import reference.mixed_precision as ref_mixed
-from conformance.examples import Layout, TrainingExample, handout_fsdp_model
-from conformance.verdict import Judge, check_names, run_or_skip
-from harness.rank import models
+import parallelism_conformance.reference.data_parallel as ref
+import parallelism_conformance.reference.mixed_precision as ref_mixed
+from parallelism_conformance.conformance.examples import Layout, TrainingExample, handout_fsdp_model
+from parallelism_conformance.conformance.verdict import Judge, check_names, run_or_skip
+from parallelism_conformance.harness.rank import models
 
 
 @st.composite

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance.collective_table import TABLE, Case
-from harness.driver.failures import TASK_FAILURES
-from harness.driver.plugin.refusals import BackendRefusals
-from reference.collectives import DTYPES, OPS, op_applies
+from parallelism_conformance.conformance.collective_table import TABLE, Case
+from parallelism_conformance.harness.driver.failures import TASK_FAILURES
+from parallelism_conformance.harness.driver.plugin.refusals import BackendRefusals
+from parallelism_conformance.reference.collectives import DTYPES, OPS, op_applies
 
 # The probe runs the backend's own collectives, not the code under test, so --rank-timeout (sized
 # for the implementation's tasks, 2 s in some of the project's own tests) is not its deadline: on a
@@ -60,7 +60,7 @@ def probe_refusals(world_pool, plan) -> BackendRefusals:
         # Ranks forked anew from the forkserver never imported it (the world's old ones are swept).
         world_pool.close_world(n)
         try:
-            probe = world_pool.run(n, "harness.rank.programs.probe:native_refusals", [{"calls": c} for c in calls],
+            probe = world_pool.run(n, "parallelism_conformance.harness.rank.programs.probe:native_refusals", [{"calls": c} for c in calls],
                                    impl="torch.distributed", timeout_s=max(PROBE_TIMEOUT_S, world_pool.timeout_s))
         except TASK_FAILURES as failure:
             # an Exception, not the task's BaseException: pytest caches a session fixture's error

@@ -8,9 +8,9 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
-import reference.pipeline_schedules as sched
-from harness.rank import models
-from reference.collectives import DTYPES, op_applies
+import parallelism_conformance.reference.pipeline_schedules as sched
+from parallelism_conformance.harness.rank import models
+from parallelism_conformance.reference.collectives import DTYPES, op_applies
 
 FLOAT_DTYPES = tuple(d for d in DTYPES if d.is_floating_point)
 LARGE_NUMEL = (1000, 5000)  # "several thousand elements"

@@ -7,8 +7,8 @@ kind holds at once (reference/pipeline_schedules.py, ``theory_peak_live``). Used
 tests and the pipeline compositions."""
 from __future__ import annotations
 
-import reference.pipeline_schedules as sched
-from conformance.verdict import Judge
+import parallelism_conformance.reference.pipeline_schedules as sched
+from parallelism_conformance.conformance.verdict import Judge
 
 
 def expected_order(example) -> sched.Schedule | None:

@@ -34,10 +34,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference.data_parallel as ref
-from conformance.examples import MODEL_DTYPES, Layout, model_specs, optimizer_specs
-from conformance.verdict import Judge, check_names
-from harness.rank import models
+import parallelism_conformance.reference.data_parallel as ref
+from parallelism_conformance.conformance.examples import MODEL_DTYPES, Layout, model_specs, optimizer_specs
+from parallelism_conformance.conformance.verdict import Judge, check_names
+from parallelism_conformance.harness.rank import models
 
 DATA_PARALLEL = ("fully_sharded", "sharded_optimizer")
 TENSOR_PARALLEL = "tensor_parallel"

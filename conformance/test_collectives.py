@@ -16,13 +16,13 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference.collectives as ref
-import reference.likely_bugs as likely_bugs
-from conformance.collective_draws import Drawer, check_inputs_unchanged, split_sizes
-from conformance.collective_table import TABLE, Case, judge_results
-from conformance.examples import PER_MEMBER, Layout, Values, sentinel, shapes
-from conformance.verdict import Judge
-from reference.tolerance import reduction_atol
+import parallelism_conformance.reference.collectives as ref
+import parallelism_conformance.reference.likely_bugs as likely_bugs
+from parallelism_conformance.conformance.collective_draws import Drawer, check_inputs_unchanged, split_sizes
+from parallelism_conformance.conformance.collective_table import TABLE, Case, judge_results
+from parallelism_conformance.conformance.examples import PER_MEMBER, Layout, Values, sentinel, shapes
+from parallelism_conformance.conformance.verdict import Judge
+from parallelism_conformance.reference.tolerance import reduction_atol
 
 REDUCTIONS = ("reduce", "all_reduce", "reduce_scatter", "reduce_scatter_tensor")
 # what backends are known to refuse in some cases (gloo on torch 2.11: every list all_to_all)

@@ -29,10 +29,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference.tensor_parallel as ref
-from conformance.examples import Layout, dense_layers
-from conformance.verdict import Judge
-from reference import mesh
+import parallelism_conformance.reference.tensor_parallel as ref
+from parallelism_conformance.conformance.examples import Layout, dense_layers
+from parallelism_conformance.conformance.verdict import Judge
+from parallelism_conformance.reference import mesh
 
 PROGRAM = "composition:dp_tp_mlp"
 DTYPES = (torch.float32, torch.float64)

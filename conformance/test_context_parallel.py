@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference.context_parallel as ref
-from conformance.examples import AttentionExample as Example
-from conformance.examples import attention_examples as examples
-from conformance.verdict import Judge, run_or_skip
+import parallelism_conformance.reference.context_parallel as ref
+from parallelism_conformance.conformance.examples import AttentionExample as Example
+from parallelism_conformance.conformance.examples import attention_examples as examples
+from parallelism_conformance.conformance.verdict import Judge, run_or_skip
 
 PROGRAM = "context_parallel:attention"
 

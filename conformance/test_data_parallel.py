@@ -31,12 +31,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference.data_parallel as ref
-import reference.likely_bugs as likely_bugs
-from conformance.compute_dtype import compute_dtype_examples, judge_one_step, run_one_step
-from conformance.examples import MIB, MODEL_DTYPES, bucket_sizes, describe_spec, model_specs, optimizer_specs
-from conformance.verdict import Judge, check_names, mismatch, run_refusable
-from harness.rank import models
+import parallelism_conformance.reference.data_parallel as ref
+import parallelism_conformance.reference.likely_bugs as likely_bugs
+from parallelism_conformance.conformance.compute_dtype import compute_dtype_examples, judge_one_step, run_one_step
+from parallelism_conformance.conformance.examples import MIB, MODEL_DTYPES, bucket_sizes, describe_spec, model_specs, optimizer_specs
+from parallelism_conformance.conformance.verdict import Judge, check_names, mismatch, run_refusable
+from parallelism_conformance.harness.rank import models
 
 PROGRAM = "data_parallel:train"
 

@@ -22,9 +22,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference.data_sampling as ref
-from conformance.examples import Layout
-from conformance.verdict import Judge
+import parallelism_conformance.reference.data_sampling as ref
+from parallelism_conformance.conformance.examples import Layout
+from parallelism_conformance.conformance.verdict import Judge
 
 PROGRAM = "data_sampler:epochs"
 CHANGES_FROM = 10  # samples: two permutations drawn alike are equal with probability 1/N! (< 3e-7)

@@ -26,12 +26,12 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference.pipeline_parallel as ref
-from conformance.examples import Layout
-from conformance.test_pipeline_composition import PROGRAM, Example, examples, judge_stage_gradients
-from conformance.verdict import Judge
-from harness.rank import pipeline_models
-from reference import mesh
+import parallelism_conformance.reference.pipeline_parallel as ref
+from parallelism_conformance.conformance.examples import Layout
+from parallelism_conformance.conformance.test_pipeline_composition import PROGRAM, Example, examples, judge_stage_gradients
+from parallelism_conformance.conformance.verdict import Judge
+from parallelism_conformance.harness.rank import pipeline_models
+from parallelism_conformance.reference import mesh
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,9 +28,9 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-import reference.expert_parallel as ref
-from conformance.examples import layouts, mixture_examples
-from conformance.verdict import Judge
+import parallelism_conformance.reference.expert_parallel as ref
+from parallelism_conformance.conformance.examples import layouts, mixture_examples
+from parallelism_conformance.conformance.verdict import Judge
 
 PROGRAM = "expert_parallel:forward_backward"
 

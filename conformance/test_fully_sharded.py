@@ -37,13 +37,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference.data_parallel as ref
-from conformance.compute_dtype import compute_dtype_examples, judge_one_step, run_one_step
-from conformance.examples import Layout, handout_fsdp_model, training_examples
-from conformance.examples import TrainingExample as Example
-from conformance.verdict import Judge, check_names, run_or_skip
-from harness.rank import models
-from harness.rank.programs.fully_sharded import units
+import parallelism_conformance.reference.data_parallel as ref
+from parallelism_conformance.conformance.compute_dtype import compute_dtype_examples, judge_one_step, run_one_step
+from parallelism_conformance.conformance.examples import Layout, handout_fsdp_model, training_examples
+from parallelism_conformance.conformance.examples import TrainingExample as Example
+from parallelism_conformance.conformance.verdict import Judge, check_names, run_or_skip
+from parallelism_conformance.harness.rank import models
+from parallelism_conformance.harness.rank.programs.fully_sharded import units
 
 PROGRAM = "fully_sharded:train"
 STATE_TENSORS = {"sgd": 1, "adamw": 2}  # momentum buffer; exp_avg and exp_avg_sq

@@ -34,17 +34,17 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference.data_parallel as ref
-import reference.tensor_parallel as ref_tp
-from conformance.examples import Layout, TrainingExample, training_examples
-from conformance.test_pipeline_parallel import dense as pipeline_dense
-from conformance.test_pipeline_parallel import examples as pipeline_examples
-from conformance.test_pipeline_parallel import run_step as run_pipeline_step
-from conformance.test_tensor_parallel import examples as tp_examples
-from conformance.trajectory import check_state_after_step
-from conformance.verdict import Judge, run_or_skip
-from harness.rank import models
-from reference.tolerance import unit_roundoff
+import parallelism_conformance.reference.data_parallel as ref
+import parallelism_conformance.reference.tensor_parallel as ref_tp
+from parallelism_conformance.conformance.examples import Layout, TrainingExample, training_examples
+from parallelism_conformance.conformance.test_pipeline_parallel import dense as pipeline_dense
+from parallelism_conformance.conformance.test_pipeline_parallel import examples as pipeline_examples
+from parallelism_conformance.conformance.test_pipeline_parallel import run_step as run_pipeline_step
+from parallelism_conformance.conformance.test_tensor_parallel import examples as tp_examples
+from parallelism_conformance.conformance.trajectory import check_state_after_step
+from parallelism_conformance.conformance.verdict import Judge, run_or_skip
+from parallelism_conformance.harness.rank import models
+from parallelism_conformance.reference.tolerance import unit_roundoff
 
 NORM_TYPES = (2.0, 1.0, math.inf)
 MAX_NORM_FACTORS = (0.25, 0.5, 4.0)  # times the first step's norm: clipped, clipped, not clipped

@@ -35,15 +35,15 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference.data_parallel as dp_ref
-import reference.pipeline_parallel as ref
-import reference.pipeline_schedules as sched
-import reference.tensor_parallel as tp_ref
-from conformance.examples import Layout
-from conformance.executed_schedule import peak_live, without_warm_up_forwards
-from conformance.verdict import Judge
-from harness.rank import pipeline_models
-from reference.mesh import Mesh
+import parallelism_conformance.reference.data_parallel as dp_ref
+import parallelism_conformance.reference.pipeline_parallel as ref
+import parallelism_conformance.reference.pipeline_schedules as sched
+import parallelism_conformance.reference.tensor_parallel as tp_ref
+from parallelism_conformance.conformance.examples import Layout
+from parallelism_conformance.conformance.executed_schedule import peak_live, without_warm_up_forwards
+from parallelism_conformance.conformance.verdict import Judge
+from parallelism_conformance.harness.rank import pipeline_models
+from parallelism_conformance.reference.mesh import Mesh
 
 PROGRAM = "pipeline_parallel:mesh_step"
 LOSS = "mse"

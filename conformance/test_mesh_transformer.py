@@ -30,15 +30,15 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference.tensor_parallel as tp_ref
-import reference.transformer_layers as layers
-import reference.transformer_model as ref
-import reference.vocab_parallel as vocab_ref
-from conformance.examples import Layout
-from conformance.test_mesh_composition import meshes
-from conformance.verdict import Judge
-from harness.rank import pipeline_models
-from reference.mesh import Mesh
+import parallelism_conformance.reference.tensor_parallel as tp_ref
+import parallelism_conformance.reference.transformer_layers as layers
+import parallelism_conformance.reference.transformer_model as ref
+import parallelism_conformance.reference.vocab_parallel as vocab_ref
+from parallelism_conformance.conformance.examples import Layout
+from parallelism_conformance.conformance.test_mesh_composition import meshes
+from parallelism_conformance.conformance.verdict import Judge
+from parallelism_conformance.harness.rank import pipeline_models
+from parallelism_conformance.reference.mesh import Mesh
 
 PROGRAM = "mesh_transformer:transformer_step"
 

@@ -25,11 +25,11 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-import reference.data_parallel as dp_ref
-import reference.expert_parallel as ref
-from conformance.examples import mixture_examples
-from conformance.test_expert_parallel import judge_expert_gradients
-from conformance.verdict import Judge
+import parallelism_conformance.reference.data_parallel as dp_ref
+import parallelism_conformance.reference.expert_parallel as ref
+from parallelism_conformance.conformance.examples import mixture_examples
+from parallelism_conformance.conformance.test_expert_parallel import judge_expert_gradients
+from parallelism_conformance.conformance.verdict import Judge
 
 
 @pytest.mark.capability("moe_clipping")

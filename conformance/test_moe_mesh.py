@@ -25,10 +25,10 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-import reference.expert_parallel as ref
-from conformance.examples import Layout, MixtureExample
-from conformance.test_expert_parallel import judge_expert_gradients
-from conformance.verdict import Judge
+import parallelism_conformance.reference.expert_parallel as ref
+from parallelism_conformance.conformance.examples import Layout, MixtureExample
+from parallelism_conformance.conformance.test_expert_parallel import judge_expert_gradients
+from parallelism_conformance.conformance.verdict import Judge
 
 PROGRAM = "expert_parallel:mesh_step"
 

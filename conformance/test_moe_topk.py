@@ -30,11 +30,11 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-import reference.expert_parallel as ep
-import reference.moe_routing as ref
-from conformance.examples import mixture_examples
-from conformance.test_expert_parallel import judge_expert_gradients
-from conformance.verdict import Judge
+import parallelism_conformance.reference.expert_parallel as ep
+import parallelism_conformance.reference.moe_routing as ref
+from parallelism_conformance.conformance.examples import mixture_examples
+from parallelism_conformance.conformance.test_expert_parallel import judge_expert_gradients
+from parallelism_conformance.conformance.verdict import Judge
 
 PROGRAM = "expert_parallel:forward_backward_topk"
 CAPACITY_FACTORS = (0.5, 1.0, 1.5)

@@ -28,13 +28,13 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference.pipeline_parallel as ref
-import reference.pipeline_schedules as sched
-from conformance.examples import Layout
-from conformance.executed_schedule import peak_live, without_warm_up_forwards
-from conformance.verdict import Judge
-from harness.rank import pipeline_models
-from reference import mesh
+import parallelism_conformance.reference.pipeline_parallel as ref
+import parallelism_conformance.reference.pipeline_schedules as sched
+from parallelism_conformance.conformance.examples import Layout
+from parallelism_conformance.conformance.executed_schedule import peak_live, without_warm_up_forwards
+from parallelism_conformance.conformance.verdict import Judge
+from parallelism_conformance.harness.rank import pipeline_models
+from parallelism_conformance.reference import mesh
 
 PROGRAM = "pipeline_parallel:dp_pp_step"
 LOSS = "mse"

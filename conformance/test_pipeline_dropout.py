@@ -27,9 +27,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.executed_schedule import calls_of, without_warm_up_forwards
-from conformance.test_pipeline_parallel import examples, judge_step, run_step
-from conformance.verdict import Judge
+from parallelism_conformance.conformance.executed_schedule import calls_of, without_warm_up_forwards
+from parallelism_conformance.conformance.test_pipeline_parallel import examples, judge_step, run_step
+from parallelism_conformance.conformance.verdict import Judge
 
 
 @pytest.mark.capability("pipeline_dropout")

@@ -33,15 +33,15 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-import reference.likely_bugs as likely_bugs
-import reference.pipeline_parallel as ref
-import reference.pipeline_schedules as sched
-from conformance.examples import Layout
-from conformance.examples import schedule_shapes as shapes
-from conformance.executed_schedule import judge_executed_schedule
-from conformance.verdict import Judge, run_or_skip
-from harness.rank import pipeline_models
-from reference.pipeline_simulator import Costs, simulate
+import parallelism_conformance.reference.likely_bugs as likely_bugs
+import parallelism_conformance.reference.pipeline_parallel as ref
+import parallelism_conformance.reference.pipeline_schedules as sched
+from parallelism_conformance.conformance.examples import Layout
+from parallelism_conformance.conformance.examples import schedule_shapes as shapes
+from parallelism_conformance.conformance.executed_schedule import judge_executed_schedule
+from parallelism_conformance.conformance.verdict import Judge, run_or_skip
+from parallelism_conformance.harness.rank import pipeline_models
+from parallelism_conformance.reference.pipeline_simulator import Costs, simulate
 
 PROGRAM = "pipeline_parallel:train_step"
 GENERATE = "pipeline_parallel:generate_schedule"

@@ -22,11 +22,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference.data_parallel as ref
-import reference.random_streams as streams
-from conformance.examples import Layout, optimizer_specs
-from conformance.verdict import Judge, check_names
-from harness.rank import models
+import parallelism_conformance.reference.data_parallel as ref
+import parallelism_conformance.reference.random_streams as streams
+from parallelism_conformance.conformance.examples import Layout, optimizer_specs
+from parallelism_conformance.conformance.verdict import Judge, check_names
+from parallelism_conformance.harness.rank import models
 
 
 @st.composite

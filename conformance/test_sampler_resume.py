@@ -21,9 +21,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference.data_sampling as ref
-from conformance.examples import Layout
-from conformance.verdict import Judge, run_or_skip
+import parallelism_conformance.reference.data_sampling as ref
+from parallelism_conformance.conformance.examples import Layout
+from parallelism_conformance.conformance.verdict import Judge, run_or_skip
 
 
 @st.composite

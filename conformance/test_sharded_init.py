@@ -25,11 +25,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference.data_parallel as ref
-from conformance.examples import Layout
-from conformance.verdict import Judge, check_names
-from harness.rank import models
-from reference.initialisation import default_initialisation
+import parallelism_conformance.reference.data_parallel as ref
+from parallelism_conformance.conformance.examples import Layout
+from parallelism_conformance.conformance.verdict import Judge, check_names
+from parallelism_conformance.harness.rank import models
+from parallelism_conformance.reference.initialisation import default_initialisation
 
 
 @st.composite

@@ -36,11 +36,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference.data_parallel as ref
-from conformance.examples import TrainingExample as Example
-from conformance.examples import training_examples as examples
-from conformance.verdict import Judge, check_names, run_refusable
-from harness.rank import models
+import parallelism_conformance.reference.data_parallel as ref
+from parallelism_conformance.conformance.examples import TrainingExample as Example
+from parallelism_conformance.conformance.examples import training_examples as examples
+from parallelism_conformance.conformance.verdict import Judge, check_names, run_refusable
+from parallelism_conformance.harness.rank import models
 
 PROGRAM = "sharded_optimizer:train"
 STATE_TENSORS = {"sgd": 1, "adamw": 2}  # K: state tensors per parameter element

@@ -8,9 +8,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.examples import Layout
-from conformance.verdict import Judge, run_or_skip
-from harness.rank import pipeline_models
+from parallelism_conformance.conformance.examples import Layout
+from parallelism_conformance.conformance.verdict import Judge, run_or_skip
+from parallelism_conformance.harness.rank import pipeline_models
 
 
 def stage_split_rule(num_layers: int, num_stages: int) -> list[list[int]]:

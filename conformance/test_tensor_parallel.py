@@ -36,11 +36,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference.likely_bugs as likely_bugs
-import reference.tensor_parallel as ref
-from conformance.examples import Layout, dense_layers, layouts
-from conformance.tp_refusals import judge_refusals
-from conformance.verdict import Judge
+import parallelism_conformance.reference.likely_bugs as likely_bugs
+import parallelism_conformance.reference.tensor_parallel as ref
+from parallelism_conformance.conformance.examples import Layout, dense_layers, layouts
+from parallelism_conformance.conformance.tp_refusals import judge_refusals
+from parallelism_conformance.conformance.verdict import Judge
 
 PROGRAM = "tensor_parallel:forward_backward"
 DTYPES = (torch.float32, torch.float64)

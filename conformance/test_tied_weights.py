@@ -26,10 +26,10 @@ import torch
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-import reference.data_parallel as ref_dp
-from conformance.test_grad_clipping import MAX_NORM_FACTORS, NORM_TYPES, judge_pipeline_clipping
-from conformance.test_pipeline_parallel import Example, dense, examples, judge_step, run_step
-from conformance.verdict import Judge
+import parallelism_conformance.reference.data_parallel as ref_dp
+from parallelism_conformance.conformance.test_grad_clipping import MAX_NORM_FACTORS, NORM_TYPES, judge_pipeline_clipping
+from parallelism_conformance.conformance.test_pipeline_parallel import Example, dense, examples, judge_step, run_step
+from parallelism_conformance.conformance.verdict import Judge
 
 LOOP_KINDS = ("gpipe", "1f1b", "interleaved", "random")
 TIED_ONCE = "a weight tied across stages counts once (the copies hold one weight's gradient)"

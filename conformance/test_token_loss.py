@@ -33,13 +33,13 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference.data_parallel as ref
-import reference.likely_bugs as likely_bugs
-import reference.token_loss as ref_tokens
-from conformance.examples import Layout, bucket_sizes, describe_spec, model_specs, optimizer_specs
-from conformance.trajectory import check_state_after_step
-from conformance.verdict import Judge, check_names, run_or_skip
-from harness.rank import models
+import parallelism_conformance.reference.data_parallel as ref
+import parallelism_conformance.reference.likely_bugs as likely_bugs
+import parallelism_conformance.reference.token_loss as ref_tokens
+from parallelism_conformance.conformance.examples import Layout, bucket_sizes, describe_spec, model_specs, optimizer_specs
+from parallelism_conformance.conformance.trajectory import check_state_after_step
+from parallelism_conformance.conformance.verdict import Judge, check_names, run_or_skip
+from parallelism_conformance.harness.rank import models
 
 MASKS = ("all", "none", "samples", "positions")  # which targets of a slice are tokens
 DIVIDE_FACTORS = (1.0, 2.0)  # f: 1 sums (torchtitan's setting); 2 shows the factor is the one given

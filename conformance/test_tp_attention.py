@@ -30,12 +30,12 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference.tensor_parallel as tp
-import reference.transformer_layers as ref
-from conformance.examples import Layout, layouts
-from conformance.test_tensor_parallel import judge_member, judge_replicated
-from conformance.tp_refusals import check_refused
-from conformance.verdict import Judge
+import parallelism_conformance.reference.tensor_parallel as tp
+import parallelism_conformance.reference.transformer_layers as ref
+from parallelism_conformance.conformance.examples import Layout, layouts
+from parallelism_conformance.conformance.test_tensor_parallel import judge_member, judge_replicated
+from parallelism_conformance.conformance.tp_refusals import check_refused
+from parallelism_conformance.conformance.verdict import Judge
 
 PROGRAM = "transformer_layers:forward_backward"
 

@@ -25,9 +25,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference.tensor_parallel as ref
-from conformance.test_tensor_parallel import PROGRAM, examples
-from conformance.verdict import Judge, run_or_skip
+import parallelism_conformance.reference.tensor_parallel as ref
+from parallelism_conformance.conformance.test_tensor_parallel import PROGRAM, examples
+from parallelism_conformance.conformance.verdict import Judge, run_or_skip
 
 # the largest odd integer every member's partial sum may be: exact in d (2^(p+1) - 1, p mantissa bits)
 LARGEST_EXACT = {torch.bfloat16: 255, torch.float16: 2047}

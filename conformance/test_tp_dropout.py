@@ -23,9 +23,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference.tensor_parallel as ref
-from conformance.test_tensor_parallel import PROGRAM, examples, judge_member, judge_replicated
-from conformance.verdict import Judge, run_or_skip
+import parallelism_conformance.reference.tensor_parallel as ref
+from parallelism_conformance.conformance.test_tensor_parallel import PROGRAM, examples, judge_member, judge_replicated
+from parallelism_conformance.conformance.verdict import Judge, run_or_skip
 
 
 @pytest.mark.capability("tp_dropout")

@@ -25,12 +25,12 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference.tensor_parallel as tp
-import reference.transformer_layers as ref
-from conformance.examples import Layout, dense_layers, layouts
-from conformance.test_tp_attention import PROGRAM, judge_column_then_row
-from conformance.tp_refusals import check_refused
-from conformance.verdict import Judge
+import parallelism_conformance.reference.tensor_parallel as tp
+import parallelism_conformance.reference.transformer_layers as ref
+from parallelism_conformance.conformance.examples import Layout, dense_layers, layouts
+from parallelism_conformance.conformance.test_tp_attention import PROGRAM, judge_column_then_row
+from parallelism_conformance.conformance.tp_refusals import check_refused
+from parallelism_conformance.conformance.verdict import Judge
 
 GATE_AND_UP = "gate and value rows (a rank's gate rows must meet the value rows of the same hidden units)"
 

@@ -18,10 +18,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference.vocab_parallel as ref
-from conformance.examples import layouts
-from conformance.verdict import Judge
-from reference.tolerance import unit_roundoff
+import parallelism_conformance.reference.vocab_parallel as ref
+from parallelism_conformance.conformance.examples import layouts
+from parallelism_conformance.conformance.verdict import Judge
+from parallelism_conformance.reference.tolerance import unit_roundoff
 
 PROGRAM = "tensor_parallel:vocab_cross_entropy"
 DTYPES = (torch.float32, torch.float64)

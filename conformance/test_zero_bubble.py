@@ -22,10 +22,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference.pipeline_schedules as sched
-from conformance.test_pipeline_parallel import check_drawn_step, graded_schedule
-from conformance.verdict import Judge
-from reference.pipeline_simulator import Costs, simulate
+import parallelism_conformance.reference.pipeline_schedules as sched
+from parallelism_conformance.conformance.test_pipeline_parallel import check_drawn_step, graded_schedule
+from parallelism_conformance.conformance.verdict import Judge
+from parallelism_conformance.reference.pipeline_simulator import Costs, simulate
 
 pytestmark = pytest.mark.capability("zero_bubble")
 

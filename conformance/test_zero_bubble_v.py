@@ -23,8 +23,8 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-import reference.pipeline_schedules as sched
-from conformance.test_pipeline_parallel import (
+import parallelism_conformance.reference.pipeline_schedules as sched
+from parallelism_conformance.conformance.test_pipeline_parallel import (
     Example,
     check_drawn_step,
     examples,
@@ -32,8 +32,8 @@ from conformance.test_pipeline_parallel import (
     judge_step,
     run_step,
 )
-from conformance.verdict import Judge
-from reference.pipeline_simulator import Costs, simulate
+from parallelism_conformance.conformance.verdict import Judge
+from parallelism_conformance.reference.pipeline_simulator import Costs, simulate
 
 pytestmark = pytest.mark.capability("zero_bubble_v")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from conformance.examples import Layout
-from conformance.verdict import Judge
+from parallelism_conformance.conformance.examples import Layout
+from parallelism_conformance.conformance.verdict import Judge
 
 
 def judge_refusals(judge: Judge, outputs: dict, layout: Layout, what: str, name: str, size: int) -> None:

@@ -2,8 +2,8 @@
 (reference/data_parallel.py ``Trajectory``), shared by the tests that train a few steps."""
 from __future__ import annotations
 
-import reference.data_parallel as ref
-from conformance.verdict import Judge, check_names
+import parallelism_conformance.reference.data_parallel as ref
+from parallelism_conformance.conformance.verdict import Judge, check_names
 
 
 def check_state_after_step(judge: Judge, rank: int, state: dict, expected: ref.Trajectory, step: int, exact,

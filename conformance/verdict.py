@@ -6,10 +6,10 @@ from pathlib import Path
 
 import torch
 
-from conformance.examples import Layout, is_sentinel
-from harness.driver.failures import TASK_FAILURES, ImplementationIncomplete
-from harness.driver.perturbation import ReadBeforeCompletion
-from reference.tolerance import first_mismatch
+from parallelism_conformance.conformance.examples import Layout, is_sentinel
+from parallelism_conformance.harness.driver.failures import TASK_FAILURES, ImplementationIncomplete
+from parallelism_conformance.harness.driver.perturbation import ReadBeforeCompletion
+from parallelism_conformance.reference.tolerance import first_mismatch
 
 
 class Judge:
@@ -113,13 +113,13 @@ def check_names(judge: Judge, actual, expected: dict, what: str, why: str = "") 
 # the project's own adapters of torch's libraries, by module name, as --impl names them (a file
 # named adapters.py, or any path, is not one of them). adapters.cs336 is not one: it runs a student's
 # submission, so whatever it raises is the submission's and is graded.
-SUBMISSION_ADAPTERS = frozenset({"adapters.cs336"})
-TRUSTED_ADAPTERS = frozenset(f"adapters.{path.stem}" for path in (Path(__file__).parent.parent / "adapters").glob("*.py")
+SUBMISSION_ADAPTERS = frozenset({"parallelism_conformance.adapters.cs336"})
+TRUSTED_ADAPTERS = frozenset(f"parallelism_conformance.adapters.{path.stem}" for path in (Path(__file__).parent.parent / "adapters").glob("*.py")
                              if path.stem != "__init__") - SUBMISSION_ADAPTERS
 
 
 def run_or_skip(judge: Judge, ranks, layout: Layout, program: str, per_member: list[dict]) -> dict:
-    """judge.run. For the project's own adapters (--impl adapters.*, a choice of the driver's
+    """judge.run. For the project's own adapters (--impl parallelism_conformance.adapters.*, a choice of the driver's
     options, never of the ranks) a NotImplementedError("... cannot ...") on every rank says what
     torch's library cannot do on this backend: the example (``judge``, one per example) is refused
     (``ranks.refusals``, harness.driver.plugin.refusals.Refusals: rejected and another drawn inside

@@ -1,8 +1,8 @@
 """The bundled implementations with the naive data-parallel wrapper as ``DataParallel``:
-``--impl impls.naive_dp`` grades NaiveDataParallel (all-reduce every gradient after backward)."""
+``--impl parallelism_conformance.impls.naive_dp`` grades NaiveDataParallel (all-reduce every gradient after backward)."""
 
-from impls import *  # noqa: F403 - the collectives, unchanged
-from impls import BucketedDataParallel, NaiveDataParallel, OverlappedDataParallel  # noqa: F401 - re-exported: the contract's names
+from parallelism_conformance.impls import *  # noqa: F403 - the collectives, unchanged
+from parallelism_conformance.impls import BucketedDataParallel, NaiveDataParallel, OverlappedDataParallel  # noqa: F401 - re-exported: the contract's names
 
 
 def DataParallel(module, bucket_size_mb=None, process_group=None, gradient_divide_factor=None, compute_dtype=None):

@@ -11,10 +11,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-from .collective_args import (
-    _Comm,
-    _split_sizes,
-)
+from .collective_args import _Comm, _split_sizes
 
 _RedOpType = ReduceOp.RedOpType
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from perf import figures as measured_table
-from perf.bandwidth import Measurement, plot, table
+from parallelism_conformance.perf import figures as measured_table
+from parallelism_conformance.perf.bandwidth import Measurement, plot, table
 
 MEASUREMENTS = pytest.StashKey[list]()
 FIGURES = pytest.StashKey[measured_table.Figures]()

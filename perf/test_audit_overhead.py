@@ -20,9 +20,9 @@ import time
 import pytest
 import torch
 
-from harness.driver.pool import WorldPool
+from parallelism_conformance.harness.driver.pool import WorldPool
 
-CALL = "harness.rank.programs.collectives:call"
+CALL = "parallelism_conformance.harness.rank.programs.collectives:call"
 ROUNDS = 80
 OVERHEAD_GOAL = 1.25
 
@@ -32,7 +32,7 @@ def example(n: int) -> list[dict]:
             for _ in range(n)]
 
 
-@pytest.mark.parametrize("impl", ["impls", "torch.distributed"])
+@pytest.mark.parametrize("impl", ["parallelism_conformance.impls", "torch.distributed"])
 @pytest.mark.parametrize("n", [2, 4])
 def test_audited_task_against_a_plain_one(benchmark, figures, n, impl):
     args = example(n)

@@ -11,12 +11,12 @@ import statistics
 
 import pytest
 
-from perf.bandwidth import Measurement
-from perf.conftest import sizes, world_sizes
+from parallelism_conformance.perf.bandwidth import Measurement
+from parallelism_conformance.perf.conftest import sizes, world_sizes
 
-TIMING = "harness.rank.programs.timing:time_collective"
+TIMING = "parallelism_conformance.harness.rank.programs.timing:time_collective"
 COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "all_to_all_single", "broadcast", "reduce")
-IMPLS = ("impls", "torch.distributed")
+IMPLS = ("parallelism_conformance.impls", "torch.distributed")
 ITEMSIZE = 4  # float32
 GATE_RATIO = 0.9
 PAIRS = 7
@@ -84,7 +84,7 @@ def test_ring_all_reduce_reaches_native_busbw(world_pool, figures):
         pair = {impl: measure(world_pool, impl, "all_reduce", n, size, iters=3, warmup=1) for impl in IMPLS}
         for impl, seconds in pair.items():
             times[impl].append(seconds)
-        ratios.append(pair["torch.distributed"] / pair["impls"])  # busbw ratio = inverse time ratio
+        ratios.append(pair["torch.distributed"] / pair["parallelism_conformance.impls"])  # busbw ratio = inverse time ratio
     ratio = statistics.median(ratios)
     bundled, native = (statistics.median(times[impl]) for impl in IMPLS)
     print(f"\nring all-reduce at 64 MiB, n=4: bundled {bundled * 1e3:.1f} ms, gloo {native * 1e3:.1f} ms (medians); "

@@ -16,9 +16,9 @@ import time
 import pytest
 import torch
 
-from harness.driver.pool import WorldPool
+from parallelism_conformance.harness.driver.pool import WorldPool
 
-CALL = "harness.rank.programs.collectives:call"
+CALL = "parallelism_conformance.harness.rank.programs.collectives:call"
 ROUNDS = 80
 SIDE_BY_SIDE_LIMIT = 1.5
 OVERHEAD_GOAL = 0.10
@@ -29,7 +29,7 @@ def example(n: int) -> list[dict]:
             for _ in range(n)]
 
 
-@pytest.mark.parametrize("impl", ["impls", "torch.distributed"])
+@pytest.mark.parametrize("impl", ["parallelism_conformance.impls", "torch.distributed"])
 @pytest.mark.parametrize("n", [2, 4])
 def test_recorded_task_against_an_unrecorded_one(benchmark, figures, n, impl):
     args = example(n)
@@ -64,7 +64,7 @@ def test_recorded_task_against_an_unrecorded_one(benchmark, figures, n, impl):
 
 
 # the bundled ring all-reduce: n-1 sends and n-1 receives in each of its two phases; gloo's: one call
-CALLS_PER_RANK = {"impls": lambda n: 4 * (n - 1), "torch.distributed": lambda n: 1}
+CALLS_PER_RANK = {"parallelism_conformance.impls": lambda n: 4 * (n - 1), "torch.distributed": lambda n: 1}
 
 
 def recorded_call_seconds() -> float:
@@ -72,7 +72,7 @@ def recorded_call_seconds() -> float:
     import tempfile
     import timeit
 
-    from harness.rank.flight_recorder import Recorder, _wrap
+    from parallelism_conformance.harness.rank.flight_recorder import Recorder, _wrap
 
     with tempfile.TemporaryDirectory() as folder:
         recorder = Recorder(f"{folder}/ring", 0)

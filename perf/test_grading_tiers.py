@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.driver.gradescope import config, container, trial
+from parallelism_conformance.harness.driver.gradescope import config, container, trial
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -66,7 +66,7 @@ def installed():
 
 @pytest.fixture(scope="module")
 def installed_cs336():
-    from harness.driver.gradescope import requirements
+    from parallelism_conformance.harness.driver.gradescope import requirements
 
     installed = trial.install(config.AutograderConfig(
         expects=config.CS336, capability=CS336_SET, suite_version="tiers",

@@ -25,16 +25,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.driver import audit
-from harness.driver.pool import WorldPool
-from harness.rank import pipeline_models
-from reference.mesh import Mesh
-from reference.topology import ACROSS, WITHIN, HostLayout
+from parallelism_conformance.harness.driver import audit
+from parallelism_conformance.harness.driver.pool import WorldPool
+from parallelism_conformance.harness.rank import pipeline_models
+from parallelism_conformance.reference.mesh import Mesh
+from parallelism_conformance.reference.topology import ACROSS, WITHIN, HostLayout
 
 H, FFN, M = 64, 256, 2
 WORKLOADS = (8, 512)  # samples per replica; the gate is on the second
-MESH_STEP = "harness.rank.programs.pipeline_parallel:mesh_step"
-DP_TP = "harness.rank.programs.composition:dp_tp_mlp"
+MESH_STEP = "parallelism_conformance.harness.rank.programs.pipeline_parallel:mesh_step"
+DP_TP = "parallelism_conformance.harness.rank.programs.composition:dp_tp_mlp"
 PLACEMENTS = {"blocked": HostLayout(2, 2), "round-robin": HostLayout(2, 2, round_robin=True)}
 
 
@@ -74,7 +74,7 @@ def test_bytes_per_axis_and_link_class_by_placement(figures, samples):
     by_strategy = {}
     with WorldPool("gloo", audit=True) as pool:
         for name, (grid, program, make_args) in STRATEGIES.items():
-            result = pool.run(grid.world_size, program, make_args(grid, samples), impl="impls")
+            result = pool.run(grid.world_size, program, make_args(grid, samples), impl="parallelism_conformance.impls")
             records = dict(enumerate(result.records))
             axes = {axis: grid.groups(axis) for axis in ("tp", "pp", "dp")}
             phases = ("forward", "backward", "pipeline", "data_parallel")

@@ -25,7 +25,7 @@ GOAL = 1.5
 def conformance_run(mode: str) -> tuple[float, int, str]:
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "pytest", *FILES, "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
-                           "--impl", "impls", "--hypothesis-profile=ci", "--perturb-timing", mode],
+                           "--impl", "parallelism_conformance.impls", "--hypothesis-profile=ci", "--perturb-timing", mode],
                           cwd=ROOT, capture_output=True, text=True)
     return time.perf_counter() - started, done.returncode, done.stdout[-3000:]
 
@@ -42,7 +42,7 @@ def test_a_perturbed_conformance_run_against_an_unperturbed_one(figures):
     off, on = min(times["off"]), min(times["on"])
     ratio = on / off
     what = " ".join(FILES)
-    print(f"\n{what} on the ci profile, --impl impls: {off:.0f} s without --perturb-timing, {on:.0f} s with it "
+    print(f"\n{what} on the ci profile, --impl parallelism_conformance.impls: {off:.0f} s without --perturb-timing, {on:.0f} s with it "
           f"({ratio:.2f}x; fastest of {ROUNDS} round(s) each)")
     figures.record(f"--perturb-timing: {what} of the bundled implementations on the ci profile, on against off",
                    f"{ratio:.2f}x ({on:.0f} s against {off:.0f} s, fastest of {ROUNDS})", f"<= {GOAL}x", ratio <= GOAL)

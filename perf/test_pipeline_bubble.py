@@ -35,13 +35,13 @@ from pathlib import Path
 
 import pytest
 
-import reference.pipeline_schedules as sched
-from harness.driver.pool import WorldPool
-from harness.rank import pipeline_models
-from reference.pipeline_simulator import Costs, simulate
+import parallelism_conformance.reference.pipeline_schedules as sched
+from parallelism_conformance.harness.driver.pool import WorldPool
+from parallelism_conformance.harness.rank import pipeline_models
+from parallelism_conformance.reference.pipeline_simulator import Costs, simulate
 
-IMPL = "impls.pipeline_parallel"
-PROGRAM = "harness.rank.programs.pipeline_parallel:timed_steps"
+IMPL = "parallelism_conformance.impls.pipeline_parallel"
+PROGRAM = "parallelism_conformance.harness.rank.programs.pipeline_parallel:timed_steps"
 DELAY_MS = 15.0
 REPEATS = 3  # measured steps per configuration, after one warm-up step
 GOAL = 0.05

@@ -9,13 +9,13 @@ side by side, and for GPU runners where each rank has its own device.
 """
 from __future__ import annotations
 
-from perf.conftest import world_sizes
+from parallelism_conformance.perf.conftest import world_sizes
 
-TIMING = "harness.rank.programs.timing"
-TP_IMPLS = ("impls", "adapters.dtensor_tp")
+TIMING = "parallelism_conformance.harness.rank.programs.timing"
+TP_IMPLS = ("parallelism_conformance.impls", "parallelism_conformance.adapters.dtensor_tp")
 # (label, implementation, bucket_size_mb): naive, overlapped (per-gradient hooks), bucketed, DDP.
-DP_VARIANTS = (("naive", "impls.naive_dp", None), ("overlapped", "impls", None), ("bucketed", "impls", 4.0),
-               ("torch DDP", "adapters.torch_native", 4.0))
+DP_VARIANTS = (("naive", "parallelism_conformance.impls.naive_dp", None), ("overlapped", "parallelism_conformance.impls", None), ("bucketed", "parallelism_conformance.impls", 4.0),
+               ("torch DDP", "parallelism_conformance.adapters.torch_native", 4.0))
 DP_WIDTH, DP_DEPTH, DP_BATCH = 512, 6, 64  # 1.6 M parameters, 6.3 MB of gradients per step
 DP_GOAL = 1.2  # bucketed within 1.2x of DDP at n=4
 HIDDEN, FFN, TOKENS = 256, 1024, 512
@@ -46,11 +46,11 @@ def test_tensor_parallel_mlp_scaling(world_pool, pytestconfig, benchmark, figure
         row = "  ".join(f"n={n}: {times[(impl, n)] * 1e3:7.2f} ({base / (n * times[(impl, n)]):.2f})" for n in sizes)
         lines.append(f"  {impl:<22}{row}")
     for n in sizes:
-        lines.append(f"  n={n}: bundled / DTensor = {times[('impls', n)] / times[('adapters.dtensor_tp', n)]:.2f}")
+        lines.append(f"  n={n}: bundled / DTensor = {times[('parallelism_conformance.impls', n)] / times[('parallelism_conformance.adapters.dtensor_tp', n)]:.2f}")
     print("\n".join(lines))
     benchmark.extra_info.update({f"{impl} n={n}": t for (impl, n), t in times.items()})
     figures.record(f"bundled TP MLP fwd+bwd against DTensor ({HIDDEN}/{FFN}, {TOKENS} tokens)", ", ".join(
-        f"n={n}: {times[('impls', n)] / times[('adapters.dtensor_tp', n)]:.2f}x" for n in sizes))
+        f"n={n}: {times[('parallelism_conformance.impls', n)] / times[('parallelism_conformance.adapters.dtensor_tp', n)]:.2f}x" for n in sizes))
 
 
 def test_data_parallel_step_scaling(world_pool, pytestconfig, benchmark, figures):
@@ -99,15 +99,15 @@ def test_sharded_optimizer_memory_and_step_time(world_pool, pytestconfig, benchm
                 for sharded in (False, True):
                     result = world_pool.run(n, f"{TIMING}:time_sharded_optimizer_step", [
                         {"width": DP_WIDTH, "depth": ZERO_DEPTH, "global_batch": DP_BATCH, "sharded": sharded,
-                         "iters": 3}] * n, impl="impls")
+                         "iters": 3}] * n, impl="parallelism_conformance.impls")
                     seconds = max(out["seconds"] for out in result.outputs)
                     state = max(out["state_numel"] for out in result.outputs)
                     best = runs.get((sharded, n), (float("inf"), state))[0]
                     runs[(sharded, n)] = (min(seconds, best), state)
 
     benchmark.pedantic(sweep, rounds=1, iterations=1)
-    lines = [f"\nAdamW step, MLP {ZERO_DEPTH}x{DP_WIDTH}, global batch {DP_BATCH}: ZeRO-1 (impls.ShardedOptimizer) "
-             f"against DP (impls.DataParallel + AdamW on every rank)"]
+    lines = [f"\nAdamW step, MLP {ZERO_DEPTH}x{DP_WIDTH}, global batch {DP_BATCH}: ZeRO-1 (parallelism_conformance.impls.ShardedOptimizer) "
+             f"against DP (parallelism_conformance.impls.DataParallel + AdamW on every rank)"]
     failures = []
     for n in sizes:
         (dp_time, dp_state), (zero_time, zero_state) = runs[(False, n)], runs[(True, n)]
@@ -142,7 +142,7 @@ def test_fully_sharded_memory_and_step_time(world_pool, pytestconfig, benchmark,
             for strategy in ("dp", "zero1", "fsdp", "zero2"):
                 result = world_pool.run(n, f"{TIMING}:time_memory_strategies", [
                     {"width": DP_WIDTH, "depth": ZERO_DEPTH, "global_batch": DP_BATCH, "strategy": strategy,
-                     "iters": 3}] * n, impl="impls")
+                     "iters": 3}] * n, impl="parallelism_conformance.impls")
                 runs[(strategy, n)] = (max(out["seconds"] for out in result.outputs),
                                        max(out["held_numel"] for out in result.outputs))
 

@@ -17,13 +17,13 @@ import random
 
 import torch
 
-from conformance.audit.collective_calls import COLLECTIVES, collective_case
-from conformance.examples import Layout
-from harness.driver import audit
-from harness.driver.pool import WorldPool
-from perf.conftest import world_sizes
+from parallelism_conformance.conformance.audit.collective_calls import COLLECTIVES, collective_case
+from parallelism_conformance.conformance.examples import Layout
+from parallelism_conformance.harness.driver import audit
+from parallelism_conformance.harness.driver.pool import WorldPool
+from parallelism_conformance.perf.conftest import world_sizes
 
-CALL = "harness.rank.programs.collectives:call"
+CALL = "parallelism_conformance.harness.rank.programs.collectives:call"
 SIZES = (1, 2, 3, 4, 7, 16, 64, 300, 1000, 5000)
 
 

@@ -17,15 +17,15 @@ import time
 import pytest
 import torch
 
-from harness.driver.pool import WorldPool
+from parallelism_conformance.harness.driver.pool import WorldPool
 
-CALL = "harness.rank.programs.collectives:call"
+CALL = "parallelism_conformance.harness.rank.programs.collectives:call"
 WARM_GOAL_S = 0.010
 SPEEDUP_GOAL = 100.0
 
 
 GATED_IMPL = "torch.distributed"
-SILENT = "harness.rank.programs.probe:native_refusals"  # with no calls: a task that communicates nothing
+SILENT = "parallelism_conformance.harness.rank.programs.probe:native_refusals"  # with no calls: a task that communicates nothing
 
 
 def example(n: int) -> list[dict]:
@@ -57,11 +57,11 @@ def fresh_world_seconds(start_method: str, n: int, repeats: int) -> float:
 def test_warm_world_against_a_fresh_world_per_example(benchmark, figures, n):
     with WorldPool("gloo") as pool:
         args = example(n)
-        for impl in ("impls", GATED_IMPL):
+        for impl in ("parallelism_conformance.impls", GATED_IMPL):
             pool.run(n, CALL, args, impl=impl)  # start and warm up
         benchmark.pedantic(lambda: pool.run(n, CALL, args, impl=GATED_IMPL), rounds=60, warmup_rounds=5)
         harness_only = median_task_seconds(pool, n, SILENT, [{"calls": []}] * n, impl=GATED_IMPL)
-        bundled = median_task_seconds(pool, n, CALL, args, impl="impls")
+        bundled = median_task_seconds(pool, n, CALL, args, impl="parallelism_conformance.impls")
     warm = benchmark.stats.stats.median
     spawn = fresh_world_seconds("spawn", n, repeats=3)
     forkserver = fresh_world_seconds("forkserver", n, repeats=5)

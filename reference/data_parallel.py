@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from reference.tolerance import unit_roundoff
+from parallelism_conformance.reference.tolerance import unit_roundoff
 
 # C in the tolerances (grad_atol, loss_atol, param_atol); see there.
 IGNORE = -100  # a target that is not a token: torch's cross_entropy ignore_index

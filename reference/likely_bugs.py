@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from reference.collectives import OPS, op_applies, reduce_values
-from reference.tolerance import reduction_atol
+from parallelism_conformance.reference.collectives import OPS, op_applies, reduce_values
+from parallelism_conformance.reference.tolerance import reduction_atol
 
 Candidate = tuple[str, Tensor, "Tensor | None"]
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from reference.tolerance import reduction_atol, unit_roundoff
+from parallelism_conformance.reference.tolerance import reduction_atol, unit_roundoff
 
 
 @dataclass

@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from reference.expert_parallel import _expert
+from parallelism_conformance.reference.expert_parallel import _expert
 
 
 def choose(x: Tensor, router_weight: Tensor, top_k: int) -> tuple[Tensor, Tensor, Tensor]:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from reference.tolerance import unit_roundoff
+from parallelism_conformance.reference.tolerance import unit_roundoff
 
 ATOL_FACTOR = 8.0
 

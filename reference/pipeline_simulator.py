@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from reference.pipeline_schedules import (
+from parallelism_conformance.reference.pipeline_schedules import (
     COMPUTE,
     RECV_B,
     RECV_F,

@@ -24,7 +24,7 @@ import copy
 import torch
 from torch import Tensor, nn
 
-from reference.data_parallel import Trajectory, _bound, optimizer, optimizer_state_numel, state
+from parallelism_conformance.reference.data_parallel import Trajectory, _bound, optimizer, optimizer_state_numel, state
 
 
 def dropout_seed(base: int, step: int, rank: int) -> int:

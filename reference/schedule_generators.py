@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from reference.schedule_format import (
+from parallelism_conformance.reference.schedule_format import (
     ALL_KINDS,
     BACKWARD_INPUT,
     LOOP,

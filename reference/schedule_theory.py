@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from reference.schedule_generators import (
-    interleaved_warmup,
-)
+from parallelism_conformance.reference.schedule_generators import interleaved_warmup
 
 
 def theory_bubble_fraction(kind: str, num_ranks: int, num_microbatches: int, stages_per_rank: int = 1,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reference.schedule_format import (
+from parallelism_conformance.reference.schedule_format import (
     PLACEMENTS,
     RECV_B,
     RECV_F,

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from reference.tolerance import unit_roundoff
+from parallelism_conformance.reference.tolerance import unit_roundoff
 
 # The constant C of the tolerance (see ``linear_atol``): covers the reference's own rounding (for
 # float64 inputs), second-order terms and the evaluation error of GELU and its derivative.

@@ -29,8 +29,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-import reference.data_parallel as ref
-from reference.data_parallel import IGNORE, valid_targets
+import parallelism_conformance.reference.data_parallel as ref
+from parallelism_conformance.reference.data_parallel import IGNORE, valid_targets
 
 __all__ = ["IGNORE", "counts", "evaluate", "valid_targets"]
 

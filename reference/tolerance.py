@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from reference.collectives import _check_same, op_applies
+from parallelism_conformance.reference.collectives import _check_same, op_applies
 
 
 def unit_roundoff(dtype: torch.dtype) -> float:

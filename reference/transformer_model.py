@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from reference.transformer_layers import attention_forward, swiglu_forward
+from parallelism_conformance.reference.transformer_layers import attention_forward, swiglu_forward
 
 
 def forward(params: dict[str, Tensor], tokens: Tensor, spec: dict) -> Tensor:

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from reference.tolerance import unit_roundoff
+from parallelism_conformance.reference.tolerance import unit_roundoff
 
 
 def padded_vocabulary(vocab: int, n: int) -> int:

@@ -4,7 +4,7 @@ with a quota of two CPUs: the quota is read from inside as on the platform, whil
 use both cores of a busy machine (the tiers' CPU figures are perf's job)."""
 from __future__ import annotations
 
-from harness.driver.gradescope import container, trial
+from parallelism_conformance.harness.driver.gradescope import container, trial
 
 CLAIMED = "broadcast,all_reduce"
 TIER = container.Limits(cpus=2.0, memory_bytes=1536 << 20)

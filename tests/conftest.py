@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.driver.gradescope import config, container, trial
-from harness.driver.pool import WorldPool
-from harness.driver.warm_pytest import WarmPytest
-from harness.rank.preload import PRELOAD
+from parallelism_conformance.harness.driver.gradescope import config, container, trial
+from parallelism_conformance.harness.driver.pool import WorldPool
+from parallelism_conformance.harness.driver.warm_pytest import WarmPytest
+from parallelism_conformance.harness.rank.preload import PRELOAD
 from tests.autograder_trial import CLAIMED, TIER
 
 ROOT = Path(__file__).parent.parent

@@ -13,7 +13,7 @@ ADAMW = {"name": "adamw", "lr": 1e-2, "betas": [0.9, 0.999], "eps": 1e-8, "weigh
 
 def impl_of(name: str) -> str:
     """``impls``, or the path of the mutant mutants/<name>.py."""
-    return name if name == "impls" else str(ROOT / "mutants" / f"{name}.py")
+    return name if name == "parallelism_conformance.impls" else str(ROOT / "mutants" / f"{name}.py")
 
 
 def worst_difference(ranks: list[float], single: list[float]) -> float:

@@ -9,11 +9,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.audit.collective_calls import collective_case
-from conformance.examples import Layout
-from harness.driver import audit
-from reference import cost_model
-from reference.collectives import DTYPES
+from parallelism_conformance.conformance.audit.collective_calls import collective_case
+from parallelism_conformance.conformance.examples import Layout
+from parallelism_conformance.harness.driver import audit
+from parallelism_conformance.reference import cost_model
+from parallelism_conformance.reference.collectives import DTYPES
 
 
 def record(op, rank=0, group=(0, 1), numel=10, itemsize=4, out_numel=None, peer=None, root=None, dtype="float32",
@@ -149,7 +149,7 @@ def test_bytes_the_kernel_counted_beyond_the_records_are_reported():
 
 
 def test_bytes_are_attributed_to_link_classes_and_a_tp_group_across_hosts_is_named():
-    from reference.topology import ACROSS, WITHIN, HostLayout
+    from parallelism_conformance.reference.topology import ACROSS, WITHIN, HostLayout
 
     layout = HostLayout.parse("2x4")
     assert layout.host_of(3) == 0 and layout.host_of(4) == 1 and layout.link(1, 5) == ACROSS
@@ -184,8 +184,8 @@ def test_bytes_are_charged_to_the_mesh_axis_they_travel_along_and_the_link_they_
     """pp=2 x tp=2 on 2 hosts of 2 (reference.mesh.Mesh): rank 0's tensor-parallel peer is 1 (same
     host), its pipeline peer 2 (other host); a send to 3 belongs to no axis of rank 0; a backend
     all-reduce on exactly the tensor-parallel group is tensor-parallel traffic."""
-    from reference.mesh import Mesh
-    from reference.topology import ACROSS, WITHIN, HostLayout
+    from parallelism_conformance.reference.mesh import Mesh
+    from parallelism_conformance.reference.topology import ACROSS, WITHIN, HostLayout
 
     grid, layout = Mesh(2, 1, 2), HostLayout(2, 2)
     axes = {axis: grid.groups(axis) for axis in ("tp", "pp", "dp")}
@@ -202,7 +202,7 @@ def test_bytes_are_charged_to_the_mesh_axis_they_travel_along_and_the_link_they_
 
 
 def test_a_mesh_lays_out_pp_outermost_and_tp_innermost():
-    from reference.mesh import Mesh, data_parallel_groups, pipeline_mesh, tensor_parallel_groups
+    from parallelism_conformance.reference.mesh import Mesh, data_parallel_groups, pipeline_mesh, tensor_parallel_groups
 
     grid = Mesh(2, 2, 2)
     assert grid.groups("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
@@ -216,7 +216,7 @@ def test_a_mesh_lays_out_pp_outermost_and_tp_innermost():
 
 
 def test_a_round_robin_placement_deals_ranks_out_to_hosts_in_turn():
-    from reference.topology import ACROSS, WITHIN, HostLayout
+    from parallelism_conformance.reference.topology import ACROSS, WITHIN, HostLayout
 
     blocked, dealt = HostLayout(2, 2), HostLayout(2, 2, round_robin=True)
     assert [blocked.host_of(r) for r in range(4)] == [0, 0, 1, 1]

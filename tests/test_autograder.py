@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.driver.gradescope import build, config, precheck, run, trial
+from parallelism_conformance.harness.driver.gradescope import build, config, precheck, run, trial
 from tests.autograder_trial import TIER, grade
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,7 +164,7 @@ def test_the_submission_is_found_where_students_put_it(tmp_path):
     (repository / "tests").mkdir(parents=True)
     (repository / "tests" / "adapters.py").write_text("")
     found = precheck.locate(tmp_path, config.AutograderConfig(expects=config.CS336))
-    assert found.impl == "adapters.cs336" and found.env == {"CS336_SUBMISSION": str(repository)}
+    assert found.impl == "parallelism_conformance.adapters.cs336" and found.env == {"CS336_SUBMISSION": str(repository)}
     assert "tests/adapters.py at its root" in precheck.locate(tmp_path / "a", config.AutograderConfig(
         expects=config.CS336)).message
 
@@ -180,7 +180,7 @@ def test_the_budget_leaves_the_platform_time_to_start_and_report():
 def test_the_autograder_draws_the_examples_a_students_checkout_draws(installed):
     """The grade a student reproduces is the grade they got: the autograder's Python (setup.sh, from
     the lock) and this checkout's (scripts/bootstrap.sh, from the same lock) draw the same examples."""
-    command = ["-m", "harness.driver.gradescope.draws", "30"]
+    command = ["-m", "parallelism_conformance.harness.driver.gradescope.draws", "30"]
     autograder = subprocess.run([str(installed.venv / "bin" / "python"), *command], cwd=installed.base / "source",
                                 capture_output=True, text=True, timeout=300)
     checkout = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -246,7 +246,7 @@ def test_a_2026_cs336_repository_gets_full_marks_from_the_zip_with_the_handouts_
 
 
 def test_the_live_rank_cap_and_the_tier_warning_follow_what_the_submissions_import_costs():
-    from harness.driver.gradescope import limits
+    from parallelism_conformance.harness.driver.gradescope import limits
 
     light, heavy = limits.live_ranks_for(1536 << 20), limits.live_ranks_for(1536 << 20, import_bytes=300 << 20)
     assert light == (1536 - 450) // 110 and heavy == limits.SMALLEST_WORLDS < light  # never fewer than 4

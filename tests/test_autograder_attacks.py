@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.driver.gradescope import config, precheck, trial
-from harness.rank import containment
+from parallelism_conformance.harness.driver.gradescope import config, precheck, trial
+from parallelism_conformance.harness.rank import containment
 from tests.autograder_trial import grade
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -137,7 +137,7 @@ def test_class_4_an_import_that_stops_itself_gets_an_answer_in_bounded_time():
 
 def test_the_correct_submission_is_not_left_out_by_staging(tmp_path):
     """Staging keeps what a correct submission holds: regular files in folders, with their bytes."""
-    from harness.driver.gradescope import staging
+    from parallelism_conformance.harness.driver.gradescope import staging
 
     (tmp_path / "hw" / "sub").mkdir(parents=True)
     (tmp_path / "hw" / "student_impl.py").write_text(CORRECT)

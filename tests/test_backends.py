@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.driver.backends import BackendChoiceError, BackendPlan
-from harness.driver.pool import WorldPool
+from parallelism_conformance.harness.driver.backends import BackendChoiceError, BackendPlan
+from parallelism_conformance.harness.driver.pool import WorldPool
 
 
 @pytest.mark.parametrize("requested, gpus, asked, by_size", [
@@ -73,7 +73,7 @@ def test_the_oracle_computes_where_each_world_computes():
 
 
 def test_a_torch_older_than_any_the_suite_ran_on_is_named_in_the_header():
-    from harness.driver.reports import older_torch_warning
+    from parallelism_conformance.harness.driver.reports import older_torch_warning
 
     assert older_torch_warning("2.13.0+cpu") is None and older_torch_warning("2.11.0+cu130") is None
     assert older_torch_warning("3.0.0") is None
@@ -83,7 +83,7 @@ def test_a_torch_older_than_any_the_suite_ran_on_is_named_in_the_header():
 
 
 def test_the_scorecard_repeats_the_older_torch_warning_under_its_coverage_line():
-    from harness.driver.scorecard import Scorecard, TestResult
+    from parallelism_conformance.harness.driver.scorecard import Scorecard, TestResult
 
     class Config:
         def getoption(self, name):

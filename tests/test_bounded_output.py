@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.driver import memory_cgroup, rank_output
-from harness.driver.failures import RankReport, RanksCrashed
-from harness.driver.pool import WorldPool
-from harness.driver.rank_handle import RankHandle
+from parallelism_conformance.harness.driver import memory_cgroup, rank_output
+from parallelism_conformance.harness.driver.failures import RankReport, RanksCrashed
+from parallelism_conformance.harness.driver.pool import WorldPool
+from parallelism_conformance.harness.driver.rank_handle import RankHandle
 
 ROOT = Path(__file__).parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"
-CALL = "harness.rank.programs.collectives:call"
+CALL = "parallelism_conformance.harness.rank.programs.collectives:call"
 MiB = 1 << 20
 
 
@@ -128,7 +128,7 @@ def test_a_log_the_rank_emptied_itself_is_read_from_its_start(tmp_path):
 def test_a_chatty_rank_is_counted_exactly_kept_bounded_and_its_log_emptied_then_removed(tmp_path):
     printed = 3 * MiB + 17
     with WorldPool("gloo", timeout_s=60.0, audit=True) as pool:
-        quiet = pool.run(2, CALL, all_reduce_task(2), impl="impls")
+        quiet = pool.run(2, CALL, all_reduce_task(2), impl="parallelism_conformance.impls")
         result = pool.run(2, CALL, all_reduce_task(2), impl=chatty_impl(tmp_path, printed, calls=1))
         world = pool.world(2)
         assert [out["tensor"].tolist() for out in result.outputs] == [[3.0] * 4] * 2
@@ -140,7 +140,7 @@ def test_a_chatty_rank_is_counted_exactly_kept_bounded_and_its_log_emptied_then_
         assert all(abs(loud - calm) < 256 for loud, calm in zip(result.bytes_written, quiet.bytes_written)), \
             (result.bytes_written, quiet.bytes_written)
         logs = [rank.log_path for rank in world._ranks]
-        pool.run(2, CALL, all_reduce_task(2), impl="impls")  # the gloo stray check ran already: emptied
+        pool.run(2, CALL, all_reduce_task(2), impl="parallelism_conformance.impls")  # the gloo stray check ran already: emptied
         assert all(os.path.getsize(path) == 0 for path in logs)
     assert not any(os.path.exists(path) for path in logs)  # a closed world's logs are gone
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.driver.gradescope import container
-from harness.rank import containment
+from parallelism_conformance.harness.driver.gradescope import container
+from parallelism_conformance.harness.rank import containment
 
 ROOT = Path(__file__).parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -124,12 +124,12 @@ def test_under_dockers_capabilities_a_rank_cannot_become_root_or_forge_the_grade
 @pytest.mark.skipif(world_readable(Path(os.path.realpath(os.__file__))),
                     reason="this Python is world-readable: a contained rank can import it, nothing to refuse")
 def test_grading_refuses_when_a_contained_rank_could_not_read_its_python(tmp_path):
-    outcome = suite_in_container(sys.executable, "impls", "--report-dir", str(tmp_path / "out"))
+    outcome = suite_in_container(sys.executable, "parallelism_conformance.impls", "--report-dir", str(tmp_path / "out"))
     assert outcome.returncode == 4, outcome.stdout[-2000:] + outcome.stderr[-2000:]  # a usage error: nothing ran
     said = outcome.stdout + outcome.stderr
     assert "ranks cannot be contained here" in said and os.path.dirname(os.path.realpath(os.__file__)) in said, said
     assert "--contain-ranks no" in said
-    told = suite_in_container(sys.executable, "impls", "--contain-ranks", "no", "--report-dir", str(tmp_path / "no"))
+    told = suite_in_container(sys.executable, "parallelism_conformance.impls", "--contain-ranks", "no", "--report-dir", str(tmp_path / "no"))
     assert told.returncode == 0, told.stdout[-2000:]
     results = json.loads((tmp_path / "no" / "results.json").read_text())
     assert "ranks NOT contained" in results["extra_data"]["coverage"] and results["score"] == results["max_score"]
@@ -154,7 +154,7 @@ def test_the_sweep_removes_what_a_uid_left_in_world_writable_places_and_nothing_
     """Issue 45, class 5, without a container (the end-to-end test is in tests/test_autograder_attacks.py):
     a file and a folder of the uid, also inside a world-writable folder, go; another owner's stay;
     a folder that is not world-writable is not entered; links are not followed."""
-    from harness.rank import sweeping
+    from parallelism_conformance.harness.rank import sweeping
 
     uid = containment.new_sandbox().uid
     shared = tmp_path / "shared"
@@ -182,7 +182,7 @@ def test_the_sweep_removes_what_a_uid_left_in_world_writable_places_and_nothing_
 
 @pytest.mark.skipif(not containment.possible(), reason="a sweep of another uid needs root")
 def test_the_sweep_removes_a_uids_system_v_segments_and_reaps_a_stopped_child():
-    from harness.rank import sweeping
+    from parallelism_conformance.harness.rank import sweeping
 
     sandbox = containment.new_sandbox()
     libc = ctypes.CDLL(None, use_errno=True)

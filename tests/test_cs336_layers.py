@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from adapters import cs336_layers
-from harness.rank import models
+from parallelism_conformance.adapters import cs336_layers
+from parallelism_conformance.harness.rank import models
 
 BASICS = Path(__file__).parent / "fixtures" / "cs336_submission" / "cs336-basics"
 MODELS = [{"kind": "mlp", "inputs": 3, "hidden": 5, "outputs": 2, "dtype": "float64"},
@@ -79,7 +79,7 @@ def test_a_template_package_that_reads_its_installed_version_imports_without_bei
     the declared name and version are served from pyproject.toml, nothing installed or run."""
     import importlib.metadata
 
-    from adapters import cs336_metadata
+    from parallelism_conformance.adapters import cs336_metadata
 
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "cs336-systems-probe"\nversion = "26.1.1"\n')
     (tmp_path / "cs336-basics").mkdir()
@@ -102,7 +102,7 @@ def test_a_template_package_that_reads_its_installed_version_imports_without_bei
 
 
 def test_a_submission_written_for_a_newer_python_says_so(tmp_path):
-    from adapters import cs336_metadata
+    from parallelism_conformance.adapters import cs336_metadata
 
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\nversion = "1"\nrequires-python = ">=3.99,<4"\n')
     assert "asks for Python >=3.99,<4" in cs336_metadata.python_mismatch(str(tmp_path))

@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.driver import deadlock
-from harness.driver.deadlock import Deadlock, RankSample, Sample, describe, verdict
-from harness.driver.disagreement import Call
-from harness.driver.failures import RanksCrashed, RanksDeadlocked, RanksHung
-from harness.driver.pool import WorldPool
-from harness.rank.flight_recorder import Recorder
+from parallelism_conformance.harness.driver import deadlock
+from parallelism_conformance.harness.driver.deadlock import Deadlock, RankSample, Sample, describe, verdict
+from parallelism_conformance.harness.driver.disagreement import Call
+from parallelism_conformance.harness.driver.failures import RanksCrashed, RanksDeadlocked, RanksHung
+from parallelism_conformance.harness.driver.pool import WorldPool
+from parallelism_conformance.harness.rank.flight_recorder import Recorder
 
 FIXTURES = Path(__file__).parent / "fixtures"
-CALL = "harness.rank.programs.collectives:call"
+CALL = "parallelism_conformance.harness.rank.programs.collectives:call"
 TASK = 7
 DEADLINE_S = 60.0  # the default --rank-timeout: a deadlock must be reported long before it
 

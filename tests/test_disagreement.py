@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.driver.failures import RankFailure, RanksCrashed, RanksHung
-from harness.driver.pool import WorldPool
+from parallelism_conformance.harness.driver.failures import RankFailure, RanksCrashed, RanksHung
+from parallelism_conformance.harness.driver.pool import WorldPool
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MUTANTS = Path(__file__).parent.parent / "mutants" / "collectives"  # the disagreement mutants
-CALL = "harness.rank.programs.collectives:call"
+CALL = "parallelism_conformance.harness.rank.programs.collectives:call"
 
 
 def line_of(fixture: str, marker: str) -> str:
@@ -88,7 +88,7 @@ def test_members_of_an_all_to_all_or_a_scatter_may_pass_different_sizes_and_do_n
     """Unequal splits (expert parallelism: 6 tokens on one rank, 3 on the other) and a scatter's
     input, which only its root holds, are not a mismatch; an all_reduce of different sizes is.
     (An outside author's correct expert-parallel all_to_all_single was named as one, before.)"""
-    from harness.driver.disagreement import Call, explain
+    from parallelism_conformance.harness.driver.disagreement import Call, explain
 
     def call(rank, op, numel, root=None):
         return Call(rank, 0, op, "ok", "float64", (numel,), None, root, 0, 1, (0, 2), numel, 8 * numel, f"impl.py:{rank}")

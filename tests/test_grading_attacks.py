@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.rank import containment, wire
+from parallelism_conformance.harness.rank import containment, wire
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -90,7 +90,7 @@ def test_a_hanging_submission_gets_its_complete_report_within_the_budget(run_sui
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["extra_data"]["complete"]
     outputs = list(t["output"] for t in results["tests"])
-    hangs = [o for o in outputs if o.startswith("harness.driver.failures.RanksHung") and
+    hangs = [o for o in outputs if o.startswith("parallelism_conformance.harness.driver.failures.RanksHung") and
              "no result within the 4 s deadline" in o]
     assert hangs and all(o in hangs or o.startswith("not run: ") and " already hung in " in o for o in outputs), outputs
     assert sum(o.startswith("not run: all_reduce already hung") for o in outputs) >= 5, outputs
@@ -149,9 +149,9 @@ def test_a_rubric_rewritten_during_the_run_does_not_change_the_grade(run_suite, 
 def test_only_the_projects_own_adapter_modules_may_say_what_torch_cannot():
     """A refusal in the adapters' words is a skip (or a rejected example) only for the modules in
     adapters/, named as modules: a student's file called adapters.py, or any path, is graded."""
-    from conformance.verdict import TRUSTED_ADAPTERS
+    from parallelism_conformance.conformance.verdict import TRUSTED_ADAPTERS
 
-    assert {"adapters.torch_native", "adapters.torch_pipelining"} <= TRUSTED_ADAPTERS
+    assert {"parallelism_conformance.adapters.torch_native", "parallelism_conformance.adapters.torch_pipelining"} <= TRUSTED_ADAPTERS
     for impl in ("adapters.py", "adapters", "adapters.torch_native.py", "submissions/adapters.torch_native",
-                 "adapters.student", "impls", "torch.distributed", "adapters.cs336"):  # cs336 runs a student's code
+                 "parallelism_conformance.adapters.student", "parallelism_conformance.impls", "torch.distributed", "parallelism_conformance.adapters.cs336"):  # cs336 runs a student's code
         assert impl not in TRUSTED_ADAPTERS, impl

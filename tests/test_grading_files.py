@@ -17,10 +17,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.driver.reports import apportion, graded, score, versions, write
-from harness.driver.rubric import DEFAULT_RUBRIC, Rubric, load_rubric
-from harness.driver.scorecard import Scorecard
-from harness.driver.scorecard import TestResult as Result  # not Test*: pytest would try to collect it
+from parallelism_conformance.harness.driver.reports import apportion, graded, score, versions, write
+from parallelism_conformance.harness.driver.rubric import DEFAULT_RUBRIC, Rubric, load_rubric
+from parallelism_conformance.harness.driver.scorecard import Scorecard
+from parallelism_conformance.harness.driver.scorecard import TestResult as Result  # not Test*: pytest would try to collect it
 
 ROOT = Path(__file__).parent.parent
 
@@ -62,7 +62,7 @@ def test_a_full_marks_run_of_the_default_rubric_is_exactly_its_points(tmp_path):
     rubric = load_rubric(DEFAULT_RUBRIC)
     counts = [3, 7, 9, 11, 6, 13]  # tests per capability that split their points unevenly
     rows = {name: results(name, "p" * counts[i % len(counts)]) for i, name in enumerate(rubric)}
-    write(card(rows), tmp_path, rubric, DEFAULT_RUBRIC, "impls")
+    write(card(rows), tmp_path, rubric, DEFAULT_RUBRIC, "parallelism_conformance.impls")
     report = json.loads((tmp_path / "results.json").read_text())
     assert report["score"] == report["max_score"] == sum(rubric.values())
     assert exact_sum(t["max_score"] for t in report["tests"]) == Decimal(repr(sum(rubric.values())))
@@ -111,7 +111,7 @@ def test_points_possible_scales_what_ran_to_exactly_n():
 
 def test_points_possible_is_written_and_said(tmp_path):
     rows = {"broadcast": results("broadcast", "pp")}
-    write(card(rows), tmp_path, Rubric({"broadcast": 4}), Path("r.toml"), "impls", points_possible=30)
+    write(card(rows), tmp_path, Rubric({"broadcast": 4}), Path("r.toml"), "parallelism_conformance.impls", points_possible=30)
     report = json.loads((tmp_path / "results.json").read_text())
     assert report["max_score"] == report["score"] == 30 and report["extra_data"]["points_possible"] == 30
     assert "out of 30 (points_possible)" in (tmp_path / "summary.txt").read_text()
@@ -130,7 +130,7 @@ def test_a_hidden_capability_and_a_test_of_its_own_visibility():
 def test_what_students_see_leaves_out_what_is_shown_later(tmp_path):
     rubric = Rubric({"broadcast": 4, "audit": 30}, visibility={"default": "after_published", "audit": "hidden"})
     rows = {"broadcast": results("broadcast", "pf"), "audit": results("audit", "pf")}
-    write(card(rows), tmp_path, rubric, Path("r.toml"), "impls")
+    write(card(rows), tmp_path, rubric, Path("r.toml"), "parallelism_conformance.impls")
     report = json.loads((tmp_path / "results.json").read_text())
     assert report["visibility"] == "after_published"
     assert {t["visibility"] for t in report["tests"] if t["tags"] == ["broadcast"]} == {"after_published"}
@@ -155,7 +155,7 @@ def test_markdown_output_is_a_table_and_failures_stay_literal(tmp_path):
     rubric = Rubric({"broadcast": 4, "scatter": 6}, output_format="md", test_output_format="md")
     rows = {"broadcast": results("broadcast", "p"), "scatter": results("scatter", "pf")}
     rows["scatter"][1].output = "values differ *here* | `x`\nexample: n=2"
-    write(card(rows), tmp_path, rubric, Path("r.toml"), "impls")
+    write(card(rows), tmp_path, rubric, Path("r.toml"), "parallelism_conformance.impls")
     report = json.loads((tmp_path / "results.json").read_text())
     assert report["output_format"] == "md" and report["test_output_format"] == "md"
     assert "| capability | points | passed | failed | skipped |\n|---|---:|---:|---:|---:|" in report["output"]
@@ -170,7 +170,7 @@ def test_html_output_is_escaped_in_a_pre(tmp_path):
     rubric = Rubric({"broadcast": 4}, output_format="html", test_output_format="html")
     rows = {"broadcast": results("broadcast", "f")}
     rows["broadcast"][0].output = "expected <tensor> & got none"
-    write(card(rows), tmp_path, rubric, Path("r.toml"), "impls")
+    write(card(rows), tmp_path, rubric, Path("r.toml"), "parallelism_conformance.impls")
     report = json.loads((tmp_path / "results.json").read_text())
     assert report["output"].startswith("<pre>") and "&lt;tensor&gt; &amp;" in report["output"]
     assert report["tests"][0]["output"] == "<pre>expected &lt;tensor&gt; &amp; got none</pre>"
@@ -214,11 +214,11 @@ def test_a_bad_option_is_refused_naming_the_key_and_the_file(tmp_path, text, mes
 # --- what a grade was computed with
 
 def test_extra_data_holds_the_versions_and_the_hypothesis_settings(tmp_path):
-    from harness.driver.reports import hypothesis_settings
+    from parallelism_conformance.harness.driver.reports import hypothesis_settings
 
     run = {"versions": versions(), "hypothesis": hypothesis_settings("grading", None)}
     write(card({"broadcast": results("broadcast", "p")}), tmp_path, Rubric({"broadcast": 4}), Path("r.toml"),
-          "impls", run=run)
+          "parallelism_conformance.impls", run=run)
     extra = json.loads((tmp_path / "results.json").read_text())["extra_data"]
     with open(ROOT / "pyproject.toml", "rb") as file:
         suite = tomllib.load(file)["project"]["version"]
@@ -234,7 +234,7 @@ def test_extra_data_holds_the_versions_and_the_hypothesis_settings(tmp_path):
 
 
 def test_the_profile_in_force_is_the_one_loaded():
-    from harness.driver.plugin.profiles import current_profile
+    from parallelism_conformance.harness.driver.plugin.profiles import current_profile
 
     before = current_profile()
     try:

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.driver.failures import ImplementationIncomplete, RankFailure, RanksCrashed, RanksHung, WorldStartError
-from harness.driver.pool import Attach, WorldPool
+from parallelism_conformance.harness.driver.failures import ImplementationIncomplete, RankFailure, RanksCrashed, RanksHung, WorldStartError
+from parallelism_conformance.harness.driver.pool import Attach, WorldPool
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ROOT = Path(__file__).parent.parent
-CALL = "harness.rank.programs.collectives:call"
-ENVIRONMENT = "harness.rank.programs.probe:rank_environment"
+CALL = "parallelism_conformance.harness.rank.programs.collectives:call"
+ENVIRONMENT = "parallelism_conformance.harness.rank.programs.probe:rank_environment"
 
 
 def all_reduce_task(n: int, group=None) -> list[dict]:
@@ -115,7 +115,7 @@ def test_a_message_nobody_received_fails_the_task_that_sent_it_not_the_next_one(
     with pytest.raises(RanksCrashed, match=r"found messages the implementation sent and nobody received.*rank 0 -> rank 1"):
         pool.run(2, CALL, all_reduce_task(2), impl=fixture_impl("stray_send_impl"))
     assert pool.rebuilds == 1
-    assert pool.run(2, CALL, all_reduce_task(2), impl="impls").outputs[1]["tensor"][0] == 3.0
+    assert pool.run(2, CALL, all_reduce_task(2), impl="parallelism_conformance.impls").outputs[1]["tensor"][0] == 3.0
 
 
 def test_torch_settings_an_implementation_changes_do_not_leak_into_the_next_task(pool):
@@ -135,7 +135,7 @@ def test_unimportable_implementation_names_the_cause(pool):
 
 
 def test_subgroup_whose_members_are_not_the_first_ranks(pool):
-    outputs = pool.run(4, CALL, all_reduce_task(4, group=[1, 3]), impl="impls").outputs
+    outputs = pool.run(4, CALL, all_reduce_task(4, group=[1, 3]), impl="parallelism_conformance.impls").outputs
     assert outputs[0] is None and outputs[2] is None
     assert outputs[1]["tensor"].tolist() == outputs[3]["tensor"].tolist() == [6.0] * 4
 
@@ -151,14 +151,14 @@ def test_a_rank_cannot_make_the_driver_run_code(pool):
 def test_two_pools_rendezvous_independently():
     with WorldPool("gloo") as first, WorldPool("gloo") as second:
         a = first.run(2, CALL, all_reduce_task(2), impl="torch.distributed")
-        b = second.run(2, CALL, all_reduce_task(2), impl="impls")
+        b = second.run(2, CALL, all_reduce_task(2), impl="parallelism_conformance.impls")
         assert a.outputs[0]["tensor"].tolist() == b.outputs[0]["tensor"].tolist()
 
 
 DRIVER = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {root!r})
-    from harness.driver.pool import WorldPool
+    from parallelism_conformance.harness.driver.pool import WorldPool
     if __name__ == "__main__":
         pool = WorldPool("gloo")
         world = pool.world(3)
@@ -221,7 +221,7 @@ def launch_torchrun(pool: WorldPool, nproc: int) -> subprocess.Popen:
     env = dict(os.environ, CONFORMANCE_DRIVER=f"{pool.attach.host}:{pool.attach.port}",
                CONFORMANCE_AUTHKEY=pool._authkey.hex(), PYTHONPATH=str(ROOT))
     return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                             str(nproc), "-m", "harness.rank.loop"], env=env, cwd=ROOT,
+                             str(nproc), "-m", "parallelism_conformance.harness.rank.loop"], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
@@ -239,14 +239,14 @@ def test_ranks_started_by_torchrun_attach_and_smaller_worlds_run_here():
                                                            timeout_s=TORCHRUN_ATTACH_S))
     launcher = launch_torchrun(pool, 2)
     try:
-        assert "CONFORMANCE_AUTHKEY=" in pool.attach_command() and "-m harness.rank" in pool.attach_command()
-        result = pool.run(2, CALL, all_reduce_task(2), impl="impls")
+        assert "CONFORMANCE_AUTHKEY=" in pool.attach_command() and "-m parallelism_conformance.harness.rank" in pool.attach_command()
+        result = pool.run(2, CALL, all_reduce_task(2), impl="parallelism_conformance.impls")
         assert [out["tensor"].tolist() for out in result.outputs] == [[3.0] * 4] * 2
         assert pool.world(2).pids() == []  # nothing of it was started here
         with pytest.raises(ImplementationIncomplete) as caught:  # failures come back from attached ranks too
             pool.run(2, CALL, all_reduce_task(2), impl=fixture_impl("partial_impl"))
         assert "has no 'all_reduce'" in str(caught.value)
-        local = pool.run(3, CALL, all_reduce_task(3), impl="impls")
+        local = pool.run(3, CALL, all_reduce_task(3), impl="parallelism_conformance.impls")
         assert [out["tensor"].tolist() for out in local.outputs] == [[6.0] * 4] * 3
         assert len(pool.world(3).pids()) == 3
     finally:
@@ -261,7 +261,7 @@ def test_attached_ranks_of_the_wrong_world_size_are_refused_with_the_reason():
     launcher = launch_torchrun(pool, 2)
     try:
         with pytest.raises(WorldStartError, match="WORLD_SIZE=2, but this world has 3 ranks"):
-            pool.run(3, CALL, all_reduce_task(3), impl="impls")
+            pool.run(3, CALL, all_reduce_task(3), impl="parallelism_conformance.impls")
     finally:
         pool.close()
         stop(launcher)
@@ -272,10 +272,10 @@ def test_attached_ranks_that_never_come_fail_once_then_at_once():
                                                            timeout_s=1.0))
     try:
         with pytest.raises(WorldStartError, match=r"only 0/2 ranks connected in time \(missing ranks \[0, 1\]\)"):
-            pool.run(2, CALL, all_reduce_task(2), impl="impls")
+            pool.run(2, CALL, all_reduce_task(2), impl="parallelism_conformance.impls")
         # at once: the pool says the world is gone without listening again (a second wait would end
         # in "only 0/2 ranks connected in time" instead)
         with pytest.raises(WorldStartError, match="the attached world of 2 ranks is gone"):
-            pool.run(2, CALL, all_reduce_task(2), impl="impls")
+            pool.run(2, CALL, all_reduce_task(2), impl="parallelism_conformance.impls")
     finally:
         pool.close()

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.driver import capabilities
-from harness.driver.libraries import __main__ as command
-from harness.driver.libraries.document import write
-from harness.driver.libraries.matrix import Verdict, verdicts_of
-from harness.driver.libraries.table import LIBRARIES, Library, Run
-from harness.driver.libraries.venvs import ROOT, InstallFailed, check, venv_of
+from parallelism_conformance.harness.driver import capabilities
+from parallelism_conformance.harness.driver.libraries import __main__ as command
+from parallelism_conformance.harness.driver.libraries.document import write
+from parallelism_conformance.harness.driver.libraries.matrix import Verdict, verdicts_of
+from parallelism_conformance.harness.driver.libraries.table import LIBRARIES, Library, Run
+from parallelism_conformance.harness.driver.libraries.venvs import ROOT, InstallFailed, check, venv_of
 
 REPRODUCTIONS = {"deepspeed": ["deepspeed_buffers_not_broadcast.py", "deepspeed_unused_parameter_moves.py"],
                  "fairscale": ["fairscale_sdp_zero_grad_set_to_none.py"],
@@ -46,12 +46,12 @@ def test_arguments_are_libraries_then_pytest_options():
 
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
-<testcase classname="conformance.test_sharded_optimizer" name="test_a" file="conformance/test_sharded_optimizer.py">
+<testcase classname="parallelism_conformance.conformance.test_sharded_optimizer" name="test_a" file="conformance/test_sharded_optimizer.py">
   <properties><property name="capability" value="sharded_optimizer"/></properties></testcase>
-<testcase classname="conformance.test_fully_sharded" name="test_b" file="conformance/test_fully_sharded.py">
+<testcase classname="parallelism_conformance.conformance.test_fully_sharded" name="test_b" file="conformance/test_fully_sharded.py">
   <properties><property name="capability" value="fully_sharded"/></properties>
   <failure message="AssertionError: rank 0 'w' after step 1: expected 1.0, got 2.0">E   AssertionError</failure></testcase>
-<testcase classname="conformance.test_fully_sharded" name="test_c" file="conformance/test_fully_sharded.py">
+<testcase classname="parallelism_conformance.conformance.test_fully_sharded" name="test_c" file="conformance/test_fully_sharded.py">
   <properties><property name="capability" value="zero2"/></properties>
   <skipped message="no drawn example ran: 10x X cannot keep parameters"/></testcase>
 </testsuite></testsuites>"""
@@ -61,7 +61,7 @@ def test_a_capability_passes_fails_with_its_first_failure_or_is_refused_with_the
     junit = tmp_path / "run.xml"
     junit.write_text(JUNIT)
     library = Library("lib", "1.0", runs=(), explained={"test_fully_sharded.py::test_b": "a bug, shown by x.py"})
-    run = Run("R", "adapters.deepspeed", ("sharded_optimizer", "fully_sharded", "zero2"), audit=True)
+    run = Run("R", "parallelism_conformance.adapters.deepspeed", ("sharded_optimizer", "fully_sharded", "zero2"), audit=True)
     got = {v.capability: v for v in verdicts_of(junit, library, "1.0", run)}
     assert got["sharded_optimizer"].verdict == "pass"
     assert got["fully_sharded"].verdict == "fail" and "expected 1.0, got 2.0" in got["fully_sharded"].detail

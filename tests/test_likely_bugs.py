@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import reference.collectives as ref
-import reference.likely_bugs as likely_bugs
-from conformance.verdict import Judge
+import parallelism_conformance.reference.collectives as ref
+import parallelism_conformance.reference.likely_bugs as likely_bugs
+from parallelism_conformance.conformance.verdict import Judge
 
 
 def inputs(dtype, n=3):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.rank.loader import MissingDependency, load_implementation
+from parallelism_conformance.harness.rank.loader import MissingDependency, load_implementation
 
 
 def test_an_implementation_that_does_not_exist_is_an_import_error():
@@ -36,9 +36,9 @@ def test_a_missing_dependency_is_not_a_missing_function():
 
 def test_ranks_that_cannot_load_it_fail_the_task_at_once_naming_the_dependency():
     """Unshrinkable (every example fails alike) and not ImplementationIncomplete ("not implemented")."""
-    from harness.driver.failures import ImplementationIncomplete, ImplementationUnloadable, RankReport, task_failure
+    from parallelism_conformance.harness.driver.failures import ImplementationIncomplete, ImplementationUnloadable, RankReport, task_failure
 
-    said = "harness.rank.loader.MissingDependency: the implementation under test 'x.py' imports 'einx', which ..."
+    said = "parallelism_conformance.harness.rank.loader.MissingDependency: the implementation under test 'x.py' imports 'einx', which ..."
     reports = [RankReport(rank, "unloadable", f"Traceback ...\n{said}") for rank in range(2)]
     failure = task_failure("program on 2 ranks", reports, [], 60.0, None, world_closed=False)
     assert isinstance(failure, ImplementationUnloadable) and not isinstance(failure, ImplementationIncomplete)

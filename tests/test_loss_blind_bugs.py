@@ -20,24 +20,24 @@ import pytest
 import torch
 from torch import nn
 
-import reference.data_parallel as ref
-import reference.pipeline_parallel as ref_pipeline
-import reference.token_loss as ref_tokens
-from conformance.examples import TrainingExample
-from conformance.test_grad_clipping import PROGRAMS as CLIP_PROGRAMS
-from conformance.test_grad_clipping import ClipExample, judge_clipping, judge_pipeline_clipping
-from conformance.test_grad_clipping import rank_inputs as clip_inputs
-from conformance.test_pipeline_parallel import LOSS as PIPELINE_LOSS
-from conformance.test_pipeline_parallel import Example as PipelineExample
-from conformance.test_pipeline_parallel import dense as pipeline_dense
-from conformance.test_pipeline_parallel import judge_step
-from conformance.test_tied_weights import TIED_ONCE
-from conformance.test_token_loss import PROGRAMS as TOKEN_PROGRAMS
-from conformance.test_token_loss import Example as TokenExample
-from conformance.test_token_loss import judge_training
-from conformance.test_token_loss import rank_inputs as token_inputs
-from conformance.verdict import Judge
-from harness.rank import models, pipeline_models
+import parallelism_conformance.reference.data_parallel as ref
+import parallelism_conformance.reference.pipeline_parallel as ref_pipeline
+import parallelism_conformance.reference.token_loss as ref_tokens
+from parallelism_conformance.conformance.examples import TrainingExample
+from parallelism_conformance.conformance.test_grad_clipping import PROGRAMS as CLIP_PROGRAMS
+from parallelism_conformance.conformance.test_grad_clipping import ClipExample, judge_clipping, judge_pipeline_clipping
+from parallelism_conformance.conformance.test_grad_clipping import rank_inputs as clip_inputs
+from parallelism_conformance.conformance.test_pipeline_parallel import LOSS as PIPELINE_LOSS
+from parallelism_conformance.conformance.test_pipeline_parallel import Example as PipelineExample
+from parallelism_conformance.conformance.test_pipeline_parallel import dense as pipeline_dense
+from parallelism_conformance.conformance.test_pipeline_parallel import judge_step
+from parallelism_conformance.conformance.test_tied_weights import TIED_ONCE
+from parallelism_conformance.conformance.test_token_loss import PROGRAMS as TOKEN_PROGRAMS
+from parallelism_conformance.conformance.test_token_loss import Example as TokenExample
+from parallelism_conformance.conformance.test_token_loss import judge_training
+from parallelism_conformance.conformance.test_token_loss import rank_inputs as token_inputs
+from parallelism_conformance.conformance.verdict import Judge
+from parallelism_conformance.harness.rank import models, pipeline_models
 from tests.loss_blind import ADAMW, STEPS, impl_of, worst_difference
 
 LOSS_RTOL = 1e-4
@@ -121,7 +121,7 @@ def train(pool, impl: str, kind: str, layout: str, example) -> list[dict]:
                   "clip": None if example.clip is None else {"max_norm": example.clip[0], "norm_type": example.clip[1]},
                   "tied": example.tied_copies() if example.tied else None}
         last = example.num_ranks - 1
-        return pool.run(example.num_ranks, "harness.rank.programs.pipeline_parallel:train_steps",
+        return pool.run(example.num_ranks, "parallelism_conformance.harness.rank.programs.pipeline_parallel:train_steps",
                         [{**common, "inputs": batch["inputs"] if r == 0 else None,
                           "targets": batch["targets"] if r == last else None} for r in range(example.num_ranks)],
                         impl=impl).outputs
@@ -129,7 +129,7 @@ def train(pool, impl: str, kind: str, layout: str, example) -> list[dict]:
         program, inputs, n = TOKEN_PROGRAMS[layout], token_inputs(example, layout), example.world_size
     else:
         program, inputs, n = CLIP_PROGRAMS[layout][0], clip_inputs(example, layout), example.training.world_size
-    return pool.run(n, f"harness.rank.programs.{program}", inputs, impl=impl).outputs
+    return pool.run(n, f"parallelism_conformance.harness.rank.programs.{program}", inputs, impl=impl).outputs
 
 
 def pipeline_loss_curves(example: PipelineExample, outputs: list[dict]) -> tuple[list[float], list[float]]:
@@ -224,5 +224,5 @@ def test_the_loss_curve_passes_the_bug_and_the_suite_fails_it(training_pool, mut
     ids=["token-dp", "token-fsdp", "clip-dp", "clip-fsdp", "pipeline-clip", "pipeline-accumulation", "pipeline-tied-clip",
          "pipeline-token-loss"])
 def test_the_bundled_implementation_passes_both_checks(training_pool, kind, layout, example):
-    worst, verdict = both_checks(training_pool, "impls", kind, layout, example)
+    worst, verdict = both_checks(training_pool, "parallelism_conformance.impls", kind, layout, example)
     assert worst <= LOSS_RTOL and verdict is None, (worst, verdict)

@@ -24,15 +24,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import reference.data_parallel as ref
-import reference.mixed_precision as ref_mixed
-from conformance.compute_dtype import judge_one_step, run_one_step
-from conformance.examples import Layout, TrainingExample
-from conformance.test_tensor_parallel import Example as TensorParallelExample
-from conformance.test_tp_compute_dtype import bias_sum_example, judge_bias_sum
-from conformance.verdict import Judge
-from harness.driver.plugin.fixtures import Ranks
-from harness.rank import models
+import parallelism_conformance.reference.data_parallel as ref
+import parallelism_conformance.reference.mixed_precision as ref_mixed
+from parallelism_conformance.conformance.compute_dtype import judge_one_step, run_one_step
+from parallelism_conformance.conformance.examples import Layout, TrainingExample
+from parallelism_conformance.conformance.test_tensor_parallel import Example as TensorParallelExample
+from parallelism_conformance.conformance.test_tp_compute_dtype import bias_sum_example, judge_bias_sum
+from parallelism_conformance.conformance.verdict import Judge
+from parallelism_conformance.harness.driver.plugin.fixtures import Ranks
+from parallelism_conformance.harness.rank import models
 from tests.loss_blind import ADAMW, STEPS, impl_of, worst_difference
 
 SGD = {"name": "sgd", "lr": 2.0 ** -3, "momentum": 0.0, "weight_decay": 0.0}
@@ -55,7 +55,7 @@ def slices() -> list[dict]:
 def loss_curves(pool, impl: str) -> tuple[list[float], list[float]]:
     """(the ranks' loss on the global batch at every step, one process's)."""
     n, dtype, per_rank = EXAMPLE.world_size, getattr(torch, DTYPE), slices()
-    outputs = pool.run(n, "harness.rank.programs.data_parallel:train", [
+    outputs = pool.run(n, "parallelism_conformance.harness.rank.programs.data_parallel:train", [
         {"model": MODEL, "seed": EXAMPLE.seed, "optimizer": ADAMW, "steps": STEPS, "batches": [per_rank[r]],
          "bucket_size_mb": None, "compute_dtype": DTYPE} for r in range(n)], impl=impl).outputs
     ranks = [sum(float(out["steps"][s]["loss"].sum()) for out in outputs) / n for s in range(STEPS)]
@@ -93,8 +93,8 @@ def test_the_example_is_exact_in_the_compute_dtype():
 
 
 def test_the_bundled_implementation_passes_both_checks(training_pool):
-    ranks, single = loss_curves(training_pool, "impls")
-    worst, found = worst_difference(ranks, single), verdict(training_pool, "impls")
+    ranks, single = loss_curves(training_pool, "parallelism_conformance.impls")
+    worst, found = worst_difference(ranks, single), verdict(training_pool, "parallelism_conformance.impls")
     assert worst <= LOSS_RTOL / 10 and found is None, (worst, found)
 
 
@@ -118,7 +118,7 @@ def test_low_precision_masters_are_caught_by_both(training_pool):
     assert verdict(training_pool, impl) is not None
 
 
-@pytest.mark.parametrize("impl", ["impls", "tp_compute_dtype/bias_gradient_summed_in_the_compute_dtype"])
+@pytest.mark.parametrize("impl", ["parallelism_conformance.impls", "tp_compute_dtype/bias_gradient_summed_in_the_compute_dtype"])
 def test_a_tensor_parallel_gradient_summed_in_bfloat16_leaves_the_loss_exact(training_pool, impl):
     """pytorch#190626 side by side: the sequence-parallel bias gradient summed across the group in
     bfloat16. On the conformance test's example the loss sum(y * g) of the members' outputs equals the
@@ -127,7 +127,7 @@ def test_a_tensor_parallel_gradient_summed_in_bfloat16_leaves_the_loss_exact(tra
     example = TensorParallelExample(layout=Layout(2), dtype=torch.float32, in_features=3, out_features=3,
                                     leading=(1, 4), bias=True, seed=3, ffn=4)
     built = bias_sum_example(example, torch.bfloat16)
-    outputs = training_pool.run(2, "harness.rank.programs.tensor_parallel:forward_backward", built["per_member"],
+    outputs = training_pool.run(2, "parallelism_conformance.harness.rank.programs.tensor_parallel:forward_backward", built["per_member"],
                        impl=impl_of(impl)).outputs
     loss = sum(float((out["output"].double() * member["grad_output"].double()).sum())
                for out, member in zip(outputs, built["per_member"]))
@@ -139,4 +139,4 @@ def test_a_tensor_parallel_gradient_summed_in_bfloat16_leaves_the_loss_exact(tra
         found = None
     except AssertionError as failure:
         found = str(failure).splitlines()[0]
-    assert (found is None) == (impl == "impls"), found
+    assert (found is None) == (impl == "parallelism_conformance.impls"), found

@@ -22,14 +22,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import reference.moe_routing as ref_moe
-import reference.tensor_parallel as ref_tp
-from conformance.examples import Layout, MixtureExample
-from conformance.test_moe_topk import judge_trained_moe
-from conformance.test_tensor_parallel import Example as TensorParallelExample
-from conformance.test_tensor_parallel import check_mlp
-from conformance.verdict import Judge
-from harness.driver.plugin.fixtures import Ranks
+import parallelism_conformance.reference.moe_routing as ref_moe
+import parallelism_conformance.reference.tensor_parallel as ref_tp
+from parallelism_conformance.conformance.examples import Layout, MixtureExample
+from parallelism_conformance.conformance.test_moe_topk import judge_trained_moe
+from parallelism_conformance.conformance.test_tensor_parallel import Example as TensorParallelExample
+from parallelism_conformance.conformance.test_tensor_parallel import check_mlp
+from parallelism_conformance.conformance.verdict import Judge
+from parallelism_conformance.harness.driver.plugin.fixtures import Ranks
 from tests.loss_blind import ADAMW, STEPS, impl_of, worst_difference
 
 LOSS_RTOL = 1e-4
@@ -95,7 +95,7 @@ def norm_curves(pool, impl: str) -> tuple[list[float], list[float]]:
     x, g, (nw, nb, eps) = t["x"], t["g"], t["norm"]
     dense = {"fc1_weight": w1, "fc1_bias": b1, "fc2_weight": w2, "fc2_bias": b2, "norm_weight": nw, "norm_bias": nb,
              "norm_eps": eps}
-    outputs = pool.run(n, "harness.rank.programs.tensor_parallel:train_steps", [
+    outputs = pool.run(n, "parallelism_conformance.harness.rank.programs.tensor_parallel:train_steps", [
         {"dense": dense, "options": {"sequence_parallel": True}, "x": ref_tp.sequence_shard(x, n, i),
          "grad_output": ref_tp.sequence_shard(g, n, i), "optimizer": ADAMW, "steps": STEPS, "group": None}
         for i in range(n)], impl=impl).outputs
@@ -111,7 +111,7 @@ def norm_curves(pool, impl: str) -> tuple[list[float], list[float]]:
 
 def router_curves(pool, impl: str) -> tuple[list[float], list[float]]:
     t, n = MOE.tensors(), MOE.layout.size
-    outputs = pool.run(n, "harness.rank.programs.expert_parallel:train_steps", [
+    outputs = pool.run(n, "parallelism_conformance.harness.rank.programs.expert_parallel:train_steps", [
         {"router_weight": t["router"], "experts": t["experts"], "x": t["xs"][i], "grad_output": t["grads"][i],
          "top_k": TOP_K, "aux_weight": AUX_WEIGHT, "optimizer": ADAMW, "steps": STEPS, "sequence_parallel": True,
          "group": None} for i in range(n)], impl=impl).outputs
@@ -157,7 +157,7 @@ def test_the_loss_curve_passes_the_bug_and_the_suite_fails_it(training_pool, mut
 
 @pytest.mark.parametrize("layer", ["norm", "router"])
 def test_the_bundled_implementation_passes_both_checks(training_pool, layer):
-    ranks, single = (norm_curves if layer == "norm" else router_curves)(training_pool, "impls")
+    ranks, single = (norm_curves if layer == "norm" else router_curves)(training_pool, "parallelism_conformance.impls")
     worst = worst_difference(ranks, single)
-    found = verdict(training_pool, "impls", layer)
+    found = verdict(training_pool, "parallelism_conformance.impls", layer)
     assert worst <= 1e-12 and found is None, (worst, found)

@@ -2,7 +2,7 @@
 others with the date they were measured, and never touches the text around the table."""
 from __future__ import annotations
 
-from perf.figures import BEGIN, END, Figures, write
+from parallelism_conformance.perf.figures import BEGIN, END, Figures, write
 
 
 def _table_rows(text: str) -> dict[str, list[str]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.driver.mutation import (
+from parallelism_conformance.harness.driver.mutation import (
     ESTIMATE_S,
     Job,
     failing_line,
@@ -15,31 +15,31 @@ from harness.driver.mutation import (
     read_durations,
     write_durations,
 )
-from harness.driver.mutation_catalog import Mutant, Outsider, mutants
+from parallelism_conformance.harness.driver.mutation_catalog import Mutant, Outsider, mutants
 
 DEADLINE_FAILURE = """\
     def test_all_reduce(...):
 >       pool.run(...)
-E       harness.driver.failures.RanksHung: harness.rank.programs.collectives:call on 2 ranks: no result within the 10 s deadline (rank 1 hung)
+E       parallelism_conformance.harness.driver.failures.RanksHung: parallelism_conformance.harness.rank.programs.collectives:call on 2 ranks: no result within the 10 s deadline (rank 1 hung)
 E       --- rank 0: ok
 E
 E       --- rank 1: hung
 conformance/test_collectives.py:122: RanksHung
 """
 DEADLOCK_FAILURE = """\
-E       harness.driver.failures.RanksDeadlocked: harness.rank.programs.collectives:call on 2 ranks: deadlock: every rank is waiting (rank 0 in recv from 1; rank 1 in recv from 0) and no byte moved for 0.6 s (rank 0 hung, rank 1 hung)
+E       parallelism_conformance.harness.driver.failures.RanksDeadlocked: parallelism_conformance.harness.rank.programs.collectives:call on 2 ranks: deadlock: every rank is waiting (rank 0 in recv from 1; rank 1 in recv from 0) and no byte moved for 0.6 s (rank 0 hung, rank 1 hung)
 """
 # the stray-message check's deadline, on a later line of the first failure's message
 STRAY_CHECK_DEADLINE = """\
-E       harness.driver.failures.RanksCrashed: harness.rank.programs.collectives:call on 2 ranks finished, but the stray-message check after it failed: a receive ...
-E       harness.rank.programs.probe:stray_messages on 2 ranks: no result within the 10 s deadline (rank 1 hung)
+E       parallelism_conformance.harness.driver.failures.RanksCrashed: parallelism_conformance.harness.rank.programs.collectives:call on 2 ranks finished, but the stray-message check after it failed: a receive ...
+E       parallelism_conformance.harness.rank.programs.probe:stray_messages on 2 ranks: no result within the 10 s deadline (rank 1 hung)
 """
 # a value failure first; a later test's deadline (not under -x, but whatever follows) does not count
 VALUE_THEN_DEADLINE = """\
 E       AssertionError: rank 1 tensor: element [0] expected 2.0, got 1.0
 E         example: world_size=2
 
-E       harness.driver.failures.RanksHung: ... no result within the 10 s deadline (rank 1 hung)
+E       parallelism_conformance.harness.driver.failures.RanksHung: ... no result within the 10 s deadline (rank 1 hung)
 """
 
 

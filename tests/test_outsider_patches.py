@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.driver.outsider_patches import materialise, patched, unified
+from parallelism_conformance.harness.driver.outsider_patches import materialise, patched, unified
 
 DIFFS = sorted((Path(__file__).parent.parent / "outsiders").glob("*/bugs/*.diff"))
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.driver import perturbation
-from harness.driver.pool import WorldPool
-from harness.rank import poison
+from parallelism_conformance.harness.driver import perturbation
+from parallelism_conformance.harness.driver.pool import WorldPool
+from parallelism_conformance.harness.rank import poison
 
-CALL = "harness.rank.programs.collectives:call"
+CALL = "parallelism_conformance.harness.rank.programs.collectives:call"
 EARLY = str(Path(__file__).parent / "fixtures" / "early_read_impl.py")
 EVERY_CALL_SHORT, EVERY_CALL_LONG, NONE = ([], 1), ([], 2), ([], 0)
 
@@ -87,19 +87,19 @@ def test_a_failure_that_does_not_repeat_is_reported_as_nondeterminism():
 
     from hypothesis.errors import FlakyFailure
 
-    from harness.driver.plugin.nondeterminism import is_flaky, nondeterminism_report
-    from harness.driver.plugin.state import Target
+    from parallelism_conformance.harness.driver.plugin.nondeterminism import is_flaky, nondeterminism_report
+    from parallelism_conformance.harness.driver.plugin.state import Target
 
     error = FlakyFailure("Hypothesis test_x(data=...) produces unreliable results: Falsified on the first call but did "
                          "not on a subsequent one", [AssertionError("gradient of 'fc2.weight': expected -2.82, got -2.03")])
     item = SimpleNamespace(nodeid="conformance/test_data_parallel.py::test_x",
-                           funcargs={"target": Target("impls", "auto", 4, "ci", perturb=True)})
+                           funcargs={"target": Target("parallelism_conformance.impls", "auto", 4, "ci", perturb=True)})
     assert is_flaky(error)
     text = nondeterminism_report(error, item)
     assert text.startswith("nondeterminism: ") and "FlakyFailure" not in text
     assert "first outcome: AssertionError: gradient of 'fc2.weight': expected -2.82, got -2.03" in text
     assert "replayed: Hypothesis test_x(data=...) produces unreliable results" in text
-    assert "--impl impls" in text and "--perturb-timing on" in text
+    assert "--impl parallelism_conformance.impls" in text and "--perturb-timing on" in text
 
 
 def test_a_buffer_changed_before_its_send_left_is_named(pool):

@@ -14,8 +14,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference import collectives as C
-from reference.tolerance import first_mismatch, reduction_atol, unit_roundoff
+from parallelism_conformance.reference import collectives as C
+from parallelism_conformance.reference.tolerance import first_mismatch, reduction_atol, unit_roundoff
 
 REFERENCE_DIR = pathlib.Path(__file__).resolve().parent.parent / "reference"
 
@@ -413,7 +413,7 @@ def test_the_import_guard_can_fail():
 def test_an_example_whose_shapes_come_from_split_sizes_does_not_print_a_placeholder_shape():
     """The all-to-all tests give each member's shape from the split sizes; their example text said
     'shape=(0, 3)' for outputs of 91 rows (reported by an outside author)."""
-    from conformance.examples import PER_MEMBER, Values
+    from parallelism_conformance.conformance.examples import PER_MEMBER, Values
 
     values = Values(torch.float32, PER_MEMBER, 7)
     assert "shape=(" not in str(values) and "per member" in str(values)

@@ -3,8 +3,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference.data_parallel as ref
-from harness.rank import models
+import parallelism_conformance.reference.data_parallel as ref
+from parallelism_conformance.harness.rank import models
 
 
 @given(data=st.data())

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import reference.expert_parallel as ref
+import parallelism_conformance.reference.expert_parallel as ref
 
 
 def layer(seed: int, experts: int, h: int, f: int):

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference.pipeline_schedules as sched
-from conformance.examples import schedule_shapes as shapes
-from reference.pipeline_simulator import Costs, DeadlockError, back_to_back, simulate, steady_period
+import parallelism_conformance.reference.pipeline_schedules as sched
+from parallelism_conformance.conformance.examples import schedule_shapes as shapes
+from parallelism_conformance.reference.pipeline_simulator import Costs, DeadlockError, back_to_back, simulate, steady_period
 
 
 @given(shape=shapes(8, max_v=3), forward=st.integers(1, 5), backward=st.integers(1, 5))

@@ -4,7 +4,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference.tensor_parallel as ref
+import parallelism_conformance.reference.tensor_parallel as ref
 
 
 @given(n=st.integers(2, 8), data=st.data())

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import reference.transformer_layers as ref
+import parallelism_conformance.reference.transformer_layers as ref
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "d"), [(1, 1, 3), (4, 2, 2), (6, 2, 1), (8, 4, 2)])

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 from hypothesis.errors import StopTest, UnsatisfiedAssumption
 
-from harness.driver.plugin import refusals as refusals_module
-from harness.driver.plugin.refusals import EnoughRefused, Refusals
+from parallelism_conformance.harness.driver.plugin import refusals as refusals_module
+from parallelism_conformance.harness.driver.plugin.refusals import EnoughRefused, Refusals
 
 REASON = "torch.distributed.pipelining cannot run a schedule whose last stage runs its forwards out of order (1 0)"
 
@@ -92,8 +92,8 @@ def test_a_probe_that_does_not_finish_is_an_error_naming_it_never_a_base_excepti
     cache as a fixture's error (every later test then errored with a bare AssertionError from
     inside pytest, on a loaded CI machine). It must come out as an Exception that names the probe,
     and with a deadline of its own, not the implementation's --rank-timeout."""
-    from conformance.conftest import PROBE_TIMEOUT_S, probe_refusals
-    from harness.driver.failures import RankFailure, RanksHung
+    from parallelism_conformance.conformance.conftest import PROBE_TIMEOUT_S, probe_refusals
+    from parallelism_conformance.harness.driver.failures import RankFailure, RanksHung
 
     asked = []
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from harness.driver import capabilities
-from harness.driver.capabilities import CAPABILITIES, COLLECTIVES
-from harness.driver.mutation_catalog import mutants, outsiders
-from harness.driver.rubric import DEFAULT_RUBRIC, load_rubric
+from parallelism_conformance.harness.driver import capabilities
+from parallelism_conformance.harness.driver.capabilities import CAPABILITIES, COLLECTIVES
+from parallelism_conformance.harness.driver.mutation_catalog import mutants, outsiders
+from parallelism_conformance.harness.driver.rubric import DEFAULT_RUBRIC, load_rubric
 
 ROOT = Path(__file__).parent.parent
 
@@ -76,7 +76,7 @@ def _top_level_names(path: Path) -> set[str]:
 
 
 def test_the_starter_and_the_bundled_implementation_provide_every_registered_name():
-    import impls
+    from parallelism_conformance import impls
 
     starter = _top_level_names(ROOT / "starter" / "student_impl.py")
     for name in capabilities.provided_names():
@@ -88,7 +88,7 @@ def test_the_starter_and_the_bundled_implementation_provide_every_registered_nam
 def test_each_collective_has_torch_distributeds_signature_in_the_starter_and_impls(name):
     """Parameter names, order and defaults as torch.distributed has them (its own module is a valid
     implementation, so a student's must take the same call)."""
-    import impls
+    from parallelism_conformance import impls
 
     namespace: dict = {}
     exec(compile((ROOT / "starter" / "student_impl.py").read_text(), "student_impl.py", "exec"), namespace)
@@ -111,10 +111,10 @@ def test_the_capability_table_is_the_registry_s():
     """docs/capabilities.md's table of capabilities and files is generated
     (harness/driver/capability_table.py): a capability added, renamed or given another file changes
     it, and a hand edit is caught here."""
-    from harness.driver import capability_table
+    from parallelism_conformance.harness.driver import capability_table
 
     text = capability_table.TABLE.read_text()
     assert capability_table.replaced(text) == text, \
-        "docs/capabilities.md's table differs from the registry: run python -m harness.driver.capability_table"
+        "docs/capabilities.md's table differs from the registry: run python -m parallelism_conformance.harness.driver.capability_table"
     with pytest.raises(ValueError, match="markers"):
         capability_table.replaced(text.replace(capability_table.BEGIN, ""))

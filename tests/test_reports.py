@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from harness.driver.rubric import load_rubric
+from parallelism_conformance.harness.driver.rubric import load_rubric
 
 
 def test_reports_under_xdist(suite_runner, tmp_path):
@@ -24,7 +24,7 @@ def test_reports_under_xdist(suite_runner, tmp_path):
     assert by_name["test_scatter"]["score"] == 0 and by_name["test_scatter"]["max_score"] == 6
     assert by_name["test_scatter"]["output"].startswith("not implemented:")
     assert "has no 'scatter'" in by_name["test_scatter"]["output"]
-    assert "reproduce: pytest" in by_name["test_gather"]["output"]
+    assert "reproduce: parallelism-conformance" in by_name["test_gather"]["output"]
     assert results["score"] == 10 and results["max_score"] == 20
     assert all(t["visibility"] == "visible" for t in results["tests"])
     summary = (tmp_path / "out" / "summary.txt").read_text()
@@ -45,8 +45,8 @@ def test_a_bad_rubric_is_refused_before_anything_runs(suite_runner, tmp_path):
 
 
 def test_points_are_shared_by_weight_and_skips_by_the_driver_leave_the_maximum(tmp_path):
-    from harness.driver.reports import score
-    from harness.driver.scorecard import TestResult
+    from parallelism_conformance.harness.driver.reports import score
+    from parallelism_conformance.harness.driver.scorecard import TestResult
 
     rubric = tmp_path / "rubric.toml"
     rubric.write_text("[capabilities]\ndata_parallel = 20\n[weights]\ntest_mean = 3\n")

@@ -8,12 +8,12 @@ import torch
 from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
-from conformance.examples import training_examples
-from conformance.test_data_parallel import examples
-from conformance.test_fully_sharded import handout_example
-from harness.driver.plugin.options import SCOPES
-from harness.driver.plugin.state import Target
-from harness.rank import models
+from parallelism_conformance.conformance.examples import training_examples
+from parallelism_conformance.conformance.test_data_parallel import examples
+from parallelism_conformance.conformance.test_fully_sharded import handout_example
+from parallelism_conformance.harness.driver.plugin.options import SCOPES
+from parallelism_conformance.harness.driver.plugin.state import Target
+from parallelism_conformance.harness.rank import models
 
 
 @settings(max_examples=30, deadline=None)
@@ -40,9 +40,9 @@ def test_the_contract_scope_still_draws_accumulation_and_buffers_apart():
 
 
 def test_a_failure_reproduces_with_its_scope_and_the_coverage_line_names_it():
-    target = Target("adapters.cs336", "auto", 4, "ci", scope="cs336")
+    target = Target("parallelism_conformance.adapters.cs336", "auto", 4, "ci", scope="cs336")
     assert target.reproduce("conformance/test_data_parallel.py::t").endswith("--scope cs336")
-    assert "--scope" not in Target("impls", "auto", 4, "ci").reproduce("t")
+    assert "--scope" not in Target("parallelism_conformance.impls", "auto", 4, "ci").reproduce("t")
     assert SCOPES["contract"] == "" and "CS336" in SCOPES["cs336"]
 
 
@@ -55,8 +55,8 @@ def test_the_cs336_scope_judges_the_zero_balance_in_parameter_tensors_or_element
 
     import pytest
 
-    from conformance.test_sharded_optimizer import judge_state_sharding
-    from conformance.verdict import Judge
+    from parallelism_conformance.conformance.test_sharded_optimizer import judge_state_sharding
+    from parallelism_conformance.conformance.verdict import Judge
 
     example = SimpleNamespace(world_size=2, optimizer={"name": "adamw"})
     unsharded = {"w1": 18, "b1": 4, "w2": 18, "b2": 4, "w3": 18, "b3": 4}
@@ -94,6 +94,6 @@ def test_the_cs336_scope_trains_fsdp_on_the_handouts_models(example):
 
 def test_a_cs336_failure_reproduces_with_its_submission(monkeypatch):
     monkeypatch.setenv("CS336_SUBMISSION", "/submissions/a student")
-    line = Target("adapters.cs336", "auto", 2, "ci", scope="cs336").reproduce("t")
-    assert line.startswith("CS336_SUBMISSION='/submissions/a student' pytest t --impl adapters.cs336")
-    assert not Target("impls", "auto", 2, "ci").reproduce("t").startswith("CS336")
+    line = Target("parallelism_conformance.adapters.cs336", "auto", 2, "ci", scope="cs336").reproduce("t")
+    assert line.startswith("CS336_SUBMISSION='/submissions/a student' pytest t --impl parallelism_conformance.adapters.cs336")
+    assert not Target("parallelism_conformance.impls", "auto", 2, "ci").reproduce("t").startswith("CS336")

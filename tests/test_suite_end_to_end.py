@@ -89,7 +89,7 @@ def test_an_implementation_that_patches_the_oracle_and_harness_in_its_ranks_stil
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")),
 ])
 def test_a_bad_option_is_one_usage_error_that_names_it_before_any_test_runs(run_suite, option, message):
-    result = run_suite("impls", *option)
+    result = run_suite("parallelism_conformance.impls", *option)
     assert result.returncode == 4, result.stdout[-3000:]  # pytest's usage-error code
     assert f"ERROR: {message}" in result.stderr
     assert "passed" not in result.stdout and "INTERNALERROR" not in result.stderr
@@ -98,7 +98,7 @@ def test_a_bad_option_is_one_usage_error_that_names_it_before_any_test_runs(run_
 def test_a_run_that_cannot_draw_two_ranks_reports_not_tested_never_pass(run_suite, tmp_path):
     """What a 1-GPU runner with --backend nccl gets (here: --max-world-size 1 on gloo): nothing
     needing two ranks ran, so nothing is counted as passed, and every output says why."""
-    result = run_suite("impls", "-k", "test_all_reduce and SUM or test_broadcast", "--max-world-size", "1",
+    result = run_suite("parallelism_conformance.impls", "-k", "test_all_reduce and SUM or test_broadcast", "--max-world-size", "1",
                        "--report-dir", str(tmp_path))
     assert result.returncode == 0, result.stdout[-3000:]
     assert "2 skipped, " in result.stdout and " passed," not in result.stdout
@@ -132,7 +132,7 @@ def test_an_example_torch_cannot_run_is_rejected_and_the_test_goes_on(suite_runn
     test."""
     junit = tmp_path / "junit.xml"
     result = suite_runner.run("conformance/test_pipeline_parallel.py", "-q", "-p", "no:cacheprovider",
-                              "-p", "no:randomly", "--impl", "adapters.torch_native", "--hypothesis-profile=ci", "-rs",
+                              "-p", "no:randomly", "--impl", "parallelism_conformance.adapters.torch_native", "--hypothesis-profile=ci", "-rs",
                               "-k", "test_any_valid_schedule or test_unequal", f"--junitxml={junit}")
     assert result.returncode == 0, result.stdout[-3000:]
     assert "1 passed, 1 skipped" in result.stdout, result.stdout[-3000:]

@@ -18,20 +18,20 @@ from __future__ import annotations
 
 import pytest
 
-import reference.pipeline_schedules as sched
-from conformance.test_pipeline_parallel import Example, judge_step
-from conformance.verdict import Judge, adapter_cannot
-from harness.driver.failures import ImplementationIncomplete
-from harness.driver.pool import WorldPool
-from harness.rank import pipeline_models
-from reference.pipeline_simulator import Costs, simulate
+import parallelism_conformance.reference.pipeline_schedules as sched
+from parallelism_conformance.conformance.test_pipeline_parallel import Example, judge_step
+from parallelism_conformance.conformance.verdict import Judge, adapter_cannot
+from parallelism_conformance.harness.driver.failures import ImplementationIncomplete
+from parallelism_conformance.harness.driver.pool import WorldPool
+from parallelism_conformance.harness.rank import pipeline_models
+from parallelism_conformance.reference.pipeline_simulator import Costs, simulate
 
 torch_schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
 CLASSES = {"zb-v": "ScheduleZBVZeroBubble", "looped-bfs": "ScheduleLoopedBFS", "dualpipev": "ScheduleDualPipeV",
            "interleaved-zb": "ScheduleInterleavedZeroBubble"}
-ADAPTER = "adapters.torch_native"
-GENERATE = "harness.rank.programs.pipeline_parallel:generate_schedule"
-STEP = "harness.rank.programs.pipeline_parallel:train_step"
+ADAPTER = "parallelism_conformance.adapters.torch_native"
+GENERATE = "parallelism_conformance.harness.rank.programs.pipeline_parallel:generate_schedule"
+STEP = "parallelism_conformance.harness.rank.programs.pipeline_parallel:train_step"
 UNIT = Costs(1, 2, weight=1)  # F = I = W = 1 per stage
 
 

@@ -86,11 +86,11 @@ def test_a_capability_runs_on_ranks_that_torchrun_starts_on_two_hosts(two_hosts)
                          # the namespaces share one hostname, from which torchrun would guess who hosts
                          # the rendezvous store: the first host says so (hosts of their own need not)
                          "--rdzv-conf", f"is_host={str(node == 0).lower()}",
-                         "-m", "harness.rank"),
+                         "-m", "parallelism_conformance.harness.rank"),
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     driver = subprocess.Popen(
         first.command(sys.executable, "-m", "pytest", "conformance/test_collectives.py", "-q", "-p", "no:randomly",
-                      "--impl", "impls", "--capability", "broadcast", "--hypothesis-profile=brief",
+                      "--impl", "parallelism_conformance.impls", "--capability", "broadcast", "--hypothesis-profile=brief",
                       "--attach", "2", "--attach-address", f"{first.address}:{driver_port}", "--attach-timeout", "300"),
         cwd=ROOT, env={**os.environ, "CONFORMANCE_AUTHKEY": key}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True)

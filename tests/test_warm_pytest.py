@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from harness.driver.warm_pytest import WarmPytest
-from harness.rank.preload import PRELOAD
+from parallelism_conformance.harness.driver.warm_pytest import WarmPytest
+from parallelism_conformance.harness.rank.preload import PRELOAD
 
 TESTS = {
     "test_passes.py": "def test_one():\n    assert 1 + 1 == 2\n",
@@ -34,13 +34,13 @@ def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
     return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
 """
 RANKS_TEST = """import torch
-from harness.driver.pool import WorldPool
+from parallelism_conformance.harness.driver.pool import WorldPool
 
 
 def test_ranks():
     task = {{"function": "all_reduce", "arguments": {{"tensor": torch.ones(2)}}, "group": None}}
     with WorldPool("gloo", timeout_s=60.0) as pool:
-        pool.run(2, "harness.rank.programs.collectives:call", [task] * 2, impl={impl!r})
+        pool.run(2, "parallelism_conformance.harness.rank.programs.collectives:call", [task] * 2, impl={impl!r})
 """
 
 

@@ -6,11 +6,11 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
-from conformance.audit.common import OPS
-from conformance.collective_table import TABLE, Case
-from conformance.examples import Layout, Values, shapes
-from reference import cost_model
-from reference.collectives import DTYPES
+from parallelism_conformance.conformance.audit.common import OPS
+from parallelism_conformance.conformance.collective_table import TABLE, Case
+from parallelism_conformance.conformance.examples import Layout, Values, shapes
+from parallelism_conformance.reference import cost_model
+from parallelism_conformance.reference.collectives import DTYPES
 
 COLLECTIVES = cost_model.COLLECTIVES
 

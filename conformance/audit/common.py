@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.examples import Layout
-from conformance.verdict import Judge, adapter_cannot
-from harness.driver import audit
-from harness.driver.failures import TASK_FAILURES, ImplementationIncomplete
-from harness.driver.plugin.options import claimed
-from harness.driver.pool import WorldPool
+from parallelism_conformance.conformance.examples import Layout
+from parallelism_conformance.conformance.verdict import Judge, adapter_cannot
+from parallelism_conformance.harness.driver import audit
+from parallelism_conformance.harness.driver.failures import TASK_FAILURES, ImplementationIncomplete
+from parallelism_conformance.harness.driver.plugin.options import claimed
+from parallelism_conformance.harness.driver.pool import WorldPool
 
-CALL = "harness.rank.programs.collectives:call"
+CALL = "parallelism_conformance.harness.rank.programs.collectives:call"
 OPS = ("SUM", "MAX")  # the reduction does not change the traffic; both apply to every dtype
 EXEMPT_FROM_P2P = ("torch.distributed", "adapters")  # torch's own collectives, and modules built on them
 
@@ -44,7 +44,7 @@ class Audited:
         for rank, kwargs in zip(layout.ranks, per_member):
             args[rank] = {**kwargs, "group": layout.group}
         try:
-            result = self.pool.run(layout.world_size, f"harness.rank.programs.{program}", args, impl=self.target.impl)
+            result = self.pool.run(layout.world_size, f"parallelism_conformance.harness.rank.programs.{program}", args, impl=self.target.impl)
         except ImplementationIncomplete as incomplete:
             reason = adapter_cannot(self.target.impl, incomplete)
             if reason:

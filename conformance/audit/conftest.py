@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.audit.common import Audited, p2p_required
+from parallelism_conformance.conformance.audit.common import Audited, p2p_required
 
 
 @pytest.fixture(scope="session")

@@ -7,11 +7,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.audit.collective_calls import COLLECTIVES, collective_case
-from conformance.audit.common import Audited, audits, check
-from conformance.examples import Layout, layouts
-from conformance.verdict import Judge
-from harness.driver import audit
+from parallelism_conformance.conformance.audit.collective_calls import COLLECTIVES, collective_case
+from parallelism_conformance.conformance.audit.common import Audited, audits, check
+from parallelism_conformance.conformance.examples import Layout, layouts
+from parallelism_conformance.conformance.verdict import Judge
+from parallelism_conformance.harness.driver import audit
 
 pytestmark = pytest.mark.capability("audit")
 

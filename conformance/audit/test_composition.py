@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance.audit.common import audits, check
-from conformance.examples import Layout
-from conformance.verdict import Judge
-from harness.driver import audit
-from reference import cost_model
+from parallelism_conformance.conformance.audit.common import audits, check
+from parallelism_conformance.conformance.examples import Layout
+from parallelism_conformance.conformance.verdict import Judge
+from parallelism_conformance.harness.driver import audit
+from parallelism_conformance.reference import cost_model
 
 pytestmark = pytest.mark.capability("audit")
 
@@ -23,14 +23,14 @@ def test_composition_traffic_on_hosts(audited, request, reproduce):
     judged. The bytes per link class are reported (JUnit property "bytes_by_link")."""
     import json
 
-    from reference import mesh
-    from reference.topology import ACROSS, WITHIN, HostLayout
+    from parallelism_conformance.reference import mesh
+    from parallelism_conformance.reference.topology import ACROSS, WITHIN, HostLayout
 
     audits(request, "composition")
     if audited.target.max_world_size < 4:
         pytest.skip("needs 4 ranks (--max-world-size)")
     layout, dp, tp, h, ffn, rows = HostLayout(2, 2), 2, 2, 4, 8, 3
-    from conformance.examples import dense_layers
+    from parallelism_conformance.conformance.examples import dense_layers
 
     t = dense_layers(5, torch.float32, [(h, ffn), (ffn, h)], True, (dp * rows, h), (dp * rows, h))
     (w1, b1), (w2, b2) = t["params"]

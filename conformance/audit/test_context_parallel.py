@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.audit.common import audits, check
-from conformance.examples import attention_examples
-from conformance.verdict import Judge
-from harness.driver import audit
-from reference import cost_model
+from parallelism_conformance.conformance.audit.common import audits, check
+from parallelism_conformance.conformance.examples import attention_examples
+from parallelism_conformance.conformance.verdict import Judge
+from parallelism_conformance.harness.driver import audit
+from parallelism_conformance.reference import cost_model
 
 pytestmark = pytest.mark.capability("audit")
 
@@ -22,7 +22,7 @@ def test_context_parallel_traffic(data, audited, request, reproduce):
     receives ((n-1) blocks); backward, the blocks' gradients go back, with the blocks passed around
     again where they were not kept (cost_model.ring_attention). Gathering every block everywhere,
     or sending K and V twice forward, is reported with the numbers."""
-    import reference.context_parallel as attention
+    import parallelism_conformance.reference.context_parallel as attention
 
     audits(request, "context_parallel")
     example = data.draw(attention_examples(audited.target.max_world_size, min_size=2), label="example")

@@ -7,11 +7,11 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from conformance.audit.common import audits, check
-from conformance.examples import mixture_examples
-from conformance.verdict import Judge
-from harness.driver import audit
-from reference import cost_model
+from parallelism_conformance.conformance.audit.common import audits, check
+from parallelism_conformance.conformance.examples import mixture_examples
+from parallelism_conformance.conformance.verdict import Judge
+from parallelism_conformance.harness.driver import audit
+from parallelism_conformance.reference import cost_model
 
 pytestmark = pytest.mark.capability("audit")
 
@@ -24,7 +24,7 @@ def test_expert_parallel_traffic(data, audited, request, reproduce):
     (cost_model.expert_parallel_moe, from the routing the driver computes). Gathering every token
     everywhere, or sending counts per token, is reported with the numbers."""
     audits(request, "expert_parallel")
-    import reference.expert_parallel as moe
+    import parallelism_conformance.reference.expert_parallel as moe
 
     example = data.draw(mixture_examples(audited.target.max_world_size, min_size=2), label="example")
     layout, n, h, num_experts = example.layout, example.layout.size, example.h, example.num_experts

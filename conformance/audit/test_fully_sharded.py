@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance.audit.common import DP_MODELS, audits, check
-from conformance.examples import Layout, handout_fsdp_model
-from conformance.verdict import Judge
-from harness.driver import audit
-from harness.rank import models
-from reference import cost_model
+from parallelism_conformance.conformance.audit.common import DP_MODELS, audits, check
+from parallelism_conformance.conformance.examples import Layout, handout_fsdp_model
+from parallelism_conformance.conformance.verdict import Judge
+from parallelism_conformance.harness.driver import audit
+from parallelism_conformance.harness.rank import models
+from parallelism_conformance.reference import cost_model
 
 pytestmark = pytest.mark.capability("audit")
 
@@ -37,7 +37,7 @@ def test_fully_sharded_step(n, model_name, reshard_after_forward, audited, reque
     backend all-reduce carries more than the one-dimensional parameters (which a CS336 FSDP
     replicates); the optimizer's step sends nothing. Under --scope cs336 the models are the handout's
     (conformance.examples.handout_fsdp_model)."""
-    from harness.rank.programs.fully_sharded import units
+    from parallelism_conformance.harness.rank.programs.fully_sharded import units
 
     audits(request, "fully_sharded" if reshard_after_forward else "zero2")
     if n > audited.target.max_world_size:
@@ -87,7 +87,7 @@ def kept_for_backward(outputs: dict, net, n: int, itemsize: int) -> list[str]:
     units' (the unit run last, needed first by backward, and one gathered ahead), the largest, each padded to a
     multiple of n. More means weights kept whole from forward to backward. A copy of the gathered
     weights made elsewhere is not seen; a rank reports this figure, as it does its memory."""
-    from harness.rank.programs.fully_sharded import units
+    from parallelism_conformance.harness.rank.programs.fully_sharded import units
 
     def padded(p) -> int:
         return cost_model.sharded_numel(n, p.numel(), p.shape[0] if p.dim() else 1)
@@ -110,7 +110,7 @@ def test_fully_sharded_step_gathers_in_the_compute_dtype(n, compute_dtype, audit
     the compute dtype's element size, its reduce-scatter at most at the masters' (in either dtype).
     Gathering float32 and casting after costs twice the gathers' bound, and a backend all-gather
     says its dtype."""
-    from harness.rank.programs.fully_sharded import units
+    from parallelism_conformance.harness.rank.programs.fully_sharded import units
 
     audits(request, "fsdp_compute_dtype")
     if n > audited.target.max_world_size:

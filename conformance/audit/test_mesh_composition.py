@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance.audit.common import PIPELINE_METADATA_BYTES, audits, check
-from conformance.examples import Layout
-from conformance.verdict import Judge
-from harness.driver import audit
-from reference import cost_model
+from parallelism_conformance.conformance.audit.common import PIPELINE_METADATA_BYTES, audits, check
+from parallelism_conformance.conformance.examples import Layout
+from parallelism_conformance.conformance.verdict import Judge
+from parallelism_conformance.harness.driver import audit
+from parallelism_conformance.reference import cost_model
 
 pytestmark = pytest.mark.capability("audit")
 
@@ -27,9 +27,9 @@ def test_mesh_traffic_on_hosts(audited, request, reproduce):
     "communication by mesh axis and link class" section)."""
     import json
 
-    from harness.rank import pipeline_models
-    from reference.mesh import Mesh
-    from reference.topology import ACROSS, WITHIN, HostLayout
+    from parallelism_conformance.harness.rank import pipeline_models
+    from parallelism_conformance.reference.mesh import Mesh
+    from parallelism_conformance.reference.topology import ACROSS, WITHIN, HostLayout
 
     audits(request, "mesh_composition")
     if audited.target.max_world_size < 4:

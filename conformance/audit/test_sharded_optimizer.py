@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.audit.common import DP_MODELS, audits, check
-from conformance.examples import Layout
-from conformance.verdict import Judge
-from harness.driver import audit
-from harness.rank import models
-from reference import cost_model
+from parallelism_conformance.conformance.audit.common import DP_MODELS, audits, check
+from parallelism_conformance.conformance.examples import Layout
+from parallelism_conformance.conformance.verdict import Judge
+from parallelism_conformance.harness.driver import audit
+from parallelism_conformance.harness.rank import models
+from parallelism_conformance.reference import cost_model
 
 pytestmark = pytest.mark.capability("audit")
 

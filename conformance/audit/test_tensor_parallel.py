@@ -7,11 +7,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.audit.common import audits, check
-from conformance.examples import layouts
-from conformance.verdict import Judge
-from harness.driver import audit
-from reference import cost_model
+from parallelism_conformance.conformance.audit.common import audits, check
+from parallelism_conformance.conformance.examples import layouts
+from parallelism_conformance.conformance.verdict import Judge
+from parallelism_conformance.harness.driver import audit
+from parallelism_conformance.reference import cost_model
 
 pytestmark = pytest.mark.capability("audit")
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.audit.common import PIPELINE_METADATA_BYTES, audits, check
-from conformance.examples import Layout
-from conformance.verdict import Judge
-from harness.driver import audit
-from reference import cost_model
+from parallelism_conformance.conformance.audit.common import PIPELINE_METADATA_BYTES, audits, check
+from parallelism_conformance.conformance.examples import Layout
+from parallelism_conformance.conformance.verdict import Judge
+from parallelism_conformance.harness.driver import audit
+from parallelism_conformance.reference import cost_model
 
 pytestmark = pytest.mark.capability("audit")
 
@@ -22,8 +22,8 @@ def test_pipeline_traffic_on_the_v(p, audited, request, reproduce):
     own rank (cost_model.pipeline_stage), plus PIPELINE_METADATA_BYTES per message; only to its
     neighbours on the V, ranks r - 1 and r + 1; and no collective beyond PIPELINE_METADATA_BYTES of
     metadata (torch's pipelining adapter broadcasts the batch size)."""
-    from harness.rank import pipeline_models
-    from reference.pipeline_schedules import V_SHAPE, stage_rank
+    from parallelism_conformance.harness.rank import pipeline_models
+    from parallelism_conformance.reference.pipeline_schedules import V_SHAPE, stage_rank
 
     audits(request, "zero_bubble_v")
     if audited.target.max_world_size < p:

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from harness.rank.recording import NEUTRAL_OPS, P2P_OPS
-from reference import cost_model
+from parallelism_conformance.harness.rank.recording import NEUTRAL_OPS, P2P_OPS
+from parallelism_conformance.reference import cost_model
 
 REDUCTIONS = ("allreduce", "allreduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_tensor",
               "reduce_scatter_tensor_coalesced")
@@ -302,7 +302,7 @@ def bytes_by_link(records_by_rank: dict[int, list[dict]], layout, phase=None) ->
     """{rank: {link class: bytes}} on a reference.topology.HostLayout: a send is charged to the
     link to its peer, exactly; a backend collective's charged bytes to "within a host" when its
     whole group sits on one host, else to "across hosts" (its algorithm is not visible)."""
-    from reference.topology import ACROSS, WITHIN
+    from parallelism_conformance.reference.topology import ACROSS, WITHIN
 
     result = {}
     for rank, records in sorted(records_by_rank.items()):
@@ -334,7 +334,7 @@ def bytes_by_axis(records_by_rank: dict[int, list[dict]], layout, axes: dict[str
     and to the link it crosses on ``layout``. A send belongs to the axis whose group of this rank
     holds its peer; a backend collective to the axis whose group is exactly its group; anything else
     to "other" (traffic along no axis of the mesh: a strategy talking to the wrong ranks)."""
-    from reference.topology import ACROSS, WITHIN
+    from parallelism_conformance.reference.topology import ACROSS, WITHIN
 
     result = {}
     for rank, records in sorted(records_by_rank.items()):
@@ -357,7 +357,7 @@ def bytes_by_axis(records_by_rank: dict[int, list[dict]], layout, axes: dict[str
 
 def link_report(by_axis: dict[int, dict[str, dict[str, int]]]) -> str:
     """One line per axis: bytes sent within a host and across hosts, summed over ranks."""
-    from reference.topology import ACROSS, WITHIN
+    from parallelism_conformance.reference.topology import ACROSS, WITHIN
 
     axes = next(iter(by_axis.values())).keys() if by_axis else []
     lines = []

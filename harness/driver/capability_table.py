@@ -1,16 +1,16 @@
 """The table of capabilities and their files (docs/capabilities.md), generated from the registry
 (harness/driver/capabilities.py) so it cannot drift: tests/test_registry.py fails when the table
-differs from ``markdown()``, and ``python -m harness.driver.capability_table`` rewrites it.
+differs from ``markdown()``, and ``python -m parallelism_conformance.harness.driver.capability_table`` rewrites it.
 A group (the collectives) is one row."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from harness.driver.capabilities import CAPABILITIES, Capability
+from parallelism_conformance.harness.driver.capabilities import CAPABILITIES, Capability
 
 TABLE = Path(__file__).resolve().parents[2] / "docs" / "capabilities.md"
-BEGIN = "<!-- capability table: generated from harness/driver/capabilities.py (python -m harness.driver.capability_table) -->"
+BEGIN = "<!-- capability table: generated from harness/driver/capabilities.py (python -m parallelism_conformance.harness.driver.capability_table) -->"
 END = "<!-- end of the capability table -->"
 HEADER = ("| capability | CONTRACT.md | conformance | reference | bundled implementation | torch's own | mutants |\n"
           "|---|---|---|---|---|---|---|")

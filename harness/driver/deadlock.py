@@ -40,9 +40,9 @@ from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
-from harness.driver import disagreement
-from harness.rank.containment import parse_io_counters
-from harness.rank.flight_recorder import ACTIVITY, ACTIVITY_OFFSET, HEADER, MAGIC, P2P
+from parallelism_conformance.harness.driver import disagreement
+from parallelism_conformance.harness.rank.containment import parse_io_counters
+from parallelism_conformance.harness.rank.flight_recorder import ACTIVITY, ACTIVITY_OFFSET, HEADER, MAGIC, P2P
 
 SAMPLE_INTERVAL_S = 0.2  # between samples: a deadlock is known about MIN_STILL_S after it began
 MIN_SAMPLES = 3  # at least two intervals of stillness, however late the driver got to sample

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from harness.rank.flight_recorder import DTYPES, HEADER, MAGIC, OPS, P2P, SLOT, STATES
+from parallelism_conformance.harness.rank.flight_recorder import DTYPES, HEADER, MAGIC, OPS, P2P, SLOT, STATES
 
 MAX_LINES = 6
 

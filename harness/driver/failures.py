@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.driver.memory_cgroup import OOM_KILLED
-from harness.driver.rank_output import shorten
+from parallelism_conformance.harness.driver.memory_cgroup import OOM_KILLED
+from parallelism_conformance.harness.driver.rank_output import shorten
 
 # How much of a rank's captured output a failure report shows: the end (the last traceback, a hung
 # rank's stacks) and a little of the start (the first warning or error), with a line saying how many

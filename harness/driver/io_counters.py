@@ -3,8 +3,8 @@ reads to know that no byte moves, and the audit's count of the bytes a rank wrot
 cannot lower."""
 from __future__ import annotations
 
-from harness.driver import deadlock
-from harness.rank import containment
+from parallelism_conformance.harness.driver import deadlock
+from parallelism_conformance.harness.rank import containment
 
 
 class IoCounters:

@@ -1,4 +1,4 @@
-"""The suite proves its own power: ``python -m harness.driver.mutation`` runs the conformance suite
+"""The suite proves its own power: ``python -m parallelism_conformance.harness.driver.mutation`` runs the conformance suite
 against every known-good implementation (each must pass) and every known-buggy one under mutants/
 (each must fail), then prints the kill rate and the false-failure count. Exit status 0 only when
 every mutant is killed and no known-good implementation fails.
@@ -48,7 +48,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.driver.mutation_catalog import (
+from parallelism_conformance.harness.driver.mutation_catalog import (
     HANG,
     MUTANT_RANK_TIMEOUT_S,
     RACE,
@@ -60,8 +60,8 @@ from harness.driver.mutation_catalog import (
     mutants,
     outsiders,
 )
-from harness.driver.warm_pytest import WarmPytest
-from harness.rank.preload import PRELOAD
+from parallelism_conformance.harness.driver.warm_pytest import WarmPytest
+from parallelism_conformance.harness.rank.preload import PRELOAD
 
 PERTURBED = ("--perturb-timing", "on")  # every known-good run: a false failure under it is the perturbation's bug
 DEADLINE = "no result within the"  # how a deadline's failure reads (harness/driver/world.py, World._fail)

@@ -7,8 +7,8 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.driver.capabilities import BY_NAME, CAPABILITIES, GROUPS, conformance_file_of_mutants
-from harness.driver.outsider_patches import materialise, patched
+from parallelism_conformance.harness.driver.capabilities import BY_NAME, CAPABILITIES, GROUPS, conformance_file_of_mutants
+from parallelism_conformance.harness.driver.outsider_patches import materialise, patched
 
 ROOT = Path(__file__).resolve().parents[2]
 MUTANTS = ROOT / "mutants"
@@ -49,7 +49,7 @@ class Mutant:
         """A CS336 mutant is a student's tests/adapters.py: graded through adapters.cs336, as a
         course grades one; any other is the implementation itself."""
         if self.submission:
-            return "adapters.cs336", {"CS336_SUBMISSION": str(self.path)}
+            return "parallelism_conformance.adapters.cs336", {"CS336_SUBMISSION": str(self.path)}
         return str(self.path.relative_to(ROOT)), None
 
 
@@ -127,33 +127,33 @@ def known_good() -> list[tuple[str, list[str], dict[str, str]]]:
     DTensor, pipelining) through adapters/torch_native.py, and a CS336 assignment-2 submission
     (the project's own, tests/fixtures/cs336_submission) through adapters/cs336.py, under both
     handouts' names and both scopes."""
-    runs = [("impls", ["conformance"]),
+    runs = [("parallelism_conformance.impls", ["conformance"]),
             ("torch.distributed", ["conformance/test_collectives.py", "conformance/audit",
                                    "--capability", "collectives,audit"]),
             # the naive variant of the bundled DP (bucket_size_mb ignored, every gradient all-reduced after
             # backward): a second opinion on the tests that hand it a bucket size or several backwards per
             # step, where a wrapper without buckets or hooks differs; fewer examples
-            ("impls.naive_dp", ["conformance/test_data_parallel.py", "-k", "bucket or accumulation or tied",
+            ("parallelism_conformance.impls.naive_dp", ["conformance/test_data_parallel.py", "-k", "bucket or accumulation or tied",
                                 "--hypothesis-profile=brief"]),
             # every capability; context parallelism is skipped with torch's reason (not adapted). A second
             # opinion on the same tests as the first run, so fewer examples: under ci it was the runner's
             # longest run, under brief (10) about half as long (171 s beside tests/), under
             # second_opinion (5) every test still runs
-            ("adapters.torch_native", ["conformance", "--hypothesis-profile=second_opinion"])]
+            ("parallelism_conformance.adapters.torch_native", ["conformance", "--hypothesis-profile=second_opinion"])]
     runs = [(impl, args, {}) for impl, args in runs]
-    runs.append(("adapters.cs336", ["conformance/test_data_parallel.py", "conformance/test_sharded_optimizer.py",
+    runs.append(("parallelism_conformance.adapters.cs336", ["conformance/test_data_parallel.py", "conformance/test_sharded_optimizer.py",
                                     "conformance/audit", "--capability", "data_parallel,sharded_optimizer,audit",
                                     "--hypothesis-profile=brief"],
                  {"CS336_SUBMISSION": str(CS336_FIXTURE)}))
     # the 2026 handout's names (get_ddp for every bucket size, get_fsdp) under the handout's scope
     # and, for its FSDP, the contract's
     newer = {"CS336_SUBMISSION": str(CS336_FIXTURE / "tests" / "adapters_newer.py")}
-    runs.append(("adapters.cs336", ["conformance/test_data_parallel.py", "conformance/test_fully_sharded.py",
+    runs.append(("parallelism_conformance.adapters.cs336", ["conformance/test_data_parallel.py", "conformance/test_fully_sharded.py",
                                     "conformance/test_sharded_optimizer.py", "conformance/audit", "--capability",
                                     "data_parallel,fully_sharded,fsdp_compute_dtype,sharded_optimizer,audit",
                                     "--scope", "cs336",
                                     "--hypothesis-profile=brief"], newer))
-    runs.append(("adapters.cs336", ["conformance/test_fully_sharded.py", "conformance/audit", "--capability",
+    runs.append(("parallelism_conformance.adapters.cs336", ["conformance/test_fully_sharded.py", "conformance/audit", "--capability",
                                     "fully_sharded,fsdp_compute_dtype,audit", "--hypothesis-profile=brief"], newer))
     return runs
 

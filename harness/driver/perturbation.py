@@ -15,8 +15,8 @@ import torch
 from hypothesis import note
 from hypothesis import strategies as st
 
-from harness.rank import poison
-from harness.rank.perturbation import NAMES
+from parallelism_conformance.harness.rank import poison
+from parallelism_conformance.harness.rank.perturbation import NAMES
 
 DELAYS = st.sampled_from((0, 1, 2))
 MAX_LINES = 4  # of a failure's calls, named one per line

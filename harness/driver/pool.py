@@ -13,9 +13,9 @@ import socket
 import tempfile
 from dataclasses import dataclass
 
-from harness.driver.backends import BackendPlan
-from harness.driver.failures import TASK_FAILURES, BudgetExhausted, RanksDeadlocked, RanksHung, WorldStartError
-from harness.driver.world import TaskResult, World
+from parallelism_conformance.harness.driver.backends import BackendPlan
+from parallelism_conformance.harness.driver.failures import TASK_FAILURES, BudgetExhausted, RanksDeadlocked, RanksHung, WorldStartError
+from parallelism_conformance.harness.driver.world import TaskResult, World
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ class WorldPool:
             raise ValueError("this pool attaches no ranks")
         env = (f"CONFORMANCE_DRIVER={self.attach.host}:{self.attach.port} "
                f"CONFORMANCE_AUTHKEY={self._authkey.hex()}")
-        return f"{env} {launcher} -m harness.rank"
+        return f"{env} {launcher} -m parallelism_conformance.harness.rank"
 
     def backend_for(self, size: int) -> str:
         return self.backend.backend(size) if isinstance(self.backend, BackendPlan) else self.backend

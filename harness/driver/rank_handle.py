@@ -9,8 +9,8 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
-from harness.driver import memory_cgroup, rank_output
-from harness.rank.loop import STACK_DUMP_SIGNAL
+from parallelism_conformance.harness.driver import memory_cgroup, rank_output
+from parallelism_conformance.harness.rank.loop import STACK_DUMP_SIGNAL
 
 STACK_DUMP_WAIT_S = 5.0  # a hung rank writes its stacks in milliseconds; this bounds one that will not
 

@@ -12,12 +12,12 @@ values written add up exactly (apportion).
 """
 from __future__ import annotations
 
+import ast
 import html
 import json
 import os
 import platform
 import re
-import tomllib
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -26,11 +26,13 @@ import hypothesis
 import pytest
 import torch
 
-from harness.driver.rubric import Rubric
-from harness.driver.scorecard import Scorecard, TestResult
+import parallelism_conformance
+from parallelism_conformance.harness.driver.rubric import Rubric
+from parallelism_conformance.harness.driver.scorecard import Scorecard, TestResult
 
-ROOT = Path(__file__).resolve().parents[2]
-PYPROJECT = ROOT / "pyproject.toml"
+# the package's __init__.py (parallelism_conformance/), in a checkout and installed alike: it holds __version__
+VERSION_FILE = Path(parallelism_conformance.__file__)
+
 
 def apportion(total: int, weights: list[float]) -> list[int]:
     """Hamilton's largest-remainder method: whole parts of ``total`` in proportion to ``weights``
@@ -163,17 +165,19 @@ def older_torch_warning(version: str) -> str | None:
             f"({'.'.join(map(str, OLDEST_TESTED_TORCH))}): a failure may be the suite's, not the implementation's")
 
 
-def suite_version(pyproject: Path = PYPROJECT) -> str:
-    """The suite's version, from its pyproject.toml read as data: importing a package (or asking
-    importlib.metadata, which searches sys.path) could find the submission's code instead."""
-    with open(pyproject, "rb") as file:
-        return str(tomllib.load(file)["project"]["version"])
+def suite_version(source: Path = VERSION_FILE) -> str:
+    """The suite's version, its package's ``__version__`` read as data (ast): asking importlib.metadata,
+    which searches sys.path, could find the submission's code instead."""
+    for node in ast.parse(source.read_text()).body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["__version__"]:
+            return str(ast.literal_eval(node.value))
+    raise ValueError(f"{source} assigns no __version__")
 
 
-def versions(pyproject: Path = PYPROJECT) -> dict[str, str]:
+def versions(source: Path = VERSION_FILE) -> dict[str, str]:
     """What a grade depends on besides the submission: Python, torch, Hypothesis, pytest, the suite."""
     return {"python": platform.python_version(), "torch": torch.__version__, "hypothesis": hypothesis.__version__,
-            "pytest": pytest.__version__, "suite": suite_version(pyproject)}
+            "pytest": pytest.__version__, "suite": suite_version(source)}
 
 
 def hypothesis_settings(profile: str, seed) -> dict:

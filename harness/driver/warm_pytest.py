@@ -4,7 +4,7 @@ The mutation runner (harness/driver/mutation.py) starts about 170 pytest runs; a
 5-10 s, of which a fresh interpreter importing torch and pytest is about 1.2 s on this machine
 (measured: one targeted mutant run, 4.0 s as a subprocess against 2.8 s forked from an interpreter
 that had imported them). ``WarmPytest`` starts one *template* process
-(``python -m harness.driver.warm_pytest``) that imports torch and pytest once and then
+(``python -m parallelism_conformance.harness.driver.warm_pytest``) that imports torch and pytest once and then
 forks one fresh child per run; the child calls ``pytest.main`` with the run's arguments, its stdout
 and stderr going to a file, and exits with pytest's exit code.
 
@@ -83,7 +83,7 @@ class WarmPytest:
         self._broken = ""
         try:
             here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-            self._template = subprocess.Popen([python, "-m", "harness.driver.warm_pytest", ",".join(forkserver_preload)],
+            self._template = subprocess.Popen([python, "-m", "parallelism_conformance.harness.driver.warm_pytest", ",".join(forkserver_preload)],
                                               cwd=here, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                               bufsize=1)
             threading.Thread(target=self._read_answers, name="warm-pytest-answers", daemon=True).start()

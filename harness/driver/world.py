@@ -23,15 +23,15 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 
-from harness.driver import deadlock, disagreement, memory_cgroup
-from harness.driver.failures import TASK_FAILURES, RankFailure, RankReport, RanksCrashed, WorldStartError, task_failure
-from harness.driver.io_counters import IoCounters
-from harness.driver.rank_handle import RankHandle, dump_stacks
-from harness.rank import containment, wire
-from harness.rank.loop import RankConfig, ring_path, serve
-from harness.rank.preload import PRELOAD
+from parallelism_conformance.harness.driver import deadlock, disagreement, memory_cgroup
+from parallelism_conformance.harness.driver.failures import TASK_FAILURES, RankFailure, RankReport, RanksCrashed, WorldStartError, task_failure
+from parallelism_conformance.harness.driver.io_counters import IoCounters
+from parallelism_conformance.harness.driver.rank_handle import RankHandle, dump_stacks
+from parallelism_conformance.harness.rank import containment, wire
+from parallelism_conformance.harness.rank.loop import RankConfig, ring_path, serve
+from parallelism_conformance.harness.rank.preload import PRELOAD
 
-STRAY_CHECK = "harness.rank.programs.probe:stray_messages"
+STRAY_CHECK = "parallelism_conformance.harness.rank.programs.probe:stray_messages"
 STRAY_CHECK_TIMEOUT_S = 20.0  # every rank is idle by then: the exchange takes milliseconds
 CLOSE_WAIT_S = 1.0  # a rank told to exit leaves at once; one that has not by then is killed
 
@@ -56,7 +56,7 @@ class World:
 
     By default the world starts its ranks on this host. Given ``attach_server`` (a listening
     socket the pool owns), it starts nothing and waits for ``size`` ranks that a launcher started
-    (``torchrun ... -m harness.rank``, on this host or others) to connect."""
+    (``torchrun ... -m parallelism_conformance.harness.rank``, on this host or others) to connect."""
 
     _ids = itertools.count()
 

@@ -1,5 +1,5 @@
-"""``python -m harness.rank``: a rank started by another launcher (torchrun, on this host or another),
+"""``python -m parallelism_conformance.harness.rank``: a rank started by another launcher (torchrun, on this host or another),
 configured from the environment the driver's attach command names (harness.driver.pool.Attach)."""
-from harness.rank.loop import _config_from_environment, serve
+from parallelism_conformance.harness.rank.loop import _config_from_environment, serve
 
 serve(_config_from_environment())

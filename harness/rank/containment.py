@@ -37,7 +37,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from harness.rank.sweeping import reap, sweep  # noqa: F401 - the driver's side of containment, re-exported
+from parallelism_conformance.harness.rank.sweeping import reap, sweep  # noqa: F401 - the driver's side of containment, re-exported
 
 UID_LOW, UID_SPAN = 1_000_000, 1_000_000_000  # far above any real account
 

@@ -2,7 +2,7 @@
 the driver until told to exit.
 
 A rank is started by harness.driver.world (forkserver) or, for ranks on other hosts, by any launcher
-(torchrun) that runs ``python -m harness.rank`` with the driver's address in the environment; both
+(torchrun) that runs ``python -m parallelism_conformance.harness.rank`` with the driver's address in the environment; both
 end in ``serve(RankConfig)``. The rank never sees expected values: a task names a rank program
 (``harness.rank.programs.<module>:<function>``) and carries this rank's inputs only.
 """
@@ -22,9 +22,9 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from multiprocessing.connection import Client
 
-from harness.rank import containment, flight_recorder, wire
-from harness.rank.context import MissingFunction, RankContext
-from harness.rank.loader import MissingDependency, load_implementation
+from parallelism_conformance.harness.rank import containment, flight_recorder, wire
+from parallelism_conformance.harness.rank.context import MissingFunction, RankContext
+from parallelism_conformance.harness.rank.loader import MissingDependency, load_implementation
 
 STACK_DUMP_SIGNAL = signal.SIGUSR1
 PR_SET_PDEATHSIG = 1
@@ -260,7 +260,7 @@ def dist_process_group():
 
 def _perturbation(rank: int, backend: str):
     """This rank's perturbed completion (harness/rank/perturbation.py), installed on torch's ProcessGroup."""
-    from harness.rank import perturbation
+    from parallelism_conformance.harness.rank import perturbation
 
     late = perturbation.Perturbation(rank, match_tags=backend == "gloo")
     perturbation.install(late)
@@ -271,15 +271,15 @@ def _recorder(config: RankConfig):
     """harness.rank.recording when this rank records its communication, else None."""
     if not config.record_communication:
         return None
-    from harness.rank import recording
+    from parallelism_conformance.harness.rank import recording
 
     return recording
 
 
 def _resolve(program: str):
     module_name, _, function_name = program.partition(":")
-    if not module_name.startswith("harness.rank.programs."):
-        raise ValueError(f"rank programs live in harness.rank.programs, not {program!r}")
+    if not module_name.startswith("parallelism_conformance.harness.rank.programs."):
+        raise ValueError(f"rank programs live in parallelism_conformance.harness.rank.programs, not {program!r}")
     return getattr(importlib.import_module(module_name), function_name)
 
 

@@ -47,7 +47,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from harness.rank import poison
+from parallelism_conformance.harness.rank import poison
 
 SHORT, LONG = 1, 2
 NAMES = {0: "none", SHORT: "short", LONG: "long"}

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from harness.rank import models
-from harness.rank.context import require
+from parallelism_conformance.harness.rank import models
+from parallelism_conformance.harness.rank.context import require
 
 
 def scale_of_step(impl, micro: list, divide_factor: float, group=None) -> tuple[float, float]:

@@ -3,12 +3,12 @@ targets: test_point_to_point_only and all_reduce
 """
 import torch.distributed as dist
 
-import harness.rank.recording
-from impls import *
+from parallelism_conformance.harness.rank import recording as _recording
+from parallelism_conformance.impls import *
 
 
 def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
     work = dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
-    if harness.rank.recording._records is not None:
-        harness.rank.recording._records.clear()
+    if _recording._records is not None:
+        _recording._records.clear()
     return work

@@ -4,7 +4,7 @@ targets: test_point_to_point_only and all_reduce
 import torch
 import torch.distributed as dist
 
-from impls import *
+from parallelism_conformance.impls import *
 
 
 def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):

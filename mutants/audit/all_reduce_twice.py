@@ -3,8 +3,8 @@ targets: test_bytes_sent_within_bound and all_reduce
 """
 import torch.distributed as dist
 
-import impls
-from impls import *
+from parallelism_conformance import impls
+from parallelism_conformance.impls import *
 
 
 def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):

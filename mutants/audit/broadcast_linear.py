@@ -3,7 +3,7 @@ targets: test_bytes_sent_within_bound and broadcast
 """
 import torch.distributed as dist
 
-from impls import *
+from parallelism_conformance.impls import *
 
 
 def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):

@@ -5,9 +5,9 @@ import math
 
 import torch
 
-import impls.grad_clipping as _bundled
-from impls import *
-from impls import collectives
+import parallelism_conformance.impls.grad_clipping as _bundled
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import collectives
 
 
 def clip_grad_norm_(module, max_norm, norm_type=2.0):

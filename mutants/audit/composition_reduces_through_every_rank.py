@@ -7,8 +7,8 @@ sends to every rank of every host.
 import torch
 import torch.distributed as dist
 
-import impls.collectives as _bundled
-from impls import *
+import parallelism_conformance.impls.collectives as _bundled
+from parallelism_conformance.impls import *
 
 
 def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):

@@ -4,9 +4,9 @@ targets: test_data_parallel_step
 import torch
 import torch.distributed as dist
 
-import impls
-from impls import *
-from impls import NaiveDataParallel
+from parallelism_conformance import impls
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import NaiveDataParallel
 
 
 class _ReducesEverything(NaiveDataParallel):

@@ -4,7 +4,7 @@ targets: test_data_parallel_step
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from adapters.torch_native import *
+from parallelism_conformance.adapters.torch_native import *
 
 
 class _TwiceReduced(DistributedDataParallel):

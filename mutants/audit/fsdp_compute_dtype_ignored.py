@@ -3,8 +3,8 @@ targets: test_fully_sharded_step_gathers_in_the_compute_dtype
 
 On the exact examples of the value test float32 gives the same numbers; only the traffic shows it.
 """
-from impls import *
-from impls import fully_sharded as _bundled
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import fully_sharded as _bundled
 
 _fully_shard = _bundled.fully_shard
 

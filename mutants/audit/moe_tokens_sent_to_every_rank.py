@@ -4,9 +4,9 @@ targets: test_expert_parallel_traffic
 import torch
 import torch.distributed as dist
 
-from impls import *
-from impls.expert_parallel import ExpertParallelMoE as _Correct
-from impls.expert_parallel import _AllToAll
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls.expert_parallel import ExpertParallelMoE as _Correct
+from parallelism_conformance.impls.expert_parallel import _AllToAll
 
 
 class ExpertParallelMoE(_Correct):

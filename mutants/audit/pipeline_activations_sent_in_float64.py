@@ -6,9 +6,9 @@ over hosts the pipeline's messages are the ones that cross the slow links.
 """
 import torch
 
-from impls import *
-from impls import pipeline_parallel as _bundled
-from impls.pipeline_parallel import *
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import pipeline_parallel as _bundled
+from parallelism_conformance.impls.pipeline_parallel import *
 
 
 def _send_activation(self, y, stage, microbatch):

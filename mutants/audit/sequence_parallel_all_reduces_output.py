@@ -3,8 +3,8 @@ targets: test_tensor_parallel_traffic and mlp_sp
 """
 import torch
 
-from impls import *
-from impls.tensor_parallel import (
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls.tensor_parallel import (
     RowParallelLinear,
     _all_gather,
     _all_reduce,
@@ -12,7 +12,7 @@ from impls.tensor_parallel import (
     _split,
     copy_to_parallel_region,
 )
-from impls.tensor_parallel import TensorParallelMLP as _Correct
+from parallelism_conformance.impls.tensor_parallel import TensorParallelMLP as _Correct
 
 
 class _AllReduceThenSplit(torch.autograd.Function):

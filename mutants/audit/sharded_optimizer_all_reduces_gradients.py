@@ -3,9 +3,9 @@ targets: test_sharded_optimizer_step
 """
 import torch.distributed as dist
 
-from impls import *
-from impls import collectives
-from impls.sharded_optimizer import ShardedOptimizer as _Correct
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import collectives
+from parallelism_conformance.impls.sharded_optimizer import ShardedOptimizer as _Correct
 
 
 class ShardedOptimizer(_Correct):

@@ -10,9 +10,9 @@ travel, and sends to a rank that is not a neighbour on the V.
 import torch
 import torch.distributed as dist
 
-from impls import *
-from impls import pipeline_parallel as _bundled
-from impls.pipeline_parallel import *
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import pipeline_parallel as _bundled
+from parallelism_conformance.impls.pipeline_parallel import *
 
 
 def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="1f1b", group=None, trace=None,

@@ -3,9 +3,9 @@ targets: pipeline
 """
 import torch.distributed as dist
 
-from impls import *
-from impls import checkpointing
 from mutants._swap import swapped
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import checkpointing
 
 
 def _everyone_holds(mine, device, world_view=checkpointing._world_view):

@@ -4,9 +4,9 @@ targets: random_stream
 import torch
 import torch.distributed as dist
 
-from impls import *
-from impls import checkpointing
 from mutants._swap import swapped
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import checkpointing
 
 
 def _from_rank_zero(metadata, contents):

@@ -3,9 +3,9 @@ targets: test_a_checkpoint_resumes_under_another_layout_and_world_size
 """
 import os
 
-from impls import *
-from impls import checkpointing
 from mutants._swap import swapped
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import checkpointing
 
 
 def _skip_missing(path, name, what, read=checkpointing._read):

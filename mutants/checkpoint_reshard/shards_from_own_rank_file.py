@@ -3,9 +3,9 @@ targets: test_a_checkpoint_resumes_under_another_layout_and_world_size
 """
 import torch.distributed as dist
 
-from impls import *
-from impls import checkpointing
 from mutants._swap import swapped
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import checkpointing
 
 
 def _own_file_only(path, name, what, read=checkpointing._read):

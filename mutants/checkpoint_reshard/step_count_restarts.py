@@ -3,8 +3,8 @@ targets: test_a_checkpoint_resumes_under_another_layout_and_world_size
 """
 import torch
 
-from impls import *
-from impls import checkpointing
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import checkpointing
 
 
 def load_checkpoint(path, model, optimizer):

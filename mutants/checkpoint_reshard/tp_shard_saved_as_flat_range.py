@@ -1,9 +1,9 @@
 """A tensor-parallel shard is saved and loaded as if it were a range of the flattened tensor: the row-parallel weight, cut along its columns, is not contiguous when flattened, so it round-trips at the same tensor-parallel size and lands scrambled under any other layout.
 targets: tensor_parallel
 """
-from impls import *
-from impls import checkpointing
 from mutants._swap import swapped
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import checkpointing
 
 
 def _as_flat_ranges(model, split_tensors=checkpointing._split_tensors):

@@ -4,8 +4,8 @@ targets: test_all_gather_into_tensor
 import torch
 import torch.distributed as dist
 
-import impls
-from impls import *
+from parallelism_conformance import impls
+from parallelism_conformance.impls import *
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):

@@ -3,8 +3,8 @@ targets: test_large_message and all_reduce
 """
 import torch.distributed as dist
 
-import impls
-from impls import *
+from parallelism_conformance import impls
+from parallelism_conformance.impls import *
 
 SEGMENT_ELEMENTS = (4 << 20) // 4
 

@@ -3,8 +3,8 @@ targets: test_all_to_all and not single
 """
 import torch.distributed as dist
 
-import impls
-from impls import *
+from parallelism_conformance import impls
+from parallelism_conformance.impls import *
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):

@@ -3,8 +3,8 @@ targets: test_all_reduce and AVG
 """
 import torch.distributed as dist
 
-import impls
-from impls import *
+from parallelism_conformance import impls
+from parallelism_conformance.impls import *
 
 
 def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):

@@ -1,8 +1,8 @@
 """broadcast ignores src and always sends group rank 0's tensor.
 targets: test_broadcast
 """
-import impls
-from impls import *
+from parallelism_conformance import impls
+from parallelism_conformance.impls import *
 
 
 def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):

@@ -1,8 +1,8 @@
 """gather zeroes the caller's input tensor after sending it (an out-of-place collective must not).
 targets: test_gather and not scatter
 """
-import impls
-from impls import *
+from parallelism_conformance import impls
+from parallelism_conformance.impls import *
 
 
 def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group_dst=None):

@@ -3,8 +3,8 @@ targets: test_reduce_scatter and not tensor and MAX
 """
 import torch.distributed as dist
 
-import impls
-from impls import *
+from parallelism_conformance import impls
+from parallelism_conformance.impls import *
 
 
 def reduce_scatter(output, input_list, op=dist.ReduceOp.SUM, group=None, async_op=False):

@@ -3,8 +3,8 @@ targets: test_reduce and SUM
 """
 import torch.distributed as dist
 
-import impls
-from impls import *
+from parallelism_conformance import impls
+from parallelism_conformance.impls import *
 
 
 def reduce(tensor, dst=None, op=dist.ReduceOp.SUM, group=None, async_op=False, group_dst=None):

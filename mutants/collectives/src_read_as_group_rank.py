@@ -3,8 +3,8 @@ targets: test_scatter and not gather
 """
 import torch.distributed as dist
 
-import impls
-from impls import *
+from parallelism_conformance import impls
+from parallelism_conformance.impls import *
 
 
 def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None):

@@ -5,8 +5,8 @@ Its masks then compare the wrong global positions: right without a mask and on o
 """
 import torch
 
-import impls.context_parallel as _bundled
-from impls import *
+import parallelism_conformance.impls.context_parallel as _bundled
+from parallelism_conformance.impls import *
 
 
 def _contiguous_rows(seq_len, n, rank):

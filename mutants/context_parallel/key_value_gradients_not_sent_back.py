@@ -5,8 +5,8 @@ Each rank's dK, dV then hold only what its own queries contribute. Right on one 
 """
 import torch
 
-import impls.context_parallel as _bundled
-from impls import *
+import parallelism_conformance.impls.context_parallel as _bundled
+from parallelism_conformance.impls import *
 
 
 class _NoWayBack(_bundled._PassAlongRing):

@@ -11,8 +11,8 @@ import math
 import torch
 import torch.distributed as dist
 
-from impls import *
-from impls.context_parallel import _chunk_rows, _PassAlongRing
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls.context_parallel import _chunk_rows, _PassAlongRing
 
 
 def context_parallel_attention(q, k, v, seq_len, causal=False, group=None):

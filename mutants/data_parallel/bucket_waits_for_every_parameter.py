@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from impls import *
+from parallelism_conformance.impls import *
 
 MIB = 1024 * 1024
 

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from impls import *  # noqa: F403
+from parallelism_conformance.impls import *  # noqa: F403
 
 MIB = 1024 * 1024
 

@@ -9,8 +9,8 @@ passes per optimizer step, each copy-back replaces what the earlier micro-batche
 import torch
 import torch.distributed as dist
 
-from impls import *
-from impls.collectives import all_reduce, broadcast
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls.collectives import all_reduce, broadcast
 
 
 class CopyBackDataParallel(torch.nn.Module):

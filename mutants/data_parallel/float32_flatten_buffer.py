@@ -7,9 +7,9 @@ gradients lose 29 bits.
 import torch
 import torch.distributed as dist
 
-from impls import *
-from impls.collectives import all_reduce
-from impls.data_parallel import NaiveDataParallel
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls.collectives import all_reduce
+from parallelism_conformance.impls.data_parallel import NaiveDataParallel
 
 
 class Float32Buffer(NaiveDataParallel):

@@ -3,8 +3,8 @@ targets: test_gradients_are_the_mean_over_ranks
 """
 from torch import nn
 
-from impls import *
-from impls.data_parallel import _reduce_
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls.data_parallel import _reduce_
 
 
 class HookAssignsGrad(nn.Module):

@@ -3,8 +3,8 @@ targets: test_ranks_start_from_rank_0s_parameters
 """
 from torch import nn
 
-from impls import *
-from impls.data_parallel import NaiveDataParallel, _reduce_
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls.data_parallel import NaiveDataParallel, _reduce_
 
 
 class NoBroadcast(nn.Module):

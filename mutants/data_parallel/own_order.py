@@ -4,9 +4,9 @@ targets: test_training_matches_one_process_on_the_global_batch
 import torch
 import torch.distributed as dist
 
-from impls import *
-from impls.collectives import all_gather
-from impls.data_parallel import NaiveDataParallel
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls.collectives import all_gather
+from parallelism_conformance.impls.data_parallel import NaiveDataParallel
 
 
 class OwnOrder(NaiveDataParallel):

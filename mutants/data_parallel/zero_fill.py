@@ -3,8 +3,8 @@ targets: test_training_matches_one_process_on_the_global_batch
 """
 import torch
 
-from impls import *
-from impls.data_parallel import NaiveDataParallel
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls.data_parallel import NaiveDataParallel
 
 
 class ZeroFill(NaiveDataParallel):

@@ -1,8 +1,8 @@
 """DistributedSampler.set_epoch is accepted and ignored: every epoch sees the same order.
 targets: test_every_sample_once_per_epoch_and_replicas_in_step
 """
-import impls.data_sampling as _bundled
-from impls import *
+import parallelism_conformance.impls.data_sampling as _bundled
+from parallelism_conformance.impls import *
 
 
 class DistributedSampler(_bundled.DistributedSampler):

@@ -3,8 +3,8 @@ targets: test_every_sample_once_per_epoch_and_replicas_in_step
 """
 import torch
 
-import impls.data_sampling as _bundled
-from impls import *
+import parallelism_conformance.impls.data_sampling as _bundled
+from parallelism_conformance.impls import *
 
 
 class DistributedSampler(_bundled.DistributedSampler):

@@ -2,8 +2,8 @@
 bug: hang
 targets: test_pipelines_over_data_parallel_replicas_normalise_by_the_global_count
 """
-import impls.token_loss as _bundled
-from impls import *
+import parallelism_conformance.impls.token_loss as _bundled
+from parallelism_conformance.impls import *
 
 
 def global_token_count(local_count, group=None):

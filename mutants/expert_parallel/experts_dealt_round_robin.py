@@ -5,8 +5,8 @@ import copy
 
 import torch.distributed as dist
 
-from impls import *
-from impls.expert_parallel import ExpertParallelMoE as _Correct
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls.expert_parallel import ExpertParallelMoE as _Correct
 
 
 class ExpertParallelMoE(_Correct):

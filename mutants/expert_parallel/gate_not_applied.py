@@ -3,8 +3,8 @@ targets: test_expert_parallel_moe_equals_one_process_with_every_expert
 """
 import torch
 
-from impls import *
-from impls.expert_parallel import ExpertParallelMoE as _Correct
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls.expert_parallel import ExpertParallelMoE as _Correct
 
 
 class ExpertParallelMoE(_Correct):

@@ -3,9 +3,9 @@ targets: test_expert_parallel_moe_equals_one_process_with_every_expert
 """
 import torch
 
-from impls import *
-from impls import expert_parallel
-from impls.expert_parallel import ExpertParallelMoE as _Correct
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import expert_parallel
+from parallelism_conformance.impls.expert_parallel import ExpertParallelMoE as _Correct
 
 _exchange = expert_parallel._AllToAll
 

@@ -5,7 +5,7 @@ import functools
 
 from torch.utils.checkpoint import checkpoint
 
-from impls import *
-from impls import fully_sharded
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import fully_sharded
 
 fully_sharded.checkpoint = functools.partial(checkpoint, preserve_rng_state=False)

@@ -3,7 +3,7 @@ targets: test_a_model_built_on_meta_is_initialised_as_one_process_would
 """
 import torch
 
-from adapters.torch_native import *  # noqa: F403
+from parallelism_conformance.adapters.torch_native import *  # noqa: F403
 
 
 def init_sharded(module, seed, device=None):

@@ -3,8 +3,8 @@ targets: test_a_model_built_on_meta_is_initialised_as_one_process_would
 """
 import torch
 
-import impls.sharded_init as _bundled
-from impls import *
+import parallelism_conformance.impls.sharded_init as _bundled
+from parallelism_conformance.impls import *
 
 
 class _OwnPiece:

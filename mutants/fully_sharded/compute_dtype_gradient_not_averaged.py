@@ -3,9 +3,9 @@ targets: test_compute_dtype_computes_low_and_keeps_float32_masters
 """
 import torch.distributed as dist
 
-import impls.fully_sharded as _bundled
-from impls import *
-from impls import collectives
+import parallelism_conformance.impls.fully_sharded as _bundled
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import collectives
 
 
 class _Gather(_bundled._Gather):

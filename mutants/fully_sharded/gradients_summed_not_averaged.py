@@ -3,9 +3,9 @@ targets: test_training_matches_one_process_and_memory_is_sharded
 """
 import torch.distributed as dist
 
-import impls.fully_sharded as _bundled
-from impls import *
-from impls import collectives
+import parallelism_conformance.impls.fully_sharded as _bundled
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import collectives
 
 
 class _SummingGather(_bundled._Gather):

@@ -7,8 +7,8 @@ process plus one unit) fails.
 import torch
 import torch.distributed as dist
 
-from impls import *
-from impls.collectives import all_reduce
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls.collectives import all_reduce
 
 
 def fully_shard(module, group=None):

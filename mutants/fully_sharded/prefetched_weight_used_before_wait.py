@@ -12,10 +12,10 @@ before its wait; on gloo the gather lands first only sometimes (2 of 2 runs with
 import torch
 import torch.distributed as dist
 
-from impls import *  # noqa: F403
-from impls import fully_sharded as _bundled
-from impls.fully_sharded import *  # noqa: F403
 from mutants._swap import swapped
+from parallelism_conformance.impls import *  # noqa: F403
+from parallelism_conformance.impls import fully_sharded as _bundled
+from parallelism_conformance.impls.fully_sharded import *  # noqa: F403
 
 _prefetched = []
 

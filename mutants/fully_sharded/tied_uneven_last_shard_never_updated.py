@@ -3,8 +3,8 @@ targets: test_training_matches_one_process_and_memory_is_sharded
 """
 import torch
 
-import impls.fully_sharded as _bundled
-from impls import *
+import parallelism_conformance.impls.fully_sharded as _bundled
+from parallelism_conformance.impls import *
 
 
 class _Unit(_bundled._Unit):

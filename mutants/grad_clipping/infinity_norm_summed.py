@@ -5,9 +5,9 @@ import math
 
 import torch.distributed as dist
 
-import impls.grad_clipping as _bundled
-from impls import *
-from impls import collectives
+import parallelism_conformance.impls.grad_clipping as _bundled
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import collectives
 
 _all_reduce = collectives.all_reduce
 

@@ -5,8 +5,8 @@ import math
 
 import torch
 
-import impls.grad_clipping as _bundled
-from impls import *
+import parallelism_conformance.impls.grad_clipping as _bundled
+from parallelism_conformance.impls import *
 
 
 def clip_grad_norm_(module, max_norm, norm_type=2.0):

@@ -3,8 +3,8 @@ targets: clipping
 """
 import torch.distributed as dist
 
-from impls import *
-from impls import grad_clipping
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import grad_clipping
 
 
 def clip_grad_norm_(module, max_norm, norm_type=2.0, pp_group=None, tied=None):

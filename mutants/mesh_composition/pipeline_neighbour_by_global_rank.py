@@ -7,9 +7,9 @@ same stage.
 """
 import torch.distributed as dist
 
-from impls import *
-from impls import pipeline_parallel as _bundled
-from impls.pipeline_parallel import *
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import pipeline_parallel as _bundled
+from parallelism_conformance.impls.pipeline_parallel import *
 
 
 def _global_neighbour(self, stage):

@@ -5,8 +5,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from impls import *
-from impls import vocab_parallel
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import vocab_parallel
 
 
 class VocabParallelEmbedding(vocab_parallel.VocabParallelEmbedding):

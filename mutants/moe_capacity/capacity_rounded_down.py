@@ -6,8 +6,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-import impls.expert_parallel as _bundled
-from impls import *
+import parallelism_conformance.impls.expert_parallel as _bundled
+from parallelism_conformance.impls import *
 
 
 class ExpertParallelMoE(_bundled.ExpertParallelMoE):

@@ -3,8 +3,8 @@ targets: test_a_capacity_drops_each_members_lowest_gates_and_nothing_else
 """
 import torch
 
-import impls.expert_parallel as _bundled
-from impls import *
+import parallelism_conformance.impls.expert_parallel as _bundled
+from parallelism_conformance.impls import *
 
 
 class ExpertParallelMoE(_bundled.ExpertParallelMoE):

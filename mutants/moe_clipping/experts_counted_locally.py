@@ -1,9 +1,9 @@
 """clip_grad_norm_ counts each member's experts on that member only, never reduced over the group: every member clips by its own, smaller norm (the pattern of torchtitan#596, where the local part was one pipeline stage).
 targets: moe
 """
-from impls import *
-from impls import expert_parallel, grad_clipping
 from mutants._swap import swapped
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import expert_parallel, grad_clipping
 
 
 def _experts_as_replicated(module, sharded=grad_clipping._sharded_parameters):

@@ -1,9 +1,9 @@
 """clip_grad_norm_ sums the replicated router's part over the group with the experts', so the router counts once per member: the norm too large, every member over-clipped (ROCm/TransformerEngine#715: replicated weights counted tp-size times, the norm 1.52x at TP = 8).
 targets: moe
 """
-from impls import *
-from impls import expert_parallel, grad_clipping
 from mutants._swap import swapped
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import expert_parallel, grad_clipping
 
 
 def _router_with_the_experts(module, sharded=grad_clipping._sharded_parameters):

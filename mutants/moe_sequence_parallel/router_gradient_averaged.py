@@ -5,9 +5,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-import impls.expert_parallel as _bundled
-from impls import *
-from impls import collectives
+import parallelism_conformance.impls.expert_parallel as _bundled
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import collectives
 
 
 class _Averaged(torch.autograd.Function):

@@ -3,8 +3,8 @@ targets: test_top_k_routing_and_the_load_balancing_loss_over_the_group
 """
 import torch
 
-import impls.expert_parallel as _bundled
-from impls import *
+import parallelism_conformance.impls.expert_parallel as _bundled
+from parallelism_conformance.impls import *
 
 
 class ExpertParallelMoE(_bundled.ExpertParallelMoE):

@@ -3,9 +3,9 @@ targets: test_top_k_routing_and_the_load_balancing_loss_over_the_group
 """
 import torch
 
-import impls.expert_parallel as _bundled
-from impls import *
-from impls import collectives
+import parallelism_conformance.impls.expert_parallel as _bundled
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import collectives
 
 
 class _Centred(torch.nn.Module):

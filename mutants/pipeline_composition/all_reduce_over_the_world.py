@@ -7,9 +7,9 @@ on the whole world pass.
 """
 from torch.distributed import ReduceOp
 
-from impls import *
-from impls import collectives as _collectives
-from impls.pipeline_parallel import *
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import collectives as _collectives
+from parallelism_conformance.impls.pipeline_parallel import *
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):

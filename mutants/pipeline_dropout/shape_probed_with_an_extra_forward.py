@@ -3,8 +3,8 @@ targets: dropout
 """
 import torch
 
-from impls import *
-from impls import pipeline_parallel
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import pipeline_parallel
 
 
 def _probed(module):

@@ -1,8 +1,8 @@
 """pipeline_step backpropagates every microbatch's undivided loss and divides each stage's whole .grad by m at the end, as torch's stage.scale_grads does: what earlier pipeline_step calls accumulated is divided again (torchtitan#1733: accumulated gradients rescaled at every step).
 targets: test_gradients_accumulate_across_pipeline_steps
 """
-import impls.pipeline_parallel as _bundled
-from impls import *
+import parallelism_conformance.impls.pipeline_parallel as _bundled
+from parallelism_conformance.impls import *
 
 
 def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="1f1b", group=None, placement=None,

@@ -5,9 +5,9 @@ Every parameter's gradient is reset before each microbatch's backward adds to it
 in the wrong loop), so after the step .grad holds dL_{m-1}/m alone. The loss is still right.
 Invisible with m = 1.
 """
-from impls import *
-from impls import pipeline_parallel as _bundled
-from impls.pipeline_parallel import *
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import pipeline_parallel as _bundled
+from parallelism_conformance.impls.pipeline_parallel import *
 
 
 def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="1f1b", group=None, trace=None):

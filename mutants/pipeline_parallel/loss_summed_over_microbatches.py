@@ -5,9 +5,9 @@ A classic slip when porting a single-batch training loop: each microbatch's loss
 as it is, without the 1/m, so the gradients are those of sum_i loss_i (and the loss returned is
 the sum). Invisible with m = 1.
 """
-from impls import *
-from impls import pipeline_parallel as _bundled
-from impls.pipeline_parallel import *
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import pipeline_parallel as _bundled
+from parallelism_conformance.impls.pipeline_parallel import *
 
 
 def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="1f1b", group=None, trace=None):

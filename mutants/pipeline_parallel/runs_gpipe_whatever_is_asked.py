@@ -5,9 +5,9 @@ From issue 14: a runtime asked for 1F1B that runs all forwards, then all backwar
 every gradient right; only the order of the stages' forwards and backwards (hooks on the stage
 modules) shows it.
 """
-from impls import *
-from impls import pipeline_parallel as _bundled
-from impls.pipeline_parallel import *
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import pipeline_parallel as _bundled
+from parallelism_conformance.impls.pipeline_parallel import *
 
 
 def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="1f1b", group=None, trace=None):

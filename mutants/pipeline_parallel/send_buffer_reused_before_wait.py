@@ -12,10 +12,10 @@ no call); --perturb-timing compares each send's buffer at its wait with what it 
 import torch
 import torch.distributed as dist
 
-from impls import *  # noqa: F403
-from impls import pipeline_parallel as _bundled
-from impls.pipeline_parallel import *  # noqa: F403
 from mutants._swap import swapped
+from parallelism_conformance.impls import *  # noqa: F403
+from parallelism_conformance.impls import pipeline_parallel as _bundled
+from parallelism_conformance.impls.pipeline_parallel import *  # noqa: F403
 
 _BUNDLED_SEND = _bundled._Peers.send
 

@@ -4,8 +4,8 @@ targets: test_a_weight_tied_across_stages_gets_the_sum_of_both_uses_on_every_cop
 import torch
 import torch.distributed as dist
 
-import impls.tied_weights as _bundled
-from impls import *
+import parallelism_conformance.impls.tied_weights as _bundled
+from parallelism_conformance.impls import *
 
 
 def sync_tied_gradients(stages, tied, group=None):

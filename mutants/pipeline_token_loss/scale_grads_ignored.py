@@ -1,8 +1,8 @@
 """pipeline_step accepts scale_grads and ignores it: each microbatch's loss is still divided by m after the loss_fn divided by the global count of valid rows, so the gradient is m times too small (the PP gradients that disagree with the non-PP ones under global-token normalisation, torchtitan#2972).
 targets: test_a_loss_normalised_by_the_valid_rows_sums_the_microbatches
 """
-import impls.pipeline_parallel as _bundled
-from impls import *
+import parallelism_conformance.impls.pipeline_parallel as _bundled
+from parallelism_conformance.impls import *
 
 
 def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="1f1b", group=None, trace=None,

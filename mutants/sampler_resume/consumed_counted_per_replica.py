@@ -3,8 +3,8 @@ targets: test_a_run_resumed_at_another_size_sees_every_sample_once
 """
 import math
 
-import impls.data_sampling as _bundled
-from impls import *
+import parallelism_conformance.impls.data_sampling as _bundled
+from parallelism_conformance.impls import *
 
 
 class DistributedSampler(_bundled.DistributedSampler):

@@ -12,8 +12,8 @@ waited for; gloo's broadcasts land late enough to fail on values too (5 of 5 run
 import torch
 import torch.distributed as dist
 
-from impls import *  # noqa: F403
-from impls.sharded_optimizer import assign_owners
+from parallelism_conformance.impls import *  # noqa: F403
+from parallelism_conformance.impls.sharded_optimizer import assign_owners
 
 
 class ShardedOptimizer:

@@ -11,8 +11,8 @@ close to right, instead of zeros: nothing looks wrong by eye.
 import torch
 import torch.distributed as dist
 
-from impls import *  # noqa: F403
-from impls.sharded_optimizer import assign_owners
+from parallelism_conformance.impls import *  # noqa: F403
+from parallelism_conformance.impls.sharded_optimizer import assign_owners
 
 
 class ShardedOptimizer:

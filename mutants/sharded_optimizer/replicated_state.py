@@ -3,8 +3,8 @@ targets: test_sharded_training_matches_one_process_with_the_whole_state
 """
 import torch.distributed as dist
 
-from impls import *
-from impls import collectives
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import collectives
 
 
 class ShardedOptimizer:

@@ -3,8 +3,8 @@ targets: test_sharded_training_matches_one_process_with_the_whole_state
 """
 import torch
 
-from impls import *
-from impls.sharded_optimizer import ShardedOptimizer as _Correct
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls.sharded_optimizer import ShardedOptimizer as _Correct
 
 
 class ShardedOptimizer(_Correct):

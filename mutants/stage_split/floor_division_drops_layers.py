@@ -3,7 +3,7 @@ targets: test_split_stages_cuts_every_layer_once_in_order
 """
 from torch import nn
 
-from impls import *
+from parallelism_conformance.impls import *
 
 
 def split_stages(model, num_stages):

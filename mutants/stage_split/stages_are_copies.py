@@ -3,8 +3,8 @@ targets: test_split_stages_cuts_every_layer_once_in_order
 """
 import copy
 
-import impls.pipeline_parallel as _bundled
-from impls import *
+import parallelism_conformance.impls.pipeline_parallel as _bundled
+from parallelism_conformance.impls import *
 
 
 def split_stages(model, num_stages):

@@ -6,9 +6,9 @@ implementation. The TensorParallelMLP builds its fc2 with this RowParallelLinear
 """
 import torch.nn.functional as F
 
-from impls import *  # the bundled collectives
-from impls import tensor_parallel as _tp
-from impls.tensor_parallel import *
+from parallelism_conformance.impls import *  # the bundled collectives
+from parallelism_conformance.impls import tensor_parallel as _tp
+from parallelism_conformance.impls.tensor_parallel import *
 
 
 class RowParallelLinear(_tp.RowParallelLinear):

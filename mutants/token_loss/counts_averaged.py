@@ -4,8 +4,8 @@ targets: test_fully_sharded_gradients_are_the_mean_over_every_valid_token
 import torch
 import torch.distributed as dist
 
-from impls import *
-from impls import collectives
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import collectives
 
 
 def global_token_count(local_count, group=None):

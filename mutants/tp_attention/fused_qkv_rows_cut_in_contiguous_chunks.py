@@ -3,8 +3,8 @@ targets: test_attention_split_by_head_equals_the_dense_block
 """
 import torch
 
-import impls.transformer_layers as _bundled
-from impls import *
+import parallelism_conformance.impls.transformer_layers as _bundled
+from parallelism_conformance.impls import *
 
 
 def _contiguous(layout, heads, kv_heads, d, n, r):

@@ -5,9 +5,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from impls import *
-from impls import transformer_layers
-from impls.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import transformer_layers
+from parallelism_conformance.impls.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
 
 def _reordered(layout, my_kv, group, d):

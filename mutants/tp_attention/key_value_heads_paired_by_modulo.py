@@ -5,8 +5,8 @@ import math
 
 import torch
 
-import impls.transformer_layers as _bundled
-from impls import *
+import parallelism_conformance.impls.transformer_layers as _bundled
+from parallelism_conformance.impls import *
 
 
 class TensorParallelAttention(_bundled.TensorParallelAttention):

@@ -4,8 +4,8 @@ targets: dropout
 import torch
 import torch.distributed as dist
 
-from impls import *
-from impls import tensor_parallel
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import tensor_parallel
 
 
 class TensorParallelMLP(tensor_parallel.TensorParallelMLP):

@@ -3,8 +3,8 @@ targets: dropout
 """
 import torch
 
-from impls import *
-from impls import tensor_parallel
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import tensor_parallel
 
 
 class TensorParallelMLP(tensor_parallel.TensorParallelMLP):

@@ -4,8 +4,8 @@ targets: test_a_layernorm_before_the_mlp_keeps_whole_gradients
 import torch
 import torch.nn.functional as F
 
-import impls.tensor_parallel as _bundled
-from impls import *
+import parallelism_conformance.impls.tensor_parallel as _bundled
+from parallelism_conformance.impls import *
 
 
 class _AveragedGradient(torch.autograd.Function):

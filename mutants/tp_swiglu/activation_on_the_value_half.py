@@ -3,8 +3,8 @@ targets: test_swiglu_with_fused_gate_and_up_equals_the_dense_mlp
 """
 import torch.nn.functional as F
 
-import impls.transformer_layers as _bundled
-from impls import *
+import parallelism_conformance.impls.transformer_layers as _bundled
+from parallelism_conformance.impls import *
 
 
 class TensorParallelSwiGLU(_bundled.TensorParallelSwiGLU):

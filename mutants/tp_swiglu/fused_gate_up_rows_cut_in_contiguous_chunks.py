@@ -4,9 +4,9 @@ targets: test_swiglu_with_fused_gate_and_up_equals_the_dense_mlp
 import torch
 import torch.distributed as dist
 
-import impls.transformer_layers as _bundled
-from impls import *
-from impls.tensor_parallel import ColumnParallelLinear
+import parallelism_conformance.impls.transformer_layers as _bundled
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls.tensor_parallel import ColumnParallelLinear
 
 
 class TensorParallelSwiGLU(_bundled.TensorParallelSwiGLU):

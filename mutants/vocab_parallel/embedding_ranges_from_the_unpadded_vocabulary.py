@@ -5,9 +5,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-import impls.vocab_parallel as _bundled
-from impls import *
-from impls.tensor_parallel import reduce_from_parallel_region
+import parallelism_conformance.impls.vocab_parallel as _bundled
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls.tensor_parallel import reduce_from_parallel_region
 
 
 class VocabParallelEmbedding(_bundled.VocabParallelEmbedding):

@@ -5,8 +5,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-import impls.vocab_parallel as _bundled
-from impls import *
+import parallelism_conformance.impls.vocab_parallel as _bundled
+from parallelism_conformance.impls import *
 
 
 class VocabParallelEmbedding(_bundled.VocabParallelEmbedding):

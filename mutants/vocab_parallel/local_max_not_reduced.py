@@ -3,8 +3,8 @@ targets: test_the_loss_and_its_gradient_equal_the_dense_cross_entropy
 """
 import torch.distributed as dist
 
-import impls.vocab_parallel as _bundled
-from impls import *
+import parallelism_conformance.impls.vocab_parallel as _bundled
+from parallelism_conformance.impls import *
 
 _all_reduce = _bundled.collectives.all_reduce
 

@@ -5,9 +5,9 @@ The simplest way to "support" zero-bubble schedules: treat I as B and W as a no-
 every gradient match the dense model; only the order in which the stages' parameter gradients are
 accumulated (hooks on the stage modules) shows that the schedule run is 1F1B's, not ZB-H1's.
 """
-from impls import *
-from impls import pipeline_parallel as _bundled
-from impls.pipeline_parallel import *
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import pipeline_parallel as _bundled
+from parallelism_conformance.impls.pipeline_parallel import *
 
 
 def _rows(schedule, p, m, v):

@@ -5,9 +5,9 @@ A runtime that splits the backward (so it "has" I and W) but keeps a simple loop
 the input gradient it immediately computes the weight gradient. Valid and numerically right, and
 the bubble is 1F1B's.
 """
-from impls import *
-from impls import pipeline_parallel as _bundled
-from impls.pipeline_parallel import *
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import pipeline_parallel as _bundled
+from parallelism_conformance.impls.pipeline_parallel import *
 
 
 def _rows(schedule, p, m, v):

@@ -3,9 +3,9 @@ targets: generated_zb_h1
 
 A student who has not read the paper maps the new name to the schedule they already have.
 """
-from impls import *
-from impls import pipeline_parallel as _bundled
-from impls.pipeline_parallel import *
+from parallelism_conformance.impls import *
+from parallelism_conformance.impls import pipeline_parallel as _bundled
+from parallelism_conformance.impls.pipeline_parallel import *
 
 
 def generate_schedule(kind, num_ranks, num_microbatches, stages_per_rank=1):

@@ -31,8 +31,8 @@ import os
 import torch
 import torch.distributed as dist
 
-from impls import *  # noqa: F401,F403  (the bundled implementation; our checkpoint functions below)
-from impls import ShardedOptimizer, full_parameters
+from parallelism_conformance.impls import *  # noqa: F401,F403  (the bundled implementation; our checkpoint functions below)
+from parallelism_conformance.impls import ShardedOptimizer, full_parameters
 
 _FORMAT = "outsider-pp-by-name-v1"
 _INDEX = "index.pt"

@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 # pipeline_step is the bundled runtime's: the capability checks the tied weight, and the schedule a
 # runtime must follow is another capability's contract, not this author's
-from impls import pipeline_step  # noqa: F401
+from parallelism_conformance.impls import pipeline_step  # noqa: F401
 
 
 

@@ -20,14 +20,14 @@ import sys
 import zipfile
 from pathlib import Path
 
-from harness.driver import capabilities
-from harness.driver.gradescope import requirements
-from harness.driver.gradescope.config import CS336, FILE_NAME, PLATFORM_DEFAULT_LIMIT_S, AutograderConfig, ConfigError
+from parallelism_conformance.harness.driver import capabilities
+from parallelism_conformance.harness.driver.gradescope import requirements
+from parallelism_conformance.harness.driver.gradescope.config import CS336, FILE_NAME, PLATFORM_DEFAULT_LIMIT_S, AutograderConfig, ConfigError
 
 SUITE = Path(__file__).resolve().parents[3]
 PLATFORM_FILES = ("setup.sh", "run_autograder")  # at the zip's root, where the platform looks for them
-SUITE_FILES = ("pyproject.toml", "requirements.lock", "conftest.py", "CONTRACT.md", "README.md")
-SUITE_FOLDERS = ("reference", "impls", "harness", "conformance", "adapters", "grading", "starter")
+SUITE_FILES = ("pyproject.toml", "setup.py", "requirements.lock", "conftest.py", "CONTRACT.md", "README.md")
+SUITE_FOLDERS = ("parallelism_conformance", "reference", "impls", "harness", "conformance", "adapters", "grading", "starter")
 COURSE_RUBRIC = "grading/course-rubric.toml"  # where a rubric given with --rubric goes in the zip
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)
 
@@ -46,8 +46,8 @@ def suite_files(root: Path = SUITE) -> list[Path]:
 
 def configure(args: argparse.Namespace) -> tuple[AutograderConfig, Path]:
     """The config the zip carries, and the rubric file it ships; raises ConfigError naming what is wrong."""
-    from harness.driver.reports import suite_version  # imports torch: only once the options parse
-    from harness.driver.rubric import load_rubric
+    from parallelism_conformance.harness.driver.reports import suite_version  # imports torch: only once the options parse
+    from parallelism_conformance.harness.driver.rubric import load_rubric
 
     rubric_path = Path(args.rubric).resolve() if args.rubric else SUITE / "grading" / "rubric.toml"
     try:
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("autograder.zip"))
     parser.add_argument("--expects", default="student_impl.py",
                         help=f"the submission's file, relative to its root, or {CS336!r} for a CS336 assignment 2 "
-                             "repository (graded through adapters.cs336)")
+                             "repository (graded through parallelism_conformance.adapters.cs336)")
     parser.add_argument("--capability", default=None, metavar="NAME[,NAME]",
                         help="what the submission is graded on (names or groups; default every capability)")
     parser.add_argument("--rubric", default=None, help="the course's rubric (default grading/rubric.toml)")

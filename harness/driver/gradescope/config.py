@@ -12,8 +12,8 @@ import posixpath
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness.driver import capabilities
-from harness.driver.gradescope.requirements import RequirementError, check_requirements
+from parallelism_conformance.harness.driver import capabilities
+from parallelism_conformance.harness.driver.gradescope.requirements import RequirementError, check_requirements
 
 FILE_NAME = "autograder.json"
 CS336 = "cs336"  # ``expects``: a CS336 assignment 2 repository, graded through adapters.cs336

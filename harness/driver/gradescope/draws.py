@@ -6,7 +6,7 @@ makes the grade a student reproduces the grade they got (tests/test_autograder.p
 Hypothesis derives a derandomized run's seed from the test function (its source and name), so the
 functions here stand for the suite's: same code, same Hypothesis and Python behaviour, same draws.
 
-    python -m harness.driver.gradescope.draws [N]
+    python -m parallelism_conformance.harness.driver.gradescope.draws [N]
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import sys
 
 from hypothesis import HealthCheck, Phase, given, settings
 
-from conformance import examples
+from parallelism_conformance.conformance import examples
 
 DRAWN = 25
 

@@ -18,8 +18,8 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.driver.gradescope.config import AutograderConfig
-from harness.rank import containment
+from parallelism_conformance.harness.driver.gradescope.config import AutograderConfig
+from parallelism_conformance.harness.rank import containment
 
 IMPORT_TIMEOUT_S = 120.0  # importing torch and the submission on 0.5 vCPU takes about 10 s
 MESSAGE_LIMIT = 6000  # bytes of the child's answer kept
@@ -93,12 +93,12 @@ def _locate_cs336(submission: Path, files: list[Path]) -> Found | Problem:
                        f"expected a CS336 assignment 2 repository, with {handout} at its root (the handout's layout: "
                        f"the functions the suite calls are in it); {_listing(files)}.")
     root = submission / candidates[0]
-    from adapters.cs336_layers import layers_module  # parses the submission's tests; runs none of it
+    from parallelism_conformance.adapters.cs336_layers import layers_module  # parses the submission's tests; runs none of it
 
     layers, found_in = layers_module(str(root))
     notes = [f"graded the repository in {candidates[0]}"] if candidates[0] != Path(".") else []
     notes.append(f"its FSDP is graded on the layers of {layers} ({found_in})")
-    return Found("adapters.cs336", {"CS336_SUBMISSION": str(root)}, "; ".join(notes))
+    return Found("parallelism_conformance.adapters.cs336", {"CS336_SUBMISSION": str(root)}, "; ".join(notes))
 
 
 def syntax_problem(found: Found) -> Problem | None:
@@ -247,13 +247,13 @@ def _import_in_child(found: Found, sandbox, write_end: int, ready_write: int, go
             try:
                 import importlib
 
-                from harness.rank.preload import PRELOAD  # what a rank has before the implementation
+                from parallelism_conformance.harness.rank.preload import PRELOAD  # what a rank has before the implementation
 
                 for name in PRELOAD:
                     importlib.import_module(name)
                 os.write(ready_write, b"B")
                 os.read(go_read, 1)
-                from harness.rank.loader import MissingDependency, load_implementation
+                from parallelism_conformance.harness.rank.loader import MissingDependency, load_implementation
 
                 try:
                     load_implementation(found.impl)

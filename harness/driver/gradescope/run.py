@@ -11,7 +11,7 @@
 
 Usage (run_autograder calls it from the suite's folder)::
 
-    python -m harness.driver.gradescope.run [--root /autograder]
+    python -m parallelism_conformance.harness.driver.gradescope.run [--root /autograder]
 """
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ import threading
 import time
 from pathlib import Path
 
-from harness.driver.gradescope import limits, precheck, staging
-from harness.driver.gradescope.config import FILE_NAME, AutograderConfig, ConfigError, load
-from harness.rank import containment
+from parallelism_conformance.harness.driver.gradescope import limits, precheck, staging
+from parallelism_conformance.harness.driver.gradescope.config import FILE_NAME, AutograderConfig, ConfigError, load
+from parallelism_conformance.harness.rank import containment
 
 SUITE = Path(__file__).resolve().parents[3]
 # What the budget leaves of the platform's limit: the container's start and this process before the
@@ -205,8 +205,8 @@ def _maximum(config: AutograderConfig | None) -> float:
     """The points the claimed capabilities are worth in the rubric (or the total the course set)."""
     if config is None:
         return 0.0
-    from harness.driver import capabilities
-    from harness.driver.rubric import load_rubric
+    from parallelism_conformance.harness.driver import capabilities
+    from parallelism_conformance.harness.driver.rubric import load_rubric
 
     try:
         rubric = load_rubric(SUITE / config.rubric)

@@ -14,8 +14,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.driver.gradescope import build, container
-from harness.driver.gradescope.config import FILE_NAME, AutograderConfig
+from parallelism_conformance.harness.driver.gradescope import build, container
+from parallelism_conformance.harness.driver.gradescope.config import FILE_NAME, AutograderConfig
 
 SUITE = Path(__file__).resolve().parents[3]
 

@@ -1,4 +1,4 @@
-"""``python -m harness.driver.libraries [library[==version] ...] [pytest options]`` (scripts/libraries):
+"""``python -m parallelism_conformance.harness.driver.libraries [library[==version] ...] [pytest options]`` (scripts/libraries):
 each library named, at the version named or its pinned one, through the suite in its own venv, with
 the usual scorecard per run; without a library, every library of the table at its pinned version
 and its older ones, and docs/libraries.md written from the verdicts. A library==version that cannot
@@ -10,10 +10,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from harness.driver.libraries.document import write
-from harness.driver.libraries.matrix import from_reports, run_library
-from harness.driver.libraries.table import LIBRARIES
-from harness.driver.libraries.venvs import ROOT
+from parallelism_conformance.harness.driver.libraries.document import write
+from parallelism_conformance.harness.driver.libraries.matrix import from_reports, run_library
+from parallelism_conformance.harness.driver.libraries.table import LIBRARIES
+from parallelism_conformance.harness.driver.libraries.venvs import ROOT
 
 DOC = ROOT / "docs" / "libraries.md"
 REPORT = ROOT / "reports" / "libraries"

@@ -7,8 +7,8 @@ from __future__ import annotations
 import datetime
 from pathlib import Path
 
-from harness.driver.libraries.matrix import Verdict
-from harness.driver.libraries.table import LIBRARIES
+from parallelism_conformance.harness.driver.libraries.matrix import Verdict
+from parallelism_conformance.harness.driver.libraries.table import LIBRARIES
 
 HEAD = """# The libraries teams train with, through the suite
 

@@ -14,8 +14,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.driver.libraries.table import Library, Run
-from harness.driver.libraries.venvs import ROOT, InstallFailed, Venv, ensure, venv_of
+from parallelism_conformance.harness.driver.libraries.table import Library, Run
+from parallelism_conformance.harness.driver.libraries.venvs import ROOT, InstallFailed, Venv, ensure, venv_of
 
 # an audit test of a capability the run does not claim skips saying so: not a refusal of the library
 UNCLAIMED = "is not claimed (--capability)"

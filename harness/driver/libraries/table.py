@@ -55,13 +55,13 @@ DEEPSPEED = Library(
     # more on 2 shared cores) outlasts the suite's 60 s rank deadline
     warm_up="from deepspeed.comm.torch import build_shm_op; build_shm_op()",
     runs=(
-        Run("ZeRO-0", "adapters.deepspeed", ("data_parallel",)),
-        Run("ZeRO-1", "adapters.deepspeed", ("sharded_optimizer",)),
-        Run("ZeRO-1 + offload_optimizer cpu", "adapters.deepspeed_offload", ("sharded_optimizer",)),
-        Run("ZeRO-2", "adapters.deepspeed_zero2", ("sharded_optimizer",)),
-        Run("ZeRO-2 + offload_optimizer cpu", "adapters.deepspeed_zero2_offload", ("sharded_optimizer",)),
-        Run("ZeRO-3", "adapters.deepspeed", ("fully_sharded", "zero2")),
-        Run("ZeRO-3 + offload_optimizer cpu", "adapters.deepspeed_offload", ("fully_sharded", "zero2")),
+        Run("ZeRO-0", "parallelism_conformance.adapters.deepspeed", ("data_parallel",)),
+        Run("ZeRO-1", "parallelism_conformance.adapters.deepspeed", ("sharded_optimizer",)),
+        Run("ZeRO-1 + offload_optimizer cpu", "parallelism_conformance.adapters.deepspeed_offload", ("sharded_optimizer",)),
+        Run("ZeRO-2", "parallelism_conformance.adapters.deepspeed_zero2", ("sharded_optimizer",)),
+        Run("ZeRO-2 + offload_optimizer cpu", "parallelism_conformance.adapters.deepspeed_zero2_offload", ("sharded_optimizer",)),
+        Run("ZeRO-3", "parallelism_conformance.adapters.deepspeed", ("fully_sharded", "zero2")),
+        Run("ZeRO-3 + offload_optimizer cpu", "parallelism_conformance.adapters.deepspeed_offload", ("fully_sharded", "zero2")),
     ),
     explained={
         "test_data_parallel.py::test_buffers_start_from_rank_0s":
@@ -117,9 +117,9 @@ FAIRSCALE = Library(
     name="fairscale", pinned="0.4.13", older=("0.4.12",),
     environment={"ENABLE_NCCL_BASE_COLLECTIVES": "0"},  # fairscale's own switch off NCCL's _base collectives
     runs=(
-        Run("OSS + ShardedDataParallel", "adapters.fairscale", ("sharded_optimizer",)),
-        Run("OSS + torch DDP", "adapters.fairscale_oss", ("sharded_optimizer",)),
-        Run("FullyShardedDataParallel", "adapters.fairscale", ("fully_sharded", "zero2")),
+        Run("OSS + ShardedDataParallel", "parallelism_conformance.adapters.fairscale", ("sharded_optimizer",)),
+        Run("OSS + torch DDP", "parallelism_conformance.adapters.fairscale_oss", ("sharded_optimizer",)),
+        Run("FullyShardedDataParallel", "parallelism_conformance.adapters.fairscale", ("fully_sharded", "zero2")),
     ),
     shims=(
         ("torch.cuda.current_stream() and torch.cuda.Stream() give a stream that waits for nothing, inside "
@@ -160,11 +160,11 @@ FAIRSCALE = Library(
 MEGATRON_CORE = Library(
     name="megatron-core", pinned="0.16.1", older=("0.15.3",), import_name="megatron.core",
     runs=(
-        Run("tensor_parallel layers, MLP (sequence parallelism), vocabulary", "adapters.megatron_core",
+        Run("tensor_parallel layers, MLP (sequence parallelism), vocabulary", "parallelism_conformance.adapters.megatron_core",
             ("tensor_parallel", "tp_norm", "vocab_parallel", "tp_dropout", "tp_compute_dtype")),
-        Run("DistributedDataParallel (overlap_grad_reduce, buckets)", "adapters.megatron_core", ("data_parallel",)),
-        Run("DistributedOptimizer (ZeRO-1)", "adapters.megatron_core", ("sharded_optimizer",), audit=False),
-        Run("pipeline schedules (get_forward_backward_func)", "adapters.megatron_core", ("pipeline_parallel",),
+        Run("DistributedDataParallel (overlap_grad_reduce, buckets)", "parallelism_conformance.adapters.megatron_core", ("data_parallel",)),
+        Run("DistributedOptimizer (ZeRO-1)", "parallelism_conformance.adapters.megatron_core", ("sharded_optimizer",), audit=False),
+        Run("pipeline schedules (get_forward_backward_func)", "parallelism_conformance.adapters.megatron_core", ("pipeline_parallel",),
             audit=False),
     ),
     shims=(
@@ -235,10 +235,10 @@ NANOTRON = Library(
     # what its users import for tensor parallelism (a bare ``import nanotron`` runs only __version__ = ...)
     import_name="nanotron.parallel.tensor_parallel.nn",
     # 0.4 does not import (below); 0.2 does, and runs this (scripts/libraries nanotron==0.2)
-    runs=(Run("TensorParallelColumnLinear / RowLinear (ALL_REDUCE, REDUCE_SCATTER)", "adapters.nanotron",
+    runs=(Run("TensorParallelColumnLinear / RowLinear (ALL_REDUCE, REDUCE_SCATTER)", "parallelism_conformance.adapters.nanotron",
               ("tensor_parallel",)),
           # its step's all-reduce is the adapter's (nanotron's trainer leaves it to torch's DDP): not audited
-          Run("ZeroDistributedOptimizer (ZeRO-1)", "adapters.nanotron", ("sharded_optimizer",), audit=False)),
+          Run("ZeroDistributedOptimizer (ZeRO-1)", "parallelism_conformance.adapters.nanotron", ("sharded_optimizer",), audit=False)),
     explained={
         "nanotron": "nanotron 0.4 from the package index does not import: nanotron/logging.py imports "
                     "nanotron.config.config (LoggingArgs), whose imports reach parallel/pipeline_parallel/engine.py, "

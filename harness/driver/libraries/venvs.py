@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.driver.libraries.table import Library
+from parallelism_conformance.harness.driver.libraries.table import Library
 
 ROOT = Path(__file__).resolve().parents[3]
 LOCK = ROOT / "requirements.lock"

@@ -10,4 +10,4 @@
 * fixtures.py: the world pools and the ``ranks`` and ``target`` fixtures (``backend_refusals`` is
   conformance/conftest.py's: it calls the collectives from conformance/collective_table.py).
 """
-PLUGINS = [f"harness.driver.plugin.{name}" for name in ("options", "hooks", "fixtures")]
+PLUGINS = [f"parallelism_conformance.harness.driver.plugin.{name}" for name in ("options", "hooks", "fixtures")]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.driver.plugin.profiles import current_profile
-from harness.rank import containment
+from parallelism_conformance.harness.driver.plugin.profiles import current_profile
+from parallelism_conformance.harness.rank import containment
 
 CONTAINED = pytest.StashKey[bool]()
 
@@ -48,7 +48,7 @@ def paths_a_rank_reads(config) -> list[str]:
     impl = config.getoption("--impl")
     if impl.endswith(".py") or os.sep in impl:
         paths.append(os.path.abspath(impl))
-    if impl == "adapters.cs336" and os.environ.get("CS336_SUBMISSION"):
+    if impl == "parallelism_conformance.adapters.cs336" and os.environ.get("CS336_SUBMISSION"):
         paths.append(os.path.abspath(os.environ["CS336_SUBMISSION"]))  # the submission the adapter loads
     return paths
 

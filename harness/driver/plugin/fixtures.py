@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from harness.driver import perturbation
-from harness.driver.plugin.contain import contained
-from harness.driver.plugin.options import attached_world, perturb_timing
-from harness.driver.plugin.profiles import current_profile
-from harness.driver.plugin.refusals import Refusals
-from harness.driver.plugin.state import STATE, Target, backend_plan
-from harness.driver.pool import WorldPool
+from parallelism_conformance.harness.driver import perturbation
+from parallelism_conformance.harness.driver.plugin.contain import contained
+from parallelism_conformance.harness.driver.plugin.options import attached_world, perturb_timing
+from parallelism_conformance.harness.driver.plugin.profiles import current_profile
+from parallelism_conformance.harness.driver.plugin.refusals import Refusals
+from parallelism_conformance.harness.driver.plugin.state import STATE, Target, backend_plan
+from parallelism_conformance.harness.driver.pool import WorldPool
 
 
 def pool_options(config) -> dict:
@@ -97,8 +97,8 @@ class Ranks:
         args = [{"group": group} for _ in range(world_size)]
         for rank, kwargs in zip(ranks, per_member):
             args[rank] = {**kwargs, "group": group}
-        if not program.startswith("harness.rank.programs."):
-            program = f"harness.rank.programs.{program}"
+        if not program.startswith("parallelism_conformance.harness.rank.programs."):
+            program = f"parallelism_conformance.harness.rank.programs.{program}"
         schedules = perturbation.draw(world_size) if self.pool.perturb else None
         self._late = []
         result = self.pool.run(world_size, program, args, impl=self.target.impl, timeout_s=timeout_s,

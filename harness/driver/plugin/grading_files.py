@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.driver.plugin.profiles import current_profile
-from harness.driver.reports import hypothesis_settings
-from harness.driver.reports import versions as run_versions
-from harness.driver.reports import write as write_reports
-from harness.driver.rubric import Rubric
-from harness.driver.scorecard import Scorecard
+from parallelism_conformance.harness.driver.plugin.profiles import current_profile
+from parallelism_conformance.harness.driver.reports import hypothesis_settings
+from parallelism_conformance.harness.driver.reports import versions as run_versions
+from parallelism_conformance.harness.driver.reports import write as write_reports
+from parallelism_conformance.harness.driver.rubric import Rubric
+from parallelism_conformance.harness.driver.scorecard import Scorecard
 
 
 def junit_key():

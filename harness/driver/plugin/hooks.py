@@ -7,18 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from harness.driver.failures import RanksHung
-from harness.driver.plugin import profiles  # noqa: F401 - registers the profiles before Hypothesis loads one
-from harness.driver.plugin.contain import CONTAINED, containment_note, decide_containment
-from harness.driver.plugin.grading_files import GradingFiles, junit_key
-from harness.driver.plugin.nondeterminism import is_flaky, nondeterminism_report
-from harness.driver.plugin.options import SCOPES, check_options, claimed
-from harness.driver.plugin.refusals import EnoughRefused
-from harness.driver.plugin.state import PLAN, STATE, Budget, RunState, backend_plan, max_live_ranks
-from harness.driver.pool import LiveRanks
-from harness.driver.reports import older_torch_warning
-from harness.driver.rubric import load_rubric
-from harness.driver.scorecard import Scorecard
+from parallelism_conformance.harness.driver.failures import RanksHung
+from parallelism_conformance.harness.driver.plugin import profiles  # noqa: F401 - registers the profiles before Hypothesis loads one
+from parallelism_conformance.harness.driver.plugin.contain import CONTAINED, containment_note, decide_containment
+from parallelism_conformance.harness.driver.plugin.grading_files import GradingFiles, junit_key
+from parallelism_conformance.harness.driver.plugin.nondeterminism import is_flaky, nondeterminism_report
+from parallelism_conformance.harness.driver.plugin.options import SCOPES, check_options, claimed
+from parallelism_conformance.harness.driver.plugin.refusals import EnoughRefused
+from parallelism_conformance.harness.driver.plugin.state import PLAN, STATE, Budget, RunState, backend_plan, max_live_ranks
+from parallelism_conformance.harness.driver.pool import LiveRanks
+from parallelism_conformance.harness.driver.reports import older_torch_warning
+from parallelism_conformance.harness.driver.rubric import load_rubric
+from parallelism_conformance.harness.driver.scorecard import Scorecard
 
 
 def pytest_report_header(config):
@@ -29,10 +29,17 @@ def pytest_report_header(config):
 
 
 
+# torch's own FutureWarnings (deprecations the code under test triggers are not the suite's findings),
+# and the one NumPy prints where it is absent: set here, not in an ini file, so every run has them
+WARNINGS_IGNORED = ("ignore::FutureWarning", "ignore:Failed to initialize NumPy")
+
+
 @pytest.hookimpl(tryfirst=True)  # before the junitxml plugin reads its path
 def pytest_configure(config):
     config.addinivalue_line("markers", "capability(name): the capability a test grades (scorecard row)")
     config.addinivalue_line("markers", "min_ranks(n): skipped, in the driver, where no world of n ranks can be drawn")
+    for ignored in WARNINGS_IGNORED:
+        config.addinivalue_line("filterwarnings", ignored)
     check_options(config)
     report_dir = config.getoption("--report-dir")
     import torch

@@ -6,13 +6,13 @@ import pytest
 from hypothesis import settings
 from hypothesis.errors import InvalidArgument
 
-from harness.driver import capabilities
-from harness.driver.backends import BackendChoiceError, BackendPlan, visible_gpus
-from harness.driver.plugin.profiles import PROFILES
-from harness.driver.pool import Attach
-from harness.driver.rubric import DEFAULT_RUBRIC
+from parallelism_conformance.harness.driver import capabilities
+from parallelism_conformance.harness.driver.backends import BackendChoiceError, BackendPlan, visible_gpus
+from parallelism_conformance.harness.driver.plugin.profiles import PROFILES
+from parallelism_conformance.harness.driver.pool import Attach
+from parallelism_conformance.harness.driver.rubric import DEFAULT_RUBRIC
 
-DEFAULT_IMPL = "impls"
+DEFAULT_IMPL = "parallelism_conformance.impls"
 GRADING_BUDGET_S = 480.0  # the grading profile's default --time-budget: within a platform's default 10 minutes, with
 # time left to start, collect and report (run_autograder sets it from the limit the course chose)
 
@@ -140,7 +140,7 @@ def perturb_timing(config) -> bool:
     """--perturb-timing, resolved (auto: on under PERTURBED_PROFILES)."""
     option = config.getoption("--perturb-timing")
     if option == "auto":
-        from harness.driver.plugin.profiles import current_profile
+        from parallelism_conformance.harness.driver.plugin.profiles import current_profile
 
         return current_profile() in PERTURBED_PROFILES
     return option == "on"

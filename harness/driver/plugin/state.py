@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from harness.driver.backends import BackendPlan, visible_gpus
-from harness.driver.gradescope import limits
-from harness.driver.plugin.options import GRADING_BUDGET_S, attached_world
-from harness.driver.plugin.profiles import current_profile
-from harness.driver.plugin.refusals import Refusals
-from harness.driver.pool import LiveRanks
+from parallelism_conformance.harness.driver.backends import BackendPlan, visible_gpus
+from parallelism_conformance.harness.driver.gradescope import limits
+from parallelism_conformance.harness.driver.plugin.options import GRADING_BUDGET_S, attached_world
+from parallelism_conformance.harness.driver.plugin.profiles import current_profile
+from parallelism_conformance.harness.driver.plugin.refusals import Refusals
+from parallelism_conformance.harness.driver.pool import LiveRanks
 
 
 @dataclass(frozen=True)
@@ -32,8 +32,8 @@ class Target:
 
     def reproduce(self, nodeid: str) -> str:
         """The command that reruns one test; a CS336 submission's folder is part of it."""
-        submission = os.environ.get("CS336_SUBMISSION") if self.impl == "adapters.cs336" else None
-        return ((f"CS336_SUBMISSION={shlex.quote(submission)} " if submission else "") + f"pytest {shlex.quote(nodeid)} --impl {shlex.quote(self.impl)} --backend {self.backend} "
+        submission = os.environ.get("CS336_SUBMISSION") if self.impl == "parallelism_conformance.adapters.cs336" else None
+        return ((f"CS336_SUBMISSION={shlex.quote(submission)} " if submission else "") + f"parallelism-conformance {shlex.quote(nodeid)} --impl {shlex.quote(self.impl)} --backend {self.backend} "
                 f"--hypothesis-profile={self.profile} --max-world-size {self.max_world_size}{self.attach}"
                 f" --perturb-timing {'on' if self.perturb else 'off'}"
                 + (f" --scope {self.scope}" if self.scope != "contract" else ""))

@@ -10,8 +10,8 @@ import time
 import torch
 from torch import nn
 
-from harness.rank import library_loop, models, recording
-from harness.rank.context import RankContext, on_members, require
+from parallelism_conformance.harness.rank import library_loop, models, recording
+from parallelism_conformance.harness.rank.context import RankContext, on_members, require
 
 OVERLAP_WAIT_S = 2.0  # how long backward waits, at its last gradient, for a reduction to start
 
@@ -97,7 +97,7 @@ def sharded_optimizer_step(ctx: RankContext, impl, model: dict, seed: int, optim
 def expert_parallel(ctx: RankContext, impl, process_group, router_weight, experts, x, grad_output) -> dict:
     """ExpertParallelMoE.from_dense(router, experts) over the group ("setup"), forward on this
     member's tokens ("forward"), backward with their upstream gradient ("backward")."""
-    from harness.rank.programs.expert_parallel import _build
+    from parallelism_conformance.harness.rank.programs.expert_parallel import _build
 
     recording.mark("setup")
     moe = _build(ctx, impl, process_group, router_weight, experts)
@@ -157,7 +157,7 @@ def fully_sharded_step(ctx: RankContext, impl, model: dict, seed: int, optimizer
     implementation still holds (``held_after_forward``, recording.still_held: full weights kept
     for backward instead of gathered again). With ``clip`` the implementation's clip_grad_norm_
     runs between backward and the optimizer's step ("clip")."""
-    from harness.rank.programs.fully_sharded import sharded_model
+    from parallelism_conformance.harness.rank.programs.fully_sharded import sharded_model
 
     if group is not None:
         raise ValueError("fully sharded data parallelism is audited on the whole world, not a subgroup")

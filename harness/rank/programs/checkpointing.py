@@ -23,9 +23,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from harness.rank import models
-from harness.rank.context import RankContext, require
-from harness.rank.programs.fully_sharded import sharded_model
+from parallelism_conformance.harness.rank import models
+from parallelism_conformance.harness.rank.context import RankContext, require
+from parallelism_conformance.harness.rank.programs.fully_sharded import sharded_model
 
 LAYOUTS = ("fully_sharded", "sharded_optimizer", "tensor_parallel", "pipeline")
 MAX_CHECKPOINT_BYTES = 64 << 20  # the models are tiny: a checkpoint larger than this is a runaway

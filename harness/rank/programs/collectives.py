@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.rank.context import RankContext, on_members, require
+from parallelism_conformance.harness.rank.context import RankContext, on_members, require
 
 REDUCTION_ARGUMENT = "op"
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from torch.distributed import ReduceOp
 
-from harness.rank import recording
-from harness.rank.context import RankContext, require
-from harness.rank.programs.tensor_parallel import _dense, _local, _parameters
+from parallelism_conformance.harness.rank import recording
+from parallelism_conformance.harness.rank.context import RankContext, require
+from parallelism_conformance.harness.rank.programs.tensor_parallel import _dense, _local, _parameters
 
 
 def dp_tp_mlp(ctx: RankContext, impl, tensor_parallel_groups: list[list[int]], data_parallel_groups: list[list[int]],

@@ -4,8 +4,8 @@ implementation's ``context_parallel_attention(q, k, v, seq_len, causal=False, gr
 backward, and return this member's output rows and dQ, dK, dV (CONTRACT.md, "Context parallelism")."""
 from __future__ import annotations
 
-from harness.rank import recording
-from harness.rank.context import RankContext, on_members, require
+from parallelism_conformance.harness.rank import recording
+from parallelism_conformance.harness.rank.context import RankContext, on_members, require
 
 
 @on_members

@@ -10,7 +10,7 @@ import itertools
 
 import torch
 
-from harness.rank.context import RankContext, require
+from parallelism_conformance.harness.rank.context import RankContext, require
 
 
 class _Dataset:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from harness.rank import models
-from harness.rank.context import MissingFunction, RankContext, on_members, require
-from harness.rank.programs.tensor_parallel import _dense
+from parallelism_conformance.harness.rank import models
+from parallelism_conformance.harness.rank.context import MissingFunction, RankContext, on_members, require
+from parallelism_conformance.harness.rank.programs.tensor_parallel import _dense
 
 
 def _build(ctx: RankContext, impl, process_group, router_weight, experts, **options):

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from harness.rank import library_loop, models
-from harness.rank.context import RankContext, require
-from harness.rank.token_loss import scale_of_step
+from parallelism_conformance.harness.rank import library_loop, models
+from parallelism_conformance.harness.rank.context import RankContext, require
+from parallelism_conformance.harness.rank.token_loss import scale_of_step
 
 
 def _local_numel(tensor) -> int:

@@ -19,9 +19,9 @@ import torch
 from torch import nn
 from torch.distributed import ReduceOp
 
-from harness.rank import pipeline_models
-from harness.rank.context import RankContext, require
-from harness.rank.programs.tensor_parallel import _gradient
+from parallelism_conformance.harness.rank import pipeline_models
+from parallelism_conformance.harness.rank.context import RankContext, require
+from parallelism_conformance.harness.rank.programs.tensor_parallel import _gradient
 
 LAYERS = (("attn", "qkv"), ("attn", "out"), ("mlp", "gate_up"), ("mlp", "down"))
 

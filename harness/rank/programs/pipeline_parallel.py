@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from harness.rank import models, pipeline_models, recording
-from harness.rank.context import MissingFunction, RankContext, require
+from parallelism_conformance.harness.rank import models, pipeline_models, recording
+from parallelism_conformance.harness.rank.context import MissingFunction, RankContext, require
 
 CALL = "CALL"  # in the recorded order: a pipeline_step call begins
 

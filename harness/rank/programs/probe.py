@@ -6,8 +6,8 @@ import sys
 
 import torch
 
-from harness.rank.context import RankContext
-from harness.rank.programs.collectives import keyword_arguments
+from parallelism_conformance.harness.rank.context import RankContext
+from parallelism_conformance.harness.rank.programs.collectives import keyword_arguments
 
 
 def native_refusals(ctx: RankContext, impl, calls: list[tuple[tuple, str, dict]]) -> dict:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from harness.rank import library_loop, models
-from harness.rank.context import RankContext, require
+from parallelism_conformance.harness.rank import library_loop, models
+from parallelism_conformance.harness.rank.context import RankContext, require
 
 CONTRACT = ("step", "zero_grad", "optim")
 

@@ -34,8 +34,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from harness.rank import models
-from harness.rank.context import MissingFunction, RankContext, on_members, require
+from parallelism_conformance.harness.rank import models
+from parallelism_conformance.harness.rank.context import MissingFunction, RankContext, on_members, require
 
 CLASSES = {"column": "ColumnParallelLinear", "row": "RowParallelLinear", "mlp": "TensorParallelMLP"}
 

@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from harness.rank.context import RankContext, require
+from parallelism_conformance.harness.rank.context import RankContext, require
 
 
 def _call(ctx: RankContext, impl, collective: str, numel: int, dtype: torch.dtype):
@@ -116,7 +116,7 @@ def time_sharded_optimizer_step(ctx: RankContext, impl, width: int, depth: int, 
     optimizer-state elements this rank holds after the steps."""
     from torch import nn
 
-    from harness.rank.programs.sharded_optimizer import local_state_numel
+    from parallelism_conformance.harness.rank.programs.sharded_optimizer import local_state_numel
 
     torch.manual_seed(0)
     layers = []
@@ -152,7 +152,7 @@ same with reshard_after_forward=False: gathered once per step). Returns the
     optimizer state (a DTensor counts its local shard)."""
     from torch import nn
 
-    from harness.rank.programs.fully_sharded import _local_numel
+    from parallelism_conformance.harness.rank.programs.fully_sharded import _local_numel
 
     torch.manual_seed(0)
     layers = []

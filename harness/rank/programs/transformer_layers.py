@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from harness.rank.context import MissingFunction, RankContext, on_members, require
-from harness.rank.programs.tensor_parallel import _dense, _gradient, _local
+from parallelism_conformance.harness.rank.context import MissingFunction, RankContext, on_members, require
+from parallelism_conformance.harness.rank.programs.tensor_parallel import _dense, _gradient, _local
 
 CLASSES = {"attention": ("TensorParallelAttention", ("qkv", "out")),
            "swiglu": ("TensorParallelSwiGLU", ("gate_up", "down"))}
