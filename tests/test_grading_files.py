@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import platform
-import tomllib
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
@@ -17,6 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import parallelism_conformance
 from parallelism_conformance.harness.driver.reports import apportion, graded, score, versions, write
 from parallelism_conformance.harness.driver.rubric import DEFAULT_RUBRIC, Rubric, load_rubric
 from parallelism_conformance.harness.driver.scorecard import Scorecard
@@ -220,8 +220,7 @@ def test_extra_data_holds_the_versions_and_the_hypothesis_settings(tmp_path):
     write(card({"broadcast": results("broadcast", "p")}), tmp_path, Rubric({"broadcast": 4}), Path("r.toml"),
           "parallelism_conformance.impls", run=run)
     extra = json.loads((tmp_path / "results.json").read_text())["extra_data"]
-    with open(ROOT / "pyproject.toml", "rb") as file:
-        suite = tomllib.load(file)["project"]["version"]
+    suite = parallelism_conformance.__version__
     assert extra["versions"] == {"python": platform.python_version(), "torch": torch.__version__,
                                  "hypothesis": hypothesis.__version__, "pytest": pytest.__version__, "suite": suite}
     current = settings.default

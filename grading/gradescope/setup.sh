@@ -13,7 +13,8 @@
 #      those a student draws locally under the same lock;
 #   5. the course's own packages (autograder.json's "requirements", e.g. a CS336 handout's einops and
 #      triton), with the lock as constraints: none of them may change torch or anything else it pins;
-#   6. the suite compiled to bytecode and made readable by every user, then checked by importing it.
+#   6. the suite installed into the venv as its package, compiled to bytecode, made readable by every
+#      user, then checked by importing it.
 # Overrides (for the emulation in tests/ and for other platforms): CONFORMANCE_AUTOGRADER_VENV,
 # CONFORMANCE_PYTHON (an interpreter to use), CONFORMANCE_TORCH_INDEX ("" uses pip's own index).
 set -euo pipefail
@@ -63,13 +64,17 @@ if [ -s "$course" ] && grep -q . "$course"; then
 fi
 rm -f "$course"
 
-"$VENV/bin/python" -m compileall -q -j 0 -x '/\.' "$SOURCE" > /dev/null
+# 6. the suite itself, from this folder, as a package of the venv (parallelism_conformance): the
+#    venv's setuptools builds it with no download where it has one new enough, else pip fetches one
+"${pip_install[@]}" --no-deps --no-build-isolation "$SOURCE" 2>/dev/null || "${pip_install[@]}" --no-deps "$SOURCE"
+"$VENV/bin/python" -m compileall -q -j 0 "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/parallelism_conformance" > /dev/null
 chmod -R a+rX "$SOURCE" "$VENV"
 # every folder above the suite and the environment must let other users through (contained ranks)
 for path in "$SOURCE" "$VENV"; do
   while [ "$path" != "/" ]; do chmod o+x "$path"; path="$(dirname "$path")"; done
 done
 chmod 755 "$SOURCE/run_autograder"
-"$VENV/bin/python" -c "import torch, hypothesis, pytest, harness.driver.gradescope.run; \
+cd /  # the check imports the installed package, not this folder's copy
+"$VENV/bin/python" -c "import torch, hypothesis, pytest, parallelism_conformance.harness.driver.gradescope.run; \
 print('[setup] ready: torch', torch.__version__, 'CUDA build' if torch.version.cuda else 'CPU build', \
 'hypothesis', hypothesis.__version__, 'pytest', pytest.__version__)"

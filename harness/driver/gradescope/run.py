@@ -9,7 +9,8 @@
 4. make sure ``results.json`` exists and says what happened, whatever the suite did (a usage error, a
    refusal to run uncontained, a crash of the driver, the hard stop before the platform's limit).
 
-Usage (run_autograder calls it from the suite's folder)::
+It runs from the package setup.sh installed into the image's venv; the unpacked zip
+(``<root>/source``) holds only the course's choices and the rubric it names. Usage (run_autograder)::
 
     python -m parallelism_conformance.harness.driver.gradescope.run [--root /autograder]
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import os
 import shutil
@@ -31,7 +33,6 @@ from parallelism_conformance.harness.driver.gradescope import limits, precheck, 
 from parallelism_conformance.harness.driver.gradescope.config import FILE_NAME, AutograderConfig, ConfigError, load
 from parallelism_conformance.harness.rank import containment
 
-SUITE = Path(__file__).resolve().parents[3]
 # What the budget leaves of the platform's limit: the container's start and this process before the
 # suite (measured: 10-25 s on 1 vCPU), the suite's start and collection (15-40 s), the test running
 # when the budget ends (its deadline never passes the budget) and the report. The hard stop comes
@@ -55,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     results = args.root / "results"
     results.mkdir(parents=True, exist_ok=True)
     try:
-        config = load(SUITE / FILE_NAME)
+        config = load(args.root / "source" / FILE_NAME)
+        config = dataclasses.replace(config, rubric=str(args.root / "source" / config.rubric))  # absolute stays
     except ConfigError as error:
         return _grader_error(results, None, f"the autograder's {FILE_NAME} is not valid ({error}); rebuild the zip "
                              "with scripts/autograder")
@@ -90,9 +92,9 @@ def _one_failed_test(results: Path, config: AutograderConfig, problem: precheck.
 
 def suite_command(config: AutograderConfig, found: precheck.Found, results: Path, budget_s: float,
                   live_ranks: int | None = None) -> list[str]:
-    command = [sys.executable, "-m", "pytest", "conformance", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
+    command = [sys.executable, "-m", "parallelism_conformance", "-q",  # the installed suite, from any folder
                "--impl", found.impl, "--hypothesis-profile=grading", "--report-dir", str(results),
-               "--rubric", str(SUITE / config.rubric), "--time-budget", f"{budget_s:.0f}",
+               "--rubric", config.rubric, "--time-budget", f"{budget_s:.0f}",
                "--contain-ranks", config.contain_ranks]
     if config.capability:
         command += ["--capability", config.capability]
@@ -126,7 +128,7 @@ def _run_suite(config: AutograderConfig, found: precheck.Found, results: Path, s
         print("[autograder] under 1 CPU, every capability takes about 16 minutes: tests past the budget are "
               "reported 'not run' (choose 1 vCPU, a longer limit or fewer capabilities)", flush=True)
     (results / "results.json").unlink(missing_ok=True)  # only the suite's own results, or ours, may be there
-    process = subprocess.Popen(command, cwd=SUITE, env={**os.environ, **found.env, "PYTHONUNBUFFERED": "1"},
+    process = subprocess.Popen(command, cwd=results.parent, env={**os.environ, **found.env, "PYTHONUNBUFFERED": "1"},
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     reader = threading.Thread(target=_forward, args=(process.stdout, tail), daemon=True)
@@ -209,7 +211,7 @@ def _maximum(config: AutograderConfig | None) -> float:
     from parallelism_conformance.harness.driver.rubric import load_rubric
 
     try:
-        rubric = load_rubric(SUITE / config.rubric)
+        rubric = load_rubric(Path(config.rubric))
     except (OSError, ValueError):
         return 0.0
     possible = config.points_possible or rubric.points_possible
