@@ -29,7 +29,7 @@ def test_every_run_names_an_adapter_that_exists_and_capabilities_the_registry_kn
     for library in LIBRARIES.values():
         assert library.pinned and library.older, f"{library.name}: a pinned version and an older one"
         for run in library.runs:
-            assert (ROOT / Path(*run.adapter.split("."))).with_suffix(".py").exists(), run.adapter
+            assert (ROOT / Path(*run.adapter.removeprefix("parallelism_conformance.").split("."))).with_suffix(".py").exists(), run.adapter
             unknown = [c for c in run.capabilities if c not in capabilities.BY_NAME or c not in ONE_TEST]
             assert not unknown, f"{library.name} {run.label}: unknown capabilities {unknown}"
     for name, files in REPRODUCTIONS.items():

@@ -95,5 +95,5 @@ def test_the_cs336_scope_trains_fsdp_on_the_handouts_models(example):
 def test_a_cs336_failure_reproduces_with_its_submission(monkeypatch):
     monkeypatch.setenv("CS336_SUBMISSION", "/submissions/a student")
     line = Target("parallelism_conformance.adapters.cs336", "auto", 2, "ci", scope="cs336").reproduce("t")
-    assert line.startswith("CS336_SUBMISSION='/submissions/a student' pytest t --impl parallelism_conformance.adapters.cs336")
+    assert line.startswith("CS336_SUBMISSION='/submissions/a student' parallelism-conformance t --impl parallelism_conformance.adapters.cs336")
     assert not Target("parallelism_conformance.impls", "auto", 2, "ci").reproduce("t").startswith("CS336")
