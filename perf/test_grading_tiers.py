@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 PLATFORM_LIMIT_S = config.PLATFORM_DEFAULT_LIMIT_S
 SUBMISSIONS = {
-    "correct": "from impls import *  # noqa: F403\n",
+    "correct": "from parallelism_conformance.impls import *  # noqa: F403\n",
     "starter": ROOT / "starter" / "student_impl.py",
     "hanging and crashing": FIXTURES / "hanging_and_crashing_impl.py",
     "chatty": FIXTURES / "chatty_impl.py",

@@ -22,7 +22,7 @@ from tests.autograder_trial import TIER, grade
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
-CORRECT = "from impls import *  # noqa: F403 - the bundled implementations, handed in as a student's file\n"
+CORRECT = "from parallelism_conformance.impls import *  # noqa: F403 - the bundled implementations, handed in as a student's file\n"
 
 
 def _statuses(results: dict) -> set[str]:

@@ -30,7 +30,7 @@ from parallelism_conformance.harness.rank import containment
 from tests.autograder_trial import grade
 
 FIXTURES = Path(__file__).parent / "fixtures"
-CORRECT = "from impls import *  # noqa: F403\n"
+CORRECT = "from parallelism_conformance.impls import *  # noqa: F403\n"
 # checkpoint_tp's test runs first (its file sorts before the collectives'), on the world of 2 that the
 # backend probe would reuse; all_reduce is what the probe forges, and its large message the reply
 HOSTILE_CLAIM = "checkpoint_tp,all_reduce"
