@@ -66,7 +66,8 @@ rm -f "$course"
 
 # 6. the suite itself, from this folder, as a package of the venv (parallelism_conformance): the
 #    venv's setuptools builds it with no download where it has one new enough, else pip fetches one
-"${pip_install[@]}" --no-deps --no-build-isolation "$SOURCE" 2>/dev/null || "${pip_install[@]}" --no-deps "$SOURCE"
+"${pip_install[@]}" --no-deps --force-reinstall --no-build-isolation "$SOURCE" 2>/dev/null \
+  || "${pip_install[@]}" --no-deps --force-reinstall "$SOURCE"  # this zip's copy, also over an earlier one
 "$VENV/bin/python" -m compileall -q -j 0 "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/parallelism_conformance" > /dev/null
 chmod -R a+rX "$SOURCE" "$VENV"
 # every folder above the suite and the environment must let other users through (contained ranks)
