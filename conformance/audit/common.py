@@ -13,7 +13,7 @@ from parallelism_conformance.harness.driver.pool import WorldPool
 
 CALL = "parallelism_conformance.harness.rank.programs.collectives:call"
 OPS = ("SUM", "MAX")  # the reduction does not change the traffic; both apply to every dtype
-EXEMPT_FROM_P2P = ("torch.distributed", "adapters")  # torch's own collectives, and modules built on them
+EXEMPT_FROM_P2P = ("torch.distributed", "parallelism_conformance.adapters")  # torch's own collectives, and modules built on them
 
 
 def p2p_required(impl: str, option: str) -> bool:
