@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
-from parallelism_conformance.harness.driver import memory_cgroup, rank_output
+from parallelism_conformance.harness.driver import memory_cgroup, output_pipe, rank_output
 from parallelism_conformance.harness.rank.loop import STACK_DUMP_SIGNAL
 
 STACK_DUMP_WAIT_S = 5.0  # a hung rank writes its stacks in milliseconds; this bounds one that will not
@@ -33,11 +33,21 @@ class RankHandle:
     reply_bytes: int = 0  # the last reply's size on the control connection, framing included
     memory: memory_cgroup.MemoryCgroup | None = None  # the memory cgroup it lives in; None: unknown
     oom_kills_before: int | None = None  # that cgroup's OOM kill count when the current task started
+    pipe: output_pipe.RankPipe | None = None  # the FIFO its output comes through (local ranks)
+    # what a contained rank said when it joined, before the implementation loaded: the inode of its
+    # store connection (the one socket it may send on, counted by the driver: socket_counters) and,
+    # where its system call filter could not be installed, why (harness/rank/syscall_filter.py)
+    store_socket: int | None = None
+    unfiltered: str = ""
 
     def __post_init__(self):
         # found while the rank is alive: once it died, its /proc entry is gone
         self.memory = None if self.process is None else memory_cgroup.of_process(self.process.pid)
         self.note_oom_kills()
+
+    def joined(self, ready: tuple) -> None:
+        """Keep what its "ready" message said (harness/rank/loop.py: serve)."""
+        self.store_socket, self.unfiltered = (*ready, None, "")[2:4]
 
     def note_oom_kills(self) -> None:
         """Note its memory cgroup's OOM kill count now: describe_exit compares (one read of
@@ -75,6 +85,8 @@ class RankHandle:
         counted (rank_output.read_new: the driver's memory is bounded whatever a rank prints)."""
         if self.log_path is None:
             return ""
+        if self.pipe is not None:
+            self.pipe.drain()
         try:
             text, consumed, self.log_position = rank_output.read_new(self.log_path, self.log_position)
         except FileNotFoundError:
@@ -85,6 +97,8 @@ class RankHandle:
     def begin_task(self) -> None:
         """Before a task: forget what the rank printed between tasks (no test's output), counted but
         not read, its log file emptied past rank_output.LOG_FILE_LIMIT; and note its OOM kill count."""
+        if self.pipe is not None:
+            self.pipe.drain()  # after the kernel's count was read: what it held was written before the task
         if self.log_path is not None:
             try:
                 passed, self.log_position = rank_output.pass_over(self.log_path, self.log_position)
@@ -96,6 +110,8 @@ class RankHandle:
     def remove_log(self) -> None:
         """Delete its log file: its world is closed and nobody reads it again (a rank that printed
         1 GiB in its last task would otherwise keep 1 GiB on disk until the session ends)."""
+        if self.pipe is not None:
+            self.pipe.close()
         if self.log_path is not None:
             try:
                 os.unlink(self.log_path)

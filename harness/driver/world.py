@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 
-from parallelism_conformance.harness.driver import deadlock, disagreement, memory_cgroup
+from parallelism_conformance.harness.driver import deadlock, disagreement, memory_cgroup, output_pipe
 from parallelism_conformance.harness.driver.failures import TASK_FAILURES, RankFailure, RankReport, RanksCrashed, WorldStartError, task_failure
 from parallelism_conformance.harness.driver.io_counters import IoCounters
 from parallelism_conformance.harness.driver.rank_handle import RankHandle, dump_stacks
@@ -90,6 +90,7 @@ class World:
         # local ranks run as a user of this world's own (harness/rank/containment.py); swept at close
         self.sandbox = containment.new_sandbox() if contain and attach_server is None else None
         self._counters = IoCounters(self.sandbox)
+        self._pump: output_pipe.Pump | None = None  # drains the local ranks' output (harness/driver/output_pipe.py)
         self._reply_limit = wire.reply_limit(memory_cgroup.own_limit(), size)
         if attach_server is not None:
             self._attach(attach_server, start_timeout_s)
@@ -105,6 +106,7 @@ class World:
         try:
             for rank in range(self.size):
                 log_path = os.path.join(log_dir, f"{self.name}-rank{rank}.log")
+                pipe = output_pipe.RankPipe(log_path)  # made before the rank, which opens it at its start
                 config = RankConfig(
                     rank=rank,
                     world_size=self.size,
@@ -124,7 +126,8 @@ class World:
                 )
                 process = context.Process(target=serve, args=(config,), name=f"{self.name}-rank{rank}", daemon=True)
                 process.start()
-                self._ranks.append(RankHandle(rank, process, log_path))
+                self._ranks.append(RankHandle(rank, process, log_path, pipe=pipe))
+            self._pump = output_pipe.Pump([r.pipe for r in self._ranks])
             self._accept_all(server, time.monotonic() + start_timeout_s)
             self._await_ready(time.monotonic() + start_timeout_s)
         except BaseException:
@@ -198,6 +201,7 @@ class World:
                     raise WorldStartError(f"{self.name}: rank {rank.rank} {rank.describe_exit()} while joining the "
                                           f"process group\n{rank.read_new_output()}") from None
                 waiting.discard(message[1])
+                self._ranks[message[1]].joined(message)
 
     def _sentinels(self) -> list[int]:
         """What becomes ready when a local rank dies, so that starting a world waits on events, not a
@@ -259,7 +263,7 @@ class World:
         if len(args_per_rank) != self.size:
             raise ValueError(f"{self.name}: {len(args_per_rank)} argument sets for {self.size} ranks")
         task_id = next(self._task_ids)
-        written_before = self._kernel_write_counts() if self.record_communication else [None] * self.size
+        written_before = self._counters.sent(self._ranks) if self.record_communication else [None] * self.size
         logged_before = []
         for rank in self._ranks:
             rank.begin_task()  # forget output printed between tasks; note the OOM kill count
@@ -289,13 +293,11 @@ class World:
                 break  # every rank waits on another and nothing moves: the deadline would add nothing
         if len(outcome) == self.size and all(status == "ok" for status, _ in outcome.values()):
             logs = [r.read_new_output() for r in self._ranks]
-            written_after = self._kernel_write_counts() if self.record_communication else [None] * self.size
+            written_after = self._counters.sent(self._ranks) if self.record_communication else [None] * self.size
             written = [None if before is None or after is None else
                        after - before - rank.reply_bytes - (rank.log_offset - logged)
                        for rank, before, after, logged in zip(self._ranks, written_before, written_after, logged_before)]
-            unread = [f"rank {rank.rank}: the kernel's count of the bytes it wrote could not be read (its /proc entry "
-                      "refused the driver; a rank that makes itself undumpable hides it)"
-                      if self.record_communication and not rank.attached and count is None else ""
+            unread = [self._counters.why_unread(rank) if self.record_communication and count is None else ""
                       for rank, count in zip(self._ranks, written)]
             return TaskResult([outcome[r][1][0] for r in range(self.size)], logs, [outcome[r][1][1] for r in range(self.size)],
                               written, unread, [outcome[r][1][2] for r in range(self.size)])
@@ -310,11 +312,6 @@ class World:
             return None
         return deadlock.Watch([(r.rank, r.process.pid, ring_path(r.log_path)) for r in self._ranks], task_id,
                               read_io=lambda pids: [deadlock.bytes_moved(c) for c in self._counters.read(pids)])
-
-    def _kernel_write_counts(self) -> list[int | None]:
-        """Per rank, the kernel's count of the bytes its process has written (/proc/<pid>/io wchar),
-        or None for an attached rank or one whose counters cannot be read."""
-        return self._counters.written([None if r.attached else r.process.pid for r in self._ranks])
 
     def _collect(self, rank: RankHandle, task_id: int) -> tuple[str, object]:
         if rank.conn.poll():
@@ -387,6 +384,8 @@ class World:
             if rank.conn is not None:
                 rank.conn.close()
         self._counters.close()
+        if self._pump is not None:
+            self._pump.close()
         if self.sandbox is not None:
             containment.sweep(self.sandbox)  # whatever the ranks started, detached or not
         for rank in self._ranks:
