@@ -4,7 +4,9 @@ class of attack it belongs to and the defence of the class it checks (docs/gradi
 model):
 
 1. a check that decides a verdict or a skip runs where the implementation cannot reach;
-2. the audit's kernel evidence (open: see docs/grading.md; no test here);
+2. the audit's kernel evidence: every byte a contained rank sends is counted by the kernel where the
+   rank cannot reach (a system call filter leaves it only counted channels; the store's socket is
+   counted from the kernel's TCP statistics; what it printed is credited only as the driver read it);
 3. root never acts for the student: no link in the submission is followed, ranks inherit no
    descriptor of a root process;
 4. a grade always arrives: waits on contained children are bounded, replies bounded by the memory;
@@ -28,6 +30,8 @@ import pytest
 from parallelism_conformance.harness.driver.gradescope import config, precheck, trial
 from parallelism_conformance.harness.rank import containment
 from tests.autograder_trial import grade
+from tests.contained_suite import FIXTURES as _FIXTURES
+from tests.contained_suite import SYSTEM_PYTHON, needs_emulation, needs_readable_python, suite_in_container
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CORRECT = "from parallelism_conformance.impls import *  # noqa: F403\n"
@@ -77,6 +81,43 @@ def test_class_1_the_backend_probe_runs_in_a_world_that_never_imported_the_imple
     assert all(test["status"] == "failed" and "exited with code 7" in test["output"] for test in value_tests), [
         (test["name"], test["output"][:200]) for test in value_tests]
     assert sum(test["score"] for test in results["tests"] if "all_reduce" in test["name"]) == 0, results["output"]
+
+
+# How each way of hiding an all_reduce's traffic ends: "counted" (the audit sees the bytes and fails
+# the test), or "refused" (the call that would hide them fails in the rank, which then fails the test)
+HIDING = {
+    "inflated_output": ["ftruncate stdout: OSError", "fallocate stdout: OSError", "pwrite past the end: OSError",
+                        "vmsplice into stdout: PermissionError", "splice into stdout: PermissionError"],
+    "store": [" B: done"],  # "store set of N B: done": the send went out
+    "datagram": ["sendto: PermissionError"],
+}
+
+
+@needs_emulation
+@needs_readable_python
+@pytest.mark.parametrize("how", sorted(HIDING))
+def test_class_2_traffic_around_the_recorder_is_counted_or_refused(how):
+    """Class 2: an all_reduce whose records show nothing, its traffic hidden from the kernel's count
+    (tests/fixtures/hidden_traffic_impl.py): its output inflated to be credited (the measured attack:
+    ftruncate), its tensor sent through the store's socket with send (measured), or in UDP datagrams
+    (a new way of the class). Each is counted or refused, and the audit's test fails."""
+    base = Path(tempfile.mkdtemp(prefix="conformance-hidden-"))
+    os.chmod(base, 0o755)
+    log = base / "attempts.log"
+    log.touch()
+    os.chmod(log, 0o666)
+    outcome = suite_in_container(str(SYSTEM_PYTHON), str(_FIXTURES / "hidden_traffic_impl.py"),
+                                 test_file="conformance/audit", selected="test_point_to_point_only and all_reduce",
+                                 env={"HIDE_HOW": how, "HIDE_LOG": str(log)})
+    attempts = log.read_text()
+    shutil.rmtree(base)
+    assert outcome.returncode == 1, outcome.stdout[-3000:]
+    assert "1 failed" in outcome.stdout and "ranks contained" in outcome.stdout, outcome.stdout[-3000:]
+    for expected in HIDING[how]:
+        assert expected in attempts, attempts
+    assert how == "store" or ": done" not in attempts, attempts
+    if how != "datagram":
+        assert "communication that went around the recorder" in outcome.stdout, outcome.stdout[-3000:]
 
 
 def test_class_3_ranks_inherit_no_descriptor_of_a_root_process(hostile):

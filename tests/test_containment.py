@@ -14,13 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from parallelism_conformance.harness.driver.gradescope import container
 from parallelism_conformance.harness.rank import containment
-
-ROOT = Path(__file__).parent.parent
-FIXTURES = Path(__file__).parent / "fixtures"
-SYSTEM_PYTHON = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
-DOCKER = container.Limits(docker_capabilities=True, network=False)
+from tests.contained_suite import FIXTURES, SYSTEM_PYTHON, needs_emulation, needs_readable_python, suite_in_container, world_readable
 
 
 def contained_status(**changes) -> dict[str, str]:
@@ -40,29 +35,6 @@ def test_leftover_privileges_names_every_way_back_to_root():
     assert "no_new_privs" in containment.leftover_privileges(contained_status(NoNewPrivs="0"), 1234)[0]
     assert "groups" in containment.leftover_privileges(contained_status(Groups="0 27"), 1234)[0]
     assert "CapAmb" in containment.leftover_privileges(contained_status(CapAmb="0000000000000080"), 1234)[0]
-
-
-def suite_in_container(python: str, impl: str, *args: str, env: dict | None = None,
-                       test_file: str = "conformance/test_collectives.py",
-                       selected: str = "test_all_reduce and SUM") -> container.Outcome:
-    """The collectives' all_reduce SUM test (or ``selected`` of ``test_file``), graded, run by
-    ``python`` as root with Docker's default capabilities and no network."""
-    command = [python, "-m", "pytest", test_file, "-q", "-p", "no:cacheprovider", "-x",
-               "--impl", impl, "--hypothesis-profile=grading", "-k", selected, *args]
-    site = [path for path in sys.path if path.endswith("site-packages")]
-    full_env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *site]), **(env or {}))
-    return container.run(command, DOCKER, cwd=ROOT, env=full_env, timeout_s=600)
-
-
-def world_readable(path: Path) -> bool:
-    return all(os.stat(parent).st_mode & 0o005 == 0o005 for parent in [path, *path.parents])
-
-
-needs_emulation = pytest.mark.skipif(container.unavailable(DOCKER) is not None,
-                                     reason=str(container.unavailable(DOCKER)))
-needs_readable_python = pytest.mark.skipif(
-    not SYSTEM_PYTHON.exists() or not world_readable(ROOT) or not world_readable(Path(__import__("torch").__path__[0])),
-    reason=f"needs a world-readable {SYSTEM_PYTHON}, checkout and torch: a capability-less rank could not load them")
 
 
 @pytest.mark.skipif(not containment.possible(), reason="only root can read counters as another uid")

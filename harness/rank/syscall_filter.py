@@ -21,10 +21,12 @@ Two exceptions keep torch working, each counted another way:
   the parent only once the parent reaps it, and a child that outlives the task is counted nowhere.
   ``clone3`` answers ENOSYS, on which the C library falls back to ``clone`` for threads.
 
-Also refused, as channels that move bytes between processes with nobody writing: ``process_vm_readv``
-and ``process_vm_writev``, ``ptrace`` and System V ``shmat``. What stays out of reach: memory a rank
-maps shared (``mmap`` of a file in /dev/shm, or /proc/<pid>/mem of a rank of the same uid, both read
-and written without a counted call): the ranks of one world are one trust domain (docs/grading.md).
+Also refused, as channels that move bytes between processes with nobody writing: memory shared with
+another process (``mmap`` of a file with MAP_SHARED, a file in /dev/shm or a memfd among them, and
+System V ``shmat``), ``process_vm_readv`` and ``process_vm_writev``, and ``ptrace``. What stays out
+of reach: a rank that reads another's memory through /proc/<pid>/mem (a ``read``, which counts
+nothing for the rank read from): ranks of one uid pass the kernel's ptrace-access check, which the
+driver's own reader of the ranks' /proc/<pid>/io needs too (docs/grading.md).
 
 Linux on x86_64 and aarch64 only; elsewhere :func:`install` raises :class:`FilterUnavailable`, and
 the rank reports that the audit's evidence is incomplete rather than running unfiltered.
@@ -43,17 +45,19 @@ _ARCHES = {
         "clone3": 435, "fork": 57, "vfork": 58, "splice": 275, "tee": 276, "vmsplice": 278, "sendfile": 40,
         "copy_file_range": 326, "process_vm_readv": 310, "process_vm_writev": 311, "io_uring_setup": 425,
         "io_uring_enter": 426, "io_uring_register": 427, "io_setup": 206, "io_submit": 209, "ptrace": 101,
-        "msgsnd": 69, "mq_timedsend": 242, "shmat": 30}),
+        "msgsnd": 69, "mq_timedsend": 242, "shmat": 30, "mmap": 9}),
     "aarch64": (0xC00000B7, 277, {
         "close": 57, "dup3": 24, "sendto": 206, "sendmsg": 211, "sendmmsg": 269, "clone": 220, "clone3": 435,
         "splice": 76, "tee": 77, "vmsplice": 75, "sendfile": 71, "copy_file_range": 285, "process_vm_readv": 270,
         "process_vm_writev": 271, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
-        "io_setup": 0, "io_submit": 2, "ptrace": 117, "msgsnd": 189, "mq_timedsend": 182, "shmat": 196}),
+        "io_setup": 0, "io_submit": 2, "ptrace": 117, "msgsnd": 189, "mq_timedsend": 182, "shmat": 196,
+        "mmap": 222}),
 }
 REFUSED = ("sendmsg", "sendmmsg", "splice", "tee", "vmsplice", "sendfile", "copy_file_range", "process_vm_readv",
            "process_vm_writev", "io_uring_setup", "io_uring_enter", "io_uring_register", "io_setup", "io_submit",
            "ptrace", "fork", "vfork", "msgsnd", "mq_timedsend", "shmat")
 CLONE_THREAD = 0x00010000
+MAP_SHARED, MAP_ANONYMOUS = 0x01, 0x20
 X32_SYSCALL_BIT = 0x40000000  # x86_64's x32 ABI: the same calls under other numbers
 
 # classic BPF (linux/filter.h, linux/seccomp.h)
@@ -119,6 +123,13 @@ def program(arch: str, store_fd: int) -> bytes:
     p.op(_JEQ, numbers["clone"], 0, 3)
     p.op(_LD_W_ABS, _arg(0))
     p.op(_JSET, CLONE_THREAD, 1, 0)
+    p.op(_RET, _ERRNO | _EPERM)
+    p.op(_LD_W_ABS, _NR)
+    # mmap: no file shared (an anonymous shared mapping is shared with children only, and there are none)
+    p.op(_JEQ, numbers["mmap"], 0, 4)
+    p.op(_LD_W_ABS, _arg(3))
+    p.op(_JSET, MAP_ANONYMOUS, 2, 0)
+    p.op(_JSET, MAP_SHARED, 0, 1)
     p.op(_RET, _ERRNO | _EPERM)
     p.op(_LD_W_ABS, _NR)
     # the store's descriptor cannot be closed or replaced
