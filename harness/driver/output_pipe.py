@@ -19,6 +19,7 @@ that ends it, so every byte credited was written inside the window the count cov
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import threading
@@ -46,20 +47,28 @@ class RankPipe:
 
     def drain(self) -> int:
         """Move everything the FIFO holds now into the log file; the bytes moved."""
-        total = 0
         with self._lock:
-            if self._read < 0:
-                return 0
-            while True:
-                try:
-                    moved = os.splice(self._read, self._log, CHUNK, offset_dst=os.fstat(self._log).st_size,
-                                      flags=os.SPLICE_F_NONBLOCK)
-                except BlockingIOError:
-                    break
-                if moved == 0:
-                    break
-                total += moved
-            self.moved += total
+            return self._drain()
+
+    @contextlib.contextmanager
+    def drained(self):
+        """Drain, then hold the log file still (no move into it) while the caller reads or empties it."""
+        with self._lock:
+            self._drain()
+            yield
+
+    def _drain(self) -> int:
+        total = 0
+        while self._read >= 0:
+            try:
+                moved = os.splice(self._read, self._log, CHUNK, offset_dst=os.fstat(self._log).st_size,
+                                  flags=os.SPLICE_F_NONBLOCK)
+            except BlockingIOError:
+                break
+            if moved == 0:
+                break
+            total += moved
+        self.moved += total
         return total
 
     def close(self) -> None:

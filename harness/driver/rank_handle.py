@@ -2,6 +2,7 @@
 as it goes, and its stacks dumped when it hangs."""
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -85,27 +86,29 @@ class RankHandle:
         counted (rank_output.read_new: the driver's memory is bounded whatever a rank prints)."""
         if self.log_path is None:
             return ""
-        if self.pipe is not None:
-            self.pipe.drain()
-        try:
-            text, consumed, self.log_position = rank_output.read_new(self.log_path, self.log_position)
-        except FileNotFoundError:
-            return ""
+        with self._output_still():
+            try:
+                text, consumed, self.log_position = rank_output.read_new(self.log_path, self.log_position)
+            except FileNotFoundError:
+                return ""
         self.log_offset += consumed
         return text
 
     def begin_task(self) -> None:
         """Before a task: forget what the rank printed between tasks (no test's output), counted but
         not read, its log file emptied past rank_output.LOG_FILE_LIMIT; and note its OOM kill count."""
-        if self.pipe is not None:
-            self.pipe.drain()  # after the kernel's count was read: what it held was written before the task
         if self.log_path is not None:
-            try:
-                passed, self.log_position = rank_output.pass_over(self.log_path, self.log_position)
-                self.log_offset += passed
-            except FileNotFoundError:
-                pass
+            with self._output_still():  # drained after the kernel's count was read: written before the task
+                try:
+                    passed, self.log_position = rank_output.pass_over(self.log_path, self.log_position)
+                    self.log_offset += passed
+                except FileNotFoundError:
+                    pass
         self.note_oom_kills()
+
+    def _output_still(self):
+        """Its FIFO drained, and its log file held still while the driver reads or empties it."""
+        return contextlib.nullcontext() if self.pipe is None else self.pipe.drained()
 
     def remove_log(self) -> None:
         """Delete its log file: its world is closed and nobody reads it again (a rank that printed

@@ -1,7 +1,7 @@
 """What the driver keeps of a rank's captured output: the head and the tail, every byte counted.
 
-A rank's stdout and stderr go to a log file (harness/rank/loop.py: _capture_output) that the driver
-reads after each task. It once read all of it and decoded it: ranks of a correct all_reduce that
+A rank's stdout and stderr go through a FIFO into a log file of the driver's
+(harness/driver/output_pipe.py) that the driver reads after each task. It once read all of it and decoded it: ranks of a correct all_reduce that
 printed 1 GiB each (a forgotten debug print, or on purpose) got the driver OOM-killed in a 3 GiB
 grading container (results.json held 0 tests), and without a limit its peak RSS reached 8.6 GB for
 2 GiB a rank. Now the driver reads at most HEAD_BYTES + TAIL_BYTES of a task's output per rank,
@@ -40,8 +40,8 @@ def read_bounded(file: BinaryIO, start: int, end: int, head_bytes: int = HEAD_BY
     """The bytes ``[start, end)`` of ``file`` (opened binary) as text, at most ``head_bytes`` from
     their start and ``tail_bytes`` from their end with a left_out line between, and how many bytes
     the range held. It reads no more than it keeps (it seeks over the middle), so the driver's
-    memory is bounded whatever a rank prints. Only the rank itself can shorten its log meanwhile
-    (by truncating its own stdout): a head that ends early is then all there is."""
+    memory is bounded whatever a rank prints. A head that ends early (the file emptied meanwhile:
+    pass_over) is all there is."""
     file.seek(start)
     head = file.read(min(head_bytes, end - start))
     if len(head) < min(head_bytes, end - start):
@@ -95,14 +95,10 @@ def pass_over(path: str, position: int) -> tuple[int, int]:
     empty the file once it is past LOG_FILE_LIMIT: (bytes passed over, the position to start from
     next time).
 
-    Emptying is sound because the rank's stdout and stderr were opened with O_APPEND (harness/rank/
-    loop.py: _capture_output): each of its writes goes to the end of the file as it is then, offset 0
-    after the truncation, never to its old offset (which would leave a hole of zeros that the driver
-    would count as output). It is done only here, when a task starts and after the driver counted
-    all the file held, so no task's output goes uncounted: what a rank's own thread prints between
-    the size check and the truncation is lost, but it was printed between tasks, which the driver
-    forgets anyway. Rotating instead (a new file per task) would free nothing: the rank holds the
-    old file open."""
+    Emptying is sound because only the driver writes the file, at its end as it then is
+    (harness/driver/output_pipe.py: RankPipe.drain, under the lock that the callers hold too), and
+    only after draining the rank's FIFO and counting all the file held, when a task starts, so no
+    task's output goes uncounted."""
     end = os.path.getsize(path)
     passed = end - _start(position, end)
     if end <= LOG_FILE_LIMIT:
@@ -113,5 +109,5 @@ def pass_over(path: str, position: int) -> tuple[int, int]:
 
 def _start(position: int, end: int) -> int:
     """Where the new output begins: at ``position``, or at 0 when the file is shorter than that
-    (the rank emptied its own log, which only it and the driver can write: all of it is new)."""
+    (emptied meanwhile: all of it is new)."""
     return position if end >= position else 0
