@@ -110,7 +110,8 @@ def serve(config: RankConfig) -> None:
     _, store_prefix, backend, record_communication, perturb = (*message, False)[:5]
     config = replace(config, store_prefix=store_prefix, backend=backend, record_communication=record_communication)
     context = _join_world(config)
-    store_socket, unfiltered = _counted_channels(config) if config.sandbox is not None else (None, "")
+    store_socket, unfiltered = (syscall_filter.counted_channels(config.store_port, config.backend)
+                                if config.sandbox is not None else (None, ""))
     conn.send_bytes(wire.encode_untrusted(("ready", config.rank, store_socket, unfiltered)))
     implementations: dict[str, object] = {}
     recorder = _recorder(config)
@@ -229,48 +230,6 @@ def _join_world(config: RankConfig) -> RankContext:
         device_id=device if config.backend == "nccl" and not config.record_communication else None,
     )
     return RankContext(rank=config.rank, world_size=config.world_size, backend=config.backend, device=device)
-
-
-def _counted_channels(config: RankConfig) -> tuple[int | None, str]:
-    """A contained rank's system call filter (harness/rank/syscall_filter.py), installed once the world
-    is joined and before the implementation loads: the inode of the store connection it may still
-    send on, and '' (or None and why it could not be installed: the driver then fails the audit)."""
-    if config.backend != "gloo":
-        return None, f"not made for {config.backend} ranks (its own sockets send with send)"
-    try:
-        store_fd = syscall_filter.store_descriptor(config.store_port)
-        _groups_share_one_gloo_device()
-        syscall_filter.install(store_fd)
-        return syscall_filter.socket_inode(store_fd), ""
-    except (syscall_filter.FilterUnavailable, OSError) as error:
-        return None, str(error)
-
-
-def _groups_share_one_gloo_device() -> None:
-    """Every gloo group made from now on uses one device (one listening address), made here: torch
-    makes a device per group, and finding its address asks the kernel through a netlink socket's
-    sendto, which the filter refuses. The device is made as torch makes it (GLOO_SOCKET_IFNAME's
-    interfaces, else the default), so the transport, and every byte sent, is the same."""
-    import torch.distributed as dist
-    from torch.distributed import distributed_c10d
-
-    gloo = getattr(dist, "ProcessGroupGloo", None)
-    if gloo is None:
-        return
-    interfaces = [name for name in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if name]
-    devices = ([gloo.create_device(interface=name) for name in interfaces] if interfaces
-               else [gloo.create_default_device()])
-
-    class OnOneDevice(gloo):
-        def __init__(self, store, rank, size, timeout=timedelta(minutes=30)):
-            if isinstance(timeout, gloo._Options):
-                super().__init__(store, rank, size, timeout)
-                return
-            options = gloo._Options()
-            options._devices, options._timeout, options._threads = devices, timeout, 2 * len(devices)
-            super().__init__(store, rank, size, options)
-
-    dist.ProcessGroupGloo = distributed_c10d.ProcessGroupGloo = OnOneDevice
 
 
 def _flight_recorder(config: RankConfig):

@@ -37,6 +37,49 @@ import ctypes
 import os
 import platform
 import struct
+from datetime import timedelta
+
+
+def counted_channels(store_port: int, backend: str) -> tuple[int | None, str]:
+    """A contained rank's filter, installed once the world is joined and before the implementation
+    loads (harness/rank/loop.py: serve): the inode of the store connection it may still send on,
+    and ''; or None and why it could not be installed (the driver then fails the audit, saying so)."""
+    if backend != "gloo":
+        return None, f"not made for {backend} ranks (their backend's own sockets send with send)"
+    try:
+        store_fd = store_descriptor(store_port)
+        _groups_share_one_gloo_device()
+        install(store_fd)
+        return socket_inode(store_fd), ""
+    except (FilterUnavailable, OSError) as error:
+        return None, str(error)
+
+
+def _groups_share_one_gloo_device() -> None:
+    """Every gloo group made from now on uses one device (one listening address), made here: torch
+    makes a device per group, and finding its address asks the kernel through a netlink socket's
+    sendto, which the filter refuses. The device is made as torch makes it (GLOO_SOCKET_IFNAME's
+    interfaces, else the default), so the transport, and every byte sent, is the same."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    gloo = getattr(dist, "ProcessGroupGloo", None)
+    if gloo is None:
+        return
+    interfaces = [name for name in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if name]
+    devices = [gloo.create_device(interface=name) for name in interfaces] if interfaces else [gloo.create_default_device()]
+
+    class OnOneDevice(gloo):
+        def __init__(self, store, rank, size, timeout=timedelta(minutes=30)):
+            if isinstance(timeout, gloo._Options):
+                super().__init__(store, rank, size, timeout)
+                return
+            options = gloo._Options()
+            options._devices, options._timeout, options._threads = devices, timeout, 2 * len(devices)
+            super().__init__(store, rank, size, options)
+
+    dist.ProcessGroupGloo = distributed_c10d.ProcessGroupGloo = OnOneDevice
+
 
 # architecture -> (AUDIT_ARCH_*, the seccomp system call, {name: number})
 _ARCHES = {
