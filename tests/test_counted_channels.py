@@ -60,6 +60,10 @@ attempt("copy_file_range", lambda: os.copy_file_range(shared.fileno(), tempfile.
 attempt("fork", lambda: os.fork())
 attempt("a subprocess", lambda: subprocess.run(["true"]))
 attempt("a shared mapping of a file", lambda: mmap.mmap(shared.fileno(), 4096))
+def sigqueue():
+    if libc.sigqueue(os.getpid(), 0, ctypes.c_void_p(0)) != 0:  # signal 0: checked, never delivered
+        raise OSError(ctypes.get_errno(), "sigqueue")
+attempt("a signal with a value", sigqueue)
 attempt("close the store", lambda: os.close(fd))
 attempt("dup2 onto the store", lambda: os.dup2(other.fileno(), fd))
 print(json.dumps(outcome))

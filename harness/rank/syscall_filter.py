@@ -23,7 +23,8 @@ Two exceptions keep torch working, each counted another way:
 
 Also refused, as channels that move bytes between processes with nobody writing: memory shared with
 another process (``mmap`` of a file with MAP_SHARED, a file in /dev/shm or a memfd among them, and
-System V ``shmat``), ``process_vm_readv`` and ``process_vm_writev``, and ``ptrace``. What stays out
+System V ``shmat``), ``process_vm_readv`` and ``process_vm_writev``, ``ptrace``, and a signal that
+carries a value (``rt_sigqueueinfo``, ``rt_tgsigqueueinfo``, ``pidfd_send_signal``: 8 bytes a call). What stays out
 of reach: a rank that reads another's memory through /proc/<pid>/mem (a ``read``, which counts
 nothing for the rank read from): ranks of one uid pass the kernel's ptrace-access check, which the
 driver's own reader of the ranks' /proc/<pid>/io needs too (docs/grading.md).
@@ -88,17 +89,19 @@ _ARCHES = {
         "clone3": 435, "fork": 57, "vfork": 58, "splice": 275, "tee": 276, "vmsplice": 278, "sendfile": 40,
         "copy_file_range": 326, "process_vm_readv": 310, "process_vm_writev": 311, "io_uring_setup": 425,
         "io_uring_enter": 426, "io_uring_register": 427, "io_setup": 206, "io_submit": 209, "ptrace": 101,
-        "msgsnd": 69, "mq_timedsend": 242, "shmat": 30, "mmap": 9}),
+        "msgsnd": 69, "mq_timedsend": 242, "shmat": 30, "mmap": 9, "rt_sigqueueinfo": 129,
+        "rt_tgsigqueueinfo": 297, "pidfd_send_signal": 424}),
     "aarch64": (0xC00000B7, 277, {
         "close": 57, "dup3": 24, "sendto": 206, "sendmsg": 211, "sendmmsg": 269, "clone": 220, "clone3": 435,
         "splice": 76, "tee": 77, "vmsplice": 75, "sendfile": 71, "copy_file_range": 285, "process_vm_readv": 270,
         "process_vm_writev": 271, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
         "io_setup": 0, "io_submit": 2, "ptrace": 117, "msgsnd": 189, "mq_timedsend": 182, "shmat": 196,
-        "mmap": 222}),
+        "mmap": 222, "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240, "pidfd_send_signal": 424}),
 }
 REFUSED = ("sendmsg", "sendmmsg", "splice", "tee", "vmsplice", "sendfile", "copy_file_range", "process_vm_readv",
            "process_vm_writev", "io_uring_setup", "io_uring_enter", "io_uring_register", "io_setup", "io_submit",
-           "ptrace", "fork", "vfork", "msgsnd", "mq_timedsend", "shmat")
+           "ptrace", "fork", "vfork", "msgsnd", "mq_timedsend", "shmat", "rt_sigqueueinfo", "rt_tgsigqueueinfo",
+           "pidfd_send_signal")
 CLONE_THREAD = 0x00010000
 MAP_SHARED, MAP_ANONYMOUS = 0x01, 0x20
 X32_SYSCALL_BIT = 0x40000000  # x86_64's x32 ABI: the same calls under other numbers
