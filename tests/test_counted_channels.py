@@ -101,16 +101,21 @@ def test_the_store_sockets_count_is_every_byte_it_sent():
     client = socket.create_connection(server.getsockname())
     peer, _ = server.accept()
     inode = os.fstat(client.fileno()).st_ino
-    before = socket_counters.bytes_sent({inode})[inode]
+    counters = socket_counters.TcpCounters()
+    before = counters.sent({inode})[inode]  # found in a dump, then asked for by its id
     client.sendall(b"s" * 10_000)
     os.write(client.fileno(), b"w" * 100)
     received = 0
     while received < 10_100:
         received += len(peer.recv(1 << 16))
-    assert socket_counters.bytes_sent({inode})[inode] - before == 10_100
-    assert socket_counters.bytes_sent(set()) == {}
-    for s in (client, peer, server):
-        s.close()
+    assert counters.sent({inode})[inode] - before == 10_100
+    assert counters.sent(set()) == {}
+    client.close()
+    peer.close()
+    time.sleep(0.05)
+    assert counters.sent({inode}) == {}  # closed: left out, never a stale count
+    counters.close()
+    server.close()
 
 
 def test_a_rank_without_its_filter_or_its_store_count_fails_the_audit_closed(tmp_path):

@@ -15,6 +15,7 @@ class IoCounters:
     def __init__(self, sandbox: containment.Sandbox | None):
         self._sandbox = sandbox
         self._reader: containment.CounterReader | None = None
+        self._tcp = socket_counters.TcpCounters()
 
     def read(self, pids: list[int]) -> list[dict[str, int] | None]:
         """Each process's counters, in order; None where unreadable."""
@@ -45,7 +46,7 @@ class IoCounters:
             return written
         inodes = {r.store_socket for r in ranks if r.store_socket is not None}
         try:
-            store = socket_counters.bytes_sent(inodes)
+            store = self._tcp.sent(inodes)
         except (OSError, socket_counters.Unreadable):
             store = {}
         return [None if count is None or rank.store_socket not in store else count + store[rank.store_socket]
@@ -67,3 +68,4 @@ class IoCounters:
     def close(self) -> None:
         if self._reader is not None:
             self._reader.close()
+        self._tcp.close()

@@ -10,6 +10,7 @@ implementation under test loaded.
 """
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import struct
@@ -21,7 +22,7 @@ NLMSG_ERROR, NLMSG_DONE = 2, 3
 INET_DIAG_INFO = 2
 ALL_STATES = 0xFFFFFFFF
 _HEADER = struct.Struct("=IHHII")  # struct nlmsghdr
-_REQUEST = struct.Struct("=BBBBI48x")  # struct inet_diag_req_v2, the socket id left zero (a dump)
+_REQUEST = struct.Struct("=BBBBI48s")  # struct inet_diag_req_v2: family, protocol, ext, pad, states, socket id
 _MESSAGE = struct.Struct("=BBBB48xIIIII")  # struct inet_diag_msg: ..., uid, inode
 _ATTRIBUTE = struct.Struct("=HH")  # struct rtattr
 BYTES_SENT_OFFSET = 200  # tcpi_bytes_sent in struct tcp_info (Linux 4.19 and later)
@@ -31,40 +32,63 @@ class Unreadable(RuntimeError):
     """The kernel's TCP statistics could not be read here."""
 
 
-def bytes_sent(inodes: set[int]) -> dict[int, int]:
-    """{inode: bytes sent} for the TCP sockets of this network namespace with these inodes (IPv4 and
-    IPv6); an inode not found is left out (its socket is closed). Raises Unreadable where
-    sock_diag answers with an error or with a tcp_info too short to hold tcpi_bytes_sent."""
-    found: dict[int, int] = {}
-    if not inodes:
+class TcpCounters:
+    """The driver's reader of TCP sockets' counts. A socket is found once by its inode, in a dump of
+    every TCP socket of the namespace (milliseconds with a few hundred sockets); after that it is
+    asked for by its own id (address, ports and cookie), one socket in each answer (tens of
+    microseconds), so that an audited task's two reads cost little whatever else is open."""
+
+    def __init__(self):
+        self._socket: socket.socket | None = None
+        self._ids: dict[int, tuple[int, bytes]] = {}  # inode -> (family, struct inet_diag_sockid)
+
+    def sent(self, inodes: set[int]) -> dict[int, int]:
+        """{inode: bytes sent} for the TCP sockets with these inodes; an inode not found is left out
+        (its socket is closed). Raises Unreadable where sock_diag refuses or its tcp_info is too short."""
+        if self._socket is None:
+            self._socket = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG)
+        found: dict[int, int] = {}
+        unknown = {inode for inode in inodes if inode not in self._ids}
+        if unknown:
+            for family in (socket.AF_INET, socket.AF_INET6):
+                self._ask(family, bytes(48), NLM_F_DUMP, unknown, found)
+                if unknown <= set(found):
+                    break  # the store listens on IPv4 (127.0.0.1) in every world started here
+        for inode in inodes - set(found):
+            if inode in self._ids:
+                family, sockid = self._ids[inode]
+                self._ask(family, sockid, 0, {inode}, found)
         return found
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG) as diag:
-        for family in (socket.AF_INET, socket.AF_INET6):
-            request = _REQUEST.pack(family, socket.IPPROTO_TCP, 1 << (INET_DIAG_INFO - 1), 0, ALL_STATES)
-            diag.send(_HEADER.pack(_HEADER.size + len(request), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, 1, 0)
-                      + request)
-            _read_dump(diag, inodes, found)
-            if len(found) == len(inodes):
-                break  # the store listens on IPv4 (127.0.0.1) in every world started here
-    return found
 
+    def _ask(self, family: int, sockid: bytes, flags: int, inodes: set[int], found: dict[int, int]) -> None:
+        request = _REQUEST.pack(family, socket.IPPROTO_TCP, 1 << (INET_DIAG_INFO - 1), 0, ALL_STATES, sockid)
+        self._socket.send(_HEADER.pack(_HEADER.size + len(request), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | flags, 1, 0)
+                          + request)
+        while True:
+            data = self._socket.recv(1 << 16)
+            offset = 0
+            while offset + _HEADER.size <= len(data):
+                length, kind, _, _, _ = _HEADER.unpack_from(data, offset)
+                if kind == NLMSG_DONE:
+                    return
+                if kind == NLMSG_ERROR:
+                    (code,) = struct.unpack_from("=i", data, offset + _HEADER.size)
+                    if flags == 0 and code in (-errno.ENOENT, -errno.ESTALE):
+                        return  # asked for one socket by its id: it is gone
+                    raise Unreadable(f"sock_diag refused the TCP sockets' statistics: {os.strerror(-code)}")
+                body = offset + _HEADER.size
+                inode = _MESSAGE.unpack_from(data, body)[-1]
+                if inode in inodes:
+                    self._ids[inode] = (family, data[body + 4:body + 52])
+                    found[inode] = _sent(data, body + _MESSAGE.size, offset + length)
+                offset += (length + 3) & ~3
+            if flags == 0:
+                return  # one socket asked for: one message, no NLMSG_DONE
 
-def _read_dump(diag: socket.socket, inodes: set[int], found: dict[int, int]) -> None:
-    while True:
-        data = diag.recv(1 << 16)
-        offset = 0
-        while offset + _HEADER.size <= len(data):
-            length, kind, _, _, _ = _HEADER.unpack_from(data, offset)
-            if kind == NLMSG_DONE:
-                return
-            if kind == NLMSG_ERROR:
-                (code,) = struct.unpack_from("=i", data, offset + _HEADER.size)
-                raise Unreadable(f"sock_diag refused the dump of TCP sockets: {os.strerror(-code)}")
-            body = offset + _HEADER.size
-            inode = _MESSAGE.unpack_from(data, body)[-1]
-            if inode in inodes:
-                found[inode] = _sent(data, body + _MESSAGE.size, offset + length)
-            offset += (length + 3) & ~3
+    def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
 
 
 def _sent(data: bytes, start: int, end: int) -> int:
