@@ -110,7 +110,6 @@ def run_suite(venv: Venv, run: Run, pytest_options: list[str], report: Path, log
     command = [str(venv.python), "-m", "pytest", "conformance", "-p", "no:randomly", "-p", "no:cacheprovider",
                "--impl", run.adapter, "--capability", capabilities, f"--junitxml={junit}", *pytest_options]
     env = venv.environment({**os.environ, "PYTHONUNBUFFERED": "1"})
-    env["PATH"] = f"{venv.path / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     log(f"[libraries] {venv.library.name}=={venv.version} {run.label}: --impl {run.adapter} --capability {capabilities}")
     started = time.monotonic()
     done = subprocess.run(command, cwd=ROOT, env=env, text=True, capture_output=True)

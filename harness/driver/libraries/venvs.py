@@ -35,8 +35,13 @@ class Venv:
         """``base`` with the library's variables and this venv's own op cache: torch's JIT-built
         extensions (DeepSpeed's deepspeed_shm_comm) are cached by name in ~/.cache/torch_extensions,
         so two versions there rebuild each other's op at every switch, and a run waits on the other's
-        build lock; TORCH_EXTENSIONS_DIR (torch.utils.cpp_extension's) keeps each version's apart."""
-        return {**base, **self.library.environment, "TORCH_EXTENSIONS_DIR": str(self.path / "torch_extensions")}
+        build lock; TORCH_EXTENSIONS_DIR (torch.utils.cpp_extension's) keeps each version's apart. The
+        venv's bin comes first on PATH, for the warm-up and the suite's ranks alike: the ninja that pip
+        installs there (1.13) and Debian's (1.11) each take the other's build for out of date, so a
+        warm-up with the one made the ranks rebuild DeepSpeed's op with the other inside the first
+        audited task, and the audit counted its 3 MB of compiler output as communication."""
+        return {**base, **self.library.environment, "TORCH_EXTENSIONS_DIR": str(self.path / "torch_extensions"),
+                "PATH": f"{self.path / 'bin'}{os.pathsep}{base.get('PATH', '')}"}
 
 
 class InstallFailed(Exception):
