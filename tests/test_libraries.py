@@ -36,6 +36,15 @@ def test_every_run_names_an_adapter_that_exists_and_capabilities_the_registry_kn
         assert name.partition("==")[0] in LIBRARIES and all((ROOT / "tests" / "libraries" / f).exists() for f in files)
 
 
+def test_the_warm_up_and_the_suites_ranks_run_the_venvs_own_tools(tmp_path):
+    """One environment for both (Venv.environment): a warm-up that ran Debian's ninja while the ranks ran
+    the venv's made DeepSpeed's first audited task rebuild its op, and the audit count the build."""
+    venv = venv_of(LIBRARIES["deepspeed"], LIBRARIES["deepspeed"].pinned, home=tmp_path)
+    env = venv.environment({"PATH": "/usr/bin:/bin", "HOME": "/root"})
+    assert env["PATH"] == f"{venv.path / 'bin'}{os.pathsep}/usr/bin:/bin" and env["HOME"] == "/root"
+    assert env["TORCH_EXTENSIONS_DIR"] == str(venv.path / "torch_extensions")
+
+
 def test_arguments_are_libraries_then_pytest_options():
     assert command.parse(["deepspeed==0.18.3", "-x"]) == ([("deepspeed", "0.18.3")], ["-x"], False)
     assert command.parse(["fairscale"]) == ([("fairscale", LIBRARIES["fairscale"].pinned)], [], False)
