@@ -1,6 +1,7 @@
 """Packaging: the repository's top-level folders become subpackages of ``parallelism_conformance``
 in the wheel and the sdist (parallelism_conformance/__init__.py says why the checkout keeps them at
 the top). Everything else is in pyproject.toml."""
+
 from setuptools import find_packages, setup
 
 PACKAGE = "parallelism_conformance"
@@ -16,5 +17,4 @@ for folder in DATA:
     packages.append(f"{PACKAGE}.{folder}")
     package_dir[f"{PACKAGE}.{folder}"] = folder
 
-setup(packages=packages, package_dir=package_dir,
-      package_data={f"{PACKAGE}.{folder}": files for folder, files in DATA.items()})
+setup(packages=packages, package_dir=package_dir, package_data={f"{PACKAGE}.{folder}": files for folder, files in DATA.items()})

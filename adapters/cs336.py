@@ -46,6 +46,7 @@ What differs from the handout's own tests, so that a failure here is read right:
   ``ddp_model(x)`` and compute the loss outside, so a DDP whose ``forward`` takes one input is right.
   For one, the module's own ``forward`` is given the targets for the length of the call.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -67,8 +68,10 @@ def _load_submission():
     sys.path (so that ``import cs336_systems`` finds the student's package)."""
     where = os.environ.get(SUBMISSION_VARIABLE)
     if not where:
-        raise ImportError(f"parallelism_conformance.adapters.cs336 grades a CS336 submission: set {SUBMISSION_VARIABLE} to the folder "
-                          "that holds its tests/adapters.py")
+        raise ImportError(
+            f"parallelism_conformance.adapters.cs336 grades a CS336 submission: set {SUBMISSION_VARIABLE} to the folder "
+            "that holds its tests/adapters.py"
+        )
     where = os.path.abspath(where)
     path = where if os.path.isfile(where) else os.path.join(where, "tests", "adapters.py")
     if not os.path.isfile(path):
@@ -86,8 +89,9 @@ def _load_submission():
     try:
         spec.loader.exec_module(module)
     except SyntaxError as error:
-        raise ImportError(f"the submission's code does not parse under Python {sys.version.split()[0]}: "
-                          f"{error}{cs336_metadata.python_mismatch(root)}") from error
+        raise ImportError(
+            f"the submission's code does not parse under Python {sys.version.split()[0]}: {error}{cs336_metadata.python_mismatch(root)}"
+        ) from error
     return module, root
 
 
@@ -163,8 +167,9 @@ def DataParallel(module, bucket_size_mb=None):
     per-parameter DDP otherwise (valid for any cap: each reduction is one parameter)."""
     bucketed = _entry("get_ddp_bucketed")
     if bucket_size_mb is not None and bucketed is not None:
-        return _DataParallel(bucketed(module, bucket_size_mb), module, _entry("ddp_bucketed_on_after_backward"),
-                             _entry("ddp_bucketed_on_train_batch_start"))
+        return _DataParallel(
+            bucketed(module, bucket_size_mb), module, _entry("ddp_bucketed_on_after_backward"), _entry("ddp_bucketed_on_train_batch_start")
+        )
     individual = _entry("get_ddp_individual_parameters")
     if individual is not None:
         return _DataParallel(individual(module), module, _entry("ddp_individual_parameters_on_after_backward"), None)
@@ -257,9 +262,11 @@ class _OptimizerOfTheLoop:
     the model's parameters, after ``fully_shard``, so the adapter cannot hand it over."""
 
     def __getattr__(self, name):
-        raise AttributeError(f"parallelism_conformance.adapters.cs336: the submission's fsdp_on_after_backward read optimizer.{name}; the "
-                             "suite's loop builds its optimizer from the model's parameters after fully_shard and "
-                             "never gives it to the adapter, so a hook that uses it cannot be graded here")
+        raise AttributeError(
+            f"parallelism_conformance.adapters.cs336: the submission's fsdp_on_after_backward read optimizer.{name}; the "
+            "suite's loop builds its optimizer from the model's parameters after fully_shard and "
+            "never gives it to the adapter, so a hook that uses it cannot be graded here"
+        )
 
 
 class _FullyShardedModel:

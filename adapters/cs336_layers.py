@@ -14,6 +14,7 @@ The layers are taken from where the submission's own FSDP and DDP tests import t
 (``tests/test_fsdp.py``, ``tests/test_ddp.py``: ``from cs336_basics.modules import Linear``, for one
 that keeps its layers in a module of its own), read with ``ast`` and never run; the handout's
 ``cs336_basics.model`` where those tests name no module."""
+
 from __future__ import annotations
 
 import ast
@@ -65,8 +66,10 @@ def submission_layers(module_name: str = DEFAULT_LAYERS) -> tuple[type, type]:
     try:
         model = importlib.import_module(module_name)
     except ImportError as error:
-        raise ImportError(f"parallelism_conformance.adapters.cs336 builds the FSDP models from the submission's cs336_basics layers, and "
-                          f"{module_name} cannot be imported: {error}") from error
+        raise ImportError(
+            f"parallelism_conformance.adapters.cs336 builds the FSDP models from the submission's cs336_basics layers, and "
+            f"{module_name} cannot be imported: {error}"
+        ) from error
     missing = [name for name in ("Linear", "Embedding") if not isinstance(getattr(model, name, None), type)]
     if missing:
         raise ImportError(f"the submission's {module_name} has no {' or '.join(missing)} class")

@@ -7,6 +7,7 @@ version are read from each ``pyproject.toml`` (the submission's root and ``cs336
 distribution that is installed for real is left to it. ``python_mismatch`` says when the
 submission asks for a newer Python than the grader's (the 2026 template asks for 3.12 or later),
 for the error of code that does not parse here."""
+
 from __future__ import annotations
 
 import importlib.metadata

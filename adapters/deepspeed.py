@@ -38,6 +38,7 @@ What it cannot run (NotImplementedError on every rank, before anything is built)
   module's gathered parameters from its forward to its backward (``stage3_max_reuse_distance``
   acts only once the parameter trace of a first step is recorded).
 """
+
 from __future__ import annotations
 
 import os
@@ -46,8 +47,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-REFUSED_DTYPE = ("DeepSpeed cannot reduce float64 gradients: its ZeRO stage 0 asserts 'attempting to reduce an "
-                 "unsupported grad type: torch.float64' (float32, float16 and bfloat16 only)")
+REFUSED_DTYPE = (
+    "DeepSpeed cannot reduce float64 gradients: its ZeRO stage 0 asserts 'attempting to reduce an "
+    "unsupported grad type: torch.float64' (float32, float16 and bfloat16 only)"
+)
 
 
 def config(stage: int, offload: bool) -> dict:
@@ -57,9 +60,16 @@ def config(stage: int, offload: bool) -> dict:
         zero["stage3_param_persistence_threshold"] = 0  # shard every parameter, small ones too (below)
     if offload:
         zero["offload_optimizer"] = {"device": "cpu"}
-    return {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
-            "zero_optimization": zero, "zero_allow_untested_optimizer": True,
-            "zero_force_ds_cpu_optimizer": False, "steps_per_print": 2**31 - 1, "wall_clock_breakdown": False}
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": 0.0,
+        "zero_optimization": zero,
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
 
 
 def _refuse_dtypes(parameters) -> None:
@@ -70,9 +80,11 @@ def _refuse_dtypes(parameters) -> None:
 def _refuse_keywords(**given) -> None:
     named = [name for name, value in given.items() if value is not None]
     if named:
-        raise NotImplementedError(f"DeepSpeed cannot take the contract's {', '.join(named)}: its mixed precision is "
-                                  "the fp16/bf16 optimizer with loss scaling and its gradient division a "
-                                  "gradient_predivide_factor around the world-size average")
+        raise NotImplementedError(
+            f"DeepSpeed cannot take the contract's {', '.join(named)}: its mixed precision is "
+            "the fp16/bf16 optimizer with loss scaling and its gradient division a "
+            "gradient_predivide_factor around the world-size average"
+        )
 
 
 def _initialize(model: nn.Module, optimizer, cfg: dict):
@@ -162,9 +174,11 @@ def DataParallel(module, bucket_size_mb=None, gradient_divide_factor=None, compu
     _refuse_keywords(gradient_divide_factor=gradient_divide_factor, compute_dtype=compute_dtype)
     _refuse_dtypes(module.parameters())
     if bucket_size_mb is not None:
-        raise NotImplementedError("DeepSpeed cannot bucket ZeRO stage 0's gradients by a size: engine.allreduce_gradients "
-                                  "reduces them after backward in buckets of MEMORY_OPT_ALLREDUCE_SIZE (500,000,000) "
-                                  "elements, a constant no configuration key reaches")
+        raise NotImplementedError(
+            "DeepSpeed cannot bucket ZeRO stage 0's gradients by a size: engine.allreduce_gradients "
+            "reduces them after backward in buckets of MEMORY_OPT_ALLREDUCE_SIZE (500,000,000) "
+            "elements, a constant no configuration key reaches"
+        )
     return _EngineModule(module, config(0, offload=False))
 
 
@@ -206,28 +220,35 @@ class _ShardedOptimizer:
 
 def sharded_optimizer_of(stage: int, offload: bool):
     """The contract's ShardedOptimizer as ZeRO stage ``stage`` (1 or 2), optimizer offloaded to the CPU or not."""
+
     def ShardedOptimizer(params, optimizer_class, group=None, **defaults):
         if group is not None:
-            raise NotImplementedError("DeepSpeed cannot shard over a group given to the optimizer: its ZeRO shards "
-                                      "over the engine's data-parallel group")
+            raise NotImplementedError(
+                "DeepSpeed cannot shard over a group given to the optimizer: its ZeRO shards over the engine's data-parallel group"
+            )
         return _ShardedOptimizer(params, optimizer_class, stage, offload, **defaults)
+
     return ShardedOptimizer
 
 
 def fully_shard_of(offload: bool):
     """The contract's fully_shard as ZeRO stage 3, optimizer offloaded to the CPU or not."""
-    def fully_shard(module: nn.Module, group=None, reshard_after_forward: bool = True, compute_dtype=None,
-                    gradient_divide_factor=None) -> nn.Module:
+
+    def fully_shard(
+        module: nn.Module, group=None, reshard_after_forward: bool = True, compute_dtype=None, gradient_divide_factor=None
+    ) -> nn.Module:
         _refuse_keywords(gradient_divide_factor=gradient_divide_factor, compute_dtype=compute_dtype)
         if not reshard_after_forward:
-            raise NotImplementedError("DeepSpeed's ZeRO-3 cannot keep a module's gathered parameters from its forward "
-                                      "to its backward by a switch (stage3_max_reuse_distance acts only on a "
-                                      "recorded parameter trace); its ZeRO-2 keeps every parameter whole")
+            raise NotImplementedError(
+                "DeepSpeed's ZeRO-3 cannot keep a module's gathered parameters from its forward "
+                "to its backward by a switch (stage3_max_reuse_distance acts only on a "
+                "recorded parameter trace); its ZeRO-2 keeps every parameter whole"
+            )
         if group is not None:
-            raise NotImplementedError("DeepSpeed cannot shard over a given group: ZeRO-3 shards over the engine's "
-                                      "data-parallel group")
+            raise NotImplementedError("DeepSpeed cannot shard over a given group: ZeRO-3 shards over the engine's data-parallel group")
         _refuse_dtypes(module.parameters())
         return _EngineModule(module, config(3, offload))
+
     return fully_shard
 
 

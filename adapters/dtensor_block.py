@@ -13,6 +13,7 @@ sequence before the column layer and the reduce-scatter after the row layer: row
 batch) order, as in adapters/dtensor_tp.py), and ``F.scaled_dot_product_attention(is_causal=True,
 enable_gqa=True)`` on the local heads.
 """
+
 from __future__ import annotations
 
 import torch
@@ -44,10 +45,18 @@ def _qkv_order(layout: str, heads: int, kv_heads: int, d: int, n: int) -> torch.
     if layout == "grouped":  # whole groups are contiguous already
         return torch.arange((heads + 2 * kv_heads) * d)
     q_each, kv_each = heads * d // n, kv_heads * d // n
-    return torch.cat([torch.cat([torch.arange(r * q_each, (r + 1) * q_each),
-                                 heads * d + torch.arange(r * kv_each, (r + 1) * kv_each),
-                                 (heads + kv_heads) * d + torch.arange(r * kv_each, (r + 1) * kv_each)])
-                      for r in range(n)])
+    return torch.cat(
+        [
+            torch.cat(
+                [
+                    torch.arange(r * q_each, (r + 1) * q_each),
+                    heads * d + torch.arange(r * kv_each, (r + 1) * kv_each),
+                    (heads + kv_heads) * d + torch.arange(r * kv_each, (r + 1) * kv_each),
+                ]
+            )
+            for r in range(n)
+        ]
+    )
 
 
 class _Sequence(nn.Module):
@@ -59,8 +68,11 @@ class _Sequence(nn.Module):
     def __init__(self, first: nn.Module, second: nn.Module, group, sequence_parallel: bool):
         super().__init__()
         self.first, self.second, self.sequence_parallel = first, second, sequence_parallel
-        plan = {"first": ColwiseParallel(input_layouts=Shard(0)), "second": RowwiseParallel(output_layouts=Shard(0))} \
-            if sequence_parallel else {"first": ColwiseParallel(), "second": RowwiseParallel()}
+        plan = (
+            {"first": ColwiseParallel(input_layouts=Shard(0)), "second": RowwiseParallel(output_layouts=Shard(0))}
+            if sequence_parallel
+            else {"first": ColwiseParallel(), "second": RowwiseParallel()}
+        )
         parallelize_module(self, _mesh(group), plan)
 
     def middle(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -126,21 +138,28 @@ class _SwiGLU(_Sequence):
 
 class TensorParallelAttention:
     @staticmethod
-    def from_dense(qkv: nn.Linear, out: nn.Linear, num_heads: int, num_kv_heads: int, group=None,
-                   sequence_parallel: bool = False, qkv_layout: str = "concatenated") -> nn.Module:
+    def from_dense(
+        qkv: nn.Linear,
+        out: nn.Linear,
+        num_heads: int,
+        num_kv_heads: int,
+        group=None,
+        sequence_parallel: bool = False,
+        qkv_layout: str = "concatenated",
+    ) -> nn.Module:
         n = dist.get_world_size(group)
         if qkv_layout not in QKV_LAYOUTS:
             raise ValueError(f"qkv_layout must be one of {QKV_LAYOUTS}, got {qkv_layout!r}")
         if num_kv_heads < 1 or num_heads % num_kv_heads:
             raise ValueError(f"num_heads = {num_heads} is not a multiple of num_kv_heads = {num_kv_heads}")
         if qkv.out_features % (num_heads + 2 * num_kv_heads):
-            raise ValueError(f"qkv out_features = {qkv.out_features} is not a multiple of num_heads + 2 "
-                             f"num_kv_heads = {num_heads + 2 * num_kv_heads}")
+            raise ValueError(
+                f"qkv out_features = {qkv.out_features} is not a multiple of num_heads + 2 num_kv_heads = {num_heads + 2 * num_kv_heads}"
+            )
         _check_divisible("num_kv_heads", num_kv_heads, n)
         d = qkv.out_features // (num_heads + 2 * num_kv_heads)
         order = _qkv_order(qkv_layout, num_heads, num_kv_heads, d, n)
-        return _Attention(_permuted(qkv, order), _copy(out), group, sequence_parallel, num_heads // n,
-                          num_kv_heads // n, d, qkv_layout)
+        return _Attention(_permuted(qkv, order), _copy(out), group, sequence_parallel, num_heads // n, num_kv_heads // n, d, qkv_layout)
 
 
 class TensorParallelSwiGLU:
@@ -152,6 +171,5 @@ class TensorParallelSwiGLU:
         ffn = gate_up.out_features // 2
         _check_divisible("ffn", ffn, n)
         each = ffn // n
-        order = torch.cat([torch.cat([torch.arange(r * each, (r + 1) * each), ffn + torch.arange(r * each, (r + 1) * each)])
-                           for r in range(n)])
+        order = torch.cat([torch.cat([torch.arange(r * each, (r + 1) * each), ffn + torch.arange(r * each, (r + 1) * each)]) for r in range(n)])
         return _SwiGLU(_permuted(gate_up, order), _copy(down), group, sequence_parallel)

@@ -29,6 +29,7 @@ The shards are DTensor parameters; the suite judges their local tensors. Nothing
 whole tensor-parallel file passes on gloo. Size checks happen in from_dense, before any
 communication, with the contract's ValueError.
 """
+
 from __future__ import annotations
 
 import copy
@@ -78,8 +79,7 @@ class _Linear(nn.Linear):
 
 def _copy(linear: nn.Linear) -> _Linear:
     """A _Linear holding a copy of ``linear``'s parameters (the caller's module is left alone)."""
-    new = _Linear(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                  device=linear.weight.device, dtype=linear.weight.dtype)
+    new = _Linear(linear.in_features, linear.out_features, bias=linear.bias is not None, device=linear.weight.device, dtype=linear.weight.dtype)
     with torch.no_grad():
         new.weight.copy_(linear.weight)
         if linear.bias is not None:
@@ -125,8 +125,15 @@ class RowParallelLinear:
 
 
 class TensorParallelMLP(nn.Module):
-    def __init__(self, fc1: nn.Linear, fc2: nn.Linear, group=None, sequence_parallel: bool = False,
-                 norm: nn.LayerNorm | None = None, dropout: float = 0.0):
+    def __init__(
+        self,
+        fc1: nn.Linear,
+        fc2: nn.Linear,
+        group=None,
+        sequence_parallel: bool = False,
+        norm: nn.LayerNorm | None = None,
+        dropout: float = 0.0,
+    ):
         super().__init__()
         self.group, self.dropout = group, dropout
         self.fc1, self.fc2 = _copy(fc1), _copy(fc2)
@@ -141,15 +148,23 @@ class TensorParallelMLP(nn.Module):
         parallelize_module(self, _mesh(group), plan)
 
     @classmethod
-    def from_dense(cls, fc1: nn.Linear, fc2: nn.Linear, group=None, sequence_parallel: bool = False,
-                   norm: nn.LayerNorm | None = None, dropout: float = 0.0,
-                   compute_dtype: torch.dtype | None = None) -> TensorParallelMLP:
+    def from_dense(
+        cls,
+        fc1: nn.Linear,
+        fc2: nn.Linear,
+        group=None,
+        sequence_parallel: bool = False,
+        norm: nn.LayerNorm | None = None,
+        dropout: float = 0.0,
+        compute_dtype: torch.dtype | None = None,
+    ) -> TensorParallelMLP:
         if compute_dtype is not None:
             # said, not emulated: a hand-made cast would test this adapter, not torch
             raise NotImplementedError(
                 "torch's tensor parallelism cannot compute in another dtype than its parameters' by itself: its "
                 "mixed precision comes from FSDP2's MixedPrecisionPolicy around it, whose reduce_dtype pytorch#190626 "
-                "reports not applied to the tensor-parallel gradient all-reduce")
+                "reports not applied to the tensor-parallel gradient all-reduce"
+            )
         if fc1.out_features != fc2.in_features:
             raise ValueError(f"fc1.out_features = {fc1.out_features} must equal fc2.in_features = {fc2.in_features}")
         _check_divisible("ffn width (fc1.out_features = fc2.in_features)", fc1.out_features, dist.get_world_size(group))
@@ -176,10 +191,10 @@ class TensorParallelMLP(nn.Module):
         output = torch.empty(dense_shape, dtype=x.dtype, device=x.device).bernoulli_(1 - p).div_(1 - p)
         hidden, output = as_rows(hidden), as_rows(output)
         width = ffn // n
-        hidden = hidden[:, r * width:(r + 1) * width]
+        hidden = hidden[:, r * width : (r + 1) * width]
         if self.sequence_parallel:
             rows = output.shape[0] // n
-            output = output[r * rows:(r + 1) * rows]
+            output = output[r * rows : (r + 1) * rows]
         return hidden, output
 
     def forward(self, x):
@@ -198,6 +213,7 @@ class TensorParallelMLP(nn.Module):
 
             def as_rows(t):  # dense [..., S, c] to this adapter's (sequence, batch) rows
                 return t.reshape(-1, full, t.shape[-1]).transpose(0, 1).reshape(-1, t.shape[-1])
+
             masks = self._masks((*batch, full, hidden), ffn, x, as_rows)
         y = self._mlp(rows, masks)
         return y.reshape(seq, -1, y.shape[-1]).transpose(0, 1).reshape(*batch, seq, y.shape[-1])

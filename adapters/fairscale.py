@@ -29,6 +29,7 @@ What it cannot run (NotImplementedError on every rank, before anything is built)
 own keyword, not the contract's) and a ``gradient_divide_factor`` (fairscale's
 ``gradient_predivide_factor`` divides before and after a world-size average).
 """
+
 from __future__ import annotations
 
 import os
@@ -42,9 +43,11 @@ os.environ.setdefault("ENABLE_NCCL_BASE_COLLECTIVES", "0")  # read once, when fa
 def _refuse_keywords(**given) -> None:
     named = [name for name, value in given.items() if value is not None]
     if named:
-        raise NotImplementedError(f"fairscale cannot take the contract's {', '.join(named)}: its mixed precision is "
-                                  "FSDP's mixed_precision (FP16 compute) and its division gradient_predivide_factor "
-                                  "around the world-size average")
+        raise NotImplementedError(
+            f"fairscale cannot take the contract's {', '.join(named)}: its mixed precision is "
+            "FSDP's mixed_precision (FP16 compute) and its division gradient_predivide_factor "
+            "around the world-size average"
+        )
 
 
 class _OSSWithSDP:
@@ -91,15 +94,17 @@ def _fsdp_class():
     return Sharded
 
 
-def fully_shard(module: nn.Module, group=None, reshard_after_forward: bool = True, compute_dtype=None,
-                gradient_divide_factor=None) -> nn.Module:
+def fully_shard(
+    module: nn.Module, group=None, reshard_after_forward: bool = True, compute_dtype=None, gradient_divide_factor=None
+) -> nn.Module:
     """A module with units marked inside it is a root: each unit is wrapped in its parent, then the
     module; any other is a unit, marked and returned as it is (the contract shards the units
     first, then the root; a model with no unit to shard is not in the suite's models)."""
     _refuse_keywords(compute_dtype=compute_dtype, gradient_divide_factor=gradient_divide_factor)
     options = {"process_group": group, "reshard_after_forward": reshard_after_forward}
-    units = [(owner, name, child) for owner in module.modules() for name, child in owner.named_children()
-             if "_fairscale_unit" in child.__dict__]
+    units = [
+        (owner, name, child) for owner in module.modules() for name, child in owner.named_children() if "_fairscale_unit" in child.__dict__
+    ]
     if not units:
         module.__dict__["_fairscale_unit"] = options  # wrapped when its root is
         return module
@@ -114,15 +119,18 @@ def fully_shard(module: nn.Module, group=None, reshard_after_forward: bool = Tru
 def _refuse_what_fsdp_refuses(root: nn.Module, units: list) -> None:
     """fairscale's FSDP asserts, on every rank, what these raise first with its own words."""
     if any(p.dtype != torch.float32 for p in root.parameters()):
-        raise NotImplementedError("fairscale's FullyShardedDataParallel cannot shard parameters other than float32 "
-                                  "without its mixed precision: 'Expecting FP16 param type in FP32 & MP modes.'")
+        raise NotImplementedError(
+            "fairscale's FullyShardedDataParallel cannot shard parameters other than float32 "
+            "without its mixed precision: 'Expecting FP16 param type in FP32 & MP modes.'"
+        )
     inside = {id(p) for unit in units for p in unit.parameters()}
-    for owner, parameters in [*((u, list(u.parameters())) for u in units),
-                              (root, [p for p in root.parameters() if id(p) not in inside])]:
+    for owner, parameters in [*((u, list(u.parameters())) for u in units), (root, [p for p in root.parameters() if id(p) not in inside])]:
         if len({p.requires_grad for p in parameters}) > 1:
-            raise NotImplementedError("fairscale's FullyShardedDataParallel cannot flatten frozen and trainable "
-                                      "parameters into one FlatParameter: 'expects all parameters to have same "
-                                      f"requires_grad' ({type(owner).__name__})")
+            raise NotImplementedError(
+                "fairscale's FullyShardedDataParallel cannot flatten frozen and trainable "
+                "parameters into one FlatParameter: 'expects all parameters to have same "
+                f"requires_grad' ({type(owner).__name__})"
+            )
 
 
 def full_parameters(module: nn.Module) -> dict:

@@ -12,6 +12,7 @@ touches what is computed or sent.
 * ``tensor.record_stream(stream)`` for a CPU tensor and the stand-in stream (fairscale keeps the
   CUDA caching allocator from reusing a freed full parameter before a side stream is done; CPU
   memory has no such allocator): nothing; any other call is torch's own."""
+
 from __future__ import annotations
 
 import contextlib

@@ -1,6 +1,7 @@
 """fairscale's OSS (ZeRO-1) as the contract's ShardedOptimizer with torch's DistributedDataParallel
 around the model (``wrap_model``), the pairing fairscale's OSS documentation shows first: DDP
 all-reduces every gradient in backward, OSS steps this rank's parameters and broadcasts them."""
+
 from __future__ import annotations
 
 from torch import nn

@@ -44,6 +44,7 @@ Shims for CPU ranks (``_cpu_shims``): ``torch.cuda.current_device()`` answers th
 global memory buffer of sequence parallelism and the gradient buffers of DDP allocate on it);
 parallel_state's global memory buffer is made as ``initialize_model_parallel`` makes it.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -56,8 +57,16 @@ from torch import nn
 from parallelism_conformance.adapters import megatron_core_refusals as refusals
 from parallelism_conformance.adapters.megatron_core_ddp import DataParallel  # noqa: F401 - re-exported: the contract's names
 
-__all__ = ["ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP", "VocabParallelEmbedding",
-           "vocab_parallel_cross_entropy", "DataParallel", "ShardedOptimizer", "pipeline_step"]
+__all__ = [
+    "ColumnParallelLinear",
+    "RowParallelLinear",
+    "TensorParallelMLP",
+    "VocabParallelEmbedding",
+    "vocab_parallel_cross_entropy",
+    "DataParallel",
+    "ShardedOptimizer",
+    "pipeline_step",
+]
 
 
 def _cpu_shims() -> None:
@@ -92,8 +101,13 @@ def _config(dtype: torch.dtype, n: int, sequence_parallel: bool = False, **trans
     from megatron.core import ModelParallelConfig
     from megatron.core.transformer import TransformerConfig
 
-    common = {"use_cpu_initialization": True, "perform_initialization": False, "params_dtype": dtype,
-              "tensor_model_parallel_size": n, "sequence_parallel": sequence_parallel and n > 1}
+    common = {
+        "use_cpu_initialization": True,
+        "perform_initialization": False,
+        "params_dtype": dtype,
+        "tensor_model_parallel_size": n,
+        "sequence_parallel": sequence_parallel and n > 1,
+    }
     if not transformer:
         return ModelParallelConfig(**common)
     return TransformerConfig(num_layers=1, num_attention_heads=n, **common, **transformer)
@@ -142,11 +156,17 @@ class ColumnParallelLinear:
         n, r = group.size(), group.rank()
         _check_divisible("out_features", linear.out_features, n)
         layer = tensor_parallel.ColumnParallelLinear(
-            linear.in_features, linear.out_features, config=_config(linear.weight.dtype, n), init_method=lambda w: None,
-            bias=linear.bias is not None, gather_output=gather_output, tp_group=group)
+            linear.in_features,
+            linear.out_features,
+            config=_config(linear.weight.dtype, n),
+            init_method=lambda w: None,
+            bias=linear.bias is not None,
+            gather_output=gather_output,
+            tp_group=group,
+        )
         rows = linear.out_features // n
-        _copy_into(layer.weight, linear.weight[r * rows:(r + 1) * rows])
-        _copy_into(layer.bias, None if linear.bias is None else linear.bias[r * rows:(r + 1) * rows])
+        _copy_into(layer.weight, linear.weight[r * rows : (r + 1) * rows])
+        _copy_into(layer.bias, None if linear.bias is None else linear.bias[r * rows : (r + 1) * rows])
         return _Layer(layer)
 
 
@@ -159,10 +179,17 @@ class RowParallelLinear:
         n, r = group.size(), group.rank()
         _check_divisible("in_features", linear.in_features, n)
         layer = tensor_parallel.RowParallelLinear(
-            linear.in_features, linear.out_features, config=_config(linear.weight.dtype, n), init_method=lambda w: None,
-            bias=linear.bias is not None, input_is_parallel=input_is_parallel, skip_bias_add=False, tp_group=group)
+            linear.in_features,
+            linear.out_features,
+            config=_config(linear.weight.dtype, n),
+            init_method=lambda w: None,
+            bias=linear.bias is not None,
+            input_is_parallel=input_is_parallel,
+            skip_bias_add=False,
+            tp_group=group,
+        )
         columns = linear.in_features // n
-        _copy_into(layer.weight, linear.weight[:, r * columns:(r + 1) * columns])
+        _copy_into(layer.weight, linear.weight[:, r * columns : (r + 1) * columns])
         _copy_into(layer.bias, linear.bias)
         return _Layer(layer)
 
@@ -180,16 +207,23 @@ class TensorParallelMLP(nn.Module):
         self.group = _group(group)
         n, r = self.group.size(), self.group.rank()
         h, f = fc1.in_features, fc1.out_features
-        self.config = _config(fc1.weight.dtype, n, sequence_parallel, hidden_size=h, ffn_hidden_size=f,
-                              activation_func=F.gelu, add_bias_linear=fc1.bias is not None,
-                              bias_activation_fusion=False, gradient_accumulation_fusion=False)
+        self.config = _config(
+            fc1.weight.dtype,
+            n,
+            sequence_parallel,
+            hidden_size=h,
+            ffn_hidden_size=f,
+            activation_func=F.gelu,
+            add_bias_linear=fc1.bias is not None,
+            bias_activation_fusion=False,
+            gradient_accumulation_fusion=False,
+        )
         self.sequence_parallel = self.config.sequence_parallel
-        self.mlp = MLP(self.config, MLPSubmodules(linear_fc1=Column, linear_fc2=Row), ffn_hidden_size=f,
-                       tp_group=self.group)
+        self.mlp = MLP(self.config, MLPSubmodules(linear_fc1=Column, linear_fc2=Row), ffn_hidden_size=f, tp_group=self.group)
         width = f // n
-        _copy_into(self.mlp.linear_fc1.weight, fc1.weight[r * width:(r + 1) * width])
-        _copy_into(self.mlp.linear_fc1.bias, None if fc1.bias is None else fc1.bias[r * width:(r + 1) * width])
-        _copy_into(self.mlp.linear_fc2.weight, fc2.weight[:, r * width:(r + 1) * width])
+        _copy_into(self.mlp.linear_fc1.weight, fc1.weight[r * width : (r + 1) * width])
+        _copy_into(self.mlp.linear_fc1.bias, None if fc1.bias is None else fc1.bias[r * width : (r + 1) * width])
+        _copy_into(self.mlp.linear_fc2.weight, fc2.weight[:, r * width : (r + 1) * width])
         _copy_into(self.mlp.linear_fc2.bias, fc2.bias)
         self.norm = None
         if norm is not None:
@@ -209,9 +243,16 @@ class TensorParallelMLP(nn.Module):
         return self.mlp.linear_fc2
 
     @classmethod
-    def from_dense(cls, fc1: nn.Linear, fc2: nn.Linear, group=None, sequence_parallel: bool = False,
-                   norm: nn.LayerNorm | None = None, dropout: float = 0.0,
-                   compute_dtype: torch.dtype | None = None) -> TensorParallelMLP:
+    def from_dense(
+        cls,
+        fc1: nn.Linear,
+        fc2: nn.Linear,
+        group=None,
+        sequence_parallel: bool = False,
+        norm: nn.LayerNorm | None = None,
+        dropout: float = 0.0,
+        compute_dtype: torch.dtype | None = None,
+    ) -> TensorParallelMLP:
         if compute_dtype is not None:
             raise NotImplementedError(refusals.COMPUTE_DTYPE)
         if dropout:
@@ -259,11 +300,12 @@ class VocabParallelEmbedding:
         vocab, width = embedding.weight.shape
         padded = -(-vocab // n) * n
         layer = tensor_parallel.VocabParallelEmbedding(
-            padded, width, init_method=lambda w: None, config=_config(embedding.weight.dtype, n), tp_group=group)
+            padded, width, init_method=lambda w: None, config=_config(embedding.weight.dtype, n), tp_group=group
+        )
         table = torch.zeros(padded, width, dtype=embedding.weight.dtype, device=embedding.weight.device)
         table[:vocab] = embedding.weight.detach()
         rows = padded // n
-        _copy_into(layer.weight, table[r * rows:(r + 1) * rows])
+        _copy_into(layer.weight, table[r * rows : (r + 1) * rows])
         return layer
 
 

@@ -22,6 +22,7 @@ optimizer reading ``param.main_grad``); adapters/megatron_core.py re-exports it.
 * ``forward`` hands ``.grad`` back (None) before the next backward: Megatron's hooks add
   ``param.grad`` into ``main_grad``, so a ``.grad`` that is ``main_grad`` would be added to itself.
 """
+
 from __future__ import annotations
 
 import torch
@@ -70,9 +71,14 @@ def DataParallel(module, bucket_size_mb=None, gradient_divide_factor=None, compu
     bucket = None if bucket_size_mb is None else max(1, int(bucket_size_mb * 2**20 / itemsize))
     ddp_config = DistributedDataParallelConfig(overlap_grad_reduce=True, bucket_size=bucket)
     # the model's config as DDP reads it (calculate_per_token_loss and the like); the sizes are unused here
-    config = TransformerConfig(num_layers=1, hidden_size=1, num_attention_heads=1, use_cpu_initialization=True,
-                               perform_initialization=False,
-                               params_dtype=parameters[0].dtype if parameters else torch.float32)
+    config = TransformerConfig(
+        num_layers=1,
+        hidden_size=1,
+        num_attention_heads=1,
+        use_cpu_initialization=True,
+        perform_initialization=False,
+        params_dtype=parameters[0].dtype if parameters else torch.float32,
+    )
     wrapped = _ddp_class()(config, ddp_config, module)
     wrapped.broadcast_params()  # parameters only: Megatron's DDP broadcasts no buffers
     return wrapped

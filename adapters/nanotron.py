@@ -17,6 +17,7 @@ nanotron 0.4 as served does not import, docs/libraries.md).
 Nanotron's parameters are ``NanotronParameter``s holding this rank's shard; the suite reads them as
 they are. Nothing is shimmed: the layers run on plain gloo groups.
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,15 +27,21 @@ from torch import nn
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP", "ShardedOptimizer"]
 
-NO_GATHER = ("nanotron cannot gather a column-parallel layer's output: TensorParallelColumnLinear has no gather_output "
-             "(its models keep the output sharded into the row layer)")
-NO_SCATTER = ("nanotron cannot take a full input into a row-parallel layer: TensorParallelRowLinear has no "
-              "input_is_parallel=False (its input is always the column layer's shard)")
+NO_GATHER = (
+    "nanotron cannot gather a column-parallel layer's output: TensorParallelColumnLinear has no gather_output "
+    "(its models keep the output sharded into the row layer)"
+)
+NO_SCATTER = (
+    "nanotron cannot take a full input into a row-parallel layer: TensorParallelRowLinear has no "
+    "input_is_parallel=False (its input is always the column layer's shard)"
+)
 
 
-GLOO_UNEVEN = ("nanotron cannot run its ZeRO-1 on gloo when a parameter's elements do not split evenly over the ranks: "
-               "ZeroDistributedOptimizer._all_gather_params all-gathers each rank's slice (the last ranks' one element "
-               "shorter), and ProcessGroupGloo::allgather refuses tensors of unequal sizes ('invalid tensor size')")
+GLOO_UNEVEN = (
+    "nanotron cannot run its ZeRO-1 on gloo when a parameter's elements do not split evenly over the ranks: "
+    "ZeroDistributedOptimizer._all_gather_params all-gathers each rank's slice (the last ranks' one element "
+    "shorter), and ProcessGroupGloo::allgather refuses tensors of unequal sizes ('invalid tensor size')"
+)
 
 
 def _group(group):
@@ -62,11 +69,17 @@ def _column(linear: nn.Linear, group, sequence_parallel: bool = False):
     from nanotron.parallel.tensor_parallel.nn import TensorParallelColumnLinear
 
     n, r = group.size(), group.rank()
-    layer = TensorParallelColumnLinear(linear.in_features, linear.out_features, pg=group, mode=_mode(sequence_parallel),
-                                       bias=linear.bias is not None, dtype=linear.weight.dtype)
+    layer = TensorParallelColumnLinear(
+        linear.in_features,
+        linear.out_features,
+        pg=group,
+        mode=_mode(sequence_parallel),
+        bias=linear.bias is not None,
+        dtype=linear.weight.dtype,
+    )
     rows = linear.out_features // n
-    _set(layer.weight, linear.weight[r * rows:(r + 1) * rows])
-    _set(layer.bias, None if linear.bias is None else linear.bias[r * rows:(r + 1) * rows])
+    _set(layer.weight, linear.weight[r * rows : (r + 1) * rows])
+    _set(layer.bias, None if linear.bias is None else linear.bias[r * rows : (r + 1) * rows])
     return layer
 
 
@@ -74,10 +87,16 @@ def _row(linear: nn.Linear, group, sequence_parallel: bool = False):
     from nanotron.parallel.tensor_parallel.nn import TensorParallelRowLinear
 
     n, r = group.size(), group.rank()
-    layer = TensorParallelRowLinear(linear.in_features, linear.out_features, pg=group, mode=_mode(sequence_parallel),
-                                    bias=linear.bias is not None, dtype=linear.weight.dtype)
+    layer = TensorParallelRowLinear(
+        linear.in_features,
+        linear.out_features,
+        pg=group,
+        mode=_mode(sequence_parallel),
+        bias=linear.bias is not None,
+        dtype=linear.weight.dtype,
+    )
     columns = linear.in_features // n
-    _set(layer.weight, linear.weight[:, r * columns:(r + 1) * columns])
+    _set(layer.weight, linear.weight[:, r * columns : (r + 1) * columns])
     _set(layer.bias, linear.bias)  # None on every rank but the group's first: nanotron's choice
     return layer
 
@@ -131,11 +150,11 @@ class TensorParallelMLP(nn.Module):
         self.fc2 = _row(fc2, self.group, self.sequence_parallel)
 
     @classmethod
-    def from_dense(cls, fc1: nn.Linear, fc2: nn.Linear, group=None, sequence_parallel: bool = False,
-                   **options) -> TensorParallelMLP:
+    def from_dense(cls, fc1: nn.Linear, fc2: nn.Linear, group=None, sequence_parallel: bool = False, **options) -> TensorParallelMLP:
         if options:
-            raise NotImplementedError(f"nanotron cannot take {', '.join(sorted(options))} in this adapter: its MLP "
-                                      "blocks have no such argument")
+            raise NotImplementedError(
+                f"nanotron cannot take {', '.join(sorted(options))} in this adapter: its MLP blocks have no such argument"
+            )
         if fc1.out_features != fc2.in_features:
             raise ValueError(f"fc1.out_features = {fc1.out_features} must equal fc2.in_features = {fc2.in_features}")
         _check_divisible("ffn width (fc1.out_features = fc2.in_features)", fc1.out_features, _group(group).size())
@@ -170,8 +189,8 @@ class ShardedOptimizer:
             raise NotImplementedError(GLOO_UNEVEN)
         named = [(f"param{i}", p) for i, p in enumerate(self._trainable)]
         self._zero = ZeroDistributedOptimizer(
-            named, lambda groups: NamedOptimizer(groups, lambda torch_groups: optimizer_class(torch_groups, **defaults)),
-            dp_pg=self._group)
+            named, lambda groups: NamedOptimizer(groups, lambda torch_groups: optimizer_class(torch_groups, **defaults)), dp_pg=self._group
+        )
 
     @property
     def optim(self) -> torch.optim.Optimizer:

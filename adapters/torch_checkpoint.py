@@ -17,6 +17,7 @@ lr 0, which gives every parameter a state (AdamW's step count 1). Saved from a Z
 parameters had no gradient yet, that invents state one process never had; as a load template it
 asks DCP for state the checkpoint may not hold. Keyed by name by hand, a parameter saved without
 state gets none."""
+
 from __future__ import annotations
 
 import torch
@@ -38,8 +39,7 @@ def _names(model) -> dict[int, str]:
 def _held(model, optimizer) -> dict[str, torch.Tensor]:
     """{name: parameter} of the parameters this rank's optimizer steps."""
     names = _names(model)
-    return {names[id(p)]: p for group in _local_optimizer(optimizer).param_groups for p in group["params"]
-            if id(p) in names}
+    return {names[id(p)]: p for group in _local_optimizer(optimizer).param_groups for p in group["params"] if id(p) in names}
 
 
 def save_checkpoint(path: str, model, optimizer) -> None:
@@ -55,7 +55,7 @@ def load_checkpoint(path: str, model, optimizer) -> None:
     optim = {}
     for name, p in _held(model, optimizer).items():
         prefix = f"optim.{name}."
-        keys = [key[len(prefix):] for key in saved if key.startswith(prefix) and "." not in key[len(prefix):]]
+        keys = [key[len(prefix) :] for key in saved if key.startswith(prefix) and "." not in key[len(prefix) :]]
         if keys:
             optim[name] = {key: _like(p, saved[prefix + key]) for key in keys}
     state = {"model": model_state, "optim": optim}

@@ -9,10 +9,14 @@ onto the contract's, which no CUDA machine has verified here. So ``context_paral
 raises NotImplementedError naming the reason, and the conformance suite skips the project's own
 adapters' tests with it (conformance/verdict.py, ``run_or_skip``): "not tested", never "pass".
 """
+
 from __future__ import annotations
 
 
 def context_parallel_attention(q, k, v, seq_len, causal=False, group=None):
-    where = "on CPU ranks (it dispatches the CUDA flash / memory-efficient SDPA kernels only)" if q.device.type != "cuda" \
+    where = (
+        "on CPU ranks (it dispatches the CUDA flash / memory-efficient SDPA kernels only)"
+        if q.device.type != "cuda"
         else "through this adapter yet (mapping its own sharding onto the contract's layout is unverified on CUDA)"
+    )
     raise NotImplementedError(f"torch.distributed.tensor.experimental.context_parallel cannot run {where}")

@@ -20,6 +20,7 @@ It cannot run on CPU ranks: its forward pre-hook copies the parameters to d on a
 records an event (torch 2.13: "cpu backend doesn't support events"), so there it is refused, on
 every rank, before anything is built.
 """
+
 from __future__ import annotations
 
 import torch
@@ -41,8 +42,7 @@ class _SummingDistributedDataParallel(_DistributedDataParallel):
 
     def held_before(self, bucket) -> torch.Tensor:
         held = getattr(self, "_held", {})
-        return torch.cat([(held.get(id(p)) if held.get(id(p)) is not None else torch.zeros_like(p)).reshape(-1)
-                          for p in bucket.parameters()])
+        return torch.cat([(held.get(id(p)) if held.get(id(p)) is not None else torch.zeros_like(p)).reshape(-1) for p in bucket.parameters()])
 
 
 def _sum_divided_by_factor(wrapped: _SummingDistributedDataParallel, bucket):
@@ -61,10 +61,11 @@ def DataParallel(module, bucket_size_mb=None, gradient_divide_factor=None, compu
         from torch.nn.parallel.distributed import _MixedPrecision
 
         if next(module.parameters()).device.type == "cpu":
-            raise NotImplementedError("torch's DDP cannot run mixed_precision on CPU ranks: it records a stream event "
-                                      "for its parameter casts, which the cpu backend does not support")
-        options["mixed_precision"] = _MixedPrecision(param_dtype=compute_dtype, reduce_dtype=compute_dtype,
-                                                     buffer_dtype=compute_dtype)
+            raise NotImplementedError(
+                "torch's DDP cannot run mixed_precision on CPU ranks: it records a stream event "
+                "for its parameter casts, which the cpu backend does not support"
+            )
+        options["mixed_precision"] = _MixedPrecision(param_dtype=compute_dtype, reduce_dtype=compute_dtype, buffer_dtype=compute_dtype)
     kind = _DistributedDataParallel if gradient_divide_factor is None else _SummingDistributedDataParallel
     wrapped = kind(module, broadcast_buffers=True, find_unused_parameters=True, **options)
     if gradient_divide_factor is not None:

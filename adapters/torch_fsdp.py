@@ -25,6 +25,7 @@ draws through DTensor's random ops, which torch 2.13 supports only on CUDA-like 
 (``is_rng_supported_mesh``): on CPU ranks each rank then draws its local shard from its own
 generator, the same numbers on every rank after the same seed (torchtitan#3106, FSDP2 with CPU
 offload)."""
+
 from __future__ import annotations
 
 import torch
@@ -32,8 +33,9 @@ import torch.distributed as dist
 from torch import nn
 
 
-def fully_shard(module: nn.Module, group=None, reshard_after_forward: bool = True, compute_dtype=None,
-                gradient_divide_factor=None) -> nn.Module:
+def fully_shard(
+    module: nn.Module, group=None, reshard_after_forward: bool = True, compute_dtype=None, gradient_divide_factor=None
+) -> nn.Module:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import MixedPrecisionPolicy
     from torch.distributed.fsdp import fully_shard as torch_fully_shard
@@ -48,13 +50,13 @@ def fully_shard(module: nn.Module, group=None, reshard_after_forward: bool = Tru
         options["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype)
     torch_fully_shard(module, mesh=mesh, **options)
     if gradient_divide_factor is not None:
-        reduce_dtypes = {compute_dtype} if compute_dtype is not None else \
-            {p.dtype for p in module.parameters() if p.is_floating_point()}
+        reduce_dtypes = {compute_dtype} if compute_dtype is not None else {p.dtype for p in module.parameters() if p.is_floating_point()}
         if mesh.size() == 1 and gradient_divide_factor != 1 and reduce_dtypes - {torch.float32, torch.bfloat16}:
             raise NotImplementedError(
                 f"torch's FSDP2 cannot apply gradient_divide_factor={gradient_divide_factor:g} on a world of one when it "
                 f"reduces in {sorted(str(d).removeprefix('torch.') for d in reduce_dtypes)}: it divides by the factor "
-                "twice (torch 2.13, foreach_reduce)")
+                "twice (torch 2.13, foreach_reduce)"
+            )
         module.set_gradient_divide_factor(float(gradient_divide_factor))
         if dist.get_backend(group) != "nccl" and mesh.size() > 1:
             module.set_force_sum_reduction_for_comms(True)
@@ -62,8 +64,7 @@ def fully_shard(module: nn.Module, group=None, reshard_after_forward: bool = Tru
 
 
 def full_parameters(module: nn.Module) -> dict:
-    return {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-            for name, p in module.named_parameters()}
+    return {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for name, p in module.named_parameters()}
 
 
 def init_sharded(module: nn.Module, seed: int, device=None) -> nn.Module:
@@ -91,4 +92,3 @@ def init_sharded(module: nn.Module, seed: int, device=None) -> nn.Module:
                 elif p is not None:
                     p.copy_(whole[name])
     return module
-

@@ -1,6 +1,7 @@
 """torch's own gradient clipping behind the suite's contract: ``torch.nn.utils.clip_grad_norm_`` over
 the module's parameters, whatever their layout (plain tensors under DDP; DTensors under FSDP2 and
 tensor parallelism, whose norm torch reduces over the mesh); a DTensor norm's full value is returned."""
+
 from __future__ import annotations
 
 import math
@@ -39,7 +40,8 @@ def clip_grad_norm_(module: nn.Module, max_norm: float, norm_type: float = 2.0, 
             if by_rows and len(torch.empty(p.shape[0]).chunk(mesh.size())) < mesh.size():
                 raise NotImplementedError(
                     f"torch's clip_grad_norm_ cannot take the infinity norm of row-sharded gradients when a rank's shard is "
-                    f"empty (a parameter of {p.shape[0]} rows on {mesh.size()} ranks: _foreach_norm of an empty tensor)")
+                    f"empty (a parameter of {p.shape[0]} rows on {mesh.size()} ranks: _foreach_norm of an empty tensor)"
+                )
     norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type)
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
@@ -80,4 +82,3 @@ def _clip_with_experts(parameters: list, layers: list, max_norm: float, norm_typ
     norm = stacked.max() if math.isinf(norm_type) else stacked.pow(norm_type).sum().pow(1.0 / norm_type)
     torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm)
     return norm
-

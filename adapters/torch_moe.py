@@ -7,6 +7,7 @@ the backend's all_to_all_single (and the load-balancing counts by its all_reduce
 point-to-point ones, so the backend's
 collective is what is exercised with unequal and empty splits.
 """
+
 from __future__ import annotations
 
 import torch.distributed as dist

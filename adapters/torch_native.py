@@ -13,6 +13,7 @@ capability (``--impl parallelism_conformance.adapters.torch_native``).
 * ``pipeline_step``, ``generate_schedule``: torch.distributed.pipelining (adapters/torch_pipelining.py);
 * ``context_parallel_attention``: not adapted; it raises why (adapters/torch_context_parallel.py).
 """
+
 from torch.distributed import (  # noqa: F401 - re-exported: the contract's collectives
     all_gather,
     all_gather_into_tensor,

@@ -32,6 +32,7 @@ What it cannot do on gloo (raised as NotImplementedError on every rank):
   another order than sent (its point-to-point ops carry no tag: they match in posting order, and
   in a first try such a schedule silently delivered the wrong microbatch's activations).
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -45,8 +46,7 @@ from torch.distributed.pipelining import schedules as _ir
 KINDS = ("gpipe", "1f1b", "interleaved", "zb-v")
 # torch's other schedule classes, by the reference's names, beyond the contract's kinds: run by
 # pipeline_step and written out by generate_schedule for tests/test_torch_schedules.py
-TORCH_ONLY = {"looped-bfs": "ScheduleLoopedBFS", "dualpipev": "ScheduleDualPipeV",
-              "interleaved-zb": "ScheduleInterleavedZeroBubble"}
+TORCH_ONLY = {"looped-bfs": "ScheduleLoopedBFS", "dualpipev": "ScheduleDualPipeV", "interleaved-zb": "ScheduleInterleavedZeroBubble"}
 ON_THE_V = ("zb-v", "dualpipev")
 
 
@@ -60,9 +60,11 @@ def _owner(p: int, placement: str):
 
 
 # -------------------------------------------------------------------------------------- schedules
-ZERO_BUBBLE_REFUSAL = ("torch.distributed.pipelining cannot run or generate ZB-H1 with one stage per rank: its "
-                       "zero-bubble schedule classes are ScheduleInterleavedZeroBubble and ScheduleZBVZeroBubble, "
-                       "several stages per rank (callable schedules with I and W run through its schedule-IR runtime)")
+ZERO_BUBBLE_REFUSAL = (
+    "torch.distributed.pipelining cannot run or generate ZB-H1 with one stage per rank: its "
+    "zero-bubble schedule classes are ScheduleInterleavedZeroBubble and ScheduleZBVZeroBubble, "
+    "several stages per rank (callable schedules with I and W run through its schedule-IR runtime)"
+)
 
 
 def _check(kind: str, p: int, m: int, v: int) -> None:
@@ -83,8 +85,9 @@ def _check(kind: str, p: int, m: int, v: int) -> None:
     if kind not in ("interleaved", "looped-bfs", "interleaved-zb", *ON_THE_V) and v != 1:
         raise ValueError(f"{kind} places one stage per rank; stages_per_rank={v} needs 'interleaved'")
     if kind == "interleaved" and m % p:
-        raise ValueError(f"interleaved 1F1B needs the number of microbatches to be a multiple of the number of "
-                         f"ranks: m={m} is not a multiple of p={p}")
+        raise ValueError(
+            f"interleaved 1F1B needs the number of microbatches to be a multiple of the number of ranks: m={m} is not a multiple of p={p}"
+        )
 
 
 def _torch_compute_order(kind: str, p: int, m: int, v: int) -> dict[int, list]:
@@ -97,8 +100,14 @@ def _torch_compute_order(kind: str, p: int, m: int, v: int) -> dict[int, list]:
             order[r] = _ir._get_1f1b_rank_ops(1, p, warmup, m - warmup, warmup, r, lambda _: r, lambda _: r)
     elif kind in ("zb-v", *TORCH_ONLY):
         cls = ScheduleZBVZeroBubble if kind == "zb-v" else getattr(_ir, TORCH_ONLY[kind])
-        state = SimpleNamespace(n_local_stages=v, pp_group_size=p, num_stages=p * v, _n_microbatches=m,
-                                microbatches_per_round=m // max(1, m // p), _stages=[None] * v)
+        state = SimpleNamespace(
+            n_local_stages=v,
+            pp_group_size=p,
+            num_stages=p * v,
+            _n_microbatches=m,
+            microbatches_per_round=m // max(1, m // p),
+            _stages=[None] * v,
+        )
         order = {r: _ir_flat(cls._calculate_single_rank_operations(state, r)) for r in range(p)}
     else:
         state = SimpleNamespace(n_local_stages=v, pp_group_size=p, microbatches_per_round=p, _n_microbatches=m)
@@ -149,12 +158,12 @@ def _refuse_what_the_runtime_cannot_run(rows, p: int, num_stages: int, owner) ->
     """torch's runtime keeps the last stage's losses in a list indexed by microbatch, and its
     point-to-point ops carry no tag (messages between two ranks match in posting order)."""
     parsed = [[_ir._Action.from_str(str(text)) for text in row] for row in rows]
-    last = [a.microbatch_index for row in parsed for a in row
-            if a.stage_index == num_stages - 1 and a.computation_type == _ir.FORWARD]
+    last = [a.microbatch_index for row in parsed for a in row if a.stage_index == num_stages - 1 and a.computation_type == _ir.FORWARD]
     if last != sorted(last):
         raise NotImplementedError(
             f"torch.distributed.pipelining cannot run a schedule whose last stage runs its forwards out of microbatch "
-            f"order ({' '.join(map(str, last))}): its runtime looks a microbatch's loss up by position")
+            f"order ({' '.join(map(str, last))}): its runtime looks a microbatch's loss up by position"
+        )
     posted: dict[tuple[int, int], list[str]] = {}
     for rank, row in enumerate(parsed):
         for a in row:
@@ -163,8 +172,10 @@ def _refuse_what_the_runtime_cannot_run(rows, p: int, num_stages: int, owner) ->
                 peer = owner(a.stage_index + (1 if kind in (_ir.SEND_F, _ir.RECV_B) else -1))
                 sending = kind in (_ir.SEND_F, _ir.SEND_B)
                 pair = (rank, peer) if sending else (peer, rank)
-                message = f"{a.stage_index if sending else a.stage_index + (-1 if kind == _ir.RECV_F else 1)}" \
-                          f"{'F' if kind in (_ir.SEND_F, _ir.RECV_F) else 'B'}{a.microbatch_index}"
+                message = (
+                    f"{a.stage_index if sending else a.stage_index + (-1 if kind == _ir.RECV_F else 1)}"
+                    f"{'F' if kind in (_ir.SEND_F, _ir.RECV_F) else 'B'}{a.microbatch_index}"
+                )
                 posted.setdefault(pair + (int(sending),), []).append(message)
     for (src, dst, sending), sends in posted.items():
         if sending and sends != posted.get((src, dst, 0), []):
@@ -172,7 +183,8 @@ def _refuse_what_the_runtime_cannot_run(rows, p: int, num_stages: int, owner) ->
                 f"torch.distributed.pipelining cannot run a schedule in which rank {dst} receives the messages of rank "
                 f"{src} in another order than they are sent (sent {' '.join(sends)}, received "
                 f"{' '.join(posted.get((src, dst, 0), []))}): its point-to-point ops carry no tag, so they match in "
-                f"posting order and a wrong microbatch would arrive")
+                f"posting order and a wrong microbatch would arrive"
+            )
 
 
 def _refuse_messages_to_oneself(num_stages: int, owner, device: torch.device) -> None:
@@ -187,7 +199,8 @@ def _refuse_messages_to_oneself(num_stages: int, owner, device: torch.device) ->
         raise NotImplementedError(
             f"torch.distributed.pipelining {torch.__version__} cannot run two neighbouring stages on one gloo rank "
             f"(stages {shared[0]} and {shared[0] + 1} on rank {owner(shared[0])}): it opens each link between "
-            f"neighbouring stages with a message, here from a rank to itself, which gloo refuses")
+            f"neighbouring stages with a message, here from a rank to itself, which gloo refuses"
+        )
 
 
 def _runtime(stages: list, m: int, loss_fn, rows, owner) -> _ir._PipelineScheduleRuntime:
@@ -219,12 +232,14 @@ def _batch_size(inputs, group, device) -> int:
     return int(size)
 
 
-def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="1f1b", group=None, trace=None,
-                  placement=None, scale_grads=True):
+def pipeline_step(
+    stages, inputs, targets, loss_fn, num_microbatches, schedule="1f1b", group=None, trace=None, placement=None, scale_grads=True
+):
     """The contract's pipeline_step on torch.distributed.pipelining (see the module docstring)."""
     if trace is not None:
-        raise NotImplementedError("torch.distributed.pipelining cannot report per-action timestamps (trace): its "
-                                  "schedules run every action inside step()")
+        raise NotImplementedError(
+            "torch.distributed.pipelining cannot report per-action timestamps (trace): its schedules run every action inside step()"
+        )
     chunks = list(stages) if isinstance(stages, (list, tuple)) else [stages]
     p, rank = dist.get_world_size(group), dist.get_rank(group)
     m, v = num_microbatches, len(chunks)
@@ -235,7 +250,8 @@ def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="
     if batch % m:
         raise NotImplementedError(
             f"torch.distributed.pipelining cannot run microbatches of unequal sizes on gloo (batch {batch}, m={m}): "
-            f"PipelineStage infers shapes from microbatch 0 and sizes every receive buffer from it")
+            f"PipelineStage infers shapes from microbatch 0 and sizes every receive buffer from it"
+        )
     if placement is None:
         placement = "v" if schedule in ON_THE_V else "loop"
     owner = _owner(p, placement)
@@ -281,6 +297,7 @@ def split_stages(model, num_stages):
     """Not adapted: torch.distributed.pipelining splits a model by tracing it (``pipeline(module,
     mb_args, split_spec)``), which needs example inputs this contract's split does not get, and
     its stages are traced graphs, not the model's own layers."""
-    raise NotImplementedError("torch.distributed.pipelining cannot split a model without tracing it on example inputs "
-                              "(pipeline(module, mb_args, split_spec)), and its stages are traced copies of the layers")
-
+    raise NotImplementedError(
+        "torch.distributed.pipelining cannot split a model without tracing it on example inputs "
+        "(pipeline(module, mb_args, split_spec)), and its stages are traced copies of the layers"
+    )

@@ -7,6 +7,7 @@ rank of the world (``new_group`` is collective over the world, and every rank ca
 function; on a mesh every pipeline's holders are exchanged first), and all-reduce the sum of their
 distinct copies' gradients (a DTensor's local shards); every copy gets the result.
 """
+
 from __future__ import annotations
 
 import torch.distributed as dist

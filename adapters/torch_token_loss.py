@@ -2,6 +2,7 @@
 ``dist.all_reduce`` of the local count (SUM) over the data-parallel group. The wrappers' divide
 factor is in adapters/torch_ddp.py (a communication hook) and adapters/torch_fsdp.py
 (``set_gradient_divide_factor``)."""
+
 from __future__ import annotations
 
 import torch

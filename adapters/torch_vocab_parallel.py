@@ -6,6 +6,7 @@ masked to -inf first, as a padded vocabulary is masked in practice, so that they
 softmax. torch requires the backward of such a loss to run inside ``loss_parallel`` too, and the
 contract's caller calls backward itself: the loss is therefore wrapped in an autograd function
 whose backward enters ``loss_parallel`` and runs the DTensor graph's backward there."""
+
 from __future__ import annotations
 
 import torch

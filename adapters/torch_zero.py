@@ -7,6 +7,7 @@ meant to run after DDP), so ``step`` first all-reduces each gradient with AVG: r
 cost of an all-reduce where a reduce to the owner would do. Frozen parameters are left out, as
 torch's optimizers leave them alone.
 """
+
 from __future__ import annotations
 
 import torch.distributed as dist

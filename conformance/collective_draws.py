@@ -1,5 +1,6 @@
 """How the collectives' drawn tests draw an example (test_collectives.py): its parts printed with
 every failure, the dtypes a backend refuses left out, and the checks every out-of-place call shares."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,8 +20,7 @@ class Drawer:
 
     def layout(self, min_size: int = 1) -> Layout:
         layout = self.data.draw(layouts(self.target.max_world_size, min_size), label="layout")
-        event(f"world_size={layout.world_size}, group of {layout.size}" if layout.members else
-              f"world_size={layout.world_size}, whole world")
+        event(f"world_size={layout.world_size}, group of {layout.size}" if layout.members else f"world_size={layout.world_size}, whole world")
         self.parts.append(str(layout))
         return layout
 

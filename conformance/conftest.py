@@ -1,6 +1,7 @@
 """The ``backend_refusals`` fixture: what the backend's own collectives refuse, probed once per
 backend of the plan with torch.distributed's functions called as conformance/collective_table.py
 says, so a case the backend itself cannot run is not drawn (the message names the backend)."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,8 +19,7 @@ PROBE_TIMEOUT_S = 120.0
 
 REDUCTIONS = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor")
 # all_to_all_uneven: all_to_all where member i sends i + 1 elements to every member
-OTHERS = ("broadcast", "scatter", "gather", "all_gather", "all_gather_into_tensor", "all_to_all", "all_to_all_uneven",
-          "all_to_all_single")
+OTHERS = ("broadcast", "scatter", "gather", "all_gather", "all_gather_into_tensor", "all_to_all", "all_to_all_uneven", "all_to_all_single")
 
 
 def probe_cases() -> list[tuple[str, str, str | None]]:
@@ -60,14 +60,21 @@ def probe_refusals(world_pool, plan) -> BackendRefusals:
         # Ranks forked anew from the forkserver never imported it (the world's old ones are swept).
         world_pool.close_world(n)
         try:
-            probe = world_pool.run(n, "parallelism_conformance.harness.rank.programs.probe:native_refusals", [{"calls": c} for c in calls],
-                                   impl="torch.distributed", timeout_s=max(PROBE_TIMEOUT_S, world_pool.timeout_s))
+            probe = world_pool.run(
+                n,
+                "parallelism_conformance.harness.rank.programs.probe:native_refusals",
+                [{"calls": c} for c in calls],
+                impl="torch.distributed",
+                timeout_s=max(PROBE_TIMEOUT_S, world_pool.timeout_s),
+            )
         except TASK_FAILURES as failure:
             # an Exception, not the task's BaseException: pytest caches a session fixture's error
             # only when it is an Exception (a BaseException here broke its fixture bookkeeping, and
             # every later test errored with a bare AssertionError from inside pytest)
-            raise RuntimeError(f"the probe of {backend}'s own collectives on {n} ranks (torch.distributed's, "
-                               f"not the implementation's) did not finish: {failure}") from None
+            raise RuntimeError(
+                f"the probe of {backend}'s own collectives on {n} ranks (torch.distributed's, "
+                f"not the implementation's) did not finish: {failure}"
+            ) from None
         found = {case: f"{backend}: {message}" for case, message in probe.outputs[0].items() if message is not None}
         refusing += [backend] if found else []
         refused = {**found, **refused}

@@ -1,5 +1,6 @@
 """Hypothesis strategies for the examples the conformance tests draw, and deterministic input
 tensors built from them in the driver. An example prints as everything needed to reproduce it."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -106,12 +107,13 @@ def layouts(draw, max_world_size: int, min_size: int = 1) -> Layout:
     world before a subgroup. Membership is a coin per rank, so subgroups of every size appear."""
     sizes = [n for n in range(max(min_size, 2), max_world_size + 1)] + ([1] if min_size <= 1 else [])
     if not sizes:  # e.g. --backend nccl on a 1-GPU runner: the test is skipped, in the driver, with why
-        pytest.skip(f"needs a world of at least {min_size} ranks; this run draws at most {max_world_size} "
-                    "(--max-world-size, or the GPUs visible under --backend nccl)")
+        pytest.skip(
+            f"needs a world of at least {min_size} ranks; this run draws at most {max_world_size} "
+            "(--max-world-size, or the GPUs visible under --backend nccl)"
+        )
     world_size = draw(st.sampled_from(sizes))
     if world_size > min_size and draw(st.booleans()):
-        mask = draw(st.lists(st.booleans(), min_size=world_size, max_size=world_size)
-                    .filter(lambda m: min_size <= sum(m) < world_size))
+        mask = draw(st.lists(st.booleans(), min_size=world_size, max_size=world_size).filter(lambda m: min_size <= sum(m) < world_size))
         return Layout(world_size, tuple(rank for rank, member in enumerate(mask) if member))
     return Layout(world_size)
 
@@ -172,25 +174,47 @@ def schedule_shapes(draw, max_ranks: int, kinds=sched.KINDS, max_v: int = 2) -> 
 # bounds' constant, 512 u = 2, would let a gradient summed instead of averaged pass).
 MODEL_DTYPES = st.sampled_from(["float32", "float64"])
 model_specs = st.one_of(
-    st.fixed_dictionaries({"kind": st.just("mlp"), "inputs": st.integers(1, 6), "hidden": st.integers(1, 12),
-                           "outputs": st.integers(1, 4), "dtype": MODEL_DTYPES}),
+    st.fixed_dictionaries(
+        {"kind": st.just("mlp"), "inputs": st.integers(1, 6), "hidden": st.integers(1, 12), "outputs": st.integers(1, 4), "dtype": MODEL_DTYPES}
+    ),
     # skips_first: aux has no gradient in the first step (a lazy partition or state allocation at
     # the first step never sees it: found by an implementation written from the contract alone);
     # skips_in_unit: the unused parameter sits in a module that ran (a fully sharded unit that
     # reduce-scatters zeros for it gave it a zero .grad, which weight decay then moves: found by
     # another)
-    st.fixed_dictionaries({"kind": st.just("tied_lm"), "vocab": st.integers(2, 12), "width": st.integers(1, 8),
-                           "hidden": st.integers(1, 12), "context": st.integers(1, 3), "dtype": MODEL_DTYPES,
-                           "skips_first": st.booleans(), "skips_in_unit": st.booleans()}),
+    st.fixed_dictionaries(
+        {
+            "kind": st.just("tied_lm"),
+            "vocab": st.integers(2, 12),
+            "width": st.integers(1, 8),
+            "hidden": st.integers(1, 12),
+            "context": st.integers(1, 3),
+            "dtype": MODEL_DTYPES,
+            "skips_first": st.booleans(),
+            "skips_in_unit": st.booleans(),
+        }
+    ),
 )
 
 optimizer_specs = st.one_of(
-    st.fixed_dictionaries({"name": st.just("sgd"), "lr": st.sampled_from([0.05, 0.2]),
-                           "momentum": st.sampled_from([0.5, 0.9]), "weight_decay": st.sampled_from([0.0, 0.01])}),
+    st.fixed_dictionaries(
+        {
+            "name": st.just("sgd"),
+            "lr": st.sampled_from([0.05, 0.2]),
+            "momentum": st.sampled_from([0.5, 0.9]),
+            "weight_decay": st.sampled_from([0.0, 0.01]),
+        }
+    ),
     # eps = 1e-3, not torch's 1e-8: see the tolerances in reference/data_parallel.py
-    st.fixed_dictionaries({"name": st.just("adamw"), "lr": st.sampled_from([1e-3, 1e-2]),
-                           "betas": st.just([0.9, 0.999]), "eps": st.just(1e-3),
-                           "weight_decay": st.sampled_from([0.0, 0.01])}),
+    st.fixed_dictionaries(
+        {
+            "name": st.just("adamw"),
+            "lr": st.sampled_from([1e-3, 1e-2]),
+            "betas": st.just([0.9, 0.999]),
+            "eps": st.just(1e-3),
+            "weight_decay": st.sampled_from([0.0, 0.01]),
+        }
+    ),
 )
 
 
@@ -211,8 +235,9 @@ def describe_spec(spec: dict, first: str) -> str:
     return ", ".join(f"{k}={spec[k]}" for k in sorted(spec, key=lambda k: (k != first, k)))
 
 
-def dense_layers(seed: int, dtype: torch.dtype, layers: list[tuple[int, int]], bias: bool, x_shape: tuple[int, ...],
-                 g_shape: tuple[int, ...]) -> dict:
+def dense_layers(
+    seed: int, dtype: torch.dtype, layers: list[tuple[int, int]], bias: bool, x_shape: tuple[int, ...], g_shape: tuple[int, ...]
+) -> dict:
     """Dense Linear weights for each (in, out) of ``layers`` with nn.Linear's init,
     U(-1/sqrt(in), 1/sqrt(in)) (biases too, or None), then an input x and an upstream gradient
     g = dL/dy drawn N(0, 1), all from ``seed`` in that order: {"params": [(W, b)], "x", "g"}."""
@@ -224,8 +249,7 @@ def dense_layers(seed: int, dtype: torch.dtype, layers: list[tuple[int, int]], b
     def normal(*shape):
         return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
 
-    params = [(uniform(fan_out, fan_in, fan_in=fan_in), uniform(fan_out, fan_in=fan_in) if bias else None)
-              for fan_in, fan_out in layers]
+    params = [(uniform(fan_out, fan_in, fan_in=fan_in), uniform(fan_out, fan_in=fan_in) if bias else None) for fan_in, fan_out in layers]
     return {"params": params, "x": normal(*x_shape), "g": normal(*g_shape)}
 
 
@@ -247,8 +271,10 @@ class MixtureExample:
         return self.layout.size * self.experts_per_rank
 
     def __str__(self) -> str:
-        return (f"{self.layout}, {self.num_experts} experts ({self.experts_per_rank} per rank), h={self.h}, f={self.f}, "
-                f"tokens per member {list(self.tokens)}, float64, seed={self.seed}")
+        return (
+            f"{self.layout}, {self.num_experts} experts ({self.experts_per_rank} per rank), h={self.h}, f={self.f}, "
+            f"tokens per member {list(self.tokens)}, float64, seed={self.seed}"
+        )
 
     def tensors(self) -> dict:
         g = torch.Generator().manual_seed(self.seed)
@@ -256,9 +282,15 @@ class MixtureExample:
         def uniform(*shape, fan_in):
             return (torch.rand(shape, generator=g, dtype=torch.float64) * 2 - 1) / fan_in**0.5
 
-        experts = [(uniform(self.f, self.h, fan_in=self.h), uniform(self.f, fan_in=self.h),
-                    uniform(self.h, self.f, fan_in=self.f), uniform(self.h, fan_in=self.f))
-                   for _ in range(self.num_experts)]
+        experts = [
+            (
+                uniform(self.f, self.h, fan_in=self.h),
+                uniform(self.f, fan_in=self.h),
+                uniform(self.h, self.f, fan_in=self.f),
+                uniform(self.h, fan_in=self.f),
+            )
+            for _ in range(self.num_experts)
+        ]
         router = torch.randn((self.num_experts, self.h), generator=g, dtype=torch.float64)
         xs = [torch.randn((t, self.h), generator=g, dtype=torch.float64) for t in self.tokens]
         grads = [torch.randn((t, self.h), generator=g, dtype=torch.float64) for t in self.tokens]
@@ -294,24 +326,31 @@ class AttentionExample:
     def tensors(self) -> dict:
         g = torch.Generator().manual_seed(self.seed)
         shape = (self.heads, self.seq_len, self.width)
-        q, k, v, grad = (torch.randn(shape, generator=g, dtype=torch.float64) * s
-                         for s in (self.scale, self.scale, 1.0, 1.0))
+        q, k, v, grad = (torch.randn(shape, generator=g, dtype=torch.float64) * s for s in (self.scale, self.scale, 1.0, 1.0))
         return {name: t.to(self.dtype) for name, t in zip(("q", "k", "v", "grad_output"), (q, k, v, grad))}
 
     def __str__(self) -> str:
         dtype = str(self.dtype).removeprefix("torch.")
-        return (f"{self.layout}, heads={self.heads}, width={self.width}, seq_len={self.seq_len}, causal={self.causal}, "
-                f"dtype={dtype}, scale={self.scale:g}, seed={self.seed}")
+        return (
+            f"{self.layout}, heads={self.heads}, width={self.width}, seq_len={self.seq_len}, causal={self.causal}, "
+            f"dtype={dtype}, scale={self.scale:g}, seed={self.seed}"
+        )
 
 
 @st.composite
 def attention_examples(draw, max_world_size: int, min_size: int = 1) -> AttentionExample:
     layout = draw(layouts(max_world_size, min_size), label="layout")
     n = layout.size
-    return AttentionExample(layout, draw(st.integers(1, 3), label="heads"), draw(st.integers(1, 8), label="width"),
-                   draw(st.integers(2 * n, 6 * n + 5), label="seq_len"), draw(st.booleans(), label="causal"),
-                   draw(st.sampled_from([torch.float64, torch.float32]), label="dtype"),
-                   draw(st.sampled_from([0.5, 3.0]), label="scale"), draw(st.integers(0, 2**16), label="seed"))
+    return AttentionExample(
+        layout,
+        draw(st.integers(1, 3), label="heads"),
+        draw(st.integers(1, 8), label="width"),
+        draw(st.integers(2 * n, 6 * n + 5), label="seq_len"),
+        draw(st.booleans(), label="causal"),
+        draw(st.sampled_from([torch.float64, torch.float32]), label="dtype"),
+        draw(st.sampled_from([0.5, 3.0]), label="scale"),
+        draw(st.integers(0, 2**16), label="seed"),
+    )
 
 
 @dataclass(frozen=True)
@@ -328,13 +367,18 @@ class TrainingExample:
     data_seed: int
 
     def __str__(self) -> str:
-        return (f"world_size={self.world_size}, global_batch={self.world_size * self.per_rank_batch} "
-                f"({self.per_rank_batch} per rank), model=({describe_spec(self.model, 'kind')}), steps={self.steps}, "
-                f"optimizer=({describe_spec(self.optimizer, 'name')}), seed={self.seed}, data_seed={self.data_seed}")
+        return (
+            f"world_size={self.world_size}, global_batch={self.world_size * self.per_rank_batch} "
+            f"({self.per_rank_batch} per rank), model=({describe_spec(self.model, 'kind')}), steps={self.steps}, "
+            f"optimizer=({describe_spec(self.optimizer, 'name')}), seed={self.seed}, data_seed={self.data_seed}"
+        )
 
 
-SHARDED_DIMENSIONS = {"mlp": ("hidden", "outputs"), "tied_lm": ("vocab", "width", "hidden"),
-                      "relu_lm": ("vocab", "width", "hidden")}  # weights' rows
+SHARDED_DIMENSIONS = {
+    "mlp": ("hidden", "outputs"),
+    "tied_lm": ("vocab", "width", "hidden"),
+    "relu_lm": ("vocab", "width", "hidden"),
+}  # weights' rows
 
 
 def handout_fsdp_model(model: dict, n: int) -> dict:

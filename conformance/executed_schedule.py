@@ -5,6 +5,7 @@ built record each rank's order of stage forwards ("F<s>") and parameter-gradient
 over (its compute order, exactly) or, for the classic kinds, the most microbatch activations the
 kind holds at once (reference/pipeline_schedules.py, ``theory_peak_live``). Used by the pipeline
 tests and the pipeline compositions."""
+
 from __future__ import annotations
 
 import parallelism_conformance.reference.pipeline_schedules as sched
@@ -95,12 +96,16 @@ def judge_one_call(judge: Judge, example, r: int, executed: list[str], order, wh
         want = [seen for seen in map(observed, order.rows[r]) if seen is not None]
         if executed != want:
             first = next((i for i, (a, b) in enumerate(zip(executed, want)) if a != b), min(len(executed), len(want)))
-            judge.fail(f"rank {r} did not run the schedule it was given{which}: at its compute step {first + 1} it "
-                       f"ran {executed[first] if first < len(executed) else 'nothing'} where the schedule says "
-                       f"{want[first] if first < len(want) else 'nothing more'}; ran {' '.join(executed)}, "
-                       f"schedule {' '.join(want)} (F<s>: a forward of stage s; B<s>: stage s's parameter "
-                       f"gradients accumulated, by a B or a W; an I is not seen)")
+            judge.fail(
+                f"rank {r} did not run the schedule it was given{which}: at its compute step {first + 1} it "
+                f"ran {executed[first] if first < len(executed) else 'nothing'} where the schedule says "
+                f"{want[first] if first < len(want) else 'nothing more'}; ran {' '.join(executed)}, "
+                f"schedule {' '.join(want)} (F<s>: a forward of stage s; B<s>: stage s's parameter "
+                f"gradients accumulated, by a B or a W; an I is not seen)"
+            )
     elif peak_live(executed) > sched.theory_peak_live(example.kind, p, m, v, r):
-        judge.fail(f"rank {r} held {peak_live(executed)} microbatch activations at once{which}, more than {example.kind} allows "
-                   f"({sched.theory_peak_live(example.kind, p, m, v, r)}): the schedule run is not the one asked "
-                   f"for; its order of forwards and backwards: {' '.join(executed)}")
+        judge.fail(
+            f"rank {r} held {peak_live(executed)} microbatch activations at once{which}, more than {example.kind} allows "
+            f"({sched.theory_peak_live(example.kind, p, m, v, r)}): the schedule run is not the one asked "
+            f"for; its order of forwards and backwards: {' '.join(executed)}"
+        )

@@ -24,6 +24,7 @@ driver:
 * each step after it follows the same one process at step k + s (its optimizer state travelled:
   momentum, AdamW's moments and step count, and none for a parameter saved without state).
 """
+
 from __future__ import annotations
 
 import math
@@ -48,8 +49,7 @@ TP_CUTS = {"mlp.fc1.weight": 0, "mlp.fc1.bias": 0, "mlp.fc2.weight": 1}
 
 
 @st.composite
-def reshard_examples(draw, max_world_size: int, tensor_parallel: bool = False, same_size: bool = False,
-                     pipeline: bool = False) -> dict:
+def reshard_examples(draw, max_world_size: int, tensor_parallel: bool = False, same_size: bool = False, pipeline: bool = False) -> dict:
     """Two layouts and world sizes; with ``tensor_parallel`` (or ``pipeline``) one of them (drawn) is
     tensor parallel (a pp x dp mesh), the other any layout, and the model is ``gelu_mlp`` with a
     hidden width every tensor-parallel world divides (``stacked_mlp`` with a depth every pp divides);
@@ -70,22 +70,35 @@ def reshard_examples(draw, max_world_size: int, tensor_parallel: bool = False, s
         else:
             sizes.append(sizes[0] if same_size and side == "B" else draw(st.integers(1, top), label=f"world {side}"))
             meshes.append(None)
-    example = {"layout_a": layouts[0], "n_a": sizes[0], "mesh_a": meshes[0],
-               "layout_b": layouts[1], "n_b": sizes[1], "mesh_b": meshes[1],
-               "optimizer": draw(optimizer_specs, label="optimizer"),
-               "steps_a": draw(st.integers(1, 3), label="steps before the save"),
-               "steps_b": draw(st.integers(1, 2), label="steps after the load"),
-               "seed": draw(st.integers(0, 2**16), label="seed"), "data_seed": draw(st.integers(0, 2**16))}
+    example = {
+        "layout_a": layouts[0],
+        "n_a": sizes[0],
+        "mesh_a": meshes[0],
+        "layout_b": layouts[1],
+        "n_b": sizes[1],
+        "mesh_b": meshes[1],
+        "optimizer": draw(optimizer_specs, label="optimizer"),
+        "steps_a": draw(st.integers(1, 3), label="steps before the save"),
+        "steps_b": draw(st.integers(1, 2), label="steps after the load"),
+        "seed": draw(st.integers(0, 2**16), label="seed"),
+        "data_seed": draw(st.integers(0, 2**16)),
+    }
     if tensor_parallel:
         cut = math.lcm(*(n for layout, n in zip(layouts, sizes) if layout == TENSOR_PARALLEL))
-        example["model"] = {"kind": "gelu_mlp", "width": draw(st.integers(1, 5), label="width"),
-                            "hidden": cut * draw(st.integers(1, 3), label="hidden / tensor-parallel sizes"),
-                            "dtype": draw(MODEL_DTYPES, label="dtype")}
+        example["model"] = {
+            "kind": "gelu_mlp",
+            "width": draw(st.integers(1, 5), label="width"),
+            "hidden": cut * draw(st.integers(1, 3), label="hidden / tensor-parallel sizes"),
+            "dtype": draw(MODEL_DTYPES, label="dtype"),
+        }
     elif pipeline:
         depth = math.lcm(*(mesh["pp"] for mesh in meshes if mesh))
-        example["model"] = {"kind": "stacked_mlp", "width": draw(st.integers(1, 4), label="width"),
-                            "layers": depth * draw(st.integers(1, 2), label="layers / stages"),
-                            "dtype": draw(MODEL_DTYPES, label="dtype")}
+        example["model"] = {
+            "kind": "stacked_mlp",
+            "width": draw(st.integers(1, 4), label="width"),
+            "layers": depth * draw(st.integers(1, 2), label="layers / stages"),
+            "dtype": draw(MODEL_DTYPES, label="dtype"),
+        }
     else:
         example["model"] = draw(model_specs, label="model")
     replicas = [mesh["dp"] if mesh else n for mesh, n in zip(meshes, sizes)]
@@ -93,8 +106,7 @@ def reshard_examples(draw, max_world_size: int, tensor_parallel: bool = False, s
     for mesh in meshes:
         if mesh:  # microbatches that split each replica's batch evenly (the mean over them is its mean)
             each = example["batch"] // mesh["dp"]
-            mesh["microbatches"] = draw(st.sampled_from([m for m in range(1, each + 1) if each % m == 0]),
-                                        label="microbatches")
+            mesh["microbatches"] = draw(st.sampled_from([m for m in range(1, each + 1) if each % m == 0]), label="microbatches")
     example["other_model"], example["other"] = other_architecture(example["model"], draw)
     return example
 
@@ -113,24 +125,63 @@ def other_architecture(model: dict, draw=None) -> tuple[dict, str]:
 # FSDP on 4 ranks resumed on 2, ZeRO-1 on 2 resumed on 3, tensor parallelism on 2 resumed fully sharded on 2,
 # and a 2 x 2 pipeline-by-data mesh resumed fully sharded on 2.
 NAMED = {
-    "fsdp_4_to_2": dict(layout_a="fully_sharded", n_a=4, layout_b="fully_sharded", n_b=2, batch=4,
-                        model={"kind": "tied_lm", "vocab": 7, "width": 3, "hidden": 5, "context": 2, "dtype": "float64",
-                               "skips_first": True, "skips_in_unit": False}),
-    "zero1_2_to_3": dict(layout_a="sharded_optimizer", n_a=2, layout_b="sharded_optimizer", n_b=3, batch=6,
-                         model={"kind": "tied_lm", "vocab": 5, "width": 4, "hidden": 3, "context": 2,
-                                "dtype": "float64", "skips_first": False, "skips_in_unit": True}),
-    "tp_2_to_fsdp_2": dict(layout_a=TENSOR_PARALLEL, n_a=2, layout_b="fully_sharded", n_b=2, batch=2,
-                           model={"kind": "gelu_mlp", "width": 3, "hidden": 4, "dtype": "float64"}),
-    "pp2_dp2_to_fsdp_2": dict(layout_a=PIPELINE, n_a=4, mesh_a={"pp": 2, "dp": 2, "microbatches": 2},
-                              layout_b="fully_sharded", n_b=2, batch=4,
-                              model={"kind": "stacked_mlp", "width": 3, "layers": 4, "dtype": "float64"}),
+    "fsdp_4_to_2": dict(
+        layout_a="fully_sharded",
+        n_a=4,
+        layout_b="fully_sharded",
+        n_b=2,
+        batch=4,
+        model={
+            "kind": "tied_lm",
+            "vocab": 7,
+            "width": 3,
+            "hidden": 5,
+            "context": 2,
+            "dtype": "float64",
+            "skips_first": True,
+            "skips_in_unit": False,
+        },
+    ),
+    "zero1_2_to_3": dict(
+        layout_a="sharded_optimizer",
+        n_a=2,
+        layout_b="sharded_optimizer",
+        n_b=3,
+        batch=6,
+        model={
+            "kind": "tied_lm",
+            "vocab": 5,
+            "width": 4,
+            "hidden": 3,
+            "context": 2,
+            "dtype": "float64",
+            "skips_first": False,
+            "skips_in_unit": True,
+        },
+    ),
+    "tp_2_to_fsdp_2": dict(
+        layout_a=TENSOR_PARALLEL,
+        n_a=2,
+        layout_b="fully_sharded",
+        n_b=2,
+        batch=2,
+        model={"kind": "gelu_mlp", "width": 3, "hidden": 4, "dtype": "float64"},
+    ),
+    "pp2_dp2_to_fsdp_2": dict(
+        layout_a=PIPELINE,
+        n_a=4,
+        mesh_a={"pp": 2, "dp": 2, "microbatches": 2},
+        layout_b="fully_sharded",
+        n_b=2,
+        batch=4,
+        model={"kind": "stacked_mlp", "width": 3, "layers": 4, "dtype": "float64"},
+    ),
 }
 ADAMW = {"name": "adamw", "lr": 1e-2, "betas": [0.9, 0.999], "eps": 1e-3, "weight_decay": 0.01}
 
 
 def named_example(name: str) -> dict:
-    example = dict({"mesh_a": None, "mesh_b": None}, **NAMED[name], optimizer=ADAMW, steps_a=2, steps_b=2, seed=11,
-                   data_seed=12)
+    example = dict({"mesh_a": None, "mesh_b": None}, **NAMED[name], optimizer=ADAMW, steps_a=2, steps_b=2, seed=11, data_seed=12)
     example["other_model"], example["other"] = other_architecture(example["model"])
     return example
 
@@ -138,12 +189,16 @@ def named_example(name: str) -> dict:
 def describe(example: dict) -> str:
     def side(key):
         mesh = example[f"mesh_{key}"]
-        return f"{example[f'layout_{key}']} on " + (f"{mesh['pp']} x {mesh['dp']} (pp x dp, {mesh['microbatches']} "
-                                                     "microbatches)" if mesh else str(example[f"n_{key}"]))
-    return (f"{side('a')} -> {side('b')}, "
-            f"model=({example['model']}), optimizer=({example['optimizer']}), {example['steps_a']} steps then "
-            f"{example['steps_b']}, global batch {example['batch']}, seed={example['seed']}, "
-            f"data_seed={example['data_seed']}")
+        return f"{example[f'layout_{key}']} on " + (
+            f"{mesh['pp']} x {mesh['dp']} (pp x dp, {mesh['microbatches']} microbatches)" if mesh else str(example[f"n_{key}"])
+        )
+
+    return (
+        f"{side('a')} -> {side('b')}, "
+        f"model=({example['model']}), optimizer=({example['optimizer']}), {example['steps_a']} steps then "
+        f"{example['steps_b']}, global batch {example['batch']}, seed={example['seed']}, "
+        f"data_seed={example['data_seed']}"
+    )
 
 
 @pytest.mark.capability("checkpoint_reshard")
@@ -222,23 +277,26 @@ def full_states(judge: Judge, per_rank: list[dict], layout: str, who: str, mesh:
         for s in range(mesh["pp"]):
             holders = [s * mesh["dp"] + d for d in range(mesh["dp"])]
             for name in per_rank[holders[0]]:
-                judge.bitwise_identical({r: per_rank[r].get(name, torch.empty(0)) for r in holders},
-                                        what=f"{who}: stage {s}'s '{name}' on its replicas")
+                judge.bitwise_identical(
+                    {r: per_rank[r].get(name, torch.empty(0)) for r in holders}, what=f"{who}: stage {s}'s '{name}' on its replicas"
+                )
                 full[name] = per_rank[holders[0]][name]
         return {f"{who} (its stages put together)": full}
     if layout != TENSOR_PARALLEL:
         return {f"{who}'s rank {r}": state for r, state in enumerate(per_rank)}
     for r, state in enumerate(per_rank):
         if not isinstance(state, dict) or set(state) != set(per_rank[0]):
-            judge.fail(f"{who}'s rank {r} reports tensors {sorted(state) if isinstance(state, dict) else state!r}, "
-                       f"rank 0 {sorted(per_rank[0])}")
+            judge.fail(
+                f"{who}'s rank {r} reports tensors {sorted(state) if isinstance(state, dict) else state!r}, rank 0 {sorted(per_rank[0])}"
+            )
     full = {}
     for name in per_rank[0]:
         if name in TP_CUTS:
             full[name] = torch.cat([state[name] for state in per_rank], dim=TP_CUTS[name])
         else:
-            judge.bitwise_identical({r: state[name] for r, state in enumerate(per_rank)},
-                                    what=f"{who}: '{name}', whole on every tensor-parallel rank")
+            judge.bitwise_identical(
+                {r: state[name] for r, state in enumerate(per_rank)}, what=f"{who}: '{name}', whole on every tensor-parallel rank"
+            )
             full[name] = per_rank[0][name]
     return {f"{who} (its tensor-parallel shards put together)": full}
 
@@ -251,45 +309,70 @@ def judge_resume(example: dict, leave_out, ranks, target, request, rng_seed: int
     batch = models.make_batch(example["model"], example["batch"], example["data_seed"])
     common = {"model": example["model"], "optimizer": example["optimizer"]}
     token = secrets.token_hex(8)
-    saved = judge.run(ranks, Layout(n_a), "checkpointing:save", [
-        {**common, "layout": example["layout_a"], "seed": example["seed"], "steps": k, "batch": part,
-         "token": token, "rng_seed": rng_seed, "mesh": example["mesh_a"]}
-        for part in batch_parts(batch, example["layout_a"], n_a, example["mesh_a"])])
-    expected = ref.train(models.build(example["model"], example["seed"]), example["optimizer"], batch,
-                         k + example["steps_b"])
+    saved = judge.run(
+        ranks,
+        Layout(n_a),
+        "checkpointing:save",
+        [
+            {
+                **common,
+                "layout": example["layout_a"],
+                "seed": example["seed"],
+                "steps": k,
+                "batch": part,
+                "token": token,
+                "rng_seed": rng_seed,
+                "mesh": example["mesh_a"],
+            }
+            for part in batch_parts(batch, example["layout_a"], n_a, example["mesh_a"])
+        ],
+    )
+    expected = ref.train(models.build(example["model"], example["seed"]), example["optimizer"], batch, k + example["steps_b"])
     exact = exact_names(example["model"])
-    saved_states = full_states(judge, [saved[r]["state"] for r in range(n_a)], example["layout_a"], "world A",
-                               example["mesh_a"])
+    saved_states = full_states(judge, [saved[r]["state"] for r in range(n_a)], example["layout_a"], "world A", example["mesh_a"])
     for who, state in saved_states.items():
         check_state(judge, state, expected, k, exact, f"{who} after {k} steps, when it saved")
     files = saved[0].get("files")
     if not isinstance(files, dict) or not files:
         judge.fail(f"save_checkpoint wrote no file under the directory it was given ({files!r})")
     dropped = leave_out(sorted(files))
-    resumed = judge.run(ranks, Layout(n_b), "checkpointing:resume", [
-        {**common, "layout": example["layout_b"], "seed": example["seed"] + 1, "steps": example["steps_b"],
-         "batch": part, "files": files, "token": secrets.token_hex(8), "other_model": example["other_model"],
-         "dropped": dropped, "rng_seed": None if rng_seed is None else rng_seed + 7919, "mesh": example["mesh_b"]}
-        for part in batch_parts(batch, example["layout_b"], n_b, example["mesh_b"])])
+    resumed = judge.run(
+        ranks,
+        Layout(n_b),
+        "checkpointing:resume",
+        [
+            {
+                **common,
+                "layout": example["layout_b"],
+                "seed": example["seed"] + 1,
+                "steps": example["steps_b"],
+                "batch": part,
+                "files": files,
+                "token": secrets.token_hex(8),
+                "other_model": example["other_model"],
+                "dropped": dropped,
+                "rng_seed": None if rng_seed is None else rng_seed + 7919,
+                "mesh": example["mesh_b"],
+            }
+            for part in batch_parts(batch, example["layout_b"], n_b, example["mesh_b"])
+        ],
+    )
     if rng_seed is not None:
         check_streams(judge, [saved[r]["rng"] for r in range(n_a)], [resumed[r]["rng"] for r in range(n_b)])
     want = next(iter(saved_states.values()))
-    check_refused(judge, [resumed[r]["other_architecture"] for r in range(n_b)],
-                  f"loading into another architecture ({example['other']})")
-    check_missing_file(judge, [resumed[r]["missing_file"] for r in range(n_b)], want, dropped, example["layout_b"],
-                       example["mesh_b"])
-    loaded = full_states(judge, [resumed[r]["loaded"] for r in range(n_b)], example["layout_b"], "world B",
-                         example["mesh_b"])
+    check_refused(judge, [resumed[r]["other_architecture"] for r in range(n_b)], f"loading into another architecture ({example['other']})")
+    check_missing_file(judge, [resumed[r]["missing_file"] for r in range(n_b)], want, dropped, example["layout_b"], example["mesh_b"])
+    loaded = full_states(judge, [resumed[r]["loaded"] for r in range(n_b)], example["layout_b"], "world B", example["mesh_b"])
     for who, state in loaded.items():
         check_names(judge, state, want, f"{who} after load_checkpoint: parameters and buffers")
         for name, value in want.items():
             judge.tensor(state[name], value, what=f"{who}: '{name}' after load_checkpoint (bitwise what world A saved)")
     for s in range(example["steps_b"]):
-        states = full_states(judge, [resumed[r]["states"][s] for r in range(n_b)], example["layout_b"], "world B",
-                             example["mesh_b"])
+        states = full_states(judge, [resumed[r]["states"][s] for r in range(n_b)], example["layout_b"], "world B", example["mesh_b"])
         for who, state in states.items():
-            check_state(judge, state, expected, k + s + 1, exact,
-                        f"{who} after its step {s + 1} (step {k + s + 1} of one process that never stopped)")
+            check_state(
+                judge, state, expected, k + s + 1, exact, f"{who} after its step {s + 1} (step {k + s + 1} of one process that never stopped)"
+            )
 
 
 def exact_names(model: dict) -> set[str]:
@@ -302,16 +385,22 @@ def check_state(judge: Judge, got: dict, expected: ref.Trajectory, step: int, ex
     want = expected.states[step - 1]
     check_names(judge, got, want, f"{who}: full parameters and buffers")
     for name, value in want.items():
-        judge.tensor(got[name], value, atol=None if name in exact else ref.param_atol(expected, step, name),
-                     what=f"{who}: '{name}' (one process on the global batch)")
+        judge.tensor(
+            got[name],
+            value,
+            atol=None if name in exact else ref.param_atol(expected, step, name),
+            what=f"{who}: '{name}' (one process on the global batch)",
+        )
 
 
 def check_refused(judge: Judge, outcomes: list[dict], what: str) -> None:
     loaded = [r for r, outcome in enumerate(outcomes) if "raised" not in outcome]
     if loaded:
         raised = {r: o["raised"] for r, o in enumerate(outcomes) if "raised" in o}
-        judge.fail(f"{what}: rank(s) {loaded} loaded it without an error (a checkpoint of another architecture must "
-                   f"be refused on every rank)" + (f"; the others raised {raised}" if raised else ""))
+        judge.fail(
+            f"{what}: rank(s) {loaded} loaded it without an error (a checkpoint of another architecture must "
+            f"be refused on every rank)" + (f"; the others raised {raised}" if raised else "")
+        )
 
 
 def check_streams(judge: Judge, saved: list, resumed: list) -> None:
@@ -321,21 +410,25 @@ def check_streams(judge: Judge, saved: list, resumed: list) -> None:
             continue
         others = [q for q, before in enumerate(saved) if torch.equal(state, before)]
         whose = f"rank {others[0]}'s stream (Megatron-LM#6858)" if others else "a stream no rank saved (not restored)"
-        judge.fail(f"rank {r}'s default random generator after load_checkpoint holds {whose}, not the one rank {r} "
-                   "had when it saved: a resumed run draws other dropout masks and data orders")
+        judge.fail(
+            f"rank {r}'s default random generator after load_checkpoint holds {whose}, not the one rank {r} "
+            "had when it saved: a resumed run draws other dropout masks and data orders"
+        )
 
 
-def check_missing_file(judge: Judge, outcomes: list[dict], want: dict, dropped: str, layout: str,
-                       mesh: dict | None) -> None:
+def check_missing_file(judge: Judge, outcomes: list[dict], want: dict, dropped: str, layout: str, mesh: dict | None) -> None:
     """All ranks raised, or all loaded exactly what was saved."""
     raised = [r for r, outcome in enumerate(outcomes) if "raised" in outcome]
     if raised and len(raised) != len(outcomes):
-        judge.fail(f"without the file {dropped!r}, rank(s) {raised} raised and the others loaded: a refusal must "
-                   "come from every rank")
+        judge.fail(f"without the file {dropped!r}, rank(s) {raised} raised and the others loaded: a refusal must come from every rank")
     if raised:
         return
     for who, got in full_states(judge, [outcome["loaded"] for outcome in outcomes], layout, "world B", mesh).items():
         check_names(judge, got, want, f"{who} after loading the checkpoint without {dropped!r}")
         for name, value in want.items():
-            judge.tensor(got[name], value, what=f"{who}: '{name}' loaded from the checkpoint without the file "
-                         f"{dropped!r} (it must be refused, or load exactly what was saved)")
+            judge.tensor(
+                got[name],
+                value,
+                what=f"{who}: '{name}' loaded from the checkpoint without the file "
+                f"{dropped!r} (it must be refused, or load exactly what was saved)",
+            )

@@ -7,6 +7,7 @@ replicated results bitwise identical across ranks; outputs pre-filled with a sen
 out-of-place collectives unchanged. The last tests check equivalences between the functions under
 test themselves (all_reduce == reduce_scatter then all_gather, and so on).
 """
+
 from __future__ import annotations
 
 import functools
@@ -49,8 +50,7 @@ def test_broadcast(data, example, ranks):
     src = layout.ranks.index(root)
     expected = ref.broadcast(inputs, src)
     for i, rank in enumerate(layout.ranks):
-        judge.tensor(outputs[rank]["tensor"], expected[i], what=f"rank {rank} tensor",
-                     suspects=lambda: likely_bugs.broadcast(inputs, src, i))
+        judge.tensor(outputs[rank]["tensor"], expected[i], what=f"rank {rank} tensor", suspects=lambda: likely_bugs.broadcast(inputs, src, i))
 
 
 @pytest.mark.capability("reduce")
@@ -66,8 +66,13 @@ def test_reduce(data, example, ranks, op):
     outputs = judge.call(ranks, layout, "reduce", [{"tensor": x, "dst": root, "op": op} for x in inputs])
     root_index = layout.ranks.index(root)
     expected = ref.reduce(inputs, root_index, op)[root_index]
-    judge.tensor(outputs[root]["tensor"], expected, what=f"dst rank {root} tensor", atol=reduction_atol(inputs, op),
-                 suspects=lambda: likely_bugs.reduction(inputs, op, root_index))
+    judge.tensor(
+        outputs[root]["tensor"],
+        expected,
+        what=f"dst rank {root} tensor",
+        atol=reduction_atol(inputs, op),
+        suspects=lambda: likely_bugs.reduction(inputs, op, root_index),
+    )
 
 
 @pytest.mark.capability("all_reduce")
@@ -83,8 +88,9 @@ def test_all_reduce(data, example, ranks, op):
     expected = ref.all_reduce(inputs, op)
     atol = reduction_atol(inputs, op)
     for i, rank in enumerate(layout.ranks):
-        judge.tensor(outputs[rank]["tensor"], expected[i], what=f"rank {rank} tensor", atol=atol,
-                     suspects=lambda: likely_bugs.reduction(inputs, op, i))
+        judge.tensor(
+            outputs[rank]["tensor"], expected[i], what=f"rank {rank} tensor", atol=atol, suspects=lambda: likely_bugs.reduction(inputs, op, i)
+        )
     judge.bitwise_identical({r: outputs[r]["tensor"] for r in layout.ranks}, what="all_reduce result")
 
 
@@ -98,8 +104,7 @@ def test_scatter(data, example, ranks):
     judge = draw.judge()
     pieces = [vals.tensor(i) for i in range(layout.size)]
     sent = [pieces if rank == root else None for rank in layout.ranks]
-    outputs = judge.call(ranks, layout, "scatter", [
-        {"tensor": sentinel(pieces[0]), "scatter_list": s, "src": root} for s in sent])
+    outputs = judge.call(ranks, layout, "scatter", [{"tensor": sentinel(pieces[0]), "scatter_list": s, "src": root} for s in sent])
     expected = ref.scatter(pieces, layout.ranks.index(root), layout.size)
     for i, rank in enumerate(layout.ranks):
         judge.tensor(outputs[rank]["tensor"], expected[i], what=f"rank {rank} output")
@@ -115,9 +120,15 @@ def test_gather(data, example, ranks):
     root = draw.pick("dst", st.sampled_from(layout.ranks))
     judge = draw.judge()
     inputs = [vals.tensor(i) for i in range(layout.size)]
-    outputs = judge.call(ranks, layout, "gather", [
-        {"tensor": x, "gather_list": [sentinel(x) for _ in inputs] if rank == root else None, "dst": root}
-        for rank, x in zip(layout.ranks, inputs)])
+    outputs = judge.call(
+        ranks,
+        layout,
+        "gather",
+        [
+            {"tensor": x, "gather_list": [sentinel(x) for _ in inputs] if rank == root else None, "dst": root}
+            for rank, x in zip(layout.ranks, inputs)
+        ],
+    )
     expected = ref.gather(inputs, layout.ranks.index(root))[layout.ranks.index(root)]
     judge.tensors(outputs[root]["gather_list"], expected, what=f"dst rank {root} gather_list")
     check_inputs_unchanged(judge, outputs, layout, "tensor", inputs)
@@ -132,13 +143,11 @@ def test_all_gather(data, example, ranks):
     vals = draw.values("all_gather")
     judge = draw.judge()
     inputs = [vals.tensor(i) for i in range(layout.size)]
-    outputs = judge.call(ranks, layout, "all_gather", [
-        {"tensor_list": [sentinel(x) for _ in inputs], "tensor": x} for x in inputs])
+    outputs = judge.call(ranks, layout, "all_gather", [{"tensor_list": [sentinel(x) for _ in inputs], "tensor": x} for x in inputs])
     expected = ref.all_gather(inputs)
     for i, rank in enumerate(layout.ranks):
         judge.tensors(outputs[rank]["tensor_list"], expected[i], what=f"rank {rank} tensor_list")
-    judge.bitwise_identical({r: torch.cat([t.reshape(-1) for t in outputs[r]["tensor_list"]]) for r in layout.ranks},
-                            what="all_gather result")
+    judge.bitwise_identical({r: torch.cat([t.reshape(-1) for t in outputs[r]["tensor_list"]]) for r in layout.ranks}, what="all_gather result")
     check_inputs_unchanged(judge, outputs, layout, "tensor", inputs)
 
 
@@ -151,8 +160,9 @@ def test_all_gather_into_tensor(data, example, ranks):
     judge = draw.judge()
     inputs = [vals.tensor(i) for i in range(layout.size)]
     out_shape = (layout.size * vals.shape[0], *vals.shape[1:])
-    outputs = judge.call(ranks, layout, "all_gather_into_tensor", [
-        {"output_tensor": sentinel(x, out_shape), "input_tensor": x} for x in inputs])
+    outputs = judge.call(
+        ranks, layout, "all_gather_into_tensor", [{"output_tensor": sentinel(x, out_shape), "input_tensor": x} for x in inputs]
+    )
     expected = ref.all_gather_into_tensor(inputs)
     for i, rank in enumerate(layout.ranks):
         judge.tensor(outputs[rank]["output_tensor"], expected[i], what=f"rank {rank} output_tensor")
@@ -171,14 +181,17 @@ def test_reduce_scatter(data, example, ranks, op):
     judge = draw.judge()
     n = layout.size
     input_lists = [[vals.tensor(i * n + j) for j in range(n)] for i in range(n)]
-    outputs = judge.call(ranks, layout, "reduce_scatter", [
-        {"output": sentinel(lst[0]), "input_list": lst, "op": op} for lst in input_lists])
+    outputs = judge.call(ranks, layout, "reduce_scatter", [{"output": sentinel(lst[0]), "input_list": lst, "op": op} for lst in input_lists])
     expected = ref.reduce_scatter(input_lists, op)
     for i, rank in enumerate(layout.ranks):
         atol = reduction_atol([lst[i] for lst in input_lists], op)
-        judge.tensor(outputs[rank]["output"], expected[i], what=f"rank {rank} output", atol=atol,
-                     suspects=lambda: likely_bugs.reduction([lst[i] for lst in input_lists], op, i)
-                     + likely_bugs.chunk(expected, i))
+        judge.tensor(
+            outputs[rank]["output"],
+            expected[i],
+            what=f"rank {rank} output",
+            atol=atol,
+            suspects=lambda: likely_bugs.reduction([lst[i] for lst in input_lists], op, i) + likely_bugs.chunk(expected, i),
+        )
     check_inputs_unchanged(judge, outputs, layout, "input_list", input_lists)
 
 
@@ -193,15 +206,18 @@ def test_reduce_scatter_tensor(data, example, ranks, op):
     judge = draw.judge()
     inputs = [vals.tensor(i) for i in range(n)]
     out_shape = (vals.shape[0] // n, *vals.shape[1:])
-    outputs = judge.call(ranks, layout, "reduce_scatter_tensor", [
-        {"output": sentinel(x, out_shape), "input": x, "op": op} for x in inputs])
+    outputs = judge.call(ranks, layout, "reduce_scatter_tensor", [{"output": sentinel(x, out_shape), "input": x, "op": op} for x in inputs])
     expected = ref.reduce_scatter_tensor(inputs, op)
     atol = reduction_atol(inputs, op)
     for i, rank in enumerate(layout.ranks):
         chunk = atol.reshape(n, *out_shape)[i] if atol.numel() else atol
-        judge.tensor(outputs[rank]["output"], expected[i], what=f"rank {rank} output", atol=chunk,
-                     suspects=lambda: likely_bugs.reduction([x.reshape(n, *out_shape)[i] for x in inputs], op, i)
-                     + likely_bugs.chunk(expected, i))
+        judge.tensor(
+            outputs[rank]["output"],
+            expected[i],
+            what=f"rank {rank} output",
+            atol=chunk,
+            suspects=lambda: likely_bugs.reduction([x.reshape(n, *out_shape)[i] for x in inputs], op, i) + likely_bugs.chunk(expected, i),
+        )
     check_inputs_unchanged(judge, outputs, layout, "input", inputs)
 
 
@@ -219,9 +235,12 @@ def test_all_to_all(data, example, ranks, backend_refusals):
         sizes = draw.pick("sizes", split_sizes(n))
     judge = draw.judge()
     input_lists = [[vals.tensor(i * n + j, (sizes[i][j],)) for j in range(n)] for i in range(n)]
-    outputs = judge.call(ranks, layout, "all_to_all", [
-        {"output_tensor_list": [sentinel(input_lists[i][j]) for i in range(n)], "input_tensor_list": input_lists[j]}
-        for j in range(n)])
+    outputs = judge.call(
+        ranks,
+        layout,
+        "all_to_all",
+        [{"output_tensor_list": [sentinel(input_lists[i][j]) for i in range(n)], "input_tensor_list": input_lists[j]} for j in range(n)],
+    )
     expected = ref.all_to_all(input_lists)
     for j, rank in enumerate(layout.ranks):
         judge.tensors(outputs[rank]["output_tensor_list"], expected[j], what=f"rank {rank} output_tensor_list")
@@ -240,9 +259,20 @@ def test_all_to_all_single(data, example, ranks):
     judge = draw.judge()
     received = ref.output_split_sizes(splits)
     inputs = [vals.tensor(i, (sum(splits[i]), *trailing)) for i in range(n)]
-    outputs = judge.call(ranks, layout, "all_to_all_single", [
-        {"output": sentinel(inputs[i], (sum(received[i]), *trailing)), "input": inputs[i],
-         "output_split_sizes": received[i], "input_split_sizes": splits[i]} for i in range(n)])
+    outputs = judge.call(
+        ranks,
+        layout,
+        "all_to_all_single",
+        [
+            {
+                "output": sentinel(inputs[i], (sum(received[i]), *trailing)),
+                "input": inputs[i],
+                "output_split_sizes": received[i],
+                "input_split_sizes": splits[i],
+            }
+            for i in range(n)
+        ],
+    )
     expected = ref.all_to_all_single(inputs, splits)
     for i, rank in enumerate(layout.ranks):
         judge.tensor(outputs[rank]["output"], expected[i], what=f"rank {rank} output")
@@ -250,8 +280,7 @@ def test_all_to_all_single(data, example, ranks):
 
 
 # -------------------------------------------------------------- what the backend itself refuses
-@pytest.mark.parametrize("collective", [pytest.param(c, marks=pytest.mark.capability(c.removesuffix("_uneven")), id=c)
-                                        for c in REFUSABLE])
+@pytest.mark.parametrize("collective", [pytest.param(c, marks=pytest.mark.capability(c.removesuffix("_uneven")), id=c) for c in REFUSABLE])
 def test_cases_the_backend_refuses(collective, ranks, target, backend_refusals, request, reproduce):
     """Cases the backend's own collectives refuse (gloo: integer AVG; on torch 2.11 every list all_to_all) are not required: if the
     implementation raises on them the case is skipped with the backend's message; if it returns,
@@ -279,8 +308,13 @@ def test_cases_the_backend_refuses(collective, ranks, target, backend_refusals, 
         by_message: dict[str, list[str]] = {}
         for case, message in declined:
             by_message.setdefault(message.split(" to the desired")[0], []).append(case)
-        request.node.user_properties.append(("note", f"declines what {backend_refusals.backend} refuses: " + "; ".join(
-            f"{', '.join(cases)} ({message})" for message, cases in by_message.items())))
+        request.node.user_properties.append(
+            (
+                "note",
+                f"declines what {backend_refusals.backend} refuses: "
+                + "; ".join(f"{', '.join(cases)} ({message})" for message, cases in by_message.items()),
+            )
+        )
 
 
 # ----------------------------------------------------------------------------- large messages
@@ -298,8 +332,10 @@ def _large(collective: str):
     return pytest.param(collective, marks=pytest.mark.capability(collective), id=collective)
 
 
-@pytest.mark.parametrize("collective", [_large(c) for c in (
-    "broadcast", "reduce", "all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "all_to_all_single")])
+@pytest.mark.parametrize(
+    "collective",
+    [_large(c) for c in ("broadcast", "reduce", "all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "all_to_all_single")],
+)
 def test_large_message(collective, ranks, target, reproduce):
     """One deterministic example well above the sizes Hypothesis draws: implementations that cut
     messages into segments and pipeline them (as gloo's ring, NCCL and the bundled ring do above
@@ -308,10 +344,12 @@ def test_large_message(collective, ranks, target, reproduce):
     if n < 2:
         pytest.skip("large messages need a world of 2 or more ranks (--max-world-size)")
     layout = Layout(n)
-    numel = {"reduce_scatter_tensor": LARGE_NUMEL - LARGE_NUMEL % n, "all_to_all_single": LARGE_NUMEL - LARGE_NUMEL % n,
-             "all_gather_into_tensor": LARGE_NUMEL // n}.get(collective, LARGE_NUMEL)
-    judge = Judge(f"{collective}, world_size={n}, {numel} float32 elements per rank "
-                  f"({numel * 4 / 2**20:.1f} MiB), integer values", reproduce)
+    numel = {
+        "reduce_scatter_tensor": LARGE_NUMEL - LARGE_NUMEL % n,
+        "all_to_all_single": LARGE_NUMEL - LARGE_NUMEL % n,
+        "all_gather_into_tensor": LARGE_NUMEL // n,
+    }.get(collective, LARGE_NUMEL)
+    judge = Judge(f"{collective}, world_size={n}, {numel} float32 elements per rank ({numel * 4 / 2**20:.1f} MiB), integer values", reproduce)
     inputs = large_inputs(n, numel)
     root = {"broadcast": n - 1, "reduce": 1}.get(collective, 0)  # not rank 0: a hard-coded root is caught
     entry = TABLE[collective]
@@ -331,12 +369,15 @@ def test_all_reduce_equals_reduce_scatter_then_all_gather(data, example, ranks):
     vals = draw.values("all_reduce", op, shape=draw.pick("shape", st.integers(0, 600).map(lambda k: (k * n,))))
     judge = draw.judge()
     inputs = [vals.tensor(i) for i in range(n)]
-    outputs = judge.run(ranks, layout, "collectives:all_reduce_vs_reduce_scatter_all_gather",
-                        [{"tensor": x, "op": op} for x in inputs])
+    outputs = judge.run(ranks, layout, "collectives:all_reduce_vs_reduce_scatter_all_gather", [{"tensor": x, "op": op} for x in inputs])
     atol = 2 * reduction_atol(inputs, op)  # two reductions, each within the bound of the exact value
     for rank in layout.ranks:
-        judge.tensor(outputs[rank]["composed"], outputs[rank]["all_reduce"], atol=atol,
-                     what=f"rank {rank}: all_gather(reduce_scatter(x)) against all_reduce(x)")
+        judge.tensor(
+            outputs[rank]["composed"],
+            outputs[rank]["all_reduce"],
+            atol=atol,
+            what=f"rank {rank}: all_gather(reduce_scatter(x)) against all_reduce(x)",
+        )
 
 
 @pytest.mark.capability("equivalences")
@@ -349,10 +390,13 @@ def test_reduce_at_dst_equals_all_reduce(data, example, ranks):
     root = draw.pick("dst", st.sampled_from(layout.ranks))
     judge = draw.judge()
     inputs = [vals.tensor(i) for i in range(layout.size)]
-    outputs = judge.run(ranks, layout, "collectives:reduce_vs_all_reduce",
-                        [{"tensor": x, "op": op, "dst": root} for x in inputs])
-    judge.tensor(outputs[root]["reduce"], outputs[root]["all_reduce"], atol=2 * reduction_atol(inputs, op),
-                 what=f"dst rank {root}: reduce(x) against all_reduce(x)")
+    outputs = judge.run(ranks, layout, "collectives:reduce_vs_all_reduce", [{"tensor": x, "op": op, "dst": root} for x in inputs])
+    judge.tensor(
+        outputs[root]["reduce"],
+        outputs[root]["all_reduce"],
+        atol=2 * reduction_atol(inputs, op),
+        what=f"dst rank {root}: reduce(x) against all_reduce(x)",
+    )
 
 
 @pytest.mark.capability("equivalences")
@@ -366,8 +410,12 @@ def test_all_to_all_twice_with_transposed_splits_is_identity(data, example, rank
     judge = draw.judge()
     received = ref.output_split_sizes(splits)
     inputs = [vals.tensor(i, (sum(splits[i]),)) for i in range(n)]
-    outputs = judge.run(ranks, layout, "collectives:all_to_all_twice", [
-        {"tensor": inputs[i], "input_split_sizes": splits[i], "output_split_sizes": received[i]} for i in range(n)])
+    outputs = judge.run(
+        ranks,
+        layout,
+        "collectives:all_to_all_twice",
+        [{"tensor": inputs[i], "input_split_sizes": splits[i], "output_split_sizes": received[i]} for i in range(n)],
+    )
     for i, rank in enumerate(layout.ranks):
         judge.tensor(outputs[rank]["back"], inputs[i], what=f"rank {rank}: all_to_all twice")
 
@@ -381,6 +429,10 @@ def test_scatter_then_gather_returns_the_roots_list(data, example, ranks):
     root = draw.pick("root", st.sampled_from(layout.ranks))
     judge = draw.judge()
     pieces = [vals.tensor(i) for i in range(layout.size)]
-    outputs = judge.run(ranks, layout, "collectives:scatter_then_gather", [
-        {"scatter_list": pieces, "output": sentinel(pieces[0]), "root": root} for _ in layout.ranks])
+    outputs = judge.run(
+        ranks,
+        layout,
+        "collectives:scatter_then_gather",
+        [{"scatter_list": pieces, "output": sentinel(pieces[0]), "root": root} for _ in layout.ranks],
+    )
     judge.tensors(outputs[root]["gathered"], pieces, what=f"root {root}: gather(scatter(list))")

@@ -20,6 +20,7 @@ Many independent groups are live at once here (dp row groups, tp column groups),
 implementation that talks to the default group, or mixes group and global ranks, fails here even
 where a single group of the first ranks hides it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -51,9 +52,11 @@ class Example:
     seed: int
 
     def __str__(self) -> str:
-        return (f"mesh dp={self.dp} x tp={self.tp}, h={self.h}, ffn={self.ffn}, {self.rows} rows per replica, "
-                f"extra leading dims {self.extra}, bias={self.bias}, {str(self.dtype).removeprefix('torch.')}, "
-                f"seed={self.seed}")
+        return (
+            f"mesh dp={self.dp} x tp={self.tp}, h={self.h}, ffn={self.ffn}, {self.rows} rows per replica, "
+            f"extra leading dims {self.extra}, bias={self.bias}, {str(self.dtype).removeprefix('torch.')}, "
+            f"seed={self.seed}"
+        )
 
     def tensors(self) -> dict:
         shape = (self.dp * self.rows, *self.extra, self.h)
@@ -66,7 +69,8 @@ def examples(draw, max_world_size: int) -> Example:
     world = draw(st.integers(1, max_world_size), label="world size")
     tp = draw(st.sampled_from([d for d in range(1, world + 1) if world % d == 0]), label="tp")
     return Example(
-        dp=world // tp, tp=tp,
+        dp=world // tp,
+        tp=tp,
         h=draw(st.integers(1, 8), label="h"),
         ffn=tp * draw(st.integers(1, 4), label="ffn per tp rank"),
         rows=draw(st.integers(1, 3), label="rows per replica"),
@@ -96,22 +100,31 @@ def test_tensor_parallel_rows_and_data_parallel_columns_equal_the_dense_mlp(data
     per_rank = []
     for rank in range(n):
         d, _ = mesh.coordinates(rank, example.dp, example.tp)
-        per_rank.append({"tensor_parallel_groups": rows_groups, "data_parallel_groups": column_groups, "dense": weights,
-                         "x": replica_rows(x, example, d).contiguous(), "grad_output": replica_rows(g, example, d).contiguous()})
+        per_rank.append(
+            {
+                "tensor_parallel_groups": rows_groups,
+                "data_parallel_groups": column_groups,
+                "dense": weights,
+                "x": replica_rows(x, example, d).contiguous(),
+                "grad_output": replica_rows(g, example, d).contiguous(),
+            }
+        )
     outputs = judge.run(ranks, Layout(n), PROGRAM, per_rank)
     for rank in range(n):
         d, i = mesh.coordinates(rank, example.dp, example.tp)
         got = outputs[rank]
         where = f"rank {rank} (mesh d={d}, t={i})"
         for key in ("output", "grad_input"):
-            judge.tensor(got[key], replica_rows(dense[key], example, d), atol=replica_rows(atol[key], example, d),
-                         what=f"{where} {key.replace('_', ' ')} (replica {d}'s rows of the dense one)")
+            judge.tensor(
+                got[key],
+                replica_rows(dense[key], example, d),
+                atol=replica_rows(atol[key], example, d),
+                what=f"{where} {key.replace('_', ' ')} (replica {d}'s rows of the dense one)",
+            )
         for prefix, split, (w, b) in (("fc1_", ref.column_shard, (w1, b1)), ("fc2_", ref.row_shard, (w2, b2))):
             shard = dict(zip(("weight", "bias"), split(w, b, example.tp, i)))
-            grads = dict(zip(("weight", "bias"), split(dense[f"grad_{prefix}weight"], dense.get(f"grad_{prefix}bias"),
-                                                       example.tp, i)))
-            tols = dict(zip(("weight", "bias"), split(atol[f"grad_{prefix}weight"], atol.get(f"grad_{prefix}bias"),
-                                                      example.tp, i)))
+            grads = dict(zip(("weight", "bias"), split(dense[f"grad_{prefix}weight"], dense.get(f"grad_{prefix}bias"), example.tp, i)))
+            tols = dict(zip(("weight", "bias"), split(atol[f"grad_{prefix}weight"], atol.get(f"grad_{prefix}bias"), example.tp, i)))
             for kind in ("weight", "bias"):
                 key = prefix + kind
                 if shard[kind] is None:
@@ -119,18 +132,25 @@ def test_tensor_parallel_rows_and_data_parallel_columns_equal_the_dense_mlp(data
                         judge.fail(f"{where} {key}: the layer has no bias, got one")
                     continue
                 judge.tensor(got[key], shard[kind], what=f"{where} {key} (tensor-parallel shard {i} of {example.tp})")
-                judge.tensor(got["grad_" + key], grads[kind], atol=tols[kind],
-                             what=f"{where} gradient of {key}, summed over its data-parallel group (shard {i} of the "
-                                  f"dense gradient over the whole global batch)")
+                judge.tensor(
+                    got["grad_" + key],
+                    grads[kind],
+                    atol=tols[kind],
+                    what=f"{where} gradient of {key}, summed over its data-parallel group (shard {i} of the "
+                    f"dense gradient over the whole global batch)",
+                )
     for members in rows_groups:
         for key in ("output", "grad_input"):
-            judge.bitwise_identical({r: outputs[r][key] for r in members},
-                                    what=f"{key.replace('_', ' ')} across tensor-parallel group {members}")
+            judge.bitwise_identical(
+                {r: outputs[r][key] for r in members}, what=f"{key.replace('_', ' ')} across tensor-parallel group {members}"
+            )
     for members in column_groups:
         for key in ("grad_fc1_weight", "grad_fc1_bias", "grad_fc2_weight", "grad_fc2_bias"):
             if outputs[members[0]].get(key) is not None:
-                judge.bitwise_identical({r: outputs[r][key] for r in members},
-                                        what=f"{key.replace('_', ' ')} across data-parallel group {members}")
+                judge.bitwise_identical(
+                    {r: outputs[r][key] for r in members}, what=f"{key.replace('_', ' ')} across data-parallel group {members}"
+                )
     if b2 is not None:
-        judge.bitwise_identical({r: outputs[r]["grad_fc2_bias"] for r in range(n)},
-                                what="the whole fc2 bias gradient on every rank of the mesh")
+        judge.bitwise_identical(
+            {r: outputs[r]["grad_fc2_bias"] for r in range(n)}, what="the whole fc2 bias gradient on every rank of the mesh"
+        )

@@ -9,6 +9,7 @@ run the implementation's attention and backward (harness/rank/programs/context_p
 driver, member by member, within reference.context_parallel.atol: the output rows and dQ, dK, dV of
 the member's rows equal those of dense attention over the whole sequence, computed in float64.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -25,9 +26,20 @@ PROGRAM = "context_parallel:attention"
 
 def run(judge: Judge, ranks, example: Example) -> dict:
     t, n = example.tensors(), example.layout.size
-    return run_or_skip(judge, ranks, example.layout, PROGRAM, [
-        {**{name: ref.shard(t[name], n, i) for name in ("q", "k", "v", "grad_output")},
-         "seq_len": example.seq_len, "causal": example.causal} for i in range(n)])
+    return run_or_skip(
+        judge,
+        ranks,
+        example.layout,
+        PROGRAM,
+        [
+            {
+                **{name: ref.shard(t[name], n, i) for name in ("q", "k", "v", "grad_output")},
+                "seq_len": example.seq_len,
+                "causal": example.causal,
+            }
+            for i in range(n)
+        ],
+    )
 
 
 @pytest.mark.capability("context_parallel")
@@ -39,14 +51,21 @@ def test_ring_attention_equals_dense_attention(data, ranks, target, reproduce):
     t, n = example.tensors(), example.layout.size
     dense = ref.attention_with_grads(t["q"], t["k"], t["v"], t["grad_output"], example.causal)
     tolerance = ref.atol(t["q"], t["k"], t["v"], t["grad_output"], example.dtype)
-    notes = {"output": "its rows of softmax(QK^T/sqrt(d) + M) V", "grad_q": "dL/dQ of its rows",
-             "grad_k": "dL/dK of its rows (from every rank's queries)", "grad_v": "dL/dV of its rows (from every "
-                                                                                  "rank's queries)"}
+    notes = {
+        "output": "its rows of softmax(QK^T/sqrt(d) + M) V",
+        "grad_q": "dL/dQ of its rows",
+        "grad_k": "dL/dK of its rows (from every rank's queries)",
+        "grad_v": "dL/dV of its rows (from every rank's queries)",
+    }
     for i, rank in enumerate(example.layout.ranks):
         rows = ref.positions(example.seq_len, n, i).tolist()
         for key, note in notes.items():
-            judge.tensor(outputs[rank][key], ref.shard(dense[key], n, i), atol=tolerance[key],
-                         what=f"rank {rank} (group rank {i}, positions {rows[:3]}...) {key.replace('_', ' ')} ({note})")
+            judge.tensor(
+                outputs[rank][key],
+                ref.shard(dense[key], n, i),
+                atol=tolerance[key],
+                what=f"rank {rank} (group rank {i}, positions {rows[:3]}...) {key.replace('_', ' ')} ({note})",
+            )
 
 
 @pytest.mark.min_ranks(2)
@@ -63,5 +82,9 @@ def test_causal_ring_attention_across_ranks(data, ranks, target, reproduce):
     tolerance = ref.atol(t["q"], t["k"], t["v"], t["grad_output"], example.dtype)
     for i, rank in enumerate(example.layout.ranks):
         for key in ("output", "grad_q", "grad_k", "grad_v"):
-            judge.tensor(outputs[rank][key], ref.shard(dense[key], n, i), atol=tolerance[key],
-                         what=f"rank {rank} (group rank {i}) {key.replace('_', ' ')}, causal")
+            judge.tensor(
+                outputs[rank][key],
+                ref.shard(dense[key], n, i),
+                atol=tolerance[key],
+                what=f"rank {rank} (group rank {i}) {key.replace('_', ' ')}, causal",
+            )

@@ -23,6 +23,7 @@ global batch (reference/data_parallel.py, whose tolerances document their formul
 A global batch that does not split evenly is refused by the driver-side splitter before any rank
 runs (the wrapper never sees the global batch).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -77,22 +78,30 @@ class Example:
 
     def __str__(self) -> str:
         spec, opt = describe_spec(self.model, "kind"), describe_spec(self.optimizer, "name")
-        bucket = "None" if self.bucket_size_mb is None else \
-            f"{self.bucket_size_mb:.9g} ({round(self.bucket_size_mb * MIB)} bytes)"
+        bucket = "None" if self.bucket_size_mb is None else f"{self.bucket_size_mb:.9g} ({round(self.bucket_size_mb * MIB)} bytes)"
         init = f"rank r seeded {self.seed}+r" if self.per_rank_init else f"every rank seeded {self.seed}"
         init += f", rank r's buffers seeded {self.seed}+r" if self.per_rank_buffers else ""
         init += f", every rank's buffers seeded {self.seed}" if self.rank_zero_buffers and self.per_rank_init else ""
-        accumulation = (f", {self.micro_batches} micro-batches per step (gradient accumulation)"
-                        if self.micro_batches > 1 else "")
-        return (f"world_size={self.world_size}, global_batch={self.global_batch} ({self.per_rank_batch} per rank), "
-                f"model=({spec}), steps={self.steps}{accumulation}, zero_grad(set_to_none={self.set_to_none}), "
-                f"optimizer=({opt}), bucket_size_mb={bucket}, init: {init}, data_seed={self.data_seed}")
+        accumulation = f", {self.micro_batches} micro-batches per step (gradient accumulation)" if self.micro_batches > 1 else ""
+        return (
+            f"world_size={self.world_size}, global_batch={self.global_batch} ({self.per_rank_batch} per rank), "
+            f"model=({spec}), steps={self.steps}{accumulation}, zero_grad(set_to_none={self.set_to_none}), "
+            f"optimizer=({opt}), bucket_size_mb={bucket}, init: {init}, data_seed={self.data_seed}"
+        )
 
 
 @st.composite
-def examples(draw, max_world_size: int, scope: str, per_rank_init: bool, min_world_size: int = 1,
-             models_drawn=model_specs, per_rank_buffers: bool = False, buckets: str = "any",
-             accumulation: bool = True) -> Example:
+def examples(
+    draw,
+    max_world_size: int,
+    scope: str,
+    per_rank_init: bool,
+    min_world_size: int = 1,
+    models_drawn=model_specs,
+    per_rank_buffers: bool = False,
+    buckets: str = "any",
+    accumulation: bool = True,
+) -> Example:
     """``buckets``: "any" (None or a size), "none" (bucket_size_mb=None) or "sized" (never None).
     ``accumulation``: draw 1-3 micro-batches per step and both zero_grad modes (else 1 and None).
     ``scope`` "cs336" (the handout's loop): no accumulation, set_to_none=True, every parameter used
@@ -125,10 +134,18 @@ def examples(draw, max_world_size: int, scope: str, per_rank_init: bool, min_wor
 def tied_lm_with(**features: bool):
     """tied_lm specs with exactly the hard cases named on (harness/rank/models.py): one property each."""
     off = {k: False for k in ("tied", "frozen", "skips", "buffers")}
-    return st.fixed_dictionaries({"kind": st.just("tied_lm"), "vocab": st.integers(2, 12), "width": st.integers(1, 8),
-                                  "hidden": st.integers(1, 12), "context": st.integers(1, 3), "dtype": MODEL_DTYPES,
-                                  "skips_first": st.booleans(),
-                                  **{k: st.just(v) for k, v in {**off, **features}.items()}})
+    return st.fixed_dictionaries(
+        {
+            "kind": st.just("tied_lm"),
+            "vocab": st.integers(2, 12),
+            "width": st.integers(1, 8),
+            "hidden": st.integers(1, 12),
+            "context": st.integers(1, 3),
+            "dtype": MODEL_DTYPES,
+            "skips_first": st.booleans(),
+            **{k: st.just(v) for k, v in {**off, **features}.items()},
+        }
+    )
 
 
 MLP_SPECS = model_specs.filter(lambda spec: spec["kind"] == "mlp")
@@ -139,10 +156,24 @@ def run_training(ranks, example: Example) -> tuple[dict, dict, ref.Trajectory, d
     model, and which names are frozen parameters or buffers (judged exactly)."""
     batch = models.make_batch(example.model, example.batch_size, example.data_seed)
     micro = [ref.split_batch(b, example.world_size) for b in ref.split_micro_batches(batch, example.micro_batches)]
-    outputs = run_refusable(ranks, example, example.world_size, PROGRAM, [
-        {"model": example.model_of(r), "seed": example.seed_of(r), "optimizer": example.optimizer, "steps": example.steps,
-         "batches": [slices[r] for slices in micro], "bucket_size_mb": example.bucket_size_mb,
-         "set_to_none": example.set_to_none} for r in range(example.world_size)])
+    outputs = run_refusable(
+        ranks,
+        example,
+        example.world_size,
+        PROGRAM,
+        [
+            {
+                "model": example.model_of(r),
+                "seed": example.seed_of(r),
+                "optimizer": example.optimizer,
+                "steps": example.steps,
+                "batches": [slices[r] for slices in micro],
+                "bucket_size_mb": example.bucket_size_mb,
+                "set_to_none": example.set_to_none,
+            }
+            for r in range(example.world_size)
+        ],
+    )
     model = models.build(example.model_of(0), example.seed_of(0))
     exact = {name: "frozen parameter" for name, p in model.named_parameters() if not p.requires_grad}
     exact.update({name: "buffer" for name, _ in model.named_buffers()})
@@ -150,8 +181,9 @@ def run_training(ranks, example: Example) -> tuple[dict, dict, ref.Trajectory, d
     return outputs, batch, trajectory, exact
 
 
-def judge_training(judge: Judge, example: Example, outputs: dict, batch: dict, expected: ref.Trajectory,
-                   exact: dict, device: str = "cpu") -> None:
+def judge_training(
+    judge: Judge, example: Example, outputs: dict, batch: dict, expected: ref.Trajectory, exact: dict, device: str = "cpu"
+) -> None:
     """The state right after wrapping, then step by step: every rank's loss and gradients against
     one step of the reference from the state the ranks held before the step (rank 0's, already
     judged), every rank's state after the step against the reference trajectory, and bitwise
@@ -164,51 +196,75 @@ def judge_training(judge: Judge, example: Example, outputs: dict, batch: dict, e
         own = ref.state(models.build(example.model_of(r), example.seed_of(r))) if r else {}
         for name, want in expected.initial.items():
             kind = exact.get(name, "parameter")
-            judge.tensor(outputs[r]["wrapped"][name], want,
-                         what=f"{what}: {kind} '{name}' (every rank must start from rank 0's parameters and buffers)",
-                         suspects=lambda: [(f"rank {r}'s own initial value: rank 0's {kind}s are not broadcast",
-                                            own[name], None)] if own else [])
+            judge.tensor(
+                outputs[r]["wrapped"][name],
+                want,
+                what=f"{what}: {kind} '{name}' (every rank must start from rank 0's parameters and buffers)",
+                suspects=lambda: [(f"rank {r}'s own initial value: rank 0's {kind}s are not broadcast", own[name], None)] if own else [],
+            )
         if len(outputs[r]["steps"]) != example.steps:
             judge.fail(f"rank {r}: the program recorded {len(outputs[r]['steps'])} steps, expected {example.steps}")
     before, had_grad = outputs[0]["wrapped"], frozenset()
-    kept = ("zero_grad(set_to_none=False) keeps a zero .grad on every parameter that has had one" if not
-            example.set_to_none else "a parameter that no forward used in this step keeps .grad None")
+    kept = (
+        "zero_grad(set_to_none=False) keeps a zero .grad on every parameter that has had one"
+        if not example.set_to_none
+        else "a parameter that no forward used in this step keeps .grad None"
+    )
     for s in range(example.steps):
         step = f"step {s + 1}"
-        truth = ref.evaluate(ref.load_state(models.build(example.model, 0), before), batch, example.world_size,
-                             example.micro_batches, had_grad if not example.set_to_none else frozenset(),
-                             device=device)
+        truth = ref.evaluate(
+            ref.load_state(models.build(example.model, 0), before),
+            batch,
+            example.world_size,
+            example.micro_batches,
+            had_grad if not example.set_to_none else frozenset(),
+            device=device,
+        )
         for r in world:
             got = outputs[r]["steps"][s]
-            judge.tensor(got["loss"], truth.slice_losses[r], atol=ref.loss_atol(truth, r),
-                         what=f"rank {r} losses at {step} (per micro-batch, the mean loss over its own slice)")
-            check_names(judge, got["grads"], truth.grads,
-                        f"rank {r} at {step}: parameters with a .grad after finish_gradient_synchronization",
-                        f"; frozen parameters {frozen} never get one, and {kept}, as in one process")
-            wrong = [name for name, want in truth.grads.items()
-                     if mismatch(got["grads"][name], want, ref.grad_atol(truth, name))]
+            judge.tensor(
+                got["loss"],
+                truth.slice_losses[r],
+                atol=ref.loss_atol(truth, r),
+                what=f"rank {r} losses at {step} (per micro-batch, the mean loss over its own slice)",
+            )
+            check_names(
+                judge,
+                got["grads"],
+                truth.grads,
+                f"rank {r} at {step}: parameters with a .grad after finish_gradient_synchronization",
+                f"; frozen parameters {frozen} never get one, and {kept}, as in one process",
+            )
+            wrong = [name for name, want in truth.grads.items() if mismatch(got["grads"][name], want, ref.grad_atol(truth, name))]
             every = f"; every parameter with a wrong gradient, in model order: {', '.join(wrong)}" if len(wrong) > 1 else ""
             for name, want in truth.grads.items():
                 atol = ref.grad_atol(truth, name)
-                judge.tensor(got["grads"][name], want, atol=atol,
-                             what=f"rank {r} gradient of '{name}' after finish_gradient_synchronization at {step} "
-                                  f"(the mean over ranks = the global-batch gradient"
-                                  f"{', summed over the micro-batches' if example.micro_batches > 1 else ''}){every}",
-                             suspects=lambda: likely_bugs.data_parallel_gradient(truth.slice_grads, name, r, atol))
+                judge.tensor(
+                    got["grads"][name],
+                    want,
+                    atol=atol,
+                    what=f"rank {r} gradient of '{name}' after finish_gradient_synchronization at {step} "
+                    f"(the mean over ranks = the global-batch gradient"
+                    f"{', summed over the micro-batches' if example.micro_batches > 1 else ''}){every}",
+                    suspects=lambda: likely_bugs.data_parallel_gradient(truth.slice_grads, name, r, atol),
+                )
             check_names(judge, got["state"], expected.states[s], f"rank {r} after {step}: parameters and buffers")
             for name, want in expected.states[s].items():
                 if name in exact:
-                    judge.tensor(got["state"][name], want, what=f"rank {r} {exact[name]} '{name}' after {step}"
-                                 + (" (requires_grad=False: never changes)" if exact[name] == "frozen parameter" else ""))
+                    judge.tensor(
+                        got["state"][name],
+                        want,
+                        what=f"rank {r} {exact[name]} '{name}' after {step}"
+                        + (" (requires_grad=False: never changes)" if exact[name] == "frozen parameter" else ""),
+                    )
                 else:
-                    judge.tensor(got["state"][name], want, atol=ref.param_atol(expected, s + 1, name),
-                                 what=f"rank {r} parameter '{name}' after {step}")
+                    judge.tensor(
+                        got["state"][name], want, atol=ref.param_atol(expected, s + 1, name), what=f"rank {r} parameter '{name}' after {step}"
+                    )
         for name in truth.grads:
-            judge.bitwise_identical({r: outputs[r]["steps"][s]["grads"][name] for r in world},
-                                    what=f"gradient of '{name}' at {step}")
+            judge.bitwise_identical({r: outputs[r]["steps"][s]["grads"][name] for r in world}, what=f"gradient of '{name}' at {step}")
         for name in expected.states[s]:
-            judge.bitwise_identical({r: outputs[r]["steps"][s]["state"][name] for r in world},
-                                    what=f"'{name}' after {step}")
+            judge.bitwise_identical({r: outputs[r]["steps"][s]["state"][name] for r in world}, what=f"'{name}' after {step}")
         before, had_grad = outputs[0]["steps"][s]["state"], had_grad | set(truth.grads)
 
 
@@ -231,9 +287,15 @@ def beyond_the_handout(target, why: str) -> None:
 @given(data=st.data())
 def test_gradients_are_the_mean_over_ranks(data, ranks, target, request):
     """An MLP, one bucket setting or none: losses, averaged gradients and the trajectory."""
-    train_and_judge(ranks, target, request, data.draw(examples(target.max_world_size, target.scope, per_rank_init=False,
-                                                               models_drawn=MLP_SPECS, buckets="none",
-                                                               accumulation=False), label="example"))
+    train_and_judge(
+        ranks,
+        target,
+        request,
+        data.draw(
+            examples(target.max_world_size, target.scope, per_rank_init=False, models_drawn=MLP_SPECS, buckets="none", accumulation=False),
+            label="example",
+        ),
+    )
 
 
 @pytest.mark.capability("data_parallel")
@@ -244,9 +306,15 @@ def test_gradient_accumulation_and_both_zero_grad_modes(data, ranks, target, req
     averaged then added to the local .grad of the next micro-batch, or reduced from a tensor autograd
     has already accumulated, shows up here."""
     beyond_the_handout(target, "its loop runs one backward per step, after zero_grad(set_to_none=True)")
-    train_and_judge(ranks, target, request, data.draw(examples(
-        target.max_world_size, target.scope, per_rank_init=False).filter(
-        lambda e: e.micro_batches > 1 or not e.set_to_none), label="example"))
+    train_and_judge(
+        ranks,
+        target,
+        request,
+        data.draw(
+            examples(target.max_world_size, target.scope, per_rank_init=False).filter(lambda e: e.micro_batches > 1 or not e.set_to_none),
+            label="example",
+        ),
+    )
 
 
 @pytest.mark.min_ranks(2)
@@ -254,10 +322,15 @@ def test_gradient_accumulation_and_both_zero_grad_modes(data, ranks, target, req
 @given(data=st.data())
 def test_parameters_start_from_rank_0s(data, ranks, target, request):
     """An MLP built from seed + r on rank r: right after wrapping every rank holds rank 0's."""
-    train_and_judge(ranks, target, request, data.draw(examples(target.max_world_size, target.scope, per_rank_init=True,
-                                                               min_world_size=2,
-                                                               models_drawn=MLP_SPECS, accumulation=False),
-                                                      label="example"))
+    train_and_judge(
+        ranks,
+        target,
+        request,
+        data.draw(
+            examples(target.max_world_size, target.scope, per_rank_init=True, min_world_size=2, models_drawn=MLP_SPECS, accumulation=False),
+            label="example",
+        ),
+    )
 
 
 @pytest.mark.min_ranks(2)
@@ -266,9 +339,23 @@ def test_parameters_start_from_rank_0s(data, ranks, target, request):
 def test_buffers_start_from_rank_0s(data, ranks, target, request):
     """Parameters alike on every rank, buffers drawn per rank: every rank must hold rank 0's."""
     beyond_the_handout(target, "it asks for the weights to be broadcast, not the buffers")
-    train_and_judge(ranks, target, request, data.draw(examples(
-        target.max_world_size, target.scope, per_rank_init=False, min_world_size=2, models_drawn=tied_lm_with(buffers=True),
-        per_rank_buffers=True, accumulation=False), label="example"))
+    train_and_judge(
+        ranks,
+        target,
+        request,
+        data.draw(
+            examples(
+                target.max_world_size,
+                target.scope,
+                per_rank_init=False,
+                min_world_size=2,
+                models_drawn=tied_lm_with(buffers=True),
+                per_rank_buffers=True,
+                accumulation=False,
+            ),
+            label="example",
+        ),
+    )
 
 
 @pytest.mark.capability("data_parallel")
@@ -278,12 +365,18 @@ def test_tied_frozen_and_unused_parameters(feature, data, ranks, target, request
     """tied: one parameter in two modules, reduced once; frozen: never gets a gradient nor changes;
     skips: a parameter no forward used in a step keeps .grad None, as in one process."""
     if feature == "skips":
-        beyond_the_handout(target, "every parameter is used in every step (torch's DDP needs "
-                                   "find_unused_parameters=True otherwise)")
-    train_and_judge(ranks, target, request, data.draw(examples(
-        target.max_world_size, target.scope, per_rank_init=False, models_drawn=tied_lm_with(**{feature: True}),
-        accumulation=False),
-        label="example"))
+        beyond_the_handout(target, "every parameter is used in every step (torch's DDP needs find_unused_parameters=True otherwise)")
+    train_and_judge(
+        ranks,
+        target,
+        request,
+        data.draw(
+            examples(
+                target.max_world_size, target.scope, per_rank_init=False, models_drawn=tied_lm_with(**{feature: True}), accumulation=False
+            ),
+            label="example",
+        ),
+    )
 
 
 @pytest.mark.min_ranks(2)
@@ -293,20 +386,46 @@ def test_a_single_bucket_of_equal_sized_parameters(ranks, target, request):
     bucket: in reverse registration order the head comes first and the embedding (of the same
     size) last, so copying a reduced bucket back to the mirror-image parameter of the same size is
     caught."""
-    model = {"kind": "tied_lm", "vocab": 7, "width": 5, "hidden": 3, "context": 2, "tied": False, "frozen": True,
-             "skips": False, "buffers": False}
+    model = {
+        "kind": "tied_lm",
+        "vocab": 7,
+        "width": 5,
+        "hidden": 3,
+        "context": 2,
+        "tied": False,
+        "frozen": True,
+        "skips": False,
+        "buffers": False,
+    }
     total = sum(models.trainable_bytes(models.build(model, 0)))
-    train_and_judge(ranks, target, request, Example(
-        world_size=2, per_rank_batch=2, model=model, steps=2, bucket_size_mb=total / MIB, seed=3, data_seed=4,
-        optimizer={"name": "sgd", "lr": 0.2, "momentum": 0.9, "weight_decay": 0.0}, per_rank_init=False))
+    train_and_judge(
+        ranks,
+        target,
+        request,
+        Example(
+            world_size=2,
+            per_rank_batch=2,
+            model=model,
+            steps=2,
+            bucket_size_mb=total / MIB,
+            seed=3,
+            data_seed=4,
+            optimizer={"name": "sgd", "lr": 0.2, "momentum": 0.9, "weight_decay": 0.0},
+            per_rank_init=False,
+        ),
+    )
 
 
 @pytest.mark.capability("data_parallel")
 @given(data=st.data())
 def test_bucketed_gradients_are_the_mean_over_ranks(data, ranks, target, request):
     """bucket_size_mb from one parameter per bucket to a single bucket, on every model."""
-    train_and_judge(ranks, target, request, data.draw(examples(target.max_world_size, target.scope, per_rank_init=False,
-                                                               buckets="sized", accumulation=False), label="example"))
+    train_and_judge(
+        ranks,
+        target,
+        request,
+        data.draw(examples(target.max_world_size, target.scope, per_rank_init=False, buckets="sized", accumulation=False), label="example"),
+    )
 
 
 @pytest.mark.capability("data_parallel")
@@ -340,11 +459,15 @@ def test_compute_dtype_in_data_parallelism_keeps_float32_masters(data, ranks, ta
     the parameters after the step within the roundings of the average and the update (a gradient
     left scaled, as DeepSpeed#7839's bf16 path left it divided by 65536, is caught)."""
     beyond_the_handout(target, "its DDP trains in float32")
-    example, micro_batches, dtype_name = data.draw(compute_dtype_examples(target.max_world_size, "contract"),
-                                                   label="example")
+    example, micro_batches, dtype_name = data.draw(compute_dtype_examples(target.max_world_size, "contract"), label="example")
     bucket = data.draw(bucket_sizes(example.model), label="bucket_size_mb")
     judge, expected, outputs = run_one_step(
-        lambda what: Judge(f"{what}, bucket_size_mb={bucket}", target.reproduce(request.node.nodeid)), ranks, PROGRAM,
-        example, micro_batches, dtype_name, {"bucket_size_mb": bucket})
+        lambda what: Judge(f"{what}, bucket_size_mb={bucket}", target.reproduce(request.node.nodeid)),
+        ranks,
+        PROGRAM,
+        example,
+        micro_batches,
+        dtype_name,
+        {"bucket_size_mb": bucket},
+    )
     judge_one_step(judge, expected, outputs, example.world_size, dtype_name, "the module's parameters")
-

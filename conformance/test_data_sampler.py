@@ -16,6 +16,7 @@ floor with drop_last); every sample seen at least once, and only the padding twi
 none twice); a second sampler built alike yields the same order; with shuffle and at least
 ``CHANGES_FROM`` samples, the next epoch's order differs.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -35,10 +36,15 @@ def sampler_examples(draw, max_world_size: int) -> dict:
     n = draw(st.integers(1, max_world_size), label="world_size")
     paired = n % 2 == 0 and draw(st.booleans(), label="two ranks per replica")
     first = draw(st.integers(0, 3), label="epoch")
-    return {"world_size": n, "replicas": n // 2 if paired else n, "samples": draw(st.integers(1, 40), label="samples"),
-            "shuffle": draw(st.booleans(), label="shuffle"), "seed": draw(st.integers(0, 2**16), label="seed"),
-            "drop_last": draw(st.booleans(), label="drop_last"),
-            "epochs": [first, first + draw(st.integers(1, 3), label="later epoch")]}
+    return {
+        "world_size": n,
+        "replicas": n // 2 if paired else n,
+        "samples": draw(st.integers(1, 40), label="samples"),
+        "shuffle": draw(st.booleans(), label="shuffle"),
+        "seed": draw(st.integers(0, 2**16), label="seed"),
+        "drop_last": draw(st.booleans(), label="drop_last"),
+        "epochs": [first, first + draw(st.integers(1, 3), label="later epoch")],
+    }
 
 
 @pytest.mark.capability("data_sampler")
@@ -57,24 +63,28 @@ def test_every_sample_once_per_epoch_and_replicas_in_step(data, ranks, target, r
             first = outputs[members[0]]["epochs"][e]
             for r in members[1:]:
                 if outputs[r]["epochs"][e] != first:
-                    judge.fail(f"epoch {epoch}: ranks {members[0]} and {r}, one replica ({replica}), yield different "
-                               f"indices: {first[:8]} and {outputs[r]['epochs'][e][:8]}; the order may depend on the "
-                               f"seed, the epoch and the replica only, never on a rank's own random state")
+                    judge.fail(
+                        f"epoch {epoch}: ranks {members[0]} and {r}, one replica ({replica}), yield different "
+                        f"indices: {first[:8]} and {outputs[r]['epochs'][e][:8]}; the order may depend on the "
+                        f"seed, the epoch and the replica only, never on a rank's own random state"
+                    )
             per_replica.append(first)
         for r in range(n):
             got = outputs[r]
             if got["lengths"][e] != len(got["epochs"][e]):
-                judge.fail(f"epoch {epoch}, rank {r}: len(sampler) is {got['lengths'][e]} but it yields "
-                           f"{len(got['epochs'][e])} indices")
+                judge.fail(f"epoch {epoch}, rank {r}: len(sampler) is {got['lengths'][e]} but it yields {len(got['epochs'][e])} indices")
         problems = ref.coverage_problems(per_replica, samples, example["drop_last"])
         if problems:
             judge.fail(f"epoch {epoch}: " + "; ".join(problems))
         orders.append(per_replica)
     for r in range(n):
         if outputs[r]["again"] != outputs[r]["epochs"][0]:
-            judge.fail(f"rank {r}: a second sampler with the same seed at epoch {example['epochs'][0]} yields "
-                       f"{outputs[r]['again'][:8]}, the first {outputs[r]['epochs'][0][:8]}: a resumed run would "
-                       f"see another order")
+            judge.fail(
+                f"rank {r}: a second sampler with the same seed at epoch {example['epochs'][0]} yields "
+                f"{outputs[r]['again'][:8]}, the first {outputs[r]['epochs'][0][:8]}: a resumed run would "
+                f"see another order"
+            )
     if example["shuffle"] and samples >= CHANGES_FROM and orders[0] == orders[1]:
-        judge.fail(f"epochs {example['epochs'][0]} and {example['epochs'][1]} yield the same order on every replica: "
-                   f"set_epoch must change the shuffle")
+        judge.fail(
+            f"epochs {example['epochs'][0]} and {example['epochs'][1]} yield the same order on every replica: set_epoch must change the shuffle"
+        )

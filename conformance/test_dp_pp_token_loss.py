@@ -17,6 +17,7 @@ pipeline_parallel.py, dp m microbatches), bitwise equal across its data-parallel
 over one replica (NVIDIA-NeMo/Automodel#3830: gradients dp times the global mean), over the world
 instead of the group, or a pipeline that still divides by m (torchtitan#2972) fails here.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -69,14 +70,21 @@ def test_pipelines_over_data_parallel_replicas_normalise_by_the_global_count(dat
     pp, dp, m = example.pp, example.dp, example.num_microbatches
     pipelines, replicas = mesh.pipeline_mesh(pp, dp)
     rows = [torch.tensor_split(batch[key], dp) for key in ("inputs", "targets")]
-    common = {"model": example.model, "seed": example.seed, "layers_per_stage": list(example.layers_per_stage),
-              "num_microbatches": m, "loss": "masked_sum", "pipeline_groups": pipelines,
-              "data_parallel_groups": replicas, "schedule": example.kind, "per_token": True}
+    common = {
+        "model": example.model,
+        "seed": example.seed,
+        "layers_per_stage": list(example.layers_per_stage),
+        "num_microbatches": m,
+        "loss": "masked_sum",
+        "pipeline_groups": pipelines,
+        "data_parallel_groups": replicas,
+        "schedule": example.kind,
+        "per_token": True,
+    }
     per_rank = []
     for rank in range(pp * dp):
         s, d = divmod(rank, dp)
-        per_rank.append({**common, "inputs": rows[0][d] if s == 0 else None,
-                         "targets": rows[1][d] if s == pp - 1 else None})
+        per_rank.append({**common, "inputs": rows[0][d] if s == 0 else None, "targets": rows[1][d] if s == pp - 1 else None})
     judge = Judge(str(padded), reproduce)
     outputs = judge.run(ranks, Layout(pp * dp), PROGRAM, per_rank)
     count = pipeline_models.valid_rows(batch["targets"])
@@ -88,17 +96,22 @@ def test_pipelines_over_data_parallel_replicas_normalise_by_the_global_count(dat
     for rank in replicas[pp - 1]:  # the counts first: a wrong one explains every number after it
         d = rank - (pp - 1) * dp
         if outputs[rank].get("count") != count:
-            judge.fail(f"rank {rank} (last stage of replica {d}): global_token_count(its "
-                       f"{pipeline_models.valid_rows(rows[1][d])} valid rows, group={replicas[pp - 1]}) returned "
-                       f"{outputs[rank].get('count')}; the valid rows of the whole global batch are {count} (the sum "
-                       "over its data-parallel group)")
+            judge.fail(
+                f"rank {rank} (last stage of replica {d}): global_token_count(its "
+                f"{pipeline_models.valid_rows(rows[1][d])} valid rows, group={replicas[pp - 1]}) returned "
+                f"{outputs[rank].get('count')}; the valid rows of the whole global batch are {count} (the sum "
+                "over its data-parallel group)"
+            )
     for rank in range(pp * dp):
         s, d = divmod(rank, dp)
         got = outputs[rank]
         if s == pp - 1:
             mine = ref.dense_step(_stages(example), rows[0][d], rows[1][d], per_token, m, scale_grads=False)
-            judge.tensor(got["loss"], mine.loss, atol=mine.loss_atol,
-                         what=f"rank {rank} (last stage of replica {d}) loss: its rows' summed error over the global "
-                              f"count {count} (scale_grads=False: no 1/m)")
-    judge_stage_gradients(judge, outputs, whole, pp, dp, replicas, "summed over",
-                          f", every valid row weighing 1/{count}")
+            judge.tensor(
+                got["loss"],
+                mine.loss,
+                atol=mine.loss_atol,
+                what=f"rank {rank} (last stage of replica {d}) loss: its rows' summed error over the global "
+                f"count {count} (scale_grads=False: no 1/m)",
+            )
+    judge_stage_gradients(judge, outputs, whole, pp, dp, replicas, "summed over", f", every valid row weighing 1/{count}")

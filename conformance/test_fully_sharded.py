@@ -28,6 +28,7 @@ the float32 masters within the few roundings of the average and the update, ever
 gradient and optimizer state still float32, and memory sharded as above. The audit (conformance/audit/test_fully_sharded.py)
 holds the gathers to the compute dtype.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -62,8 +63,11 @@ def memory_bound(example: Example) -> tuple[int, int, str]:
     unit_sizes.append(sum(p.numel() for p in trainable if id(p) not in in_units))  # the root's own
     largest = max(unit_sizes)
     bound = math.ceil(one / n) + padding + largest
-    return one, bound, (f"ceil({one}/{n}) + {padding} (a row of padding per parameter and tensor kind) + {largest} "
-                        f"(the largest unit's full parameters)")
+    return (
+        one,
+        bound,
+        (f"ceil({one}/{n}) + {padding} (a row of padding per parameter and tensor kind) + {largest} (the largest unit's full parameters)"),
+    )
 
 
 def check_sharded_memory(judge: Judge, who: str, held, memory: tuple[int, int, str]) -> None:
@@ -71,8 +75,10 @@ def check_sharded_memory(judge: Judge, who: str, held, memory: tuple[int, int, s
     one, bound, formula = memory
     total = sum(held.values()) if isinstance(held, dict) else -1
     if total > bound:
-        judge.fail(f"{who} holds {total} elements ({held}); one process holds {one}, a fully sharded rank at most "
-                   f"{formula} = {bound}: something is replicated, not sharded")
+        judge.fail(
+            f"{who} holds {total} elements ({held}); one process holds {one}, a fully sharded rank at most "
+            f"{formula} = {bound}: something is replicated, not sharded"
+        )
 
 
 @pytest.mark.capability("fully_sharded")
@@ -95,10 +101,13 @@ def test_zero2_training_matches_one_process_and_memory_is_sharded(data, ranks, t
 # not (found by an outside author's FSDP, which only thorough's 150 caught). One micro-batch per
 # step: the skip alternates by forward call, so with two or more every step uses it.
 UNUSED_INSIDE_A_UNIT = dict(
-    model={"kind": "tied_lm", "vocab": 5, "width": 3, "hidden": 4, "context": 2, "dtype": "float64",
-           "skips_in_unit": True},
-    steps=3, optimizer={"name": "adamw", "lr": 1e-2, "betas": [0.9, 0.999], "eps": 1e-3, "weight_decay": 0.01},
-    per_rank_batch=1, seed=3, data_seed=4)
+    model={"kind": "tied_lm", "vocab": 5, "width": 3, "hidden": 4, "context": 2, "dtype": "float64", "skips_in_unit": True},
+    steps=3,
+    optimizer={"name": "adamw", "lr": 1e-2, "betas": [0.9, 0.999], "eps": 1e-3, "weight_decay": 0.01},
+    per_rank_batch=1,
+    seed=3,
+    data_seed=4,
+)
 
 
 @pytest.mark.capability("fully_sharded")
@@ -127,14 +136,27 @@ def handout_example(example: Example) -> Example:
 
 
 def judge_training(example: Example, micro_batches: int, ranks, target, request, reshard: bool) -> None:
-    judge = Judge(f"{example}, micro_batches={micro_batches}, reshard_after_forward={reshard}",
-                  target.reproduce(request.node.nodeid))
+    judge = Judge(f"{example}, micro_batches={micro_batches}, reshard_after_forward={reshard}", target.reproduce(request.node.nodeid))
     n = example.world_size
     batch = models.make_batch(example.model, n * example.per_rank_batch * micro_batches, example.data_seed)
     micro = [ref.split_batch(b, n) for b in ref.split_micro_batches(batch, micro_batches)]
-    outputs = run_or_skip(judge, ranks, Layout(n), PROGRAM, [
-        {"model": example.model, "seed": example.seed, "optimizer": example.optimizer, "steps": example.steps,
-         "batches": [slices[r] for slices in micro], "reshard_after_forward": reshard} for r in range(n)])
+    outputs = run_or_skip(
+        judge,
+        ranks,
+        Layout(n),
+        PROGRAM,
+        [
+            {
+                "model": example.model,
+                "seed": example.seed,
+                "optimizer": example.optimizer,
+                "steps": example.steps,
+                "batches": [slices[r] for slices in micro],
+                "reshard_after_forward": reshard,
+            }
+            for r in range(n)
+        ],
+    )
     model = models.build(example.model, example.seed)
     exact = {name for name, p in model.named_parameters() if not p.requires_grad} | {n for n, _ in model.named_buffers()}
     expected = ref.train(model, example.optimizer, batch, example.steps, micro_batches)
@@ -142,30 +164,36 @@ def judge_training(example: Example, micro_batches: int, ranks, target, request,
     before = expected.initial
     for s in range(example.steps):
         step = f"step {s + 1}"
-        truth = ref.evaluate(ref.load_state(models.build(example.model, 0), before), batch, n, micro_batches,
-                             device=target.plan.device_type(n))
+        truth = ref.evaluate(ref.load_state(models.build(example.model, 0), before), batch, n, micro_batches, device=target.plan.device_type(n))
         for r in range(n):
             got = outputs[r]["steps"][s]
-            judge.tensor(got["loss"].reshape(-1), truth.slice_losses[r], atol=ref.loss_atol(truth, r),
-                         what=f"rank {r} losses at {step} (per micro-batch, the mean loss over its own slice)")
+            judge.tensor(
+                got["loss"].reshape(-1),
+                truth.slice_losses[r],
+                atol=ref.loss_atol(truth, r),
+                what=f"rank {r} losses at {step} (per micro-batch, the mean loss over its own slice)",
+            )
             check_names(judge, got["state"], expected.states[s], f"rank {r} after {step}: full parameters and buffers")
             for name, want in expected.states[s].items():
-                judge.tensor(got["state"][name], want, atol=None if name in exact else ref.param_atol(expected, s + 1, name),
-                             what=f"rank {r} '{name}' after {step} (full_parameters; one process on the global batch)")
+                judge.tensor(
+                    got["state"][name],
+                    want,
+                    atol=None if name in exact else ref.param_atol(expected, s + 1, name),
+                    what=f"rank {r} '{name}' after {step} (full_parameters; one process on the global batch)",
+                )
             check_sharded_memory(judge, f"rank {r} after {step}", got["held"], memory)
         for name in expected.states[s]:
-            judge.bitwise_identical({r: outputs[r]["steps"][s]["state"][name] for r in range(n)},
-                                    what=f"'{name}' after {step}")
+            judge.bitwise_identical({r: outputs[r]["steps"][s]["state"][name] for r in range(n)}, what=f"'{name}' after {step}")
         before = outputs[0]["steps"][s]["state"]
 
 
 @pytest.mark.capability("fsdp_compute_dtype")
 @given(data=st.data())
 def test_compute_dtype_computes_low_and_keeps_float32_masters(data, ranks, target, request):
-    example, micro_batches, dtype_name = data.draw(compute_dtype_examples(target.max_world_size, target.scope),
-                                                   label="example")
-    judge, expected, outputs = run_one_step(lambda what: Judge(what, target.reproduce(request.node.nodeid)), ranks,
-                                            PROGRAM, example, micro_batches, dtype_name)
+    example, micro_batches, dtype_name = data.draw(compute_dtype_examples(target.max_world_size, target.scope), label="example")
+    judge, expected, outputs = run_one_step(
+        lambda what: Judge(what, target.reproduce(request.node.nodeid)), ranks, PROGRAM, example, micro_batches, dtype_name
+    )
     memory = memory_bound(example)
     for r in range(example.world_size):
         check_sharded_memory(judge, f"rank {r}", outputs[r]["steps"][0]["held"], memory)

@@ -25,6 +25,7 @@ first tensor-parallel group: a pipeline that addresses its neighbour by global r
 tensor-parallel peer, an all_reduce that ignores its group mixes replicas, a shard placed by global
 rank takes another stage's slice.
 """
+
 from __future__ import annotations
 
 import math
@@ -49,7 +50,6 @@ PROGRAM = "pipeline_parallel:mesh_step"
 LOSS = "mse"
 
 
-
 @dataclass(frozen=True)
 class Example:
     pp: int
@@ -71,19 +71,25 @@ class Example:
 
     @property
     def model(self) -> dict:
-        return {"h": self.h, "ffn": self.ffn, "blocks": sum(self.blocks_per_stage), "bias": self.bias,
-                "dtype": "float64"}
+        return {"h": self.h, "ffn": self.ffn, "blocks": sum(self.blocks_per_stage), "bias": self.bias, "dtype": "float64"}
 
     def __str__(self) -> str:
-        return (f"mesh pp={self.pp} x dp={self.dp} x tp={self.tp}, schedule={self.kind}, m={self.num_microbatches} "
-                f"per replica, blocks per stage={list(self.blocks_per_stage)}, h={self.h}, ffn={self.ffn}, "
-                f"bias={self.bias}, {self.per_replica} samples per replica, seed={self.seed}, data_seed={self.data_seed}")
+        return (
+            f"mesh pp={self.pp} x dp={self.dp} x tp={self.tp}, schedule={self.kind}, m={self.num_microbatches} "
+            f"per replica, blocks per stage={list(self.blocks_per_stage)}, h={self.h}, ffn={self.ffn}, "
+            f"bias={self.bias}, {self.per_replica} samples per replica, seed={self.seed}, data_seed={self.data_seed}"
+        )
 
 
 def meshes(max_world_size: int) -> list[tuple[int, int, int]]:
     """Every (pp, dp, tp) with 2 <= pp dp tp <= max_world_size, smallest worlds first (shrinking)."""
-    found = [(pp, dp, tp) for pp in range(1, max_world_size + 1) for dp in range(1, max_world_size + 1)
-             for tp in range(1, max_world_size + 1) if 2 <= pp * dp * tp <= max_world_size]
+    found = [
+        (pp, dp, tp)
+        for pp in range(1, max_world_size + 1)
+        for dp in range(1, max_world_size + 1)
+        for tp in range(1, max_world_size + 1)
+        if 2 <= pp * dp * tp <= max_world_size
+    ]
     return sorted(found, key=lambda m: (m[0] * m[1] * m[2], m))
 
 
@@ -105,8 +111,7 @@ def examples(draw, max_world_size: int) -> Example:
 
 
 def _stages(example: Example):
-    return pipeline_models.split(pipeline_models.build_blocks(example.model, example.seed),
-                                 list(example.blocks_per_stage))
+    return pipeline_models.split(pipeline_models.build_blocks(example.model, example.seed), list(example.blocks_per_stage))
 
 
 def shard(name: str, full: torch.Tensor, tp: int, t: int) -> torch.Tensor:
@@ -143,8 +148,7 @@ def test_clipping_on_a_pp_dp_tp_mesh_takes_the_whole_models_norm(data, ranks, ta
     clip = {"max_norm": float(norm) * factor, "norm_type": norm_type}
     judge, outputs = run_mesh(example, ranks, reproduce, clip, f", norm_type={norm_type}, max_norm {factor} x")
     widen = 1 + example.tp * sum(example.blocks_per_stage)
-    bound = float(dp_ref.total_norm([whole.grad_atol[n].expand_as(g) * widen for n, g in whole.grads.items()],
-                                    norm_type)) + 1e-300
+    bound = float(dp_ref.total_norm([whole.grad_atol[n].expand_as(g) * widen for n, g in whole.grads.items()], norm_type)) + 1e-300
     coefficient = min(1.0, clip["max_norm"] / (float(norm) + 1e-6))
     mesh = example.mesh
     for rank in range(mesh.world_size):
@@ -153,16 +157,22 @@ def test_clipping_on_a_pp_dp_tp_mesh_takes_the_whole_models_norm(data, ranks, ta
         got = outputs[rank]
         if not torch.is_tensor(got.get("norm")) or got["norm"].numel() != 1:
             judge.fail(f"{where}: clip_grad_norm_ returned {got.get('norm')!r}, not a one-element tensor")
-        judge.tensor(got["norm"].double().reshape(()), norm, atol=torch.tensor(bound, dtype=torch.float64),
-                     what=f"{where} norm: the whole model's gradient, every shard and replicated bias once, every stage")
+        judge.tensor(
+            got["norm"].double().reshape(()),
+            norm,
+            atol=torch.tensor(bound, dtype=torch.float64),
+            what=f"{where} norm: the whole model's gradient, every shard and replicated bias once, every stage",
+        )
         for name in sorted(n for n in whole.grads if n.startswith(f"stage{s}.")):
             want = shard(name, whole.grads[name] * coefficient, example.tp, t)
             atol = whole.grad_atol[name] * widen * coefficient + want.abs().double() * (bound / max(float(norm), 1e-300))
-            judge.tensor(got["grads"][name], want, atol=atol,
-                         what=f"{where} clipped gradient of '{name}' (times min(1, max_norm / (norm + 1e-6)) = "
-                              f"{coefficient:.6g})")
-    judge.bitwise_identical({rank: outputs[rank]["norm"].reshape(()) for rank in range(mesh.world_size)},
-                            what="the returned norm")
+            judge.tensor(
+                got["grads"][name],
+                want,
+                atol=atol,
+                what=f"{where} clipped gradient of '{name}' (times min(1, max_norm / (norm + 1e-6)) = {coefficient:.6g})",
+            )
+    judge.bitwise_identical({rank: outputs[rank]["norm"].reshape(()) for rank in range(mesh.world_size)}, what="the returned norm")
 
 
 def _batch(example: Example):
@@ -172,24 +182,28 @@ def _batch(example: Example):
 
 def dense_of(example: Example) -> ref.Dense:
     """The dense model's step on the whole global batch (dp m microbatches)."""
-    return ref.dense_step(_stages(example), *_batch(example), pipeline_models.loss_fn(LOSS),
-                          example.dp * example.num_microbatches)
+    return ref.dense_step(_stages(example), *_batch(example), pipeline_models.loss_fn(LOSS), example.dp * example.num_microbatches)
 
 
 def run_mesh(example: Example, ranks, reproduce, clip: dict | None = None, note: str = ""):
     """Run the example on its mesh: (the judge, the ranks' outputs)."""
     mesh, m = example.mesh, example.num_microbatches
     rows = [torch.tensor_split(t, example.dp) for t in _batch(example)]
-    common = {"model": example.model, "seed": example.seed, "blocks_per_stage": list(example.blocks_per_stage),
-              "num_microbatches": m, "loss": LOSS, "schedule": example.kind,
-              "mesh": {axis: mesh.groups(axis) for axis in ("pp", "dp", "tp")}}
+    common = {
+        "model": example.model,
+        "seed": example.seed,
+        "blocks_per_stage": list(example.blocks_per_stage),
+        "num_microbatches": m,
+        "loss": LOSS,
+        "schedule": example.kind,
+        "mesh": {axis: mesh.groups(axis) for axis in ("pp", "dp", "tp")},
+    }
     if clip is not None:
         common["clip"] = clip
     per_rank = []
     for rank in range(mesh.world_size):
         s, d, _ = mesh.coordinates(rank)
-        per_rank.append({**common, "inputs": rows[0][d] if s == 0 else None,
-                         "targets": rows[1][d] if s == example.pp - 1 else None})
+        per_rank.append({**common, "inputs": rows[0][d] if s == 0 else None, "targets": rows[1][d] if s == example.pp - 1 else None})
     judge = Judge(str(example) + note, reproduce)
     return judge, judge.run(ranks, Layout(mesh.world_size), PROGRAM, per_rank)
 
@@ -204,34 +218,42 @@ def judge_mesh(judge: Judge, example: Example, outputs: dict, whole) -> None:
         where = f"rank {rank} (stage {s}, replica {d}, tensor-parallel shard {t})"
         got = outputs[rank]
         if got.get("stage") != s:
-            judge.fail(f"{where}: the rank program ran stage {got.get('stage')} of its pipeline group "
-                       f"{mesh.group_of('pp', rank)}, expected {s}")
+            judge.fail(
+                f"{where}: the rank program ran stage {got.get('stage')} of its pipeline group {mesh.group_of('pp', rank)}, expected {s}"
+            )
         if s == example.pp - 1:
             mine = ref.dense_step(_stages(example), rows[0][d], rows[1][d], loss_fn, m)
-            judge.tensor(got["loss"], mine.loss, atol=mine.loss_atol * widen,
-                         what=f"{where} loss: the mean over replica {d}'s {m} microbatches")
+            judge.tensor(
+                got["loss"], mine.loss, atol=mine.loss_atol * widen, what=f"{where} loss: the mean over replica {d}'s {m} microbatches"
+            )
         elif got["loss"] is not None:
             judge.fail(f"{where} returned a loss; only a pipeline's last stage does")
         executed = without_warm_up_forwards(got.get("executed") or [], m)
         allowed = sched.theory_peak_live(example.kind, example.pp, m, 1, s)
         if not executed or peak_live(executed) > allowed:
-            judge.fail(f"{where} held {peak_live(executed)} microbatch activations at once, more than {example.kind} "
-                       f"allows ({allowed}), or ran nothing: its order: {' '.join(executed)}")
+            judge.fail(
+                f"{where} held {peak_live(executed)} microbatch activations at once, more than {example.kind} "
+                f"allows ({allowed}), or ran nothing: its order: {' '.join(executed)}"
+            )
         want = {name for name in whole.grads if name.startswith(f"stage{s}.")}
         if set(got["grads"]) != want:
-            judge.fail(f"{where}: stage {s}'s parameters with a gradient: expected {sorted(want)}, got "
-                       f"{sorted(got['grads'])}")
+            judge.fail(f"{where}: stage {s}'s parameters with a gradient: expected {sorted(want)}, got {sorted(got['grads'])}")
         for name in sorted(want):
-            judge.tensor(got["grads"][name], shard(name, whole.grads[name], example.tp, t),
-                         atol=whole.grad_atol[name] * widen,
-                         what=f"{where} gradient of '{name}' (its tensor-parallel shard, averaged over data-parallel "
-                              f"group {mesh.group_of('dp', rank)}; the dense model on the global batch)")
+            judge.tensor(
+                got["grads"][name],
+                shard(name, whole.grads[name], example.tp, t),
+                atol=whole.grad_atol[name] * widen,
+                what=f"{where} gradient of '{name}' (its tensor-parallel shard, averaged over data-parallel "
+                f"group {mesh.group_of('dp', rank)}; the dense model on the global batch)",
+            )
     for group in mesh.groups("dp"):
         s = mesh.coordinates(group[0])[0]
         for name in sorted(n for n in whole.grads if n.startswith(f"stage{s}.")):
-            judge.bitwise_identical({rank: outputs[rank]["grads"][name] for rank in group},
-                                    what=f"gradient shard '{name}' across data-parallel group {group}")
+            judge.bitwise_identical(
+                {rank: outputs[rank]["grads"][name] for rank in group}, what=f"gradient shard '{name}' across data-parallel group {group}"
+            )
     for group in mesh.groups("tp"):
         if mesh.coordinates(group[0])[0] == example.pp - 1:
-            judge.bitwise_identical({rank: outputs[rank]["loss"] for rank in group},
-                                    what=f"loss across the last stage's tensor-parallel group {group}")
+            judge.bitwise_identical(
+                {rank: outputs[rank]["loss"] for rank in group}, what=f"loss across the last stage's tensor-parallel group {group}"
+            )

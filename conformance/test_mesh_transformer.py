@@ -21,6 +21,7 @@ rows in the layout, its columns of the output and down projections, the whole ro
 within 1e-8 (1 + |expected|) (float64: layouts and groups, not rounding); the shards bitwise equal
 across each data-parallel group, and the embedding's copies on the first and last stage bitwise equal.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -64,9 +65,11 @@ class Example:
         return Mesh(self.pp, self.dp, self.tp)
 
     def __str__(self) -> str:
-        return (f"mesh pp={self.pp} x dp={self.dp} x tp={self.tp}, schedule={self.kind}, m={self.num_microbatches}, "
-                f"blocks per stage={list(self.blocks_per_stage)}, model={self.model}, seq={self.seq}, "
-                f"{self.per_replica} samples per replica, seed={self.seed}, data_seed={self.data_seed}")
+        return (
+            f"mesh pp={self.pp} x dp={self.dp} x tp={self.tp}, schedule={self.kind}, m={self.num_microbatches}, "
+            f"blocks per stage={list(self.blocks_per_stage)}, model={self.model}, seq={self.seq}, "
+            f"{self.per_replica} samples per replica, seed={self.seed}, data_seed={self.data_seed}"
+        )
 
 
 @st.composite
@@ -77,17 +80,32 @@ def examples(draw, max_world_size: int) -> Example:
     pp, dp, tp = draw(st.sampled_from(choices), label="mesh (pp, dp, tp)")
     m = draw(st.integers(1, 2), label="m")
     kv_heads = tp * draw(st.integers(1, 2), label="key/value heads per tensor-parallel rank")
-    model = {"vocab": draw(st.integers(1, 2 * tp + 3), label="vocab"), "h": draw(st.integers(1, 4), label="h"),
-             "heads": kv_heads * draw(st.integers(1, 2), label="query heads per key/value head"),
-             "kv_heads": kv_heads, "head_dim": draw(st.integers(1, 2), label="head width"),
-             "ffn": tp * draw(st.integers(1, 2), label="ffn per tensor-parallel rank"),
-             "bias": draw(st.booleans(), label="bias"),
-             "layout": draw(st.sampled_from(["concatenated", "grouped"]), label="qkv layout"), "dtype": "float64"}
+    model = {
+        "vocab": draw(st.integers(1, 2 * tp + 3), label="vocab"),
+        "h": draw(st.integers(1, 4), label="h"),
+        "heads": kv_heads * draw(st.integers(1, 2), label="query heads per key/value head"),
+        "kv_heads": kv_heads,
+        "head_dim": draw(st.integers(1, 2), label="head width"),
+        "ffn": tp * draw(st.integers(1, 2), label="ffn per tensor-parallel rank"),
+        "bias": draw(st.booleans(), label="bias"),
+        "layout": draw(st.sampled_from(["concatenated", "grouped"]), label="qkv layout"),
+        "dtype": "float64",
+    }
     blocks = tuple(draw(st.lists(st.integers(1, 2), min_size=pp, max_size=pp), label="blocks per stage"))
     model["blocks"] = sum(blocks)
-    return Example(pp, dp, tp, draw(st.sampled_from(["gpipe", "1f1b"]), label="schedule"), m, blocks, model,
-                   draw(st.integers(1, 3), label="seq"), m * draw(st.integers(1, 2), label="samples per microbatch"),
-                   draw(st.integers(0, 2**16), label="seed"), draw(st.integers(0, 2**16), label="data_seed"))
+    return Example(
+        pp,
+        dp,
+        tp,
+        draw(st.sampled_from(["gpipe", "1f1b"]), label="schedule"),
+        m,
+        blocks,
+        model,
+        draw(st.integers(1, 3), label="seq"),
+        m * draw(st.integers(1, 2), label="samples per microbatch"),
+        draw(st.integers(0, 2**16), label="seed"),
+        draw(st.integers(0, 2**16), label="data_seed"),
+    )
 
 
 def tokens(example: Example) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,8 +133,7 @@ def shard(name: str, full: torch.Tensor, model: dict, tp: int, t: int) -> torch.
 def stage_names(example: Example, s: int, names) -> list[str]:
     first = sum(example.blocks_per_stage[:s])
     mine = {f"blocks.{b}." for b in range(first, first + example.blocks_per_stage[s])}
-    return sorted(n for n in names if any(n.startswith(prefix) for prefix in mine)
-                  or (n == "embed.weight" and s in (0, example.pp - 1)))
+    return sorted(n for n in names if any(n.startswith(prefix) for prefix in mine) or (n == "embed.weight" and s in (0, example.pp - 1)))
 
 
 @given(data=st.data())
@@ -125,30 +142,35 @@ def test_the_whole_block_on_a_pp_dp_tp_mesh_matches_the_dense_model(data, ranks,
     mesh, m = example.mesh, example.num_microbatches
     inputs, targets = tokens(example)
     rows = [torch.tensor_split(inputs, example.dp), torch.tensor_split(targets, example.dp)]
-    common = {"model": example.model, "seed": example.seed, "blocks_per_stage": list(example.blocks_per_stage),
-              "num_microbatches": m, "schedule": example.kind,
-              "mesh": {axis: mesh.groups(axis) for axis in ("pp", "dp", "tp")}}
+    common = {
+        "model": example.model,
+        "seed": example.seed,
+        "blocks_per_stage": list(example.blocks_per_stage),
+        "num_microbatches": m,
+        "schedule": example.kind,
+        "mesh": {axis: mesh.groups(axis) for axis in ("pp", "dp", "tp")},
+    }
     per_rank = []
     for rank in range(mesh.world_size):
         s, d, _ = mesh.coordinates(rank)
-        per_rank.append({**common, "inputs": rows[0][d] if s == 0 else None,
-                         "targets": rows[1][d] if s == example.pp - 1 else None})
+        per_rank.append({**common, "inputs": rows[0][d] if s == 0 else None, "targets": rows[1][d] if s == example.pp - 1 else None})
     judge = Judge(str(example), reproduce)
     outputs = judge.run(ranks, Layout(mesh.world_size), PROGRAM, per_rank)
-    params = {name: p.detach() for name, p in
-              pipeline_models.build_transformer(example.model, example.seed).named_parameters()}
+    params = {name: p.detach() for name, p in pipeline_models.build_transformer(example.model, example.seed).named_parameters()}
     _, grads = ref.loss_and_grads(params, inputs, targets, example.model)
     for rank in range(mesh.world_size):
         s, d, t = mesh.coordinates(rank)
         where = f"rank {rank} (stage {s}, replica {d}, tensor-parallel shard {t})"
         got = outputs[rank]
         if got.get("stage") != s:
-            judge.fail(f"{where}: the rank program ran stage {got.get('stage')} of its pipeline group "
-                       f"{mesh.group_of('pp', rank)}, expected {s}")
+            judge.fail(
+                f"{where}: the rank program ran stage {got.get('stage')} of its pipeline group {mesh.group_of('pp', rank)}, expected {s}"
+            )
         if s == example.pp - 1:
             loss, _ = ref.loss_and_grads(params, rows[0][d], rows[1][d], example.model)
-            judge.tensor(got["loss"], loss, atol=layers.atol(loss),
-                         what=f"{where} loss: replica {d}'s mean cross entropy over its {m} microbatches")
+            judge.tensor(
+                got["loss"], loss, atol=layers.atol(loss), what=f"{where} loss: replica {d}'s mean cross entropy over its {m} microbatches"
+            )
         elif got["loss"] is not None:
             judge.fail(f"{where} returned a loss; only a pipeline's last stage does")
         for name in stage_names(example, s, grads):
@@ -157,19 +179,25 @@ def test_the_whole_block_on_a_pp_dp_tp_mesh_matches_the_dense_model(data, ranks,
                 judge.fail(f"{where}: '{name}' has no gradient")
             want = shard(name, grads[name], example.model, example.tp, t)
             note = " (the sum of its uses as the embedding and the head)" if name == "embed.weight" else ""
-            judge.tensor(got["grads"][key], want, atol=layers.atol(want),
-                         what=f"{where} gradient of '{name}'{note}: its tensor-parallel shard, averaged over "
-                              f"data-parallel group {mesh.group_of('dp', rank)}")
+            judge.tensor(
+                got["grads"][key],
+                want,
+                atol=layers.atol(want),
+                what=f"{where} gradient of '{name}'{note}: its tensor-parallel shard, averaged over "
+                f"data-parallel group {mesh.group_of('dp', rank)}",
+            )
     for group in mesh.groups("dp"):
         s = mesh.coordinates(group[0])[0]
         for name in stage_names(example, s, grads):
-            judge.bitwise_identical({rank: outputs[rank]["grads"][f"stage{s}.{name}"] for rank in group},
-                                    what=f"gradient shard '{name}' across data-parallel group {group}")
+            judge.bitwise_identical(
+                {rank: outputs[rank]["grads"][f"stage{s}.{name}"] for rank in group},
+                what=f"gradient shard '{name}' across data-parallel group {group}",
+            )
     for group in mesh.groups("pp"):
-        holders = {rank: outputs[rank]["grads"][f"stage{mesh.coordinates(rank)[0]}.embed.weight"]
-                   for rank in (group[0], group[-1])}
+        holders = {rank: outputs[rank]["grads"][f"stage{mesh.coordinates(rank)[0]}.embed.weight"] for rank in (group[0], group[-1])}
         judge.bitwise_identical(holders, what=f"the tied embedding's gradient on the first and last stage {list(holders)}")
     for group in mesh.groups("tp"):
         if mesh.coordinates(group[0])[0] == example.pp - 1:
-            judge.bitwise_identical({rank: outputs[rank]["loss"] for rank in group},
-                                    what=f"loss across the last stage's tensor-parallel group {group}")
+            judge.bitwise_identical(
+                {rank: outputs[rank]["loss"] for rank in group}, what=f"loss across the last stage's tensor-parallel group {group}"
+            )

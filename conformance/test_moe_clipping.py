@@ -16,6 +16,7 @@ member's tokens (reference/expert_parallel.py): the returned norm, that of the r
 expert's gradient as one vector, bitwise the same on every member; the clipped router gradient and
 each member's clipped experts.
 """
+
 from __future__ import annotations
 
 import math
@@ -48,19 +49,38 @@ def test_the_norm_counts_every_expert_once_and_the_router_once(data, ranks, targ
     coefficient = min(1.0, max_norm / (float(norm) + 1e-6))
     n = example.layout.size
     judge = Judge(f"{example}, norm_type={norm_type}, max_norm={max_norm:.6g} ({factor} x the norm)", reproduce)
-    outputs = judge.run(ranks, example.layout, "expert_parallel:clip", [
-        {"router_weight": t["router"], "experts": t["experts"], "x": t["xs"][i], "grad_output": t["grads"][i],
-         "max_norm": max_norm, "norm_type": norm_type} for i in range(n)])
+    outputs = judge.run(
+        ranks,
+        example.layout,
+        "expert_parallel:clip",
+        [
+            {
+                "router_weight": t["router"],
+                "experts": t["experts"],
+                "x": t["xs"][i],
+                "grad_output": t["grads"][i],
+                "max_norm": max_norm,
+                "norm_type": norm_type,
+            }
+            for i in range(n)
+        ],
+    )
     scaled = [tuple(g * coefficient for g in expert) for expert in expected["grad_experts"]]
     for i, rank in enumerate(example.layout.ranks):
         got, where = outputs[rank], f"rank {rank} (group rank {i})"
         if not torch.is_tensor(got["norm"]) or got["norm"].numel() != 1:
             judge.fail(f"{where}: clip_grad_norm_ returned {got['norm']!r}, not a one-element tensor")
-        judge.tensor(got["norm"].double().reshape(()), norm, atol=ref.atol(norm),
-                     what=f"{where} norm: of the router's gradient (once) and every expert's (each on its member)")
-        judge.tensor(got["grad_router"], router * coefficient, atol=ref.atol(router),
-                     what=f"{where} clipped router gradient (times min(1, max_norm / (norm + 1e-6)) = {coefficient:.6g})")
-        judge_expert_gradients(judge, where, got["grad_experts"], scaled, i, example.experts_per_rank,
-                               f"clipped, times {coefficient:.6g}")
-    judge.bitwise_identical({rank: outputs[rank]["norm"].reshape(()) for rank in example.layout.ranks},
-                            what="the returned norm")
+        judge.tensor(
+            got["norm"].double().reshape(()),
+            norm,
+            atol=ref.atol(norm),
+            what=f"{where} norm: of the router's gradient (once) and every expert's (each on its member)",
+        )
+        judge.tensor(
+            got["grad_router"],
+            router * coefficient,
+            atol=ref.atol(router),
+            what=f"{where} clipped router gradient (times min(1, max_norm / (norm + 1e-6)) = {coefficient:.6g})",
+        )
+        judge_expert_gradients(judge, where, got["grad_experts"], scaled, i, example.experts_per_rank, f"clipped, times {coefficient:.6g}")
+    judge.bitwise_identical({rank: outputs[rank]["norm"].reshape(()) for rank in example.layout.ranks}, what="the returned norm")

@@ -18,6 +18,7 @@ reference.expert_parallel.atol: the output and input gradient of its own tokens;
 gradients summed over every token of the world routed to them; the router's gradient over every
 token of the world.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -35,8 +36,7 @@ PROGRAM = "expert_parallel:mesh_step"
 
 def mesh_shapes(max_world_size: int) -> list[tuple[int, int]]:
     """(dp, ep) with 2 <= dp ep <= max_world_size, smallest worlds first."""
-    found = [(dp, ep) for dp in range(1, max_world_size + 1) for ep in range(1, max_world_size + 1)
-             if 2 <= dp * ep <= max_world_size]
+    found = [(dp, ep) for dp in range(1, max_world_size + 1) for ep in range(1, max_world_size + 1) if 2 <= dp * ep <= max_world_size]
     return sorted(found, key=lambda shape: (shape[0] * shape[1], shape))
 
 
@@ -63,35 +63,66 @@ def check_mesh(data, ranks, target, reproduce, sequence_parallel: bool) -> None:
         pytest.skip(f"needs a world of at least 2 ranks; this run draws at most {target.max_world_size}")
     dp, ep = data.draw(st.sampled_from(shapes), label="mesh (dp, ep)")
     world = dp * ep
-    example = MixtureExample(layout=Layout(ep), experts_per_rank=data.draw(st.integers(1, 2), label="experts per rank"),
-                             h=data.draw(st.integers(1, 4), label="h"), f=data.draw(st.integers(1, 4), label="f"),
-                             tokens=tuple(data.draw(st.lists(st.integers(0, 4), min_size=world, max_size=world),
-                                                    label="tokens per rank")),
-                             seed=data.draw(st.integers(0, 2**16), label="seed"))
+    example = MixtureExample(
+        layout=Layout(ep),
+        experts_per_rank=data.draw(st.integers(1, 2), label="experts per rank"),
+        h=data.draw(st.integers(1, 4), label="h"),
+        f=data.draw(st.integers(1, 4), label="f"),
+        tokens=tuple(data.draw(st.lists(st.integers(0, 4), min_size=world, max_size=world), label="tokens per rank")),
+        seed=data.draw(st.integers(0, 2**16), label="seed"),
+    )
     t = example.tensors()
     tokens = torch.cat(t["xs"])
     assume(tokens.shape[0] == 0 or ref.top2_gap(tokens, t["router"]) > ref.ROUTING_TIE)
-    groups = {"ep": [[d * ep + e for e in range(ep)] for d in range(dp)],
-              "dp": [[d * ep + e for d in range(dp)] for e in range(ep)]}
-    judge = Judge(f"mesh dp={dp} x ep={ep} (rank d ep + e), {example}"
-                  + (", sequence_parallel=True (ep is the tensor-parallel group)" if sequence_parallel else ""), reproduce)
+    groups = {"ep": [[d * ep + e for e in range(ep)] for d in range(dp)], "dp": [[d * ep + e for d in range(dp)] for e in range(ep)]}
+    judge = Judge(
+        f"mesh dp={dp} x ep={ep} (rank d ep + e), {example}"
+        + (", sequence_parallel=True (ep is the tensor-parallel group)" if sequence_parallel else ""),
+        reproduce,
+    )
     expected = ref.moe(t["xs"], t["router"], t["experts"], t["grads"])
-    outputs = judge.run(ranks, Layout(world), PROGRAM, [
-        {"router_weight": t["router"], "experts": t["experts"], "x": t["xs"][r], "grad_output": t["grads"][r],
-         "mesh": groups, **({"sequence_parallel": True} if sequence_parallel else {})} for r in range(world)])
+    outputs = judge.run(
+        ranks,
+        Layout(world),
+        PROGRAM,
+        [
+            {
+                "router_weight": t["router"],
+                "experts": t["experts"],
+                "x": t["xs"][r],
+                "grad_output": t["grads"][r],
+                "mesh": groups,
+                **({"sequence_parallel": True} if sequence_parallel else {}),
+            }
+            for r in range(world)
+        ],
+    )
     router = sum(expected["grad_router"][1:], expected["grad_router"][0])
     for rank in range(world):
         d, e = divmod(rank, ep)
         got, where = outputs[rank], f"rank {rank} (replica {d}, expert-parallel member {e})"
-        for key, want, note in (("output", expected["outputs"][rank], "its own tokens"),
-                                ("grad_input", expected["grad_inputs"][rank], "dL/dx of its own tokens"),
-                                ("grad_router", router, "over the world: every rank's tokens" + (
-                                     ", reduced over its tensor-parallel group by the layer, then over the data-parallel "
-                                     "group" if sequence_parallel else ""))):
+        for key, want, note in (
+            ("output", expected["outputs"][rank], "its own tokens"),
+            ("grad_input", expected["grad_inputs"][rank], "dL/dx of its own tokens"),
+            (
+                "grad_router",
+                router,
+                "over the world: every rank's tokens"
+                + (", reduced over its tensor-parallel group by the layer, then over the data-parallel group" if sequence_parallel else ""),
+            ),
+        ):
             judge.tensor(got[key], want, atol=ref.atol(want), what=f"{where} {key.replace('_', ' ')} ({note})")
-        judge_expert_gradients(judge, where, got["grad_experts"], expected["grad_experts"], e, example.experts_per_rank,
-                               f"summed over data-parallel group {groups['dp'][e]}: every token of the world routed "
-                               "to it")
+        judge_expert_gradients(
+            judge,
+            where,
+            got["grad_experts"],
+            expected["grad_experts"],
+            e,
+            example.experts_per_rank,
+            f"summed over data-parallel group {groups['dp'][e]}: every token of the world routed to it",
+        )
     if sequence_parallel:
-        judge.bitwise_identical({rank: outputs[rank]["grad_router"] for rank in range(world)},
-                                what="the router's gradient (replicated over the whole mesh once summed)")
+        judge.bitwise_identical(
+            {rank: outputs[rank]["grad_router"] for rank in range(world)},
+            what="the router's gradient (replicated over the whole mesh once summed)",
+        )

@@ -23,6 +23,7 @@ the driver, within reference.expert_parallel.atol:
 Examples whose tokens have two router logits within 1e-6 around or inside their top k are not
 drawn: there rounding decides the routing.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -74,45 +75,74 @@ def check_trained_moe(data, ranks, target, reproduce, capacity: bool, sequence_p
     t = example.tensors()
     assume(ref.topk_gap(torch.cat(t["xs"]), t["router"], top_k) > ep.ROUTING_TIE)
     assume(ref.capacity_gap(t["xs"], t["router"], top_k, factor) > ep.ROUTING_TIE)
-    judge = Judge(f"{example}, top_k={top_k}, aux loss weight {weight}"
-                  + (f", capacity_factor={factor}" if capacity else ""), reproduce)
+    judge = Judge(f"{example}, top_k={top_k}, aux loss weight {weight}" + (f", capacity_factor={factor}" if capacity else ""), reproduce)
     judge_trained_moe(judge, ranks, example, top_k, weight, factor, sequence_parallel)
 
 
-def judge_trained_moe(judge: Judge, ranks, example, top_k: int, weight: float, factor: float | None,
-                      sequence_parallel: bool) -> None:
+def judge_trained_moe(judge: Judge, ranks, example, top_k: int, weight: float, factor: float | None, sequence_parallel: bool) -> None:
     """One forward and backward of ``example`` on the ranks with top-k routing, the aux loss at
     ``weight`` and, unless None, capacity ``factor``, judged against reference/moe_routing.py."""
     t, capacity = example.tensors(), factor is not None
     n, each = example.layout.size, example.experts_per_rank
     expected = ref.moe(t["xs"], t["router"], t["experts"], t["grads"], top_k, weight, factor)
-    options = {"top_k": top_k, "aux_weight": weight, **({"capacity_factor": factor} if capacity else {}),
-               **({"sequence_parallel": True} if sequence_parallel else {})}
-    outputs = judge.run(ranks, example.layout, PROGRAM, [
-        {"router_weight": t["router"], "experts": t["experts"], "x": t["xs"][i], "grad_output": t["grads"][i],
-         **options} for i in range(n)])
+    options = {
+        "top_k": top_k,
+        "aux_weight": weight,
+        **({"capacity_factor": factor} if capacity else {}),
+        **({"sequence_parallel": True} if sequence_parallel else {}),
+    }
+    outputs = judge.run(
+        ranks,
+        example.layout,
+        PROGRAM,
+        [{"router_weight": t["router"], "experts": t["experts"], "x": t["xs"][i], "grad_output": t["grads"][i], **options} for i in range(n)],
+    )
     for i, rank in enumerate(example.layout.ranks):
         got, where = outputs[rank], f"rank {rank} (group rank {i})"
-        for key, want, note in (("output", expected["outputs"][i], f"its own tokens, each through its {top_k} experts"
-                                 + (", the pairs beyond its capacity dropped" if capacity else "")),
-                                ("grad_input", expected["grad_inputs"][i], "dL/dx of its own tokens")):
+        for key, want, note in (
+            (
+                "output",
+                expected["outputs"][i],
+                f"its own tokens, each through its {top_k} experts" + (", the pairs beyond its capacity dropped" if capacity else ""),
+            ),
+            ("grad_input", expected["grad_inputs"][i], "dL/dx of its own tokens"),
+        ):
             judge.tensor(got[key], want, atol=ep.atol(want), what=f"{where} {key.replace('_', ' ')} ({note})")
-        judge_expert_gradients(judge, where, got["grad_experts"], expected["grad_experts"], i, each,
-                               "summed over every token and choice routed to it from every member"
-                               + (", the dropped ones left out" if capacity else ""))
+        judge_expert_gradients(
+            judge,
+            where,
+            got["grad_experts"],
+            expected["grad_experts"],
+            i,
+            each,
+            "summed over every token and choice routed to it from every member" + (", the dropped ones left out" if capacity else ""),
+        )
     members = [outputs[rank] for rank in example.layout.ranks]
     if sequence_parallel:  # reduced by the layer: whole on every member
         for rank in example.layout.ranks:
-            judge.tensor(outputs[rank]["grad_router"], expected["grad_router"], atol=ep.atol(expected["grad_router"]),
-                         what=f"rank {rank} router gradient (replicated over the sequence-parallel group: the whole "
-                              f"sequence's, plus {weight} times the load-balancing loss's, on every member)")
-        judge.bitwise_identical({rank: outputs[rank]["grad_router"] for rank in example.layout.ranks},
-                                what="the router's gradient (replicated over the group)")
+            judge.tensor(
+                outputs[rank]["grad_router"],
+                expected["grad_router"],
+                atol=ep.atol(expected["grad_router"]),
+                what=f"rank {rank} router gradient (replicated over the sequence-parallel group: the whole "
+                f"sequence's, plus {weight} times the load-balancing loss's, on every member)",
+            )
+        judge.bitwise_identical(
+            {rank: outputs[rank]["grad_router"] for rank in example.layout.ranks}, what="the router's gradient (replicated over the group)"
+        )
     router = torch.stack([got["grad_router"].to(torch.float64) for got in members]).sum(0)
     if not sequence_parallel:
-        judge.tensor(router, expected["grad_router"], atol=ep.atol(expected["grad_router"]),
-                     what="the members' router gradients summed (the replicated router: its gradient over every "
-                          f"member's tokens, plus {weight} times the load-balancing loss's over the group's batch)")
+        judge.tensor(
+            router,
+            expected["grad_router"],
+            atol=ep.atol(expected["grad_router"]),
+            what="the members' router gradients summed (the replicated router: its gradient over every "
+            f"member's tokens, plus {weight} times the load-balancing loss's over the group's batch)",
+        )
     aux = torch.stack([torch.as_tensor(got["aux_loss"], dtype=torch.float64).reshape(()) for got in members]).sum()
-    judge.tensor(aux, expected["aux_loss"], atol=ep.atol(expected["aux_loss"]),
-                 what="the members' aux_loss summed (E sum_j f_j P_j over the group's whole batch)")
+    judge.tensor(
+        aux,
+        expected["aux_loss"],
+        atol=ep.atol(expected["aux_loss"]),
+        what="the members' aux_loss summed (E sum_j f_j P_j over the group's whole batch)",
+    )

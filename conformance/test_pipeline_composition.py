@@ -19,6 +19,7 @@ The pipeline groups' members are not consecutive ranks (rank s dp + d holds stag
 so a runtime that places stages by global rank, or an all_reduce that ignores its group, fails here
 though every test of its own capability passes.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -59,15 +60,16 @@ class Example:
         return {"widths": list(self.widths), "dtype": "float64"}
 
     def __str__(self) -> str:
-        return (f"mesh pp={self.pp} x dp={self.dp}, schedule={self.kind}, m={self.num_microbatches} per replica, "
-                f"layers per stage={list(self.layers_per_stage)}, widths={list(self.widths)}, "
-                f"{self.per_replica} samples per replica, seed={self.seed}, data_seed={self.data_seed}")
+        return (
+            f"mesh pp={self.pp} x dp={self.dp}, schedule={self.kind}, m={self.num_microbatches} per replica, "
+            f"layers per stage={list(self.layers_per_stage)}, widths={list(self.widths)}, "
+            f"{self.per_replica} samples per replica, seed={self.seed}, data_seed={self.data_seed}"
+        )
 
 
 @st.composite
 def examples(draw, max_world_size: int) -> Example:
-    meshes = [(pp, dp) for pp in range(1, max_world_size + 1) for dp in range(1, max_world_size // pp + 1)
-              if pp * dp >= 2]
+    meshes = [(pp, dp) for pp in range(1, max_world_size + 1) for dp in range(1, max_world_size // pp + 1) if pp * dp >= 2]
     if not meshes:
         pytest.skip(f"needs a world of at least 2 ranks; this run draws at most {max_world_size}")
     pp, dp = draw(st.sampled_from(sorted(meshes, key=lambda m: (m[0] * m[1], m))), label="mesh (pp, dp)")
@@ -91,14 +93,20 @@ def test_data_parallel_pipelines_match_the_dense_model_on_the_global_batch(data,
     batch = pipeline_models.make_batch(example.model, dp * example.per_replica, example.data_seed)
     pipelines, replicas = mesh.pipeline_mesh(pp, dp)
     rows = [torch.tensor_split(batch[key], dp) for key in ("inputs", "targets")]
-    common = {"model": example.model, "seed": example.seed, "layers_per_stage": list(example.layers_per_stage),
-              "num_microbatches": m, "loss": LOSS, "pipeline_groups": pipelines, "data_parallel_groups": replicas,
-              "schedule": example.kind}
+    common = {
+        "model": example.model,
+        "seed": example.seed,
+        "layers_per_stage": list(example.layers_per_stage),
+        "num_microbatches": m,
+        "loss": LOSS,
+        "pipeline_groups": pipelines,
+        "data_parallel_groups": replicas,
+        "schedule": example.kind,
+    }
     per_rank = []
     for rank in range(pp * dp):
         s, d = divmod(rank, dp)
-        per_rank.append({**common, "inputs": rows[0][d] if s == 0 else None,
-                         "targets": rows[1][d] if s == pp - 1 else None})
+        per_rank.append({**common, "inputs": rows[0][d] if s == 0 else None, "targets": rows[1][d] if s == pp - 1 else None})
     judge = Judge(str(example), reproduce)
     outputs = judge.run(ranks, Layout(pp * dp), PROGRAM, per_rank)
     loss_fn = pipeline_models.loss_fn(LOSS)
@@ -110,22 +118,28 @@ def test_data_parallel_pipelines_match_the_dense_model_on_the_global_batch(data,
             judge.fail(f"rank {rank}: the rank program ran stage {got.get('stage')}, expected {s}")
         if s == pp - 1:
             mine = ref.dense_step(_stages(example), rows[0][d], rows[1][d], loss_fn, m)
-            judge.tensor(got["loss"], mine.loss, atol=mine.loss_atol,
-                         what=f"rank {rank} (last stage of replica {d}) loss: the mean over its replica's {m} "
-                              f"microbatches")
+            judge.tensor(
+                got["loss"],
+                mine.loss,
+                atol=mine.loss_atol,
+                what=f"rank {rank} (last stage of replica {d}) loss: the mean over its replica's {m} microbatches",
+            )
         elif got["loss"] is not None:
             judge.fail(f"rank {rank} (stage {s} of replica {d}) returned a loss; only a pipeline's last stage does")
         executed = without_warm_up_forwards(got.get("executed") or [], m)
         allowed = sched.theory_peak_live(example.kind, pp, m, 1, s)
         if not executed or peak_live(executed) > allowed:
-            judge.fail(f"rank {rank} (stage {s} of replica {d}) held {peak_live(executed)} microbatch activations at once, more than "
-                       f"{example.kind} allows ({allowed}), or ran nothing: the schedule run on its pipeline group is "
-                       f"not the one asked for; its order: {' '.join(executed)}")
+            judge.fail(
+                f"rank {rank} (stage {s} of replica {d}) held {peak_live(executed)} microbatch activations at once, more than "
+                f"{example.kind} allows ({allowed}), or ran nothing: the schedule run on its pipeline group is "
+                f"not the one asked for; its order: {' '.join(executed)}"
+            )
     judge_stage_gradients(judge, outputs, whole, pp, dp, replicas, "after the average over")
 
 
-def judge_stage_gradients(judge: Judge, outputs: dict, whole: ref.Dense, pp: int, dp: int, replicas: list,
-                          reduced: str, weighing: str = "") -> None:
+def judge_stage_gradients(
+    judge: Judge, outputs: dict, whole: ref.Dense, pp: int, dp: int, replicas: list, reduced: str, weighing: str = ""
+) -> None:
     """Every rank's stage gradients, reduced over its data-parallel group, against the dense
     model's on the global batch; then bitwise equal across each data-parallel group."""
     for rank in range(pp * dp):
@@ -133,13 +147,18 @@ def judge_stage_gradients(judge: Judge, outputs: dict, whole: ref.Dense, pp: int
         got = outputs[rank]
         want = {name for name in whole.grads if name.startswith(f"stage{s}.")}
         if set(got["grads"]) != want:
-            judge.fail(f"rank {rank}: stage {s}'s parameters with a gradient: expected {sorted(want)}, got "
-                       f"{sorted(got['grads'])}")
+            judge.fail(f"rank {rank}: stage {s}'s parameters with a gradient: expected {sorted(want)}, got {sorted(got['grads'])}")
         for name in sorted(want):
-            judge.tensor(got["grads"][name], whole.grads[name], atol=whole.grad_atol[name],
-                         what=f"rank {rank} (stage {s} of replica {d}) gradient of '{name}' {reduced} its "
-                              f"data-parallel group {replicas[s]} (the dense model on the global batch{weighing})")
+            judge.tensor(
+                got["grads"][name],
+                whole.grads[name],
+                atol=whole.grad_atol[name],
+                what=f"rank {rank} (stage {s} of replica {d}) gradient of '{name}' {reduced} its "
+                f"data-parallel group {replicas[s]} (the dense model on the global batch{weighing})",
+            )
     for s in range(pp):
         for name in sorted(n for n in whole.grads if n.startswith(f"stage{s}.")):
-            judge.bitwise_identical({rank: outputs[rank]["grads"][name] for rank in replicas[s]},
-                                    what=f"gradient of '{name}' across data-parallel group {replicas[s]}")
+            judge.bitwise_identical(
+                {rank: outputs[rank]["grads"][name] for rank in replicas[s]},
+                what=f"gradient of '{name}' across data-parallel group {replicas[s]}",
+            )

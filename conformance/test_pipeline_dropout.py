@@ -19,6 +19,7 @@ and widths
 that file's step is: the last stage's loss and every stage's gradients against the dense model under
 the same masks, and the schedule run.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,12 +38,16 @@ from parallelism_conformance.conformance.verdict import Judge
 def test_each_stage_draws_its_masks_once_per_microbatch_in_order(data, ranks, target, request):
     example = data.draw(examples(target.max_world_size), label="example")
     if target.plan.device_type(example.num_ranks) != "cpu":
-        pytest.skip("the masks of a CUDA rank come from its device's generator, which the driver's CPU reference "
-                    "does not replay")
+        pytest.skip("the masks of a CUDA rank come from its device's generator, which the driver's CPU reference does not replay")
     example = dataclasses.replace(
-        example, dropout=data.draw(st.sampled_from([0.25, 0.5]), label="dropout"),
-        streams=tuple(data.draw(st.lists(st.integers(0, 2**16), min_size=example.num_ranks,
-                                         max_size=example.num_ranks, unique=True), label="each rank's seed")))
+        example,
+        dropout=data.draw(st.sampled_from([0.25, 0.5]), label="dropout"),
+        streams=tuple(
+            data.draw(
+                st.lists(st.integers(0, 2**16), min_size=example.num_ranks, max_size=example.num_ranks, unique=True), label="each rank's seed"
+            )
+        ),
+    )
     judge = Judge(f"{example}", target.reproduce(request.node.nodeid))
     outputs = run_step(judge, ranks, example)
     judge_step(judge, example, outputs, forward_orders=forward_orders(judge, outputs, example.num_microbatches))
@@ -62,7 +67,9 @@ def forward_orders(judge: Judge, outputs: dict, m: int) -> list[list[int]]:
         order = [int(action[1:]) for action in run if action.startswith("F")]
         for stage in sorted(set(order)):
             if order.count(stage) != m:
-                judge.fail(f"rank {r} ran the forward of stage {stage} {order.count(stage)} times in one pipeline_step "
-                           f"of {m} microbatches: each microbatch's forward of a stage runs once")
+                judge.fail(
+                    f"rank {r} ran the forward of stage {stage} {order.count(stage)} times in one pipeline_step "
+                    f"of {m} microbatches: each microbatch's forward of a stage runs once"
+                )
         orders.append(order)
     return orders

@@ -24,6 +24,7 @@ interleaved; peak live activations m (GPipe), min(m, p - r) (1F1B), min(vm, warm
 The reference the verdict relies on (every reference schedule valid and meeting theory, mutated
 schedules rejected, deadlocks detected) is tested once, in tests/test_reference_pipeline_schedules.py.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -72,8 +73,12 @@ class Example:
 
     @property
     def model(self) -> dict:
-        return {"widths": list(self.widths), "dtype": "float64", **({"tied": True} if self.tied else {}),
-                **({"dropout": self.dropout} if self.dropout else {})}
+        return {
+            "widths": list(self.widths),
+            "dtype": "float64",
+            **({"tied": True} if self.tied else {}),
+            **({"dropout": self.dropout} if self.dropout else {}),
+        }
 
     def tied_copies(self) -> list[tuple[int, str]]:
         """(stage, name in the stage) of the tied weight's two uses: the first layer of stage 0 and
@@ -94,8 +99,7 @@ class Example:
         p, m, v = self.num_ranks, self.num_microbatches, self.stages_per_rank
         if self.kind in sched.REFERENCE_ONLY_KINDS:
             return sched.generate(self.kind, p, m, v)
-        return sched.random_schedule(p, m, v, self.schedule_seed, split_backward=self.kind != "random",
-                                     placement=self.placement)
+        return sched.random_schedule(p, m, v, self.schedule_seed, split_backward=self.kind != "random", placement=self.placement)
 
     @property
     def last_rank(self) -> int:
@@ -104,14 +108,19 @@ class Example:
 
     def __str__(self) -> str:
         kind = self.kind if not self.kind.startswith("random") else f"{self.kind} (seed {self.schedule_seed})"
-        return (f"p={self.num_ranks}, v={self.stages_per_rank}, schedule={kind}, m={self.num_microbatches}, "
-                f"layers per stage={list(self.layers_per_stage)}, widths={list(self.widths)}, "
-                f"batch={self.batch_size}, seed={self.seed}, data_seed={self.data_seed}"
-                + (f", {self.calls} pipeline_step calls accumulating" if self.calls > 1 else "")
-                + (f", then clip_grad_norm_(max_norm={self.clip[0]:.6g}, norm_type={self.clip[1]})" if self.clip else "")
-                + (f", padded rows {list(self.padded)}: the summed loss over the valid rows / their count, "
-                   "scale_grads=False" if self.padded else "")
-                + (", the last layer tied to the first, then sync_tied_gradients" if self.tied else ""))
+        return (
+            f"p={self.num_ranks}, v={self.stages_per_rank}, schedule={kind}, m={self.num_microbatches}, "
+            f"layers per stage={list(self.layers_per_stage)}, widths={list(self.widths)}, "
+            f"batch={self.batch_size}, seed={self.seed}, data_seed={self.data_seed}"
+            + (f", {self.calls} pipeline_step calls accumulating" if self.calls > 1 else "")
+            + (f", then clip_grad_norm_(max_norm={self.clip[0]:.6g}, norm_type={self.clip[1]})" if self.clip else "")
+            + (
+                f", padded rows {list(self.padded)}: the summed loss over the valid rows / their count, scale_grads=False"
+                if self.padded
+                else ""
+            )
+            + (", the last layer tied to the first, then sync_tied_gradients" if self.tied else "")
+        )
 
     def batch(self) -> dict:
         """The batch, with the targets of the ``padded`` rows NaN (padding)."""
@@ -140,8 +149,14 @@ def examples(draw, max_ranks: int, kinds=sched.KINDS, unequal: bool = False) -> 
 def run_step(judge: Judge, ranks, example: Example) -> dict:
     batch = example.batch()
     p = example.num_ranks
-    common = {"model": example.model, "seed": example.seed, "layers_per_stage": list(example.layers_per_stage),
-              "stages_per_rank": example.stages_per_rank, "num_microbatches": example.num_microbatches, "loss": LOSS}
+    common = {
+        "model": example.model,
+        "seed": example.seed,
+        "layers_per_stage": list(example.layers_per_stage),
+        "stages_per_rank": example.stages_per_rank,
+        "num_microbatches": example.num_microbatches,
+        "loss": LOSS,
+    }
     if example.as_rows:
         common.update(schedule=None, schedule_rows=example.rows().to_strings())
     else:
@@ -156,9 +171,15 @@ def run_step(judge: Judge, ranks, example: Example) -> dict:
         common.update(loss="masked_sum", per_token=True)
     if example.tied:
         common.update(tied=example.tied_copies())
-    per_rank = [{**common, "inputs": batch["inputs"] if r == 0 else None,
-                 "targets": batch["targets"] if r == example.last_rank else None,
-                 **({"rng_seed": example.streams[r]} if example.streams else {})} for r in range(p)]
+    per_rank = [
+        {
+            **common,
+            "inputs": batch["inputs"] if r == 0 else None,
+            "targets": batch["targets"] if r == example.last_rank else None,
+            **({"rng_seed": example.streams[r]} if example.streams else {}),
+        }
+        for r in range(p)
+    ]
     return run_or_skip(judge, ranks, Layout(p), PROGRAM, per_rank)
 
 
@@ -171,17 +192,29 @@ def dense(example: Example, stages: list | None = None, forward_orders: list[lis
     if stages is None:
         stages = pipeline_models.split(pipeline_models.build(example.model, example.seed), list(example.layers_per_stage))
     if not example.padded:
-        return ref.dense_step(stages, batch["inputs"], batch["targets"], pipeline_models.loss_fn(LOSS),
-                              example.num_microbatches, streams=list(example.streams) or None,
-                              forward_orders=forward_orders)
+        return ref.dense_step(
+            stages,
+            batch["inputs"],
+            batch["targets"],
+            pipeline_models.loss_fn(LOSS),
+            example.num_microbatches,
+            streams=list(example.streams) or None,
+            forward_orders=forward_orders,
+        )
     count = pipeline_models.valid_rows(batch["targets"])
-    return ref.dense_step(stages, batch["inputs"], batch["targets"],
-                          lambda output, target: pipeline_models.masked_squared_error(output, target) / count,
-                          example.num_microbatches, scale_grads=False)
+    return ref.dense_step(
+        stages,
+        batch["inputs"],
+        batch["targets"],
+        lambda output, target: pipeline_models.masked_squared_error(output, target) / count,
+        example.num_microbatches,
+        scale_grads=False,
+    )
 
 
-def judge_step(judge: Judge, example: Example, outputs: dict, order: sched.Schedule | None = None,
-               forward_orders: list[list[int]] | None = None) -> None:
+def judge_step(
+    judge: Judge, example: Example, outputs: dict, order: sched.Schedule | None = None, forward_orders: list[list[int]] | None = None
+) -> None:
     """``order``: the compute order each rank must run, when it is not ``expected_order``'s;
     ``forward_orders``: see ``dense``."""
     judge_executed_schedule(judge, example, outputs, order)
@@ -190,29 +223,38 @@ def judge_step(judge: Judge, example: Example, outputs: dict, order: sched.Sched
     for r in range(p):
         got = outputs[r]
         if r == last:
-            judge.tensor(got["loss"], expected.loss, atol=expected.loss_atol,
-                         suspects=lambda: likely_bugs.pipeline_loss(expected.loss, example.num_microbatches,
-                                                                    expected.loss_atol),
-                         what=f"rank {r} (holds the last stage) loss: the "
-                              + ("sum (scale_grads=False)" if example.padded else "mean")
-                              + f" over the {example.num_microbatches} microbatches of the per-microbatch loss")
+            judge.tensor(
+                got["loss"],
+                expected.loss,
+                atol=expected.loss_atol,
+                suspects=lambda: likely_bugs.pipeline_loss(expected.loss, example.num_microbatches, expected.loss_atol),
+                what=f"rank {r} (holds the last stage) loss: the "
+                + ("sum (scale_grads=False)" if example.padded else "mean")
+                + f" over the {example.num_microbatches} microbatches of the per-microbatch loss",
+            )
         elif got["loss"] is not None:
-            judge.fail(f"rank {r} returned a loss ({got['loss']!r}); only the rank holding the last stage, "
-                       f"rank {last}, returns it (the others return None)")
-        want = {name for name in expected.grads
-                if sched.stage_rank(int(name.split(".")[0].removeprefix("stage")), p, example.placement) == r}
+            judge.fail(
+                f"rank {r} returned a loss ({got['loss']!r}); only the rank holding the last stage, "
+                f"rank {last}, returns it (the others return None)"
+            )
+        want = {name for name in expected.grads if sched.stage_rank(int(name.split(".")[0].removeprefix("stage")), p, example.placement) == r}
         if set(got["grads"]) != want:
-            judge.fail(f"rank {r}: parameters with a .grad after pipeline_step: expected {sorted(want)}, got "
-                       f"{sorted(got['grads'])} (missing {sorted(want - set(got['grads']))})")
+            judge.fail(
+                f"rank {r}: parameters with a .grad after pipeline_step: expected {sorted(want)}, got "
+                f"{sorted(got['grads'])} (missing {sorted(want - set(got['grads']))})"
+            )
         calls = example.calls  # the same batch each call: .grad holds calls times the gradient (exact for 2)
         for name in sorted(want):
-            judge.tensor(got["grads"][name], expected.grads[name] * calls, atol=expected.grad_atol[name] * calls,
-                         suspects=lambda: likely_bugs.pipeline_gradient(expected.microbatch_grads, name,
-                                                                        expected.grad_atol[name], calls),
-                         what=f"rank {r} gradient of '{name}' (of the "
-                              + ("sum (scale_grads=False)" if example.padded else "mean")
-                              + " over microbatches of the per-microbatch loss"
-                              + (f", accumulated over {calls} pipeline_step calls)" if calls > 1 else ")"))
+            judge.tensor(
+                got["grads"][name],
+                expected.grads[name] * calls,
+                atol=expected.grad_atol[name] * calls,
+                suspects=lambda: likely_bugs.pipeline_gradient(expected.microbatch_grads, name, expected.grad_atol[name], calls),
+                what=f"rank {r} gradient of '{name}' (of the "
+                + ("sum (scale_grads=False)" if example.padded else "mean")
+                + " over microbatches of the per-microbatch loss"
+                + (f", accumulated over {calls} pipeline_step calls)" if calls > 1 else ")"),
+            )
 
 
 def check_drawn_step(data, ranks, target, request, kinds=sched.KINDS, unequal: bool = False) -> Example:
@@ -251,8 +293,10 @@ def test_a_loss_normalised_by_the_valid_rows_sums_the_microbatches(data, ranks, 
     no 1/m. Dividing by m anyway divides the gradient twice (torchtitan#2972's mismatch between PP
     and non-PP gradients under global-token normalisation)."""
     example = data.draw(examples(target.max_world_size), label="example")
-    padded = data.draw(st.lists(st.booleans(), min_size=example.batch_size, max_size=example.batch_size)
-                       .filter(lambda rows: not all(rows)), label="padded rows")
+    padded = data.draw(
+        st.lists(st.booleans(), min_size=example.batch_size, max_size=example.batch_size).filter(lambda rows: not all(rows)),
+        label="padded rows",
+    )
     example = dataclasses.replace(example, padded=tuple(i for i, pad in enumerate(padded) if pad))
     judge = Judge(str(example), target.reproduce(request.node.nodeid))
     judge_step(judge, example, run_step(judge, ranks, example))
@@ -283,8 +327,7 @@ def test_looped_bfs_runs_and_matches_the_dense_model(data, ranks, target, reques
 # -------------------------------------------------------------------- the implementation's schedules
 def graded_schedule(judge: Judge, ranks, kind: str, p: int, m: int, v: int) -> dict:
     """The implementation's generate_schedule(kind, p, m, v), run on one rank (it is pure)."""
-    return run_or_skip(judge, ranks, Layout(1), GENERATE, [
-        {"kind": kind, "num_ranks": p, "num_microbatches": m, "stages_per_rank": v}])[0]
+    return run_or_skip(judge, ranks, Layout(1), GENERATE, [{"kind": kind, "num_ranks": p, "num_microbatches": m, "stages_per_rank": v}])[0]
 
 
 def check_theory(judge: Judge, schedule: sched.Schedule, kind: str, what: str) -> None:
@@ -296,21 +339,23 @@ def check_theory(judge: Judge, schedule: sched.Schedule, kind: str, what: str) -
             judge.fail(f"{what}: {error}")
         bubble = sched.theory_bubble_fraction(kind, p, m, v)
         if result.bubble_fraction != bubble:
-            judge.fail(f"{what}: with F={costs.forward}, B={costs.backward} per stage the simulated bubble fraction "
-                       f"is {result.bubble_fraction} (makespan {result.makespan}), theory says {bubble}\n"
-                       f"{result.render()}\n\n{sched.render_grid(schedule, compute_only=True)}")
+            judge.fail(
+                f"{what}: with F={costs.forward}, B={costs.backward} per stage the simulated bubble fraction "
+                f"is {result.bubble_fraction} (makespan {result.makespan}), theory says {bubble}\n"
+                f"{result.render()}\n\n{sched.render_grid(schedule, compute_only=True)}"
+            )
     peaks = [sched.theory_peak_live(kind, p, m, v, r) for r in range(p)]
     if result.peak_live != peaks:
-        judge.fail(f"{what}: peak live activations per rank {result.peak_live}, theory says {peaks}\n"
-                   f"{sched.render_grid(schedule, compute_only=True)}")
+        judge.fail(
+            f"{what}: peak live activations per rank {result.peak_live}, theory says {peaks}\n{sched.render_grid(schedule, compute_only=True)}"
+        )
 
 
 @pytest.mark.capability("pipeline_schedules")
 @given(data=st.data())
 def test_generated_schedules_are_valid_and_meet_theory(data, ranks, reproduce):
     kind, p, m, v = data.draw(shapes(8, max_v=3), label="shape")
-    judge = Judge(f"generate_schedule({kind!r}, num_ranks={p}, num_microbatches={m}, stages_per_rank={v})",
-                  reproduce)
+    judge = Judge(f"generate_schedule({kind!r}, num_ranks={p}, num_microbatches={m}, stages_per_rank={v})", reproduce)
     out = graded_schedule(judge, ranks, kind, p, m, v)
     if "rows" not in out:
         judge.fail(f"generate_schedule refused valid arguments: {out.get('refused')}")
@@ -329,11 +374,9 @@ def test_generated_schedules_are_valid_and_meet_theory(data, ranks, reproduce):
 def test_interleaved_refuses_m_not_a_multiple_of_p(data, ranks, reproduce):
     p = data.draw(st.integers(2, 8), label="p")
     m = data.draw(st.integers(1, 16).filter(lambda k: k % p), label="m")
-    judge = Judge(f"generate_schedule('interleaved', num_ranks={p}, num_microbatches={m}, stages_per_rank=2)",
-                  reproduce)
+    judge = Judge(f"generate_schedule('interleaved', num_ranks={p}, num_microbatches={m}, stages_per_rank=2)", reproduce)
     out = graded_schedule(judge, ranks, "interleaved", p, m, 2)
     if "refused" not in out:
-        judge.fail("interleaved 1F1B with m not a multiple of p must raise a ValueError that says so; "
-                   "it returned a schedule")
+        judge.fail("interleaved 1F1B with m not a multiple of p must raise a ValueError that says so; it returned a schedule")
     if "multiple" not in out["refused"]:
         judge.fail(f"the ValueError must say that m must be a multiple of p; it says: {out['refused']}")

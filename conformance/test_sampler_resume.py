@@ -15,6 +15,7 @@ runs every sample seen, none twice but the resumed part's padding (with drop_las
 once set to the next epoch, the resumed sampler yields what a fresh one does (the count belongs to
 the resumed epoch only).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -30,26 +31,33 @@ from parallelism_conformance.conformance.verdict import Judge, run_or_skip
 def resume_examples(draw, max_world_size: int) -> dict:
     samples = draw(st.integers(1, 40), label="samples")
     first = draw(st.integers(1, max(1, min(4, max_world_size, samples))), label="first run's replicas")
-    return {"samples": samples, "shuffle": draw(st.booleans(), label="shuffle"),
-            "seed": draw(st.integers(0, 2**16), label="seed"), "drop_last": draw(st.booleans(), label="drop_last"),
-            "epoch": draw(st.integers(0, 3), label="epoch"), "first_replicas": first,
-            "steps": draw(st.integers(0, samples // first), label="steps before the stop"),
-            "second_replicas": draw(st.integers(1, max(1, min(4, max_world_size))), label="resumed run's replicas")}
+    return {
+        "samples": samples,
+        "shuffle": draw(st.booleans(), label="shuffle"),
+        "seed": draw(st.integers(0, 2**16), label="seed"),
+        "drop_last": draw(st.booleans(), label="drop_last"),
+        "epoch": draw(st.integers(0, 3), label="epoch"),
+        "first_replicas": first,
+        "steps": draw(st.integers(0, samples // first), label="steps before the stop"),
+        "second_replicas": draw(st.integers(1, max(1, min(4, max_world_size))), label="resumed run's replicas"),
+    }
 
 
 @pytest.mark.capability("sampler_resume")
 @given(data=st.data())
 def test_a_run_resumed_at_another_size_sees_every_sample_once(data, ranks, target, reproduce):
     example = data.draw(resume_examples(target.max_world_size), label="example")
-    judge = Judge(", ".join(f"{k}={v}" for k, v in example.items())
-                  + f" (consumed_samples={example['steps'] * example['first_replicas']})", reproduce)
+    judge = Judge(
+        ", ".join(f"{k}={v}" for k, v in example.items()) + f" (consumed_samples={example['steps'] * example['first_replicas']})", reproduce
+    )
     got = run_or_skip(judge, ranks, Layout(1), "data_sampler:resume", [example])[0]
     problems = ref.resume_problems(got["before"], got["after"], example["samples"], example["drop_last"])
     if problems:
         judge.fail("; ".join(problems))
     if got["lengths"] != [len(indices) for indices in got["after"]]:
-        judge.fail(f"the resumed replicas' len() are {got['lengths']} but they yield "
-                   f"{[len(indices) for indices in got['after']]} indices")
+        judge.fail(f"the resumed replicas' len() are {got['lengths']} but they yield {[len(indices) for indices in got['after']]} indices")
     if got["next_epoch"] != got["fresh_next_epoch"]:
-        judge.fail(f"set to epoch {example['epoch'] + 1}, the resumed replica 0 yields {got['next_epoch'][:8]}, a "
-                   f"fresh sampler {got['fresh_next_epoch'][:8]}: consumed_samples counts the resumed epoch only")
+        judge.fail(
+            f"set to epoch {example['epoch'] + 1}, the resumed replica 0 yields {got['next_epoch'][:8]}, a "
+            f"fresh sampler {got['fresh_next_epoch'][:8]}: consumed_samples counts the resumed epoch only"
+        )

@@ -28,6 +28,7 @@ rank by rank:
   passes, whatever their sizes) or the balance in elements above (a split by size passes); the
   first bound (no element's state twice) holds in both.
 """
+
 from __future__ import annotations
 
 import math
@@ -49,15 +50,29 @@ STATE_TENSORS = {"sgd": 1, "adamw": 2}  # K: state tensors per parameter element
 def run_training(ranks, example: Example) -> tuple[dict, dict, ref.Trajectory]:
     batch = models.make_batch(example.model, example.world_size * example.per_rank_batch, example.data_seed)
     slices = ref.split_batch(batch, example.world_size)
-    outputs = run_refusable(ranks, example, example.world_size, PROGRAM, [
-        {"model": example.model, "seed": example.seed, "optimizer": example.optimizer, "steps": example.steps,
-         "batch": slices[r]} for r in range(example.world_size)])
+    outputs = run_refusable(
+        ranks,
+        example,
+        example.world_size,
+        PROGRAM,
+        [
+            {"model": example.model, "seed": example.seed, "optimizer": example.optimizer, "steps": example.steps, "batch": slices[r]}
+            for r in range(example.world_size)
+        ],
+    )
     return outputs, batch, ref.train(models.build(example.model, example.seed), example.optimizer, batch, example.steps)
 
 
-def judge_state_sharding(judge: Judge, example: Example, held: dict[int, int], unsharded: dict[str, int],
-                         step: str, scope: str = "contract", tensors: dict[int, int] | None = None,
-                         parameters: int = 0) -> None:
+def judge_state_sharding(
+    judge: Judge,
+    example: Example,
+    held: dict[int, int],
+    unsharded: dict[str, int],
+    step: str,
+    scope: str = "contract",
+    tensors: dict[int, int] | None = None,
+    parameters: int = 0,
+) -> None:
     """The bounds of the module docstring on what each rank's local optimizer holds (``held``:
     elements; ``tensors``: for how many parameters, judged instead of the elements' balance under
     --scope cs336, out of ``parameters`` given to the optimizer)."""
@@ -67,9 +82,11 @@ def judge_state_sharding(judge: Judge, example: Example, held: dict[int, int], u
         judge.fail(f"after {step}: the ranks reported optimizer-state sizes {held}, not element counts")
     per_rank = ", ".join(f"rank {r}: {held[r]}" for r in sorted(held))
     if sum(held.values()) > total + k * (n - 1):
-        judge.fail(f"after {step}: the ranks' local optimizers hold {sum(held.values())} state elements in all "
-                   f"({per_rank}), one process holds {total}: state is replicated, not sharded (ZeRO stage 1 keeps "
-                   f"each element's state on one rank; allowed {total} + {k * (n - 1)} of padding)")
+        judge.fail(
+            f"after {step}: the ranks' local optimizers hold {sum(held.values())} state elements in all "
+            f"({per_rank}), one process holds {total}: state is replicated, not sharded (ZeRO stage 1 keeps "
+            f"each element's state on one rank; allowed {total} + {k * (n - 1)} of padding)"
+        )
     bound = math.ceil(total / n) + largest + k
     balanced_in_elements = max(held.values()) <= bound
     if scope == "cs336":  # the handout's "about 1/world_size of the parameters": in tensors or in elements
@@ -77,20 +94,25 @@ def judge_state_sharding(judge: Judge, example: Example, held: dict[int, int], u
         if any(not isinstance(v, int) or v < 0 for v in tensors.values()):
             judge.fail(f"after {step}: the ranks reported parameter counts {tensors}, not counts")
         if max(tensors.values()) > most and not balanced_in_elements:
-            judge.fail(f"after {step}: a rank's local optimizer holds state for {max(tensors.values())} parameters "
-                       f"({', '.join(f'rank {r}: {tensors[r]}' for r in sorted(tensors))}) and {max(held.values())} "
-                       f"state elements ({per_rank}); the handout asks each of {n} ranks to handle about 1/{n} of the "
-                       f"{parameters} parameters: at most {most} of them, or at most ceil({total}/{n}) + {largest} "
-                       f"(the largest parameter's state) + {k} = {bound} elements")
+            judge.fail(
+                f"after {step}: a rank's local optimizer holds state for {max(tensors.values())} parameters "
+                f"({', '.join(f'rank {r}: {tensors[r]}' for r in sorted(tensors))}) and {max(held.values())} "
+                f"state elements ({per_rank}); the handout asks each of {n} ranks to handle about 1/{n} of the "
+                f"{parameters} parameters: at most {most} of them, or at most ceil({total}/{n}) + {largest} "
+                f"(the largest parameter's state) + {k} = {bound} elements"
+            )
         return
     if not balanced_in_elements:
-        judge.fail(f"after {step}: a rank's local optimizer holds {max(held.values())} state elements ({per_rank}); "
-                   f"a balanced split of {total} over {n} ranks holds at most ceil({total}/{n}) + {largest} (the "
-                   f"largest parameter's state) + {k} = {bound}")
+        judge.fail(
+            f"after {step}: a rank's local optimizer holds {max(held.values())} state elements ({per_rank}); "
+            f"a balanced split of {total} over {n} ranks holds at most ceil({total}/{n}) + {largest} (the "
+            f"largest parameter's state) + {k} = {bound}"
+        )
 
 
-def judge_training(judge: Judge, example: Example, outputs: dict, batch: dict, expected: ref.Trajectory,
-                   device: str = "cpu", scope: str = "contract") -> None:
+def judge_training(
+    judge: Judge, example: Example, outputs: dict, batch: dict, expected: ref.Trajectory, device: str = "cpu", scope: str = "contract"
+) -> None:
     world = range(example.world_size)
     model = models.build(example.model, example.seed)
     exact = {name: "frozen parameter" for name, p in model.named_parameters() if not p.requires_grad}
@@ -101,27 +123,39 @@ def judge_training(judge: Judge, example: Example, outputs: dict, batch: dict, e
     before = expected.initial
     for s in range(example.steps):
         step = f"step {s + 1}"
-        truth = ref.evaluate(ref.load_state(models.build(example.model, 0), before), batch, example.world_size,
-                             device=device)
+        truth = ref.evaluate(ref.load_state(models.build(example.model, 0), before), batch, example.world_size, device=device)
         for r in world:
             got = outputs[r]["steps"][s]
-            judge.tensor(got["loss"], truth.slice_losses[r][0], atol=ref.loss_atol(truth, r),
-                         what=f"rank {r} loss at {step} (the mean loss over its own slice of the batch)")
+            judge.tensor(
+                got["loss"],
+                truth.slice_losses[r][0],
+                atol=ref.loss_atol(truth, r),
+                what=f"rank {r} loss at {step} (the mean loss over its own slice of the batch)",
+            )
             check_names(judge, got["state"], expected.states[s], f"rank {r} after {step}: parameters and buffers")
             for name, want in expected.states[s].items():
                 if name in exact:
                     judge.tensor(got["state"][name], want, what=f"rank {r} {exact[name]} '{name}' after {step}")
                 else:
-                    judge.tensor(got["state"][name], want, atol=ref.param_atol(expected, s + 1, name),
-                                 what=f"rank {r} parameter '{name}' after {step} (one process on the global batch, "
-                                      f"the whole optimizer state in one place)")
+                    judge.tensor(
+                        got["state"][name],
+                        want,
+                        atol=ref.param_atol(expected, s + 1, name),
+                        what=f"rank {r} parameter '{name}' after {step} (one process on the global batch, "
+                        f"the whole optimizer state in one place)",
+                    )
         for name in expected.states[s]:
-            judge.bitwise_identical({r: outputs[r]["steps"][s]["state"][name] for r in world},
-                                    what=f"'{name}' after {step}")
-        judge_state_sharding(judge, example, {r: outputs[r]["steps"][s]["optimizer_state_numel"] for r in world},
-                             expected.optimizer_state[s], step, scope,
-                             {r: outputs[r]["steps"][s]["optimizer_state_tensors"] for r in world},
-                             len(list(model.parameters())))
+            judge.bitwise_identical({r: outputs[r]["steps"][s]["state"][name] for r in world}, what=f"'{name}' after {step}")
+        judge_state_sharding(
+            judge,
+            example,
+            {r: outputs[r]["steps"][s]["optimizer_state_numel"] for r in world},
+            expected.optimizer_state[s],
+            step,
+            scope,
+            {r: outputs[r]["steps"][s]["optimizer_state_tensors"] for r in world},
+            len(list(model.parameters())),
+        )
         before = outputs[0]["steps"][s]["state"]
 
 

@@ -1,6 +1,7 @@
 """Conformance of the stage split (``split_stages(model, num_stages)``, CONTRACT.md, "Splitting a
 model into stages"): the model's own layers cut into contiguous stages by torch.tensor_split's rule,
 judged in the driver against that rule and against the model itself."""
+
 from __future__ import annotations
 
 import pytest
@@ -40,31 +41,39 @@ def test_split_stages_cuts_every_layer_once_in_order(data, ranks, target, reques
     seed = data.draw(st.integers(0, 2**16), label="seed")
     model = {"widths": widths, "dtype": "float64"}
     inputs = pipeline_models.make_batch(model, 3, seed + 1)["inputs"]
-    judge = Judge(f"num_layers={num_layers}, num_stages={num_stages}, widths={widths}, seed={seed}",
-                  target.reproduce(request.node.nodeid))
-    got = run_or_skip(judge, ranks, Layout(1), "pipeline_parallel:split",
-                      [{"model": model, "seed": seed, "num_stages": num_stages, "inputs": inputs}])[0]
+    judge = Judge(f"num_layers={num_layers}, num_stages={num_stages}, widths={widths}, seed={seed}", target.reproduce(request.node.nodeid))
+    got = run_or_skip(
+        judge, ranks, Layout(1), "pipeline_parallel:split", [{"model": model, "seed": seed, "num_stages": num_stages, "inputs": inputs}]
+    )[0]
     if num_stages > num_layers:
         named = got["raised"] == "ValueError" and str(num_layers) in got["message"] and str(num_stages) in got["message"]
         if not named:
-            judge.fail(f"split_stages of {num_layers} layers into {num_stages} stages returned "
-                       f"{'stages' if got['raised'] is None else got['raised'] + ': ' + got['message']}; the contract "
-                       f"asks for a ValueError naming both numbers (a stage would be empty)")
+            judge.fail(
+                f"split_stages of {num_layers} layers into {num_stages} stages returned "
+                f"{'stages' if got['raised'] is None else got['raised'] + ': ' + got['message']}; the contract "
+                f"asks for a ValueError naming both numbers (a stage would be empty)"
+            )
         return
     if got["raised"] is not None:
         judge.fail(f"split_stages raised {got['raised']}: {got['message']}")
     if got["copies"]:
-        judge.fail(f"split_stages' stages hold {got['copies']} layers that are not the model's own (copies): training "
-                   "the stages would not train the model")
+        judge.fail(
+            f"split_stages' stages hold {got['copies']} layers that are not the model's own (copies): training "
+            "the stages would not train the model"
+        )
     want = stage_split_rule(num_layers, num_stages)
     if got["stages"] != want:
         held = sorted(i for stage in got["stages"] for i in stage)
         lost = sorted(set(range(num_layers)) - set(held))
-        judge.fail(f"split_stages put the model's layers {got['stages']} in its {len(got['stages'])} stages; the "
-                   f"contract's split is {want} (contiguous, in order, the first L mod S = {num_layers % num_stages} "
-                   f"stages one longer)" + (f"; layers {lost} are in no stage" if lost else ""))
+        judge.fail(
+            f"split_stages put the model's layers {got['stages']} in its {len(got['stages'])} stages; the "
+            f"contract's split is {want} (contiguous, in order, the first L mod S = {num_layers % num_stages} "
+            f"stages one longer)" + (f"; layers {lost} are in no stage" if lost else "")
+        )
     with torch.no_grad():
         whole = pipeline_models.build(model, seed)(inputs)
-    judge.tensor(got["chained"], whole, what="the stages run one after another, against the model itself (the same "
-                                             "layers in the same order compute the same bits)")
-
+    judge.tensor(
+        got["chained"],
+        whole,
+        what="the stages run one after another, against the model itself (the same layers in the same order compute the same bits)",
+    )

@@ -26,6 +26,7 @@ dedicated test draws them on examples whose results are exact (zero input, integ
 checks where the bias enters. A class that is missing or raises
 NotImplementedError fails these tests as "not implemented" (CONTRACT.md).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -65,17 +66,17 @@ class Example:
 
     def __str__(self) -> str:
         widths = f"h={self.in_features}, ffn={self.ffn}" if self.ffn else f"in={self.in_features}, out={self.out_features}"
-        return (f"{self.layout}, {str(self.dtype).removeprefix('torch.')}, {widths}, input leading dims {self.leading}, "
-                f"bias={self.bias}, seed={self.seed}" + (f", LayerNorm(eps={NORM_EPS:g}) before fc1" if self.norm else ""))
+        return (
+            f"{self.layout}, {str(self.dtype).removeprefix('torch.')}, {widths}, input leading dims {self.leading}, "
+            f"bias={self.bias}, seed={self.seed}" + (f", LayerNorm(eps={NORM_EPS:g}) before fc1" if self.norm else "")
+        )
 
     def tensors(self) -> dict:
         """The dense weights (nn.Linear's init: U(-1/sqrt(in), 1/sqrt(in))), the input x and the
         upstream gradient g = dL/dy, all full size, built from the seed."""
-        layers = [(self.in_features, self.ffn), (self.ffn, self.in_features)] if self.ffn else \
-            [(self.in_features, self.out_features)]
+        layers = [(self.in_features, self.ffn), (self.ffn, self.in_features)] if self.ffn else [(self.in_features, self.out_features)]
         out = self.in_features if self.ffn else self.out_features
-        tensors = dense_layers(self.seed, self.dtype, layers, self.bias, (*self.leading, self.in_features),
-                               (*self.leading, out))
+        tensors = dense_layers(self.seed, self.dtype, layers, self.bias, (*self.leading, self.in_features), (*self.leading, out))
         if self.norm:  # from a generator of its own: the other tensors stay those of the same seed
             g = torch.Generator().manual_seed(self.seed + 7919)
             weight = 1 + 0.25 * torch.randn(self.in_features, generator=g, dtype=torch.float64)
@@ -108,8 +109,7 @@ def examples(draw, max_world_size: int, split: str, min_size: int = 1) -> Exampl
     )
 
 
-def judge_member(judge: Judge, rank: int, got: dict, expected: dict, atol: dict, notes: dict,
-                 suspects: dict | None = None) -> None:
+def judge_member(judge: Judge, rank: int, got: dict, expected: dict, atol: dict, notes: dict, suspects: dict | None = None) -> None:
     """``expected``: {key: tensor or None}; parameter values (no atol entry) must match exactly.
     ``suspects``: {key: callable returning known wrong answers} (reference/likely_bugs.py)."""
     for key, want in expected.items():
@@ -141,18 +141,34 @@ def test_column_parallel_linear(data, ranks, target, gather_output, reproduce):
     t, n = example.tensors(), example.n
     (weight, bias), x, g = t["params"][0], t["x"], t["g"]
     dense, atol = ref.linear(x, weight, bias, g), ref.linear_atol(x, weight, bias, g, n)
-    per_member = [{"layer": "column", "dense": {"weight": weight, "bias": bias}, "options": {"gather_output": gather_output},
-                   "x": x, "grad_output": g if gather_output else ref.features_shard(g, n, i)} for i in range(n)]
+    per_member = [
+        {
+            "layer": "column",
+            "dense": {"weight": weight, "bias": bias},
+            "options": {"gather_output": gather_output},
+            "x": x,
+            "grad_output": g if gather_output else ref.features_shard(g, n, i),
+        }
+        for i in range(n)
+    ]
     outputs = judge.run(ranks, example.layout, PROGRAM, per_member)
-    notes = {"output": " (the full output)" if gather_output else " (its slice of the output features)",
-             "grad_input": " (the full dL/dx: f all-reduces it in backward)"}
+    notes = {
+        "output": " (the full output)" if gather_output else " (its slice of the output features)",
+        "grad_input": " (the full dL/dx: f all-reduces it in backward)",
+    }
     for i, rank in enumerate(example.layout.ranks):
         w, b = ref.column_shard(weight, bias, n, i)
         gw, gb = ref.column_shard(dense["grad_weight"], dense.get("grad_bias"), n, i)
         aw, ab = ref.column_shard(atol["grad_weight"], atol.get("grad_bias"), n, i)
         out_of = (lambda t: t) if gather_output else (lambda t: ref.features_shard(t, n, i))
-        expected = {"weight": w, "bias": b, "output": out_of(dense["output"]), "grad_input": dense["grad_input"],
-                    "grad_weight": gw, "grad_bias": gb}
+        expected = {
+            "weight": w,
+            "bias": b,
+            "output": out_of(dense["output"]),
+            "grad_input": dense["grad_input"],
+            "grad_weight": gw,
+            "grad_bias": gb,
+        }
         tol = {"output": out_of(atol["output"]), "grad_input": atol["grad_input"], "grad_weight": aw, "grad_bias": ab}
         judge_member(judge, rank, outputs[rank], expected, tol, notes)
     judge_replicated(judge, outputs, ["grad_input", *(["output"] if gather_output else [])])
@@ -167,22 +183,45 @@ def test_row_parallel_linear(data, ranks, target, input_is_parallel, reproduce):
     t, n = example.tensors(), example.n
     (weight, bias), x, g = t["params"][0], t["x"], t["g"]
     dense, atol = ref.linear(x, weight, bias, g), ref.linear_atol(x, weight, bias, g, n)
-    per_member = [{"layer": "row", "dense": {"weight": weight, "bias": bias}, "options": {"input_is_parallel": input_is_parallel},
-                   "x": ref.features_shard(x, n, i) if input_is_parallel else x, "grad_output": g} for i in range(n)]
+    per_member = [
+        {
+            "layer": "row",
+            "dense": {"weight": weight, "bias": bias},
+            "options": {"input_is_parallel": input_is_parallel},
+            "x": ref.features_shard(x, n, i) if input_is_parallel else x,
+            "grad_output": g,
+        }
+        for i in range(n)
+    ]
     outputs = judge.run(ranks, example.layout, PROGRAM, per_member)
-    notes = {"output": " (the full output: partial outputs all-reduced, the bias added once)",
-             "grad_input": " (its slice of dL/dx)" if input_is_parallel else " (the full dL/dx)",
-             "grad_bias": " (the full dL/db on every rank, not n times it)"}
+    notes = {
+        "output": " (the full output: partial outputs all-reduced, the bias added once)",
+        "grad_input": " (its slice of dL/dx)" if input_is_parallel else " (the full dL/dx)",
+        "grad_bias": " (the full dL/db on every rank, not n times it)",
+    }
     for i, rank in enumerate(example.layout.ranks):
         w, b = ref.row_shard(weight, bias, n, i)
         gw, gb = ref.row_shard(dense["grad_weight"], dense.get("grad_bias"), n, i)
         aw, ab = ref.row_shard(atol["grad_weight"], atol.get("grad_bias"), n, i)
         in_of = (lambda t: ref.features_shard(t, n, i)) if input_is_parallel else (lambda t: t)
-        expected = {"weight": w, "bias": b, "output": dense["output"], "grad_input": in_of(dense["grad_input"]),
-                    "grad_weight": gw, "grad_bias": gb}
+        expected = {
+            "weight": w,
+            "bias": b,
+            "output": dense["output"],
+            "grad_input": in_of(dense["grad_input"]),
+            "grad_weight": gw,
+            "grad_bias": gb,
+        }
         tol = {"output": atol["output"], "grad_input": in_of(atol["grad_input"]), "grad_weight": aw, "grad_bias": ab}
-        judge_member(judge, rank, outputs[rank], expected, tol, notes, suspects={
-            "output": lambda: likely_bugs.row_parallel_output(dense["output"], bias, n, atol["output"])})
+        judge_member(
+            judge,
+            rank,
+            outputs[rank],
+            expected,
+            tol,
+            notes,
+            suspects={"output": lambda: likely_bugs.row_parallel_output(dense["output"], bias, n, atol["output"])},
+        )
     judge_replicated(judge, outputs, ["output", "grad_bias", *([] if input_is_parallel else ["grad_input"])])
 
 
@@ -200,15 +239,21 @@ def check_mlp(judge: Judge, ranks, example: Example, sequence_parallel: bool) ->
     weights = {"fc1_weight": w1, "fc1_bias": b1, "fc2_weight": w2, "fc2_bias": b2}
     if example.norm:
         weights.update(norm_weight=t["norm"][0], norm_bias=t["norm"][1], norm_eps=t["norm"][2])
-    per_member = [{"layer": "mlp", "dense": weights, "options": {"sequence_parallel": sequence_parallel},
-                   "x": mine(x, i), "grad_output": mine(g, i)} for i in range(n)]
+    per_member = [
+        {"layer": "mlp", "dense": weights, "options": {"sequence_parallel": sequence_parallel}, "x": mine(x, i), "grad_output": mine(g, i)}
+        for i in range(n)
+    ]
     outputs = judge.run(ranks, example.layout, PROGRAM, per_member)
     shard = " (its sequence shard)" if sequence_parallel else " (full, replicated)"
     whole = ", over the whole sequence)" if sequence_parallel else ")"
-    notes = {"output": shard, "grad_input": shard, "fc2_bias": " (the whole bias)",
-             "grad_fc2_bias": " (the full dL/db2 on every rank" + whole,
-             "grad_norm_weight": " (the LayerNorm's, whole on every rank: the full gradient" + whole,
-             "grad_norm_bias": " (the LayerNorm's, whole on every rank: the full gradient" + whole}
+    notes = {
+        "output": shard,
+        "grad_input": shard,
+        "fc2_bias": " (the whole bias)",
+        "grad_fc2_bias": " (the full dL/db2 on every rank" + whole,
+        "grad_norm_weight": " (the LayerNorm's, whole on every rank: the full gradient" + whole,
+        "grad_norm_bias": " (the LayerNorm's, whole on every rank: the full gradient" + whole,
+    }
     for i, rank in enumerate(example.layout.ranks):
         expected = {"output": mine(dense["output"], i), "grad_input": mine(dense["grad_input"], i)}
         tol = {"output": mine(atol["output"], i), "grad_input": mine(atol["grad_input"], i)}
@@ -217,18 +262,30 @@ def check_mlp(judge: Judge, ranks, example: Example, sequence_parallel: bool) ->
             gw, gb = split(dense["grad_" + prefix + "weight"], dense.get("grad_" + prefix + "bias"), n, i)
             expected["grad_" + prefix + "weight"], expected["grad_" + prefix + "bias"] = gw, gb
             tol["grad_" + prefix + "weight"], tol["grad_" + prefix + "bias"] = split(
-                atol["grad_" + prefix + "weight"], atol.get("grad_" + prefix + "bias"), n, i)
-        suspects = {"output": lambda: likely_bugs.row_parallel_output(
-            expected["output"], mine(b2.expand_as(dense["output"]), i) if b2 is not None else None, n, tol["output"])}
+                atol["grad_" + prefix + "weight"], atol.get("grad_" + prefix + "bias"), n, i
+            )
+        suspects = {
+            "output": lambda: likely_bugs.row_parallel_output(
+                expected["output"], mine(b2.expand_as(dense["output"]), i) if b2 is not None else None, n, tol["output"]
+            )
+        }
         if example.norm:
             for key in ("norm_weight", "norm_bias"):
                 expected[key] = t["norm"][0] if key == "norm_weight" else t["norm"][1]
                 expected["grad_" + key], tol["grad_" + key] = dense["grad_" + key], atol["grad_" + key]
-                suspects["grad_" + key] = (lambda key=key: likely_bugs.replicated_gradient(
-                    dense["grad_" + key], atol["grad_" + key], n, sequence_parallel))
+                suspects["grad_" + key] = lambda key=key: likely_bugs.replicated_gradient(
+                    dense["grad_" + key], atol["grad_" + key], n, sequence_parallel
+                )
         judge_member(judge, rank, outputs[rank], expected, tol, notes, suspects=suspects)
-    judge_replicated(judge, outputs, ["grad_fc2_bias", *(["grad_norm_weight", "grad_norm_bias"] if example.norm else []),
-                                      *([] if sequence_parallel else ["output", "grad_input"])])
+    judge_replicated(
+        judge,
+        outputs,
+        [
+            "grad_fc2_bias",
+            *(["grad_norm_weight", "grad_norm_bias"] if example.norm else []),
+            *([] if sequence_parallel else ["output", "grad_input"]),
+        ],
+    )
 
 
 @pytest.mark.capability("tensor_parallel")
@@ -242,13 +299,15 @@ def test_mlp_equals_the_dense_mlp(data, ranks, target, reproduce):
 @given(data=st.data())
 def test_sequence_parallel_mlp_equals_the_dense_mlp(data, ranks, target, reproduce):
     example = data.draw(examples(target.max_world_size, "sequence"), label="example")
-    check_mlp(Judge(f"{example}, sequence_parallel=True", reproduce), ranks, example,
-              sequence_parallel=True)
+    check_mlp(Judge(f"{example}, sequence_parallel=True", reproduce), ranks, example, sequence_parallel=True)
 
 
 # --------------------------------------------------------------------------- sizes that do not split
-REFUSED_DIMENSION = {"column": ("out_features", "out_features"), "row": ("in_features", "in_features"),
-                     "mlp": ("ffn", "the ffn width (fc1.out_features)")}
+REFUSED_DIMENSION = {
+    "column": ("out_features", "out_features"),
+    "row": ("in_features", "in_features"),
+    "mlp": ("ffn", "the ffn width (fc1.out_features)"),
+}
 
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -264,10 +323,8 @@ def test_the_bias_enters_once_in_low_precision(data, ranks, target, layer, repro
     upstream gradient holds small integers, so the last bias's gradient, their sum over the rows,
     is exact too. Any other value is a structural error: the bias entered n times, or not at all."""
     dtype = data.draw(st.sampled_from(LOW_PRECISION), label="dtype")
-    example = data.draw(examples(target.max_world_size, {"row": "in", "mlp": "ffn", "mlp_sp": "sequence"}[layer]),
-                        label="example")
-    judge = Judge(f"{example} (as {str(dtype).removeprefix('torch.')}, zero input, integer upstream gradient)",
-                  reproduce)
+    example = data.draw(examples(target.max_world_size, {"row": "in", "mlp": "ffn", "mlp_sp": "sequence"}[layer]), label="example")
+    judge = Judge(f"{example} (as {str(dtype).removeprefix('torch.')}, zero input, integer upstream gradient)", reproduce)
     t, n = example.tensors(), example.n
     g = torch.Generator().manual_seed(example.seed)
     w_last, out_features = t["params"][-1][0], t["g"].shape[-1]
@@ -277,28 +334,41 @@ def test_the_bias_enters_once_in_low_precision(data, ranks, target, layer, repro
     rows = grad.reshape(-1, out_features)
     if layer == "row":
         dense = {"weight": w_last.to(dtype), "bias": bias}
-        per_member = [{"layer": "row", "dense": dense, "options": {"input_is_parallel": True},
-                       "x": ref.features_shard(x, n, i), "grad_output": grad} for i in range(n)]
+        per_member = [
+            {"layer": "row", "dense": dense, "options": {"input_is_parallel": True}, "x": ref.features_shard(x, n, i), "grad_output": grad}
+            for i in range(n)
+        ]
         keys = ("output", "grad_bias")
     else:
         (w1, _), sp = t["params"][0], layer == "mlp_sp"
-        dense = {"fc1_weight": w1.to(dtype), "fc1_bias": torch.zeros(w1.shape[0], dtype=dtype),
-                 "fc2_weight": w_last.to(dtype), "fc2_bias": bias}
+        dense = {
+            "fc1_weight": w1.to(dtype),
+            "fc1_bias": torch.zeros(w1.shape[0], dtype=dtype),
+            "fc2_weight": w_last.to(dtype),
+            "fc2_bias": bias,
+        }
         mine = (lambda v, i: ref.sequence_shard(v, n, i)) if sp else (lambda v, i: v)
-        per_member = [{"layer": "mlp", "dense": dense, "options": {"sequence_parallel": sp}, "x": mine(x, i),
-                       "grad_output": mine(grad, i)} for i in range(n)]
+        per_member = [
+            {"layer": "mlp", "dense": dense, "options": {"sequence_parallel": sp}, "x": mine(x, i), "grad_output": mine(grad, i)}
+            for i in range(n)
+        ]
         keys = ("output", "grad_fc2_bias")
     outputs = judge.run(ranks, example.layout, PROGRAM, per_member)
     for i, rank in enumerate(example.layout.ranks):
         got = outputs[rank]
         want_out = bias.expand(*(per_member[i]["x"].shape[:-1]), out_features)
-        judge.tensor(got[keys[0]], want_out, what=f"rank {rank} output (exactly the bias, added once: the input is "
-                                                  f"zero)", suspects=lambda: [(f"the bias added {n} times: every rank "
-                                                                               "adds it before the reduction",
-                                                                               want_out * n, None)])
+        judge.tensor(
+            got[keys[0]],
+            want_out,
+            what=f"rank {rank} output (exactly the bias, added once: the input is zero)",
+            suspects=lambda: [(f"the bias added {n} times: every rank adds it before the reduction", want_out * n, None)],
+        )
         total = rows.to(torch.float64).sum(0).to(dtype)
-        judge.tensor(got[keys[1]], total, what=f"rank {rank} {keys[1].replace('_', ' ')} (the sum of the integer "
-                                               "upstream gradient over every row, exact)")
+        judge.tensor(
+            got[keys[1]],
+            total,
+            what=f"rank {rank} {keys[1].replace('_', ' ')} (the sum of the integer upstream gradient over every row, exact)",
+        )
 
 
 @pytest.mark.min_ranks(2)
@@ -312,20 +382,21 @@ def test_a_width_that_does_not_split_is_refused(data, ranks, target, layer, repr
     size = data.draw(st.integers(1, 4 * n).filter(lambda s: s % n), label="size")
     other = data.draw(st.integers(1, 6), label="other width")
     dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
-    judge = Judge(f"{layout}, {layer} with {REFUSED_DIMENSION[layer][1]} = {size}, {str(dtype).removeprefix('torch.')}",
-                  reproduce)
+    judge = Judge(f"{layout}, {layer} with {REFUSED_DIMENSION[layer][1]} = {size}, {str(dtype).removeprefix('torch.')}", reproduce)
     shape = {"column": (size, other), "row": (other, size)}
     if layer == "mlp":
-        dense = {"fc1_weight": torch.zeros(size, other, dtype=dtype), "fc1_bias": None,
-                 "fc2_weight": torch.zeros(other, size, dtype=dtype), "fc2_bias": None}
+        dense = {
+            "fc1_weight": torch.zeros(size, other, dtype=dtype),
+            "fc1_bias": None,
+            "fc2_weight": torch.zeros(other, size, dtype=dtype),
+            "fc2_bias": None,
+        }
         x = torch.zeros(2, other, dtype=dtype)
     else:
         dense = {"weight": torch.zeros(shape[layer], dtype=dtype), "bias": None}
         x = torch.zeros(2, shape[layer][1] if layer == "column" else other, dtype=dtype)
-    outputs = judge.run(ranks, layout, "tensor_parallel:refusal",
-                        [{"layer": layer, "dense": dense, "options": {}, "x": x} for _ in range(n)])
-    judge_refusals(judge, outputs, layout, f"{layer} layer with {REFUSED_DIMENSION[layer][1]} = {size}",
-                   REFUSED_DIMENSION[layer][0], size)
+    outputs = judge.run(ranks, layout, "tensor_parallel:refusal", [{"layer": layer, "dense": dense, "options": {}, "x": x} for _ in range(n)])
+    judge_refusals(judge, outputs, layout, f"{layer} layer with {REFUSED_DIMENSION[layer][1]} = {size}", REFUSED_DIMENSION[layer][0], size)
 
 
 @pytest.mark.capability("tp_norm")
@@ -339,6 +410,4 @@ def test_a_layernorm_before_the_mlp_keeps_whole_gradients(data, ranks, target, s
     (Megatron-LM#1446, gpt-neox#1257: LayerNorm gradients that differ per rank)."""
     example = data.draw(examples(target.max_world_size, "sequence" if sequence_parallel else "ffn"), label="example")
     example = dataclasses.replace(example, norm=True)
-    check_mlp(Judge(f"{example}, sequence_parallel={sequence_parallel}", reproduce), ranks, example,
-              sequence_parallel=sequence_parallel)
-
+    check_mlp(Judge(f"{example}, sequence_parallel={sequence_parallel}", reproduce), ranks, example, sequence_parallel=sequence_parallel)

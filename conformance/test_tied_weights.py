@@ -17,6 +17,7 @@ Reported bugs this is for: Megatron-LM#844 (the distributed optimizer reduce-sca
 embedding's all-reduce, so the tied copies were updated from partial gradients) and copies that
 drift apart when one of them is never given the other's gradient.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,11 +44,12 @@ def tied_examples(draw, max_ranks: int) -> Example:
     layers = list(example.layers_per_stage)
     if sum(layers) < 2:
         layers[-1] += 1
-    widths = list(example.widths)[:sum(layers) + 1]
+    widths = list(example.widths)[: sum(layers) + 1]
     widths += [widths[-1]] * (sum(layers) + 1 - len(widths))
     widths[-1], widths[-2] = widths[0], widths[1]
-    return dataclasses.replace(example, layers_per_stage=tuple(layers), widths=tuple(widths),
-                               calls=draw(st.integers(1, 2), label="pipeline_step calls"), tied=True)
+    return dataclasses.replace(
+        example, layers_per_stage=tuple(layers), widths=tuple(widths), calls=draw(st.integers(1, 2), label="pipeline_step calls"), tied=True
+    )
 
 
 @pytest.mark.capability("pipeline_tied")
@@ -60,7 +62,7 @@ def test_a_weight_tied_across_stages_gets_the_sum_of_both_uses_on_every_copy(dat
     copies = {}  # what each holder reports of the tied weight's gradient, by rank and stable name
     p = example.num_ranks
     # with one stage, both uses are one parameter of that stage (named_parameters lists it once)
-    for stage, name in example.tied_copies()[:1 if len(example.layers_per_stage) == 1 else 2]:
+    for stage, name in example.tied_copies()[: 1 if len(example.layers_per_stage) == 1 else 2]:
         key = f"stage{stage}.{name}"
         got = outputs[stage % p]["grads"].get(key)
         if not isinstance(got, torch.Tensor):
@@ -69,9 +71,11 @@ def test_a_weight_tied_across_stages_gets_the_sum_of_both_uses_on_every_copy(dat
     judge_step(judge, example, outputs)
     (first_at, first), (last_at, last) = list(copies.items())[0], list(copies.items())[-1]
     if not torch.equal(first, last):
-        judge.fail(f"the tied weight's copies differ after sync_tied_gradients: '{first_at[1]}' on rank {first_at[0]} "
-                   f"and '{last_at[1]}' on rank {last_at[0]} (largest difference {(first - last).abs().max().item():.3g}); "
-                   "the optimizer would move them apart")
+        judge.fail(
+            f"the tied weight's copies differ after sync_tied_gradients: '{first_at[1]}' on rank {first_at[0]} "
+            f"and '{last_at[1]}' on rank {last_at[0]} (largest difference {(first - last).abs().max().item():.3g}); "
+            "the optimizer would move them apart"
+        )
 
 
 @pytest.mark.capability("pipeline_tied")
@@ -87,8 +91,7 @@ def test_the_tied_weight_counts_once_in_the_clipped_norm(data, ranks, target, re
     factor = data.draw(st.sampled_from(MAX_NORM_FACTORS), label="max_norm / norm")
     expected = dense(example)
     second = example.tied_copies()[1]
-    counted = sorted(name for name in expected.grads
-                     if len(example.layers_per_stage) == 1 or name != f"stage{second[0]}.{second[1]}")
+    counted = sorted(name for name in expected.grads if len(example.layers_per_stage) == 1 or name != f"stage{second[0]}.{second[1]}")
     want = float(ref_dp.total_norm([expected.grads[name] for name in counted], norm_type))
     example = dataclasses.replace(example, clip=(factor * want + 1e-3, norm_type))
     judge = Judge(str(example), target.reproduce(request.node.nodeid))

@@ -24,6 +24,7 @@ step:
   normalisation (reference/data_parallel.py ``train(per_token=True)``, its bounds), bitwise the same
   on every rank; frozen parameters and buffers exactly.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -68,7 +69,7 @@ class Example:
         targets = batch["targets"].clone()
         generator = torch.Generator().manual_seed(self.data_seed + 1)
         for index, mask in enumerate(self.masks):
-            block = targets[index * rows:(index + 1) * rows]
+            block = targets[index * rows : (index + 1) * rows]
             if mask == "none":
                 block[:] = models.IGNORE
             elif mask == "samples":
@@ -79,11 +80,13 @@ class Example:
 
     def __str__(self) -> str:
         bucket = "" if self.bucket_size_mb is None else f", bucket_size_mb={self.bucket_size_mb:.9g}"
-        return (f"world_size={self.world_size}, {self.per_rank_batch} samples per rank and micro-batch, "
-                f"{self.micro_batches} micro-batches per step, model=({describe_spec(self.model, 'kind')}), "
-                f"steps={self.steps}, optimizer=({describe_spec(self.optimizer, 'name')}), "
-                f"gradient_divide_factor={self.divide_factor:g}, targets per slice (micro-batch-major)="
-                f"{list(self.masks)}, seed={self.seed}, data_seed={self.data_seed}{bucket}")
+        return (
+            f"world_size={self.world_size}, {self.per_rank_batch} samples per rank and micro-batch, "
+            f"{self.micro_batches} micro-batches per step, model=({describe_spec(self.model, 'kind')}), "
+            f"steps={self.steps}, optimizer=({describe_spec(self.optimizer, 'name')}), "
+            f"gradient_divide_factor={self.divide_factor:g}, targets per slice (micro-batch-major)="
+            f"{list(self.masks)}, seed={self.seed}, data_seed={self.data_seed}{bucket}"
+        )
 
 
 @st.composite
@@ -95,11 +98,19 @@ def examples(draw, max_world_size: int, buckets: bool) -> Example:
     masks[full] = "all"  # C > 0
     if n * k > 1:  # a rank (or a micro-batch) without a single token
         masks[(full + draw(st.integers(1, n * k - 1))) % (n * k)] = "none"
-    return Example(world_size=n, per_rank_batch=draw(st.integers(1, 3)), micro_batches=k, model=model,
-                   steps=draw(st.integers(1, 3)), optimizer=draw(optimizer_specs),
-                   divide_factor=draw(st.sampled_from(DIVIDE_FACTORS)), masks=tuple(masks),
-                   seed=draw(st.integers(0, 2**16)), data_seed=draw(st.integers(0, 2**16)),
-                   bucket_size_mb=draw(bucket_sizes(model)) if buckets else None)
+    return Example(
+        world_size=n,
+        per_rank_batch=draw(st.integers(1, 3)),
+        micro_batches=k,
+        model=model,
+        steps=draw(st.integers(1, 3)),
+        optimizer=draw(optimizer_specs),
+        divide_factor=draw(st.sampled_from(DIVIDE_FACTORS)),
+        masks=tuple(masks),
+        seed=draw(st.integers(0, 2**16)),
+        data_seed=draw(st.integers(0, 2**16)),
+        bucket_size_mb=draw(bucket_sizes(model)) if buckets else None,
+    )
 
 
 def rank_inputs(example: Example, layout: str) -> list[dict]:
@@ -107,9 +118,18 @@ def rank_inputs(example: Example, layout: str) -> list[dict]:
     n = example.world_size
     micro = [ref.split_batch(b, n) for b in ref.split_micro_batches(example.batch(), example.micro_batches)]
     options = {"bucket_size_mb": example.bucket_size_mb} if layout == "data_parallel" else {}
-    return [{"model": example.model, "seed": example.seed, "optimizer": example.optimizer, "steps": example.steps,
-             "batches": [slices[r] for slices in micro], "divide_factor": example.divide_factor, **options}
-            for r in range(n)]
+    return [
+        {
+            "model": example.model,
+            "seed": example.seed,
+            "optimizer": example.optimizer,
+            "steps": example.steps,
+            "batches": [slices[r] for slices in micro],
+            "divide_factor": example.divide_factor,
+            **options,
+        }
+        for r in range(n)
+    ]
 
 
 def train_and_judge(judge: Judge, ranks, example: Example, layout: str, device: str) -> None:
@@ -134,30 +154,39 @@ def judge_training(judge: Judge, example: Example, layout: str, outputs: dict, d
         for r in range(n):
             got = outputs[r]["steps"][s]
             if got["count"] != total:
-                judge.fail(f"rank {r} at {step}: global_token_count({per_rank[r]}) returned {got['count']!r}; the ranks "
-                           f"hold {per_rank} valid targets, {total} in all: it must return the sum over the ranks")
-            judge.tensor(got["loss"], truth.slice_losses[r], atol=ref.loss_atol(truth, r),
-                         what=f"rank {r} summed losses at {step} (per micro-batch, over its valid targets)")
+                judge.fail(
+                    f"rank {r} at {step}: global_token_count({per_rank[r]}) returned {got['count']!r}; the ranks "
+                    f"hold {per_rank} valid targets, {total} in all: it must return the sum over the ranks"
+                )
+            judge.tensor(
+                got["loss"],
+                truth.slice_losses[r],
+                atol=ref.loss_atol(truth, r),
+                what=f"rank {r} summed losses at {step} (per micro-batch, over its valid targets)",
+            )
             if layout == "data_parallel":
-                check_names(judge, got["grads"], truth.grads,
-                            f"rank {r} at {step}: parameters with a .grad after finish_gradient_synchronization")
+                check_names(
+                    judge, got["grads"], truth.grads, f"rank {r} at {step}: parameters with a .grad after finish_gradient_synchronization"
+                )
                 for name, want in truth.grads.items():
                     atol = ref.grad_atol(truth, name)
-                    judge.tensor(got["grads"][name], want, atol=atol,
-                                 what=f"rank {r} gradient of '{name}' after finish_gradient_synchronization at {step} "
-                                      f"(the gradient of the mean over all {total} valid tokens: summed over ranks, "
-                                      f"divided by gradient_divide_factor={example.divide_factor:g})",
-                                 suspects=lambda: likely_bugs.token_loss_gradient(truth.slice_grads, per_rank,
-                                                                                  example.divide_factor, name, atol))
-            check_state_after_step(judge, r, got["state"], expected, s, exact,
-                                   "one process training on the mean over every valid token of the global batch")
+                    judge.tensor(
+                        got["grads"][name],
+                        want,
+                        atol=atol,
+                        what=f"rank {r} gradient of '{name}' after finish_gradient_synchronization at {step} "
+                        f"(the gradient of the mean over all {total} valid tokens: summed over ranks, "
+                        f"divided by gradient_divide_factor={example.divide_factor:g})",
+                        suspects=lambda: likely_bugs.token_loss_gradient(truth.slice_grads, per_rank, example.divide_factor, name, atol),
+                    )
+            check_state_after_step(
+                judge, r, got["state"], expected, s, exact, "one process training on the mean over every valid token of the global batch"
+            )
         if layout == "data_parallel":
             for name in truth.grads:
-                judge.bitwise_identical({r: outputs[r]["steps"][s]["grads"][name] for r in range(n)},
-                                        what=f"gradient of '{name}' at {step}")
+                judge.bitwise_identical({r: outputs[r]["steps"][s]["grads"][name] for r in range(n)}, what=f"gradient of '{name}' at {step}")
         for name in expected.states[s]:
-            judge.bitwise_identical({r: outputs[r]["steps"][s]["state"][name] for r in range(n)},
-                                    what=f"'{name}' after {step}")
+            judge.bitwise_identical({r: outputs[r]["steps"][s]["state"][name] for r in range(n)}, what=f"'{name}' after {step}")
         before = outputs[0]["steps"][s]["state"]
 
 
@@ -173,8 +202,9 @@ def test_data_parallel_gradients_are_the_mean_over_every_valid_token(data, ranks
     conformance/test_data_parallel.py."""
     beyond_the_handout(target)
     example = data.draw(examples(target.max_world_size, buckets=True), label="example")
-    train_and_judge(Judge(str(example), target.reproduce(request.node.nodeid)), ranks, example, "data_parallel",
-                    target.plan.device_type(example.world_size))
+    train_and_judge(
+        Judge(str(example), target.reproduce(request.node.nodeid)), ranks, example, "data_parallel", target.plan.device_type(example.world_size)
+    )
 
 
 @pytest.mark.capability("token_loss")
@@ -183,5 +213,6 @@ def test_fully_sharded_gradients_are_the_mean_over_every_valid_token(data, ranks
     """fully_shard(unit, gradient_divide_factor=f) on every unit and the root."""
     beyond_the_handout(target)
     example = data.draw(examples(target.max_world_size, buckets=False), label="example")
-    train_and_judge(Judge(str(example), target.reproduce(request.node.nodeid)), ranks, example, "fully_sharded",
-                    target.plan.device_type(example.world_size))
+    train_and_judge(
+        Judge(str(example), target.reproduce(request.node.nodeid)), ranks, example, "fully_sharded", target.plan.device_type(example.world_size)
+    )

@@ -16,6 +16,7 @@ for one row of each member's sequence shard, +-(2^(p+1) - 1) on the first member
 driver, member by member: the output in d and exactly the bias; fc2's bias gradient float32 and exactly
 the sum; every parameter and gradient float32.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,10 +39,14 @@ PARAMETERS = ("fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias")
 @given(data=st.data())
 def test_the_sequence_parallel_bias_gradient_is_summed_in_the_masters_dtype(data, ranks, target, reproduce):
     dtype = data.draw(st.sampled_from(list(LARGEST_EXACT)), label="compute dtype")
-    example = dataclasses.replace(data.draw(examples(target.max_world_size, "sequence", min_size=2), label="example"),
-                                  bias=True)  # fc2's bias is the point; fc1's is zero
-    judge = Judge(f"{example} (float32 masters, compute_dtype={str(dtype).removeprefix('torch.')}, sequence "
-                  "parallel, zero input, one nonzero upstream row per member)", reproduce)
+    example = dataclasses.replace(
+        data.draw(examples(target.max_world_size, "sequence", min_size=2), label="example"), bias=True
+    )  # fc2's bias is the point; fc1's is zero
+    judge = Judge(
+        f"{example} (float32 masters, compute_dtype={str(dtype).removeprefix('torch.')}, sequence "
+        "parallel, zero input, one nonzero upstream row per member)",
+        reproduce,
+    )
     built = bias_sum_example(example, dtype)
     judge_bias_sum(judge, example, built, run_or_skip(judge, ranks, example.layout, PROGRAM, built["per_member"]))
 
@@ -62,9 +67,16 @@ def bias_sum_example(example, dtype: torch.dtype) -> dict:
     for i in range(n):
         grad[(*leading, i * per_rank)] = signs * (LARGEST_EXACT[dtype] if i == 0 else 2)
     dense = {"fc1_weight": w1.float(), "fc1_bias": torch.zeros(w1.shape[0]), "fc2_weight": w2.float(), "fc2_bias": bias}
-    per_member = [{"layer": "mlp", "dense": dense, "options": {"sequence_parallel": True, "compute_dtype": dtype},
-                   "x": ref.sequence_shard(x, n, i), "grad_output": ref.sequence_shard(grad, n, i).to(dtype)}
-                  for i in range(n)]
+    per_member = [
+        {
+            "layer": "mlp",
+            "dense": dense,
+            "options": {"sequence_parallel": True, "compute_dtype": dtype},
+            "x": ref.sequence_shard(x, n, i),
+            "grad_output": ref.sequence_shard(grad, n, i).to(dtype),
+        }
+        for i in range(n)
+    ]
     # odd and past the exact range: only a float32 sum keeps it
     return {"per_member": per_member, "dtype": dtype, "bias": bias, "total": grad.reshape(-1, h).sum(0), "x": x}
 
@@ -74,14 +86,16 @@ def judge_bias_sum(judge: Judge, example, built: dict, outputs: dict) -> None:
     for i, rank in enumerate(example.layout.ranks):
         got = outputs[rank]
         want = built["bias"].to(dtype).expand(*ref.sequence_shard(built["x"], n, i).shape)
-        judge.tensor(got["output"], want, what=f"rank {rank} output (in the compute dtype: exactly fc2's bias, the input "
-                                               "being zero)")
+        judge.tensor(got["output"], want, what=f"rank {rank} output (in the compute dtype: exactly fc2's bias, the input being zero)")
         for name in PARAMETERS:
             for key in (name, "grad_" + name):
                 if got.get(key) is not None and got[key].dtype != torch.float32:
-                    judge.fail(f"rank {rank} {key.replace('_', ' ')} is {got[key].dtype}: the masters and their "
-                               "gradients stay float32")
-        judge.tensor(got["grad_fc2_bias"], total,
-                     what=f"rank {rank} grad fc2 bias (every member's partial sum, summed across the group in float32)",
-                     suspects=lambda: [(f"summed across the group in {str(dtype).removeprefix('torch.')} "
-                                        "(pytorch#190626)", total.to(dtype).float(), None)])
+                    judge.fail(f"rank {rank} {key.replace('_', ' ')} is {got[key].dtype}: the masters and their gradients stay float32")
+        judge.tensor(
+            got["grad_fc2_bias"],
+            total,
+            what=f"rank {rank} grad fc2 bias (every member's partial sum, summed across the group in float32)",
+            suspects=lambda: [
+                (f"summed across the group in {str(dtype).removeprefix('torch.')} (pytorch#190626)", total.to(dtype).float(), None)
+            ],
+        )

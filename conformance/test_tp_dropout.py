@@ -17,6 +17,7 @@ output and input gradient (whole, or its sequence shard), its shards of the weig
 the whole fc2 bias gradient against the dense block under the same masks (the MLP's bound times
 (1/(1-p))^2), and what every member holds whole bitwise identical on every member.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -37,8 +38,7 @@ def test_tensor_parallel_dropout_is_the_dense_dropout(data, ranks, target, seque
     rng_seed = data.draw(st.integers(0, 2**16), label="rng seed")
     n = example.n
     if target.plan.device_type(n) != "cpu":
-        pytest.skip("the masks of a CUDA rank come from its device's generator, which the driver's CPU reference "
-                    "does not replay")
+        pytest.skip("the masks of a CUDA rank come from its device's generator, which the driver's CPU reference does not replay")
     judge = Judge(f"{example}, sequence_parallel={sequence_parallel}, dropout={p}, rng_seed={rng_seed}", reproduce)
     t = example.tensors()
     (w1, b1), (w2, b2) = t["params"]
@@ -48,12 +48,27 @@ def test_tensor_parallel_dropout_is_the_dense_dropout(data, ranks, target, seque
     atol = ref.dropout_mlp_atol(x, (w1, b1), (w2, b2), g, n, p)
     mine = (lambda t, i: ref.sequence_shard(t, n, i)) if sequence_parallel else (lambda t, i: t)
     weights = {"fc1_weight": w1, "fc1_bias": b1, "fc2_weight": w2, "fc2_bias": b2}
-    outputs = run_or_skip(judge, ranks, example.layout, PROGRAM, [
-        {"layer": "mlp", "dense": weights, "options": {"sequence_parallel": sequence_parallel, "dropout": p},
-         "x": mine(x, i), "grad_output": mine(g, i), "rng_seed": rng_seed} for i in range(n)])
-    notes = {"output": " (after the output dropout: the dense mask" + (", its sequence shard)" if sequence_parallel
-                                                                        else ", whole on every member)"),
-             "grad_fc1_weight": " (through the hidden dropout: this member's columns of the dense mask)"}
+    outputs = run_or_skip(
+        judge,
+        ranks,
+        example.layout,
+        PROGRAM,
+        [
+            {
+                "layer": "mlp",
+                "dense": weights,
+                "options": {"sequence_parallel": sequence_parallel, "dropout": p},
+                "x": mine(x, i),
+                "grad_output": mine(g, i),
+                "rng_seed": rng_seed,
+            }
+            for i in range(n)
+        ],
+    )
+    notes = {
+        "output": " (after the output dropout: the dense mask" + (", its sequence shard)" if sequence_parallel else ", whole on every member)"),
+        "grad_fc1_weight": " (through the hidden dropout: this member's columns of the dense mask)",
+    }
     for i, rank in enumerate(example.layout.ranks):
         expected = {"output": mine(dense["output"], i), "grad_input": mine(dense["grad_input"], i)}
         tol = {"output": mine(atol["output"], i), "grad_input": mine(atol["grad_input"], i)}
@@ -61,7 +76,7 @@ def test_tensor_parallel_dropout_is_the_dense_dropout(data, ranks, target, seque
             gw, gb = split(dense["grad_" + prefix + "weight"], dense.get("grad_" + prefix + "bias"), n, i)
             expected["grad_" + prefix + "weight"], expected["grad_" + prefix + "bias"] = gw, gb
             tol["grad_" + prefix + "weight"], tol["grad_" + prefix + "bias"] = split(
-                atol["grad_" + prefix + "weight"], atol.get("grad_" + prefix + "bias"), n, i)
+                atol["grad_" + prefix + "weight"], atol.get("grad_" + prefix + "bias"), n, i
+            )
         judge_member(judge, rank, outputs[rank], expected, tol, notes)
     judge_replicated(judge, outputs, ["grad_fc2_bias", *([] if sequence_parallel else ["output", "grad_input"])])
-

@@ -16,6 +16,7 @@ the sequence, 1-3 positions per member). In the driver, member by member:
 
 float64 only, for the reason given in conformance/test_tp_attention.py.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,8 +46,7 @@ class Example:
     seed: int
 
     def __str__(self) -> str:
-        return (f"{self.layout}, float64, h={self.hidden}, ffn={self.ffn}, input leading dims {self.leading}, "
-                f"bias={self.bias}, seed={self.seed}")
+        return f"{self.layout}, float64, h={self.hidden}, ffn={self.ffn}, input leading dims {self.leading}, bias={self.bias}, seed={self.seed}"
 
 
 @st.composite
@@ -56,8 +56,14 @@ def examples(draw, max_world_size: int, sequence_parallel: bool) -> Example:
     leading = tuple(draw(st.lists(st.integers(1, 3), max_size=2), label="leading dims"))
     if sequence_parallel:
         leading = (*leading[:1], draw(st.integers(1, 3), label="positions per member") * n)
-    return Example(layout, draw(st.integers(1, 8), label="hidden"), draw(st.integers(1, 4), label="ffn per member") * n,
-                   leading, draw(st.booleans(), label="bias"), draw(st.integers(0, 2**16), label="seed"))
+    return Example(
+        layout,
+        draw(st.integers(1, 8), label="hidden"),
+        draw(st.integers(1, 4), label="ffn per member") * n,
+        leading,
+        draw(st.booleans(), label="bias"),
+        draw(st.integers(0, 2**16), label="seed"),
+    )
 
 
 @pytest.mark.capability("tp_swiglu")
@@ -67,20 +73,43 @@ def test_swiglu_with_fused_gate_and_up_equals_the_dense_mlp(data, ranks, target,
     example = data.draw(examples(target.max_world_size, sequence_parallel), label="example")
     judge = Judge(f"{example}, sequence_parallel={sequence_parallel}", reproduce)
     n, h, f = example.layout.size, example.hidden, example.ffn
-    t = dense_layers(example.seed, torch.float64, [(h, 2 * f), (f, h)], example.bias, (*example.leading, h),
-                     (*example.leading, h))
+    t = dense_layers(example.seed, torch.float64, [(h, 2 * f), (f, h)], example.bias, (*example.leading, h), (*example.leading, h))
     (wgu, bgu), (wd, bd) = t["params"]
     dense = ref.swiglu(t["x"], (wgu, bgu), (wd, bd), t["g"])
     mine = (lambda v, i: tp.sequence_shard(v, n, i)) if sequence_parallel else (lambda v, i: v)
     weights = {"gate_up_weight": wgu, "gate_up_bias": bgu, "down_weight": wd, "down_bias": bd}
-    per_member = [{"layer": "swiglu", "dense": weights, "options": {"sequence_parallel": sequence_parallel},
-                   "x": mine(t["x"], i), "grad_output": mine(t["g"], i)} for i in range(n)]
+    per_member = [
+        {
+            "layer": "swiglu",
+            "dense": weights,
+            "options": {"sequence_parallel": sequence_parallel},
+            "x": mine(t["x"], i),
+            "grad_output": mine(t["g"], i),
+        }
+        for i in range(n)
+    ]
     outputs = judge.run(ranks, example.layout, PROGRAM, per_member)
     shard = " (its sequence shard)" if sequence_parallel else " (full, replicated)"
-    notes = {"output": shard, "grad_input": shard, "gate_up_weight": " (rows r of the gate's and of the value's: "
-             "[gate_r | up_r])", "down_bias": " (the whole bias)", "grad_down_bias": " (the full gradient on every member)"}
-    judge_column_then_row(judge, example.layout, outputs, dense, ("gate_up", wgu, bgu), ("down", wd, bd),
-                          lambda i: ref.gate_up_rows(f, n, i), mine, notes, GATE_AND_UP, sequence_parallel)
+    notes = {
+        "output": shard,
+        "grad_input": shard,
+        "gate_up_weight": " (rows r of the gate's and of the value's: [gate_r | up_r])",
+        "down_bias": " (the whole bias)",
+        "grad_down_bias": " (the full gradient on every member)",
+    }
+    judge_column_then_row(
+        judge,
+        example.layout,
+        outputs,
+        dense,
+        ("gate_up", wgu, bgu),
+        ("down", wd, bd),
+        lambda i: ref.gate_up_rows(f, n, i),
+        mine,
+        notes,
+        GATE_AND_UP,
+        sequence_parallel,
+    )
 
 
 @pytest.mark.min_ranks(2)
@@ -91,7 +120,10 @@ def test_an_ffn_width_that_does_not_split_is_refused(data, ranks, target, reprod
     n = layout.size
     ffn = data.draw(st.integers(1, 4 * n).filter(lambda s: s % n), label="ffn")
     hidden = 3
-    dense = {"gate_up_weight": torch.zeros(2 * ffn, hidden, dtype=torch.float64), "gate_up_bias": None,
-             "down_weight": torch.zeros(hidden, ffn, dtype=torch.float64), "down_bias": None}
-    check_refused(Judge(f"{layout}, SwiGLU with ffn={ffn}, h={hidden}", reproduce), ranks, layout, "swiglu", dense,
-                  {}, "ffn", ffn)
+    dense = {
+        "gate_up_weight": torch.zeros(2 * ffn, hidden, dtype=torch.float64),
+        "gate_up_bias": None,
+        "down_weight": torch.zeros(hidden, ffn, dtype=torch.float64),
+        "down_bias": None,
+    }
+    check_refused(Judge(f"{layout}, SwiGLU with ffn={ffn}, h={hidden}", reproduce), ranks, layout, "swiglu", dense, {}, "ffn", ffn)

@@ -11,6 +11,7 @@ per-token losses against the dense cross entropy over the V real columns, bitwis
 every member; every member's gradient against its columns of the dense gradient, zero in the
 padding.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -43,21 +44,31 @@ def test_the_loss_and_its_gradient_equal_the_dense_cross_entropy(data, ranks, ta
     logits[..., vocab:] = PADDING_LOGIT
     targets = torch.randint(0, vocab, leading, generator=g)
     grad_output = torch.randn(leading, generator=g).to(dtype)
-    judge = Judge(f"{layout}, vocab={vocab} (padded to {padded}), leading dims {leading}, "
-                  f"{str(dtype).removeprefix('torch.')}, seed={seed}", reproduce)
+    judge = Judge(
+        f"{layout}, vocab={vocab} (padded to {padded}), leading dims {leading}, {str(dtype).removeprefix('torch.')}, seed={seed}", reproduce
+    )
     dense, atol = ref.cross_entropy(logits, targets, vocab, grad_output), ref.cross_entropy_atol(logits, vocab, grad_output)
-    outputs = judge.run(ranks, layout, PROGRAM, [
-        {"logits": ref.logits_shard(logits, n, i), "targets": targets, "vocab_size": vocab, "grad_output": grad_output}
-        for i in range(n)])
+    outputs = judge.run(
+        ranks,
+        layout,
+        PROGRAM,
+        [{"logits": ref.logits_shard(logits, n, i), "targets": targets, "vocab_size": vocab, "grad_output": grad_output} for i in range(n)],
+    )
     for i, rank in enumerate(layout.ranks):
         got = outputs[rank]
-        judge.tensor(got["loss"], dense["loss"], atol=atol["loss"],
-                     what=f"rank {rank} per-token losses (the cross entropy over the {vocab} real columns; the "
-                          f"padding to {padded} never reaches the softmax)")
-        judge.tensor(got["grad_logits"], ref.logits_shard(dense["grad_logits"], n, i),
-                     atol=ref.logits_shard(atol["grad_logits"], n, i),
-                     what=f"rank {rank} gradient of its logit columns (softmax - onehot of the target, zero in the "
-                          f"padding)")
+        judge.tensor(
+            got["loss"],
+            dense["loss"],
+            atol=atol["loss"],
+            what=f"rank {rank} per-token losses (the cross entropy over the {vocab} real columns; the "
+            f"padding to {padded} never reaches the softmax)",
+        )
+        judge.tensor(
+            got["grad_logits"],
+            ref.logits_shard(dense["grad_logits"], n, i),
+            atol=ref.logits_shard(atol["grad_logits"], n, i),
+            what=f"rank {rank} gradient of its logit columns (softmax - onehot of the target, zero in the padding)",
+        )
     judge.bitwise_identical({rank: outputs[rank]["loss"] for rank in layout.ranks}, what="the per-token losses")
 
 
@@ -80,19 +91,25 @@ def test_the_embedding_equals_the_dense_embedding(data, ranks, target, reproduce
     weight = torch.randn((vocab, width), generator=g).to(dtype)
     tokens = torch.randint(0, vocab, leading, generator=g)
     grad_output = torch.randn((*leading, width), generator=g).to(dtype)
-    judge = Judge(f"{layout}, vocab={vocab} (padded to {ref.padded_vocabulary(vocab, n)}), width={width}, leading "
-                  f"dims {leading}, {str(dtype).removeprefix('torch.')}, seed={seed}", reproduce)
+    judge = Judge(
+        f"{layout}, vocab={vocab} (padded to {ref.padded_vocabulary(vocab, n)}), width={width}, leading "
+        f"dims {leading}, {str(dtype).removeprefix('torch.')}, seed={seed}",
+        reproduce,
+    )
     dense = ref.embedding(weight, tokens, grad_output)
     magnitudes = ref.embedding(weight, tokens, grad_output.abs())["grad_weight"].double()
     atol = (tokens.numel() + 1) * unit_roundoff(dtype) * magnitudes + torch.finfo(dtype).tiny
-    outputs = judge.run(ranks, layout, "tensor_parallel:vocab_embedding",
-                        [{"weight": weight, "tokens": tokens, "grad_output": grad_output} for _ in range(n)])
+    outputs = judge.run(
+        ranks, layout, "tensor_parallel:vocab_embedding", [{"weight": weight, "tokens": tokens, "grad_output": grad_output} for _ in range(n)]
+    )
     for i, rank in enumerate(layout.ranks):
         got = outputs[rank]
         judge.tensor(got["output"], dense["output"], what=f"rank {rank} output (the dense lookup W[tokens], exact)")
-        judge.tensor(got["weight"], ref.padded_rows(weight, n, i),
-                     what=f"rank {rank} weight (its rows of the table padded with zero rows)")
-        judge.tensor(got["grad_weight"], ref.padded_rows(dense["grad_weight"], n, i),
-                     atol=ref.padded_rows(atol, n, i),
-                     what=f"rank {rank} weight gradient (its rows of the dense gradient; zero in the padding)")
+        judge.tensor(got["weight"], ref.padded_rows(weight, n, i), what=f"rank {rank} weight (its rows of the table padded with zero rows)")
+        judge.tensor(
+            got["grad_weight"],
+            ref.padded_rows(dense["grad_weight"], n, i),
+            atol=ref.padded_rows(atol, n, i),
+            what=f"rank {rank} weight gradient (its rows of the dense gradient; zero in the padding)",
+        )
     judge.bitwise_identical({rank: outputs[rank]["output"] for rank in layout.ranks}, what="the output")

@@ -16,6 +16,7 @@ stage's input gradient from its successor's B or I), run without deadlock, and r
 paper's figures in the simulator, exactly (Fractions), with T_W <= T_F, T_W <= T_I and m >= p:
 bubble (p - 1)(T_F + T_I - T_W) per rank, 1F1B's peak memory min(m, p) activations on every rank.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -54,16 +55,18 @@ def test_unequal_microbatches_under_zb_h1_match_the_dense_model(data, ranks, tar
     check_drawn_step(data, ranks, target, request, kinds=sched.ZERO_BUBBLE_KINDS, unequal=True)
 
 
-ZB_COSTS = (Costs(forward=1, backward=2, weight=1), Costs(forward=2, backward=3, weight=1),
-            Costs(forward=3, backward=5, weight=2))  # T_W <= T_F and T_W <= T_I in each
+ZB_COSTS = (
+    Costs(forward=1, backward=2, weight=1),
+    Costs(forward=2, backward=3, weight=1),
+    Costs(forward=3, backward=5, weight=2),
+)  # T_W <= T_F and T_W <= T_I in each
 
 
 @given(data=st.data())
 def test_generated_zb_h1_is_valid_and_reproduces_the_paper(data, ranks, reproduce):
     p = data.draw(st.integers(1, 8), label="p")
     m = data.draw(st.integers(1, 16), label="m")
-    judge = Judge(f"generate_schedule('zb-h1', num_ranks={p}, num_microbatches={m}, stages_per_rank=1)",
-                  reproduce)
+    judge = Judge(f"generate_schedule('zb-h1', num_ranks={p}, num_microbatches={m}, stages_per_rank=1)", reproduce)
     out = graded_schedule(judge, ranks, "zb-h1", p, m, 1)
     if "rows" not in out:
         judge.fail(f"generate_schedule refused valid arguments: {out.get('refused')}")
@@ -75,8 +78,9 @@ def test_generated_zb_h1_is_valid_and_reproduces_the_paper(data, ranks, reproduc
     except ValueError as error:  # ScheduleError included
         judge.fail(f"the generated schedule is not valid: {error}")
     if not any(a.kind == sched.W for row in schedule.rows for a in row):
-        judge.fail("ZB-H1 splits every backward into I and W; the generated schedule has no W:\n"
-                   + sched.render_grid(schedule, compute_only=True))
+        judge.fail(
+            "ZB-H1 splits every backward into I and W; the generated schedule has no W:\n" + sched.render_grid(schedule, compute_only=True)
+        )
     for costs in ZB_COSTS:
         try:
             result = simulate(schedule, costs)
@@ -86,11 +90,15 @@ def test_generated_zb_h1_is_valid_and_reproduces_the_paper(data, ranks, reproduc
         if m >= p:
             bubble = sched.theory_bubble_fraction("zb-h1", p, m, t_f=t_f, t_i=costs.backward - t_w, t_w=t_w)
             if result.bubble_fraction != bubble:
-                judge.fail(f"with T_F={t_f}, T_I={costs.backward - t_w}, T_W={t_w} the simulated bubble fraction is "
-                           f"{result.bubble_fraction} (makespan {result.makespan}); ZB-H1's is {bubble} = (p - 1)"
-                           f"(T_F + T_I - T_W) per rank (Qi et al. 2024)\n{result.render()}\n\n"
-                           f"{sched.render_grid(schedule, compute_only=True)}")
+                judge.fail(
+                    f"with T_F={t_f}, T_I={costs.backward - t_w}, T_W={t_w} the simulated bubble fraction is "
+                    f"{result.bubble_fraction} (makespan {result.makespan}); ZB-H1's is {bubble} = (p - 1)"
+                    f"(T_F + T_I - T_W) per rank (Qi et al. 2024)\n{result.render()}\n\n"
+                    f"{sched.render_grid(schedule, compute_only=True)}"
+                )
     peaks = [sched.theory_peak_live("zb-h1", p, m, 1, r) for r in range(p)]
     if result.peak_live != peaks:
-        judge.fail(f"peak live activations per rank (released at W) {result.peak_live}; ZB-H1 holds {peaks}, "
-                   f"1F1B's largest, on every rank\n{sched.render_grid(schedule, compute_only=True)}")
+        judge.fail(
+            f"peak live activations per rank (released at W) {result.peak_live}; ZB-H1 holds {peaks}, "
+            f"1F1B's largest, on every rank\n{sched.render_grid(schedule, compute_only=True)}"
+        )

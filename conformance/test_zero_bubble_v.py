@@ -17,6 +17,7 @@ microbatches: a stage is half a rank's layers), and for m >= 2p - 1 at the paper
 before p - 1 forwards have run and has 6m of work): p - 1 idle per rank, half ZB-H1's. Any other
 stages_per_rank is refused with a ValueError.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -52,8 +53,7 @@ def generated_zb_v(judge: Judge, ranks, p: int, m: int) -> sched.Schedule:
             judge.fail(f"generate_schedule returned {schedule.num_ranks} rows for {p} ranks")
         sched.validate(schedule)
     except ValueError as error:  # ScheduleError included
-        judge.fail(f"the generated ZB-V schedule is not valid on the V placement (rank r holds stages r and "
-                   f"2p - 1 - r): {error}")
+        judge.fail(f"the generated ZB-V schedule is not valid on the V placement (rank r holds stages r and 2p - 1 - r): {error}")
     return schedule
 
 
@@ -88,32 +88,34 @@ def test_unequal_microbatches_under_zb_v_match_the_dense_model(data, ranks, targ
 def test_generated_zb_v_is_valid_and_meets_the_lower_bound(data, ranks, reproduce):
     p = data.draw(st.integers(1, 8), label="p")
     m = data.draw(st.integers(1, 24), label="m")
-    judge = Judge(f"generate_schedule('zb-v', num_ranks={p}, num_microbatches={m}, stages_per_rank=2)",
-                  reproduce)
+    judge = Judge(f"generate_schedule('zb-v', num_ranks={p}, num_microbatches={m}, stages_per_rank=2)", reproduce)
     schedule = generated_zb_v(judge, ranks, p, m)
     if not any(a.kind == sched.W for row in schedule.rows for a in row):
-        judge.fail("ZB-V splits every backward into I and W; the generated schedule has no W:\n"
-                   + sched.render_grid(schedule, compute_only=True))
+        judge.fail(
+            "ZB-V splits every backward into I and W; the generated schedule has no W:\n" + sched.render_grid(schedule, compute_only=True)
+        )
     try:
         result = simulate(schedule, UNIT)
     except sched.ScheduleError as error:  # DeadlockError included
         judge.fail(f"the generated schedule: {error}")
     if max(result.peak_live) > 2 * p:
-        judge.fail(f"peak live stage activations per rank (released at W) {result.peak_live}: ZB-V holds at most 2p "
-                   f"= {2 * p} (1F1B's p microbatches, a stage being half a rank's layers)\n"
-                   f"{sched.render_grid(schedule, compute_only=True)}")
+        judge.fail(
+            f"peak live stage activations per rank (released at W) {result.peak_live}: ZB-V holds at most 2p "
+            f"= {2 * p} (1F1B's p microbatches, a stage being half a rank's layers)\n"
+            f"{sched.render_grid(schedule, compute_only=True)}"
+        )
     if m >= 2 * p - 1 and result.makespan != 6 * m + p - 1:
-        judge.fail(f"at unit costs (F = I = W = 1 per stage) the step takes {result.makespan}; ZB-V takes "
-                   f"6m + p - 1 = {6 * m + p - 1} for m >= 2p - 1, the least possible (bubble "
-                   f"{sched.theory_bubble_fraction('zb-v', p, m, 2)}, simulated {result.bubble_fraction})\n"
-                   f"{result.render()}\n\n{sched.render_grid(schedule, compute_only=True)}")
+        judge.fail(
+            f"at unit costs (F = I = W = 1 per stage) the step takes {result.makespan}; ZB-V takes "
+            f"6m + p - 1 = {6 * m + p - 1} for m >= 2p - 1, the least possible (bubble "
+            f"{sched.theory_bubble_fraction('zb-v', p, m, 2)}, simulated {result.bubble_fraction})\n"
+            f"{result.render()}\n\n{sched.render_grid(schedule, compute_only=True)}"
+        )
 
 
 @given(p=st.integers(1, 8), m=st.integers(1, 8), v=st.sampled_from([1, 3, 4]))
 def test_zb_v_refuses_other_than_two_stages_per_rank(p, m, v, ranks, reproduce):
-    judge = Judge(f"generate_schedule('zb-v', num_ranks={p}, num_microbatches={m}, stages_per_rank={v})",
-                  reproduce)
+    judge = Judge(f"generate_schedule('zb-v', num_ranks={p}, num_microbatches={m}, stages_per_rank={v})", reproduce)
     out = graded_schedule(judge, ranks, "zb-v", p, m, v)
     if "refused" not in out:
-        judge.fail(f"ZB-V places two stages per rank; stages_per_rank={v} must raise a ValueError, it returned a "
-                   f"schedule")
+        judge.fail(f"ZB-V places two stages per rank; stages_per_rank={v} must raise a ValueError, it returned a schedule")

@@ -1,5 +1,6 @@
 """Judging in the driver: compare what ranks returned with the reference, and say exactly where
 and how they differ (example, rank, element, expected against actual, and a command to rerun)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,8 +32,7 @@ class Judge:
     def call(self, ranks, layout, function: str, per_member: list[dict]) -> dict:
         """``impl.<function>(**arguments)`` on every member, through the generic rank program."""
         __tracebackhide__ = True
-        return self.run(ranks, layout, "collectives:call",
-                        [{"function": function, "arguments": arguments} for arguments in per_member])
+        return self.run(ranks, layout, "collectives:call", [{"function": function, "arguments": arguments} for arguments in per_member])
 
     def fail(self, problem: str):
         ranks = getattr(self, "_ranks", None)
@@ -41,16 +41,14 @@ class Judge:
         also += ranks.late_note() if ranks is not None and hasattr(ranks, "late_note") else ""
         raise AssertionError(f"{problem}{also}\n  example: {self.example}\n  reproduce: {self.reproduce}")
 
-    def tensor(self, actual, expected: torch.Tensor, *, what: str, atol: torch.Tensor | None = None,
-               suspects=None) -> None:
+    def tensor(self, actual, expected: torch.Tensor, *, what: str, atol: torch.Tensor | None = None, suspects=None) -> None:
         """``actual`` must equal ``expected`` within ``atol`` (None: exactly). ``suspects``, a
         callable returning known wrong answers (reference/likely_bugs.py), is consulted only on a
         mismatch, to name the bug the wrong output points to."""
         if not isinstance(actual, torch.Tensor):
             self.fail(f"{what}: expected a tensor, got {type(actual).__name__}")
         if tuple(actual.shape) != tuple(expected.shape) or actual.dtype != expected.dtype:
-            self.fail(f"{what}: expected shape {tuple(expected.shape)} {expected.dtype}, "
-                      f"got shape {tuple(actual.shape)} {actual.dtype}")
+            self.fail(f"{what}: expected shape {tuple(expected.shape)} {expected.dtype}, got shape {tuple(actual.shape)} {actual.dtype}")
         mismatch = first_mismatch(actual, expected, atol)
         if mismatch is None:
             return
@@ -61,8 +59,7 @@ class Judge:
             bound = f", allowed difference {float(atol.expand_as(expected)[index]):.3g}"
         differing = int((actual != expected).sum()) if atol is None else None
         count = f"; {differing} of {expected.numel()} elements differ" if differing else ""
-        self.fail(f"{what}: element {list(index)} expected {want!r}, got {got!r}{note}{bound}{count}"
-                  f"{_likely_bug(actual, atol, suspects)}")
+        self.fail(f"{what}: element {list(index)} expected {want!r}, got {got!r}{note}{bound}{count}{_likely_bug(actual, atol, suspects)}")
 
     def tensors(self, actual, expected: list, *, what: str, atol=None) -> None:
         if not isinstance(actual, (list, tuple)) or len(actual) != len(expected):
@@ -77,8 +74,7 @@ class Judge:
         first_rank, first = items[0]
         for rank, tensor in items[1:]:
             if tensor.shape != first.shape or not torch.equal(_bits(tensor), _bits(first)):
-                self.fail(f"{what}: rank {rank} and rank {first_rank} differ bitwise "
-                          f"(a replicated result must be identical on every rank)")
+                self.fail(f"{what}: rank {rank} and rank {first_rank} differ bitwise (a replicated result must be identical on every rank)")
 
 
 def mismatch(actual, expected: torch.Tensor, atol=None) -> bool:
@@ -90,9 +86,13 @@ def mismatch(actual, expected: torch.Tensor, atol=None) -> bool:
 
 def _likely_bug(actual: torch.Tensor, atol, suspects) -> str:
     """'; it equals <a known wrong answer>', for the first suspect ``actual`` matches, else ''."""
-    for description, wrong, wrong_atol in (suspects() if suspects is not None else ()):
-        if wrong.shape == actual.shape and wrong.dtype == actual.dtype and actual.numel() \
-                and first_mismatch(actual, wrong, wrong_atol if wrong_atol is not None else atol) is None:
+    for description, wrong, wrong_atol in suspects() if suspects is not None else ():
+        if (
+            wrong.shape == actual.shape
+            and wrong.dtype == actual.dtype
+            and actual.numel()
+            and first_mismatch(actual, wrong, wrong_atol if wrong_atol is not None else atol) is None
+        ):
             return f"; it equals {description}"
     return ""
 
@@ -114,8 +114,14 @@ def check_names(judge: Judge, actual, expected: dict, what: str, why: str = "") 
 # named adapters.py, or any path, is not one of them). adapters.cs336 is not one: it runs a student's
 # submission, so whatever it raises is the submission's and is graded.
 SUBMISSION_ADAPTERS = frozenset({"parallelism_conformance.adapters.cs336"})
-TRUSTED_ADAPTERS = frozenset(f"parallelism_conformance.adapters.{path.stem}" for path in (Path(__file__).parent.parent / "adapters").glob("*.py")
-                             if path.stem != "__init__") - SUBMISSION_ADAPTERS
+TRUSTED_ADAPTERS = (
+    frozenset(
+        f"parallelism_conformance.adapters.{path.stem}"
+        for path in (Path(__file__).parent.parent / "adapters").glob("*.py")
+        if path.stem != "__init__"
+    )
+    - SUBMISSION_ADAPTERS
+)
 
 
 def run_or_skip(judge: Judge, ranks, layout: Layout, program: str, per_member: list[dict]) -> dict:
@@ -154,7 +160,10 @@ def adapter_cannot(impl: str, incomplete: ImplementationIncomplete) -> str | Non
         return None
     reports = incomplete.failure.failed()
     last_lines = {r.detail.strip().splitlines()[-1] for r in reports if r.detail.strip()}
-    if all(r.status == "missing" for r in reports) and last_lines and all(
-            line.startswith("NotImplementedError") and "cannot" in line for line in last_lines):
+    if (
+        all(r.status == "missing" for r in reports)
+        and last_lines
+        and all(line.startswith("NotImplementedError") and "cannot" in line for line in last_lines)
+    ):
         return sorted(last_lines)[0].removeprefix("NotImplementedError: ")
     return None

@@ -32,6 +32,7 @@ none, so its first step starts it as one process would.
 
 Never imports reference/.
 """
+
 from __future__ import annotations
 
 import json
@@ -73,14 +74,14 @@ class _Held:
         if self.kind == "block":
             return self.dim, self.offset, tensor.clone()
         start = 0 if self.kind == "flat_piece" else self.offset
-        return None, self.offset, tensor.reshape(-1)[start:start + self.length].clone()
+        return None, self.offset, tensor.reshape(-1)[start : start + self.length].clone()
 
     def keep(self, full: torch.Tensor, into: torch.Tensor) -> None:
         """Copy into ``into`` (shaped like the local tensor) what this rank keeps of ``full``."""
         if self.kind == "block":
             into.copy_(full.narrow(self.dim, self.offset, self.length))
         elif self.kind == "flat_piece":
-            into.reshape(-1)[:self.length].copy_(full.reshape(-1)[self.offset:self.offset + self.length])
+            into.reshape(-1)[: self.length].copy_(full.reshape(-1)[self.offset : self.offset + self.length])
         else:
             into.copy_(full)
 
@@ -120,8 +121,13 @@ def _held(model: nn.Module) -> tuple[dict[str, _Held], dict[str, dict]]:
     replicas in a pipeline) each write a contiguous share of it."""
     split = _split_tensors(model)
     local = {name: tensor for name, tensor in [*model.named_parameters(), *model.named_buffers()]}
-    world = _world_view({name: (list(_full_shape(tensor, split)), str(tensor.dtype).removeprefix("torch."),
-                                id(tensor) not in split) for name, tensor in local.items()}, _device(model))
+    world = _world_view(
+        {
+            name: (list(_full_shape(tensor, split)), str(tensor.dtype).removeprefix("torch."), id(tensor) not in split)
+            for name, tensor in local.items()
+        },
+        _device(model),
+    )
     rank = dist.get_rank()
     held = {}
     for name, tensor in local.items():
@@ -160,11 +166,11 @@ def _world_view(mine: dict[str, tuple], device: torch.device) -> dict[str, dict]
     longest = int(lengths.max())
     gathered = torch.zeros(world * longest, dtype=torch.uint8, device=device)
     padded = torch.zeros(longest, dtype=torch.uint8, device=device)
-    padded[:data.numel()] = data
+    padded[: data.numel()] = data
     collectives.all_gather_into_tensor(gathered, padded)
     view: dict[str, dict] = {}
     for r in range(world):
-        theirs = json.loads(bytes(gathered[r * longest:r * longest + int(lengths[r])].tolist()).decode())
+        theirs = json.loads(bytes(gathered[r * longest : r * longest + int(lengths[r])].tolist()).decode())
         for name, (shape, dtype, whole) in theirs.items():
             entry = view.setdefault(name, {"shape": shape, "dtype": dtype, "holders": []})
             if whole:
@@ -191,19 +197,16 @@ def save_checkpoint(path: str, model: nn.Module, optimizer) -> None:
         pieces.append((name, None, *h.written(h.local)))
         for key, value in states.get(h.local, {}).items():
             if torch.is_tensor(value) and value.shape == h.local.shape and value.dim() > 0:
-                pieces.append((name, key, None, 0, value.detach().reshape(-1).clone()) if whole
-                              else (name, key, *h.written(value)))
+                pieces.append((name, key, None, 0, value.detach().reshape(-1).clone()) if whole else (name, key, *h.written(value)))
             else:  # a step counter: the same on every rank that holds the parameter
                 scalars.append((name, key, value.detach().clone() if torch.is_tensor(value) else value))
     os.makedirs(path, exist_ok=True)
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.save({"format": FORMAT, "pieces": pieces, "scalars": scalars, "rng": torch.get_rng_state()},
-               os.path.join(path, f"rank{rank}.pt"))
+    torch.save({"format": FORMAT, "pieces": pieces, "scalars": scalars, "rng": torch.get_rng_state()}, os.path.join(path, f"rank{rank}.pt"))
     if rank == 0:
         tensors = {name: {"shape": entry["shape"], "dtype": entry["dtype"]} for name, entry in world_view.items()}
         with open(os.path.join(path, METADATA), "w") as file:
-            json.dump({"format": FORMAT, "world_size": world, "files": [f"rank{r}.pt" for r in range(world)],
-                       "tensors": tensors}, file)
+            json.dump({"format": FORMAT, "world_size": world, "files": [f"rank{r}.pt" for r in range(world)], "tensors": tensors}, file)
     collectives.all_reduce(torch.zeros(1, device=_device(model)), group=None)  # a barrier: whole when any rank returns
 
 
@@ -227,8 +230,11 @@ def _check_architecture(metadata: dict, world_view: dict[str, dict], path: str) 
     here = {name: tuple(entry["shape"]) for name, entry in world_view.items()}
     problems = [f"{name} is not in the model" for name in saved if name not in here]
     problems += [f"the model's {name} is not in the checkpoint" for name in here if name not in saved]
-    problems += [f"{name} was saved as {list(saved[name])}, the model's is {list(here[name])}"
-                 for name in saved if name in here and saved[name] != here[name]]
+    problems += [
+        f"{name} was saved as {list(saved[name])}, the model's is {list(here[name])}"
+        for name in saved
+        if name in here and saved[name] != here[name]
+    ]
     if problems:
         raise ValueError(f"checkpoint {path!r} is of another architecture: " + "; ".join(problems))
 
@@ -251,14 +257,20 @@ def _assemble(pieces: list, shapes: dict[tuple, torch.Size], dtypes: dict[tuple,
         if dim is None:
             fits = 0 <= offset and offset + values.numel() <= shape.numel() and values.dim() == 1
         else:
-            fits = (0 <= dim < len(shape) and values.dim() == len(shape) and 0 <= offset
-                    and offset + values.shape[dim] <= shape[dim]
-                    and all(values.shape[d] == shape[d] for d in range(len(shape)) if d != dim))
+            fits = (
+                0 <= dim < len(shape)
+                and values.dim() == len(shape)
+                and 0 <= offset
+                and offset + values.shape[dim] <= shape[dim]
+                and all(values.shape[d] == shape[d] for d in range(len(shape)) if d != dim)
+            )
         if not fits:
-            raise ValueError(f"checkpoint {path!r}: a piece of {name} {key or ''} of shape {list(values.shape)} at "
-                             f"{offset} (dim {dim}) does not fit its shape {list(shape)}")
+            raise ValueError(
+                f"checkpoint {path!r}: a piece of {name} {key or ''} of shape {list(values.shape)} at "
+                f"{offset} (dim {dim}) does not fit its shape {list(shape)}"
+            )
         if dim is None:
-            into = [t.view(-1)[offset:offset + values.numel()] for t in (full[which], covered[which])]
+            into = [t.view(-1)[offset : offset + values.numel()] for t in (full[which], covered[which])]
         else:
             into = [t.narrow(dim, offset, values.shape[dim]) for t in (full[which], covered[which])]
         into[0].copy_(values.view(into[0].shape))
@@ -275,8 +287,11 @@ def _check_whole(covered: dict, shapes: dict, path: str) -> None:
     for which, count in covered.items():
         if not bool((count == 1).all()):
             missing = int((count == 0).sum())
-            raise ValueError(f"checkpoint {path!r}: {missing} elements of {which[0]} {which[1] or ''} are in no file"
-                             + (" and some in two" if bool((count > 1).any()) else "") + ": a file is missing or cut")
+            raise ValueError(
+                f"checkpoint {path!r}: {missing} elements of {which[0]} {which[1] or ''} are in no file"
+                + (" and some in two" if bool((count > 1).any()) else "")
+                + ": a file is missing or cut"
+            )
 
 
 @torch.no_grad()

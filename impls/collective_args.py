@@ -1,6 +1,7 @@
 """What the collectives of impls/collectives.py share with torch.distributed's API: the group (its
 members and this rank's place), roots given as global or group ranks, flat contiguous buffers, the
 argument checks every rank can make before any message is sent, and the completed work handle."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -86,21 +87,15 @@ def _check_list(fn: str, name: str, tensors: Sequence[torch.Tensor], n: int) -> 
         raise ValueError(f"{fn}: {name} has length {len(tensors)} but the group size is {n}")
 
 
-def _check_list_entries(
-    fn: str, name: str, tensors: Sequence[torch.Tensor], ref_name: str, ref: torch.Tensor
-) -> None:
+def _check_list_entries(fn: str, name: str, tensors: Sequence[torch.Tensor], ref_name: str, ref: torch.Tensor) -> None:
     """Every entry must have ``ref``'s dtype and number of elements."""
     for k, t in enumerate(tensors):
         _check_dtype(fn, f"{name}[{k}]", t, ref_name, ref)
         if t.numel() != ref.numel():
-            raise ValueError(
-                f"{fn}: {name}[{k}] has {t.numel()} elements but {ref_name} has {ref.numel()}"
-            )
+            raise ValueError(f"{fn}: {name}[{k}] has {t.numel()} elements but {ref_name} has {ref.numel()}")
 
 
-def _check_list_dtypes(
-    fn: str, name: str, tensors: Sequence[torch.Tensor], ref_name: str, ref: torch.Tensor
-) -> None:
+def _check_list_dtypes(fn: str, name: str, tensors: Sequence[torch.Tensor], ref_name: str, ref: torch.Tensor) -> None:
     """Every entry must have ``ref``'s dtype (sizes may differ)."""
     for k, t in enumerate(tensors):
         _check_dtype(fn, f"{name}[{k}]", t, ref_name, ref)
@@ -116,10 +111,7 @@ def _row_splits(fn: str, name: str, tensor: torch.Tensor, splits, n: int) -> lis
     rows = tensor.shape[0]
     if not splits:
         if rows % n != 0:
-            raise ValueError(
-                f"{fn}: {name}.shape[0]={rows} is not divisible by the group size {n} "
-                f"and {name}_split_sizes was not given"
-            )
+            raise ValueError(f"{fn}: {name}.shape[0]={rows} is not divisible by the group size {n} and {name}_split_sizes was not given")
         return [rows // n] * n
     splits = [int(s) for s in splits]
     if len(splits) != n:

@@ -44,6 +44,7 @@ Conventions shared by every function:
 * ``async_op=True`` returns an already-completed work handle (the work is done
   synchronously before returning); ``async_op=False`` returns ``None``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -345,8 +346,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     in_row, out_row = input.shape[1:].numel(), output.shape[1:].numel()
     if in_row != out_row:
         raise ValueError(
-            f"{fn}: input rows have {in_row} elements (shape {tuple(input.shape)}) but output rows "
-            f"have {out_row} (shape {tuple(output.shape)})"
+            f"{fn}: input rows have {in_row} elements (shape {tuple(input.shape)}) but output rows have {out_row} (shape {tuple(output.shape)})"
         )
     in_splits = _row_splits(fn, "input", input, input_split_sizes, n)
     out_splits = _row_splits(fn, "output", output, output_split_sizes, n)

@@ -18,6 +18,7 @@ so dK and dV travel home along the reversed ring (n-1 blocks again).
 
 Point-to-point only (dist.isend / dist.irecv); never imports reference/.
 """
+
 from __future__ import annotations
 
 import math
@@ -62,13 +63,16 @@ class _PassAlongRing(torch.autograd.Function):
         return back, None, None
 
 
-def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, causal: bool = False,
-                               group=None) -> torch.Tensor:
+def context_parallel_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, causal: bool = False, group=None
+) -> torch.Tensor:
     n, rank = dist.get_world_size(group), dist.get_rank(group)
     mine = _chunk_rows(seq_len, n, rank)
     if q.shape[-2] != len(mine):
-        raise ValueError(f"group rank {rank} of {n} holds {len(mine)} of the {seq_len} positions (chunks {rank} and "
-                         f"{2 * n - 1 - rank} of {2 * n}), but q has {q.shape[-2]} rows")
+        raise ValueError(
+            f"group rank {rank} of {n} holds {len(mine)} of the {seq_len} positions (chunks {rank} and "
+            f"{2 * n - 1 - rank} of {2 * n}), but q has {q.shape[-2]} rows"
+        )
     scale = 1.0 / math.sqrt(q.shape[-1])
     rows = (*q.shape[:-1], 1)
     running_max = q.new_full(rows, float("-inf"))

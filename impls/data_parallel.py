@@ -40,6 +40,7 @@ Which parameters take part is decided per parameter, identically on every rank:
   the same parameters go unused on every rank (no data-dependent control flow); torch's DDP pays an
   extra all-reduce of a usage bitmap (find_unused_parameters) to lift that.
 """
+
 from __future__ import annotations
 
 import threading
@@ -79,8 +80,9 @@ def _reduce_(tensor: torch.Tensor, group, divide_factor: float | None) -> None:
 class _DataParallelBase(nn.Module):
     """Holds the module, broadcasts group rank 0's state, forwards calls to the module."""
 
-    def __init__(self, module: nn.Module, process_group=None, gradient_divide_factor: float | None = None,
-                 compute_dtype: torch.dtype | None = None):
+    def __init__(
+        self, module: nn.Module, process_group=None, gradient_divide_factor: float | None = None, compute_dtype: torch.dtype | None = None
+    ):
         super().__init__()
         self.module = module
         self.process_group = process_group
@@ -98,8 +100,7 @@ class _DataParallelBase(nn.Module):
             self._held = {id(p): None if p.grad is None else p.grad.detach().clone() for p in self._trainable}
         if self.compute_dtype is None:
             return self.module(*args, **kwargs)
-        cast = {name: p.to(self.compute_dtype) for name, p in self.module.named_parameters()
-                if p.requires_grad and p.is_floating_point()}
+        cast = {name: p.to(self.compute_dtype) for name, p in self.module.named_parameters() if p.requires_grad and p.is_floating_point()}
         args = tuple(a.to(self.compute_dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
         return torch.func.functional_call(self.module, cast, args, kwargs)
 
@@ -136,16 +137,16 @@ class OverlappedDataParallel(_DataParallelBase):
     """Start each gradient's all-reduce from its post-accumulate-grad hook, on the communication
     thread, while backward continues; wait for all of them in finish_gradient_synchronization."""
 
-    def __init__(self, module: nn.Module, process_group=None, gradient_divide_factor: float | None = None,
-                 compute_dtype: torch.dtype | None = None):
+    def __init__(
+        self, module: nn.Module, process_group=None, gradient_divide_factor: float | None = None, compute_dtype: torch.dtype | None = None
+    ):
         super().__init__(module, process_group, gradient_divide_factor, compute_dtype)
         self._pending: list[tuple[nn.Parameter, torch.Tensor, Future]] = []
         self._hooks = [p.register_post_accumulate_grad_hook(self._ready) for p in self._trainable]
 
     def _ready(self, param: nn.Parameter) -> None:
         work = self._contribution(param)
-        self._pending.append((param, work, _communication_thread().submit(_reduce_, work, self.process_group,
-                                                                          self.divide_factor)))
+        self._pending.append((param, work, _communication_thread().submit(_reduce_, work, self.process_group, self.divide_factor)))
 
     def finish_gradient_synchronization(self) -> None:
         pending, self._pending = self._pending, []
@@ -169,15 +170,21 @@ class _Bucket:
 
     def slot(self, index: int) -> torch.Tensor:
         p = self.params[index]
-        return self.flat[self.offsets[index]:self.offsets[index] + p.numel()].view_as(p)
+        return self.flat[self.offsets[index] : self.offsets[index] + p.numel()].view_as(p)
 
 
 class BucketedDataParallel(_DataParallelBase):
     """Gradients packed into buckets of at most ``bucket_size_mb`` MiB, in reverse registration
     order; a bucket's all-reduce starts (on the communication thread) as soon as it is full."""
 
-    def __init__(self, module: nn.Module, bucket_size_mb: float, process_group=None,
-                 gradient_divide_factor: float | None = None, compute_dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        module: nn.Module,
+        bucket_size_mb: float,
+        process_group=None,
+        gradient_divide_factor: float | None = None,
+        compute_dtype: torch.dtype | None = None,
+    ):
         super().__init__(module, process_group, gradient_divide_factor, compute_dtype)
         if bucket_size_mb is None or bucket_size_mb <= 0:
             raise ValueError(f"bucket_size_mb must be positive, got {bucket_size_mb!r}")
@@ -233,8 +240,13 @@ class BucketedDataParallel(_DataParallelBase):
             bucket.future = None
 
 
-def DataParallel(module: nn.Module, bucket_size_mb: float | None = None, process_group=None,
-                 gradient_divide_factor: float | None = None, compute_dtype: torch.dtype | None = None) -> nn.Module:
+def DataParallel(
+    module: nn.Module,
+    bucket_size_mb: float | None = None,
+    process_group=None,
+    gradient_divide_factor: float | None = None,
+    compute_dtype: torch.dtype | None = None,
+) -> nn.Module:
     """The contract's entry point: overlapped per-parameter all-reduces when ``bucket_size_mb`` is
     None, else buckets of at most ``bucket_size_mb`` MiB; gradients averaged over the group, or
     summed and divided by ``gradient_divide_factor`` when given; forward and backward in

@@ -14,6 +14,7 @@ resume at another data-parallel size and still see every sample once.
 
 Never imports reference/.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,8 +24,16 @@ import torch.distributed as dist
 
 
 class DistributedSampler:
-    def __init__(self, dataset, num_replicas: int | None = None, rank: int | None = None, shuffle: bool = True,
-                 seed: int = 0, drop_last: bool = False, consumed_samples: int = 0):
+    def __init__(
+        self,
+        dataset,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        consumed_samples: int = 0,
+    ):
         self.num_replicas = dist.get_world_size() if num_replicas is None else num_replicas
         self.rank = dist.get_rank() if rank is None else rank
         if not 0 <= self.rank < self.num_replicas:
@@ -62,9 +71,9 @@ class DistributedSampler:
             order = torch.randperm(self.samples, generator=generator).tolist()
         else:
             order = list(range(self.samples))
-        order = order[self.consumed:]
+        order = order[self.consumed :]
         if self.drop_last:
-            order = order[:self.total_size]
+            order = order[: self.total_size]
         elif order:
-            order = (order * math.ceil(self.total_size / len(order)))[:self.total_size]
-        return iter(order[self.rank:self.total_size:self.num_replicas])
+            order = (order * math.ceil(self.total_size / len(order)))[: self.total_size]
+        return iter(order[self.rank : self.total_size : self.num_replicas])

@@ -30,6 +30,7 @@ and each token's input gradient comes home. The router's gradient covers this ra
 Communication goes through :mod:`impls.collectives` (point-to-point based); torch.distributed is
 used for group bookkeeping only.
 """
+
 from __future__ import annotations
 
 import copy
@@ -86,9 +87,17 @@ class ExpertParallelMoE(nn.Module):
     exchange = staticmethod(collectives.all_to_all_single)
     reduce = staticmethod(collectives.all_reduce)
 
-    def __init__(self, router: nn.Linear, local_experts: list[nn.Module], num_experts: int, group=None,
-                 top_k: int = 1, compute_aux_loss: bool = False, capacity_factor: float | None = None,
-                 sequence_parallel: bool = False):
+    def __init__(
+        self,
+        router: nn.Linear,
+        local_experts: list[nn.Module],
+        num_experts: int,
+        group=None,
+        top_k: int = 1,
+        compute_aux_loss: bool = False,
+        capacity_factor: float | None = None,
+        sequence_parallel: bool = False,
+    ):
         super().__init__()
         self.router = router
         self.experts = nn.ModuleList(local_experts)
@@ -101,8 +110,16 @@ class ExpertParallelMoE(nn.Module):
         self.aux_loss = None  # with compute_aux_loss: this member's share of the load-balancing loss, set by forward
 
     @classmethod
-    def from_dense(cls, router: nn.Linear, experts, group=None, top_k: int = 1, compute_aux_loss: bool = False,
-                   capacity_factor: float | None = None, sequence_parallel: bool = False) -> ExpertParallelMoE:
+    def from_dense(
+        cls,
+        router: nn.Linear,
+        experts,
+        group=None,
+        top_k: int = 1,
+        compute_aux_loss: bool = False,
+        capacity_factor: float | None = None,
+        sequence_parallel: bool = False,
+    ) -> ExpertParallelMoE:
         n, r = dist.get_world_size(group), dist.get_rank(group)
         experts = list(experts)
         if len(experts) != router.out_features:
@@ -114,15 +131,27 @@ class ExpertParallelMoE(nn.Module):
         each = len(experts) // n
         if capacity_factor is not None and not capacity_factor > 0:
             raise ValueError(f"capacity_factor = {capacity_factor} must be positive (or None: no capacity)")
-        return cls(router, [copy.deepcopy(e) for e in experts[r * each:(r + 1) * each]], len(experts), group, top_k,
-                   compute_aux_loss, capacity_factor, sequence_parallel)
+        return cls(
+            router,
+            [copy.deepcopy(e) for e in experts[r * each : (r + 1) * each]],
+            len(experts),
+            group,
+            top_k,
+            compute_aux_loss,
+            capacity_factor,
+            sequence_parallel,
+        )
 
     def _load_balancing_share(self, probabilities: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         """E sum_j f_j P_j restricted to this member's tokens' terms of P: f_j the fraction of the
         group's (token, choice) pairs sent to expert j, P_j this member's probabilities summed over
         its tokens over the group's token count (the shares add up to the group's loss)."""
-        counts = torch.cat([torch.bincount(chosen.reshape(-1), minlength=self.num_experts).double(),
-                            torch.tensor([float(probabilities.shape[0])], dtype=torch.float64)])
+        counts = torch.cat(
+            [
+                torch.bincount(chosen.reshape(-1), minlength=self.num_experts).double(),
+                torch.tensor([float(probabilities.shape[0])], dtype=torch.float64),
+            ]
+        )
         self.reduce(counts, group=self.group)
         total = counts[-1]
         if total == 0:

@@ -33,6 +33,7 @@ conformance suite's judge).
 
 Never imports reference/.
 """
+
 from __future__ import annotations
 
 import torch
@@ -65,15 +66,13 @@ class _Gather(torch.autograd.Function):
 
 
 class _Unit:
-    def __init__(self, module: nn.Module, group, leaf: bool, compute_dtype: torch.dtype | None = None,
-                 divide_factor: float | None = None):
+    def __init__(self, module: nn.Module, group, leaf: bool, compute_dtype: torch.dtype | None = None, divide_factor: float | None = None):
         self.group, self.leaf, self.compute_dtype = group, leaf, compute_dtype
         self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.divisor = self.n if divide_factor is None else divide_factor
         # one entry per parameter object: every (owner, name) that holds it (tied weights), its shape
         self.sharded: list[tuple[list[tuple[nn.Module, str]], torch.Size, int]] = []
-        claimed = {id(p) for m in module.modules() if m is not module and hasattr(m, _STATE)
-                   for p in getattr(m, _STATE).pieces()}
+        claimed = {id(p) for m in module.modules() if m is not module and hasattr(m, _STATE) for p in getattr(m, _STATE).pieces()}
         holders: dict[int, list[tuple[nn.Module, str]]] = {}
         originals: dict[int, nn.Parameter] = {}
         for owner in module.modules():
@@ -91,16 +90,18 @@ class _Unit:
     def _piece(self, full: torch.Tensor) -> torch.Tensor:
         size = -(-full.numel() // self.n)
         flat = torch.zeros(size * self.n, dtype=full.dtype, device=full.device)
-        flat[:full.numel()] = full.reshape(-1)
-        return flat[self.rank * size:(self.rank + 1) * size].clone()
+        flat[: full.numel()] = full.reshape(-1)
+        return flat[self.rank * size : (self.rank + 1) * size].clone()
 
     def pieces(self) -> list[nn.Parameter]:
         return [places[0][0]._parameters[places[0][1]] for places, _, _ in self.sharded]
 
     def gathered(self, pieces) -> list[torch.Tensor]:
         dtype = self.compute_dtype
-        return [_Gather.apply(piece if dtype is None else piece.to(dtype), self.n, self.group, self.divisor)[:numel].view(shape)
-                for piece, (_, shape, numel) in zip(pieces, self.sharded)]
+        return [
+            _Gather.apply(piece if dtype is None else piece.to(dtype), self.n, self.group, self.divisor)[:numel].view(shape)
+            for piece, (_, shape, numel) in zip(pieces, self.sharded)
+        ]
 
     def cast_inputs(self, args):
         if self.compute_dtype is None:
@@ -112,13 +113,13 @@ class _Unit:
         pieces = self.pieces()
 
         def with_full(*pieces_and_args):
-            fulls = self.gathered(pieces_and_args[:len(pieces)])
+            fulls = self.gathered(pieces_and_args[: len(pieces)])
             for (places, _, _), full in zip(self.sharded, fulls):
                 for owner, name in places:
                     del owner._parameters[name]
                     setattr(owner, name, full)
             try:
-                return forward(*pieces_and_args[len(pieces):], **kwargs)
+                return forward(*pieces_and_args[len(pieces) :], **kwargs)
             finally:
                 for (places, _, _), piece in zip(self.sharded, pieces):
                     for owner, name in places:
@@ -130,8 +131,13 @@ class _Unit:
         return with_full(*pieces, *self.cast_inputs(args))
 
 
-def fully_shard(module: nn.Module, group=None, reshard_after_forward: bool = True,
-                compute_dtype: torch.dtype | None = None, gradient_divide_factor: float | None = None) -> nn.Module:
+def fully_shard(
+    module: nn.Module,
+    group=None,
+    reshard_after_forward: bool = True,
+    compute_dtype: torch.dtype | None = None,
+    gradient_divide_factor: float | None = None,
+) -> nn.Module:
     """Shard ``module``'s trainable parameters not already held by an inner unit; returns it."""
     if hasattr(module, _STATE):
         raise ValueError(f"{type(module).__name__} is already fully sharded")

@@ -27,6 +27,7 @@ every rank combines the same reduced numbers) does not depend on how the pieces 
 
 Never imports reference/.
 """
+
 from __future__ import annotations
 
 import math
@@ -78,8 +79,7 @@ def _tied_copies(stages: list[nn.Module], tied, pp_group) -> set[int]:
     return {id(q) for q in (parameter(*use) for use in tied[1:]) if q is not None and q is not first}
 
 
-def clip_grad_norm_(module: nn.Module, max_norm: float, norm_type: float = 2.0, pp_group=None,
-                    tied=None) -> torch.Tensor:
+def clip_grad_norm_(module: nn.Module, max_norm: float, norm_type: float = 2.0, pp_group=None, tied=None) -> torch.Tensor:
     """Scale every gradient of ``module`` (or of every module of a list: a rank's pipeline stages)
     by min(1, max_norm / (N + 1e-6)), N the global norm of all of them, over ``pp_group``'s stages
     too when given (module docstring); returns N. ``tied``: the (stage, name) uses of a weight tied
@@ -98,8 +98,7 @@ def clip_grad_norm_(module: nn.Module, max_norm: float, norm_type: float = 2.0, 
             if id(piece) not in in_units and piece.grad is not None:
                 sharded.setdefault(id(group), (group, []))[1].append(piece.grad)
             in_units.add(id(piece))
-    replicated = [p.grad for p in module.parameters()
-                  if id(p) not in in_units and id(p) not in excluded and p.grad is not None]
+    replicated = [p.grad for p in module.parameters() if id(p) not in in_units and id(p) not in excluded and p.grad is not None]
     combine = torch.maximum if math.isinf(norm_type) else torch.add
     total = _partial(replicated, norm_type)
     for group, grads in sharded.values():
@@ -109,8 +108,7 @@ def clip_grad_norm_(module: nn.Module, max_norm: float, norm_type: float = 2.0, 
         total = combine(total, part[0])
     if pp_group is not None:  # every stage's sum, added over the pipeline
         whole = total.reshape(1).clone()
-        collectives.all_reduce(whole, op=dist.ReduceOp.MAX if math.isinf(norm_type) else dist.ReduceOp.SUM,
-                               group=pp_group)
+        collectives.all_reduce(whole, op=dist.ReduceOp.MAX if math.isinf(norm_type) else dist.ReduceOp.SUM, group=pp_group)
         total = whole[0]
     norm = total if math.isinf(norm_type) else total.pow(1.0 / norm_type)
     coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)

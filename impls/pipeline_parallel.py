@@ -29,6 +29,7 @@ reference simulator calls deadlock-free) never hangs here. GPipe: Huang et al. 2
 PipeDream-Flush, Narayanan et al. 2021. Interleaved: Megatron-LM, Narayanan et al. 2021, section
 2.2.2. Never imports the reference package.
 """
+
 from __future__ import annotations
 
 import re
@@ -44,8 +45,7 @@ __all__ = ["pipeline_step", "generate_schedule", "split_stages"]
 KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
 V_KINDS = ("zb-v",)  # two stages per rank in a V: rank r holds stages r and 2p - 1 - r
 _COMPACT = re.compile(r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B|I|W)(\d+)$")
-_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int8,
-           torch.uint8, torch.bool)
+_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int8, torch.uint8, torch.bool)
 _MAX_DIMS = 8
 
 
@@ -57,13 +57,12 @@ def split_stages(model: nn.Sequential, num_stages: int) -> list[nn.Sequential]:
     a stage empty: a ValueError naming both numbers."""
     layers = list(model.children())
     if num_stages < 1 or len(layers) < num_stages:
-        raise ValueError(f"cannot split num_layers={len(layers)} into num_stages={num_stages}: every stage needs at "
-                         "least one layer")
+        raise ValueError(f"cannot split num_layers={len(layers)} into num_stages={num_stages}: every stage needs at least one layer")
     base, longer = divmod(len(layers), num_stages)
     stages, start = [], 0
     for s in range(num_stages):
         size = base + (1 if s < longer else 0)
-        stages.append(nn.Sequential(*layers[start:start + size]))
+        stages.append(nn.Sequential(*layers[start : start + size]))
         start += size
     return stages
 
@@ -93,8 +92,9 @@ def generate_schedule(kind: str, num_ranks: int, num_microbatches: int, stages_p
     if kind not in ("interleaved", *V_KINDS) and v != 1:
         raise ValueError(f"{kind} places one stage per rank; stages_per_rank={v} needs 'interleaved'")
     if kind == "interleaved" and m % p:
-        raise ValueError(f"interleaved 1F1B needs the number of microbatches to be a multiple of the number of "
-                         f"ranks: m={m} is not a multiple of p={p}")
+        raise ValueError(
+            f"interleaved 1F1B needs the number of microbatches to be a multiple of the number of ranks: m={m} is not a multiple of p={p}"
+        )
     if kind == "gpipe":
         compute = [[(r, "F", i) for i in range(m)] + [(r, "B", i) for i in range(m)] for r in range(p)]
     elif kind == "zb-h1":
@@ -106,6 +106,7 @@ def generate_schedule(kind: str, num_ranks: int, num_microbatches: int, stages_p
     else:
         compute = []
         for r in range(p):
+
             def virtual(k, kind, r=r):
                 chunk = (k % (p * v)) // p
                 return ((v - 1 - chunk if kind == "B" else chunk) * p + r, kind, (k // (p * v)) * p + k % p)
@@ -144,8 +145,7 @@ def _zb_v(p: int, m: int, cap: int | None = None) -> list:
             i = nxt[(s, kind)]
             if i >= m or (kind == "I" and i >= nxt[(s, "F")]) or (kind == "F" and held[r] >= cap):
                 continue
-            need = ((s - 1, "F", i) if s > 0 else None) if kind == "F" else \
-                ((s, "F", i) if s == 2 * p - 1 else (s + 1, "I", i))
+            need = ((s - 1, "F", i) if s > 0 else None) if kind == "F" else ((s, "F", i) if s == 2 * p - 1 else (s + 1, "I", i))
             if need is None or need in done:
                 found.append((max(clock[r], done[need] if need else 0), rank_order, s, kind, i))
         if pending_w[r]:
@@ -217,8 +217,10 @@ def _my_actions(schedule, p: int, rank: int, m: int, v: int, owner) -> list[tupl
     elif callable(schedule):
         rows = schedule(p, m, v)
     else:
-        raise TypeError(f"schedule must be one of {', '.join(KINDS)} or a callable "
-                        f"(num_ranks, num_microbatches, stages_per_rank) -> rows, got {type(schedule).__name__}")
+        raise TypeError(
+            f"schedule must be one of {', '.join(KINDS)} or a callable "
+            f"(num_ranks, num_microbatches, stages_per_rank) -> rows, got {type(schedule).__name__}"
+        )
     if len(rows) != p:
         raise ValueError(f"the schedule has {len(rows)} rows for {p} ranks")
     mine = [_parse(a) for a in rows[rank]]
@@ -226,11 +228,12 @@ def _my_actions(schedule, p: int, rank: int, m: int, v: int, owner) -> list[tupl
     every = sorted((s, i) for s in local for i in range(m))
     whole = sorted((s, i) for s, k, i in mine if k == "B")
     halves = [sorted((s, i) for s, k, i in mine if k == kind) for kind in ("I", "W")]
-    if sorted((s, i) for s, k, i in mine if k == "F") != every or halves[0] != halves[1] \
-            or sorted(whole + halves[0]) != every:
-        raise ValueError(f"rank {rank}'s schedule must run F exactly once and a backward (B, or I then W) exactly once "
-                         f"for each of its stages {sorted(local)} and microbatches 0..{m - 1}: "
-                         f"{list(map(str, rows[rank]))}")
+    if sorted((s, i) for s, k, i in mine if k == "F") != every or halves[0] != halves[1] or sorted(whole + halves[0]) != every:
+        raise ValueError(
+            f"rank {rank}'s schedule must run F exactly once and a backward (B, or I then W) exactly once "
+            f"for each of its stages {sorted(local)} and microbatches 0..{m - 1}: "
+            f"{list(map(str, rows[rank]))}"
+        )
     return mine
 
 
@@ -260,14 +263,15 @@ class _Peers:
             raise ValueError(f"activations of more than {_MAX_DIMS} dimensions are not supported")
         header = torch.zeros(2 + _MAX_DIMS, dtype=torch.int64)
         header[0], header[1] = _DTYPES.index(y.dtype), y.dim()
-        header[2:2 + y.dim()] = torch.tensor(y.shape, dtype=torch.int64)
+        header[2 : 2 + y.dim()] = torch.tensor(y.shape, dtype=torch.int64)
         self.send(header.to(y.device), stage + 1, self.tag(stage, microbatch, False, header=True))
         self.send(y, stage + 1, self.tag(stage, microbatch, False))
 
     def recv_activation(self, stage: int, microbatch: int, device) -> torch.Tensor:
-        header = self.recv(torch.empty(2 + _MAX_DIMS, dtype=torch.int64, device=device), stage - 1,
-                           self.tag(stage - 1, microbatch, False, header=True)).cpu()
-        shape = tuple(int(d) for d in header[2:2 + int(header[1])])
+        header = self.recv(
+            torch.empty(2 + _MAX_DIMS, dtype=torch.int64, device=device), stage - 1, self.tag(stage - 1, microbatch, False, header=True)
+        ).cpu()
+        shape = tuple(int(d) for d in header[2 : 2 + int(header[1])])
         buffer = torch.empty(shape, dtype=_DTYPES[int(header[0])], device=device)
         return self.recv(buffer, stage - 1, self.tag(stage - 1, microbatch, False))
 
@@ -277,8 +281,18 @@ class _Peers:
         self.pending.clear()
 
 
-def pipeline_step(stages, inputs, targets, loss_fn: Callable, num_microbatches: int, schedule="1f1b", group=None,
-                  trace: list | None = None, placement: str | None = None, scale_grads: bool = True):
+def pipeline_step(
+    stages,
+    inputs,
+    targets,
+    loss_fn: Callable,
+    num_microbatches: int,
+    schedule="1f1b",
+    group=None,
+    trace: list | None = None,
+    placement: str | None = None,
+    scale_grads: bool = True,
+):
     """One forward and backward of a batch through the pipeline; see CONTRACT.md, "Pipeline parallelism".
 
     ``stages``: this rank's stage module, or its v chunks in stage order (stages r, r + p, ...;

@@ -2,6 +2,7 @@
 (messages over SEGMENT_BYTES cut into pipelined segments), reductions in the tensor's own dtype,
 binomial trees (broadcast, reduce), rings (reduce-scatter, all-gather) and the pairwise exchange
 (all-to-all). The costs of each are in impls/collectives.py's docstring."""
+
 from __future__ import annotations
 
 from collections import deque

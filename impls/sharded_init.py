@@ -12,6 +12,7 @@ The caller's generator is forked and restored: its dropout streams go on undistu
 
 Never imports reference/.
 """
+
 from __future__ import annotations
 
 import torch
@@ -44,8 +45,11 @@ def init_sharded(module: nn.Module, seed: int, device=None) -> nn.Module:
             if not callable(reset):
                 continue
             held = dict(owner._parameters)
-            whole = {name: torch.empty(layouts[id(p)][0] if id(p) in layouts else p.shape, dtype=p.dtype)
-                     for name, p in held.items() if p is not None}
+            whole = {
+                name: torch.empty(layouts[id(p)][0] if id(p) in layouts else p.shape, dtype=p.dtype)
+                for name, p in held.items()
+                if p is not None
+            }
             try:
                 for name, tensor in whole.items():
                     owner._parameters[name] = nn.Parameter(tensor, requires_grad=False)
@@ -76,4 +80,3 @@ def _materialise(module: nn.Module, device: torch.device) -> None:
                     empty = torch.empty_like(t, device=device)
                     made[id(t)] = nn.Parameter(empty, t.requires_grad) if isinstance(t, nn.Parameter) else empty
                 table[name] = made[id(t)]
-

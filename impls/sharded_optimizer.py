@@ -31,6 +31,7 @@ one process; nobody copies it back, since it did not change.
 Communication goes through :mod:`impls.collectives` (point-to-point based); torch.distributed is
 used for group bookkeeping only. Parameters of one dtype and device (a flat buffer holds them all).
 """
+
 from __future__ import annotations
 
 import torch
@@ -105,8 +106,7 @@ class ShardedOptimizer:
 
     def _mine(self, slots: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(parameter, its piece of ``slots``) for the parameters this rank owns."""
-        return [(p, slots[at:at + p.numel()]) for p, at, owner in zip(self.params, self.offsets, self.owners)
-                if owner == self.rank]
+        return [(p, slots[at : at + p.numel()]) for p, at, owner in zip(self.params, self.offsets, self.owners) if owner == self.rank]
 
     def _average_my_gradients(self) -> torch.Tensor:
         """Step 1: reduce-scatter (AVG); this rank's parameters get the mean gradient. Returns the
@@ -114,8 +114,8 @@ class ShardedOptimizer:
         slots = self._slots()
         for p, at in zip(self.params, self.offsets):
             if p.grad is not None:
-                slots[at:at + p.numel()] = p.grad.reshape(-1)
-        mine = slots[self.rank * self.slot:(self.rank + 1) * self.slot]
+                slots[at : at + p.numel()] = p.grad.reshape(-1)
+        mine = slots[self.rank * self.slot : (self.rank + 1) * self.slot]
         collectives.reduce_scatter_tensor(mine, slots.clone(), op=dist.ReduceOp.AVG, group=self.group)
         for p, piece in self._mine(slots):
             if p.grad is not None:
@@ -126,8 +126,8 @@ class ShardedOptimizer:
         """Step 3: all-gather; every rank copies in the parameters their owners updated."""
         for p, piece in self._mine(slots):
             piece.copy_(p.detach().reshape(-1))
-        mine = slots[self.rank * self.slot:(self.rank + 1) * self.slot].clone()
+        mine = slots[self.rank * self.slot : (self.rank + 1) * self.slot].clone()
         collectives.all_gather_into_tensor(slots, mine, group=self.group)
         for p, at, owner in zip(self.params, self.offsets, self.owners):
             if owner != self.rank and p.grad is not None:  # the others did not change
-                p.copy_(slots[at:at + p.numel()].view_as(p))
+                p.copy_(slots[at : at + p.numel()].view_as(p))

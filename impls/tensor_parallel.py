@@ -39,6 +39,7 @@ Communication goes through :mod:`impls.collectives`, whose all_gather_into_tenso
 reduce_scatter_tensor split along dim 0 of contiguous tensors: the split dim is moved to the front
 and back. torch.distributed is used for group bookkeeping only.
 """
+
 from __future__ import annotations
 
 import copy
@@ -225,8 +226,9 @@ def _cast(t: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Tensor | N
 class ColumnParallelLinear(nn.Module):
     """y_r = x W_r^T + b_r with W_r, b_r this rank's chunk of out_features."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group=None, gather_output: bool = False,
-                 sequence_parallel: bool = False):
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, group=None, gather_output: bool = False, sequence_parallel: bool = False
+    ):
         super().__init__()
         self.group = group
         self.gather_output = gather_output
@@ -236,13 +238,12 @@ class ColumnParallelLinear(nn.Module):
         self.compute_dtype = None  # set by TensorParallelMLP(compute_dtype=...): the parameters cast when used
 
     @classmethod
-    def from_dense(cls, linear: nn.Linear, group=None, gather_output: bool = False,
-                   sequence_parallel: bool = False) -> ColumnParallelLinear:
+    def from_dense(cls, linear: nn.Linear, group=None, gather_output: bool = False, sequence_parallel: bool = False) -> ColumnParallelLinear:
         n, r = _size(group), _rank(group)
         _check_divisible("out_features", linear.out_features, n)
         each = linear.out_features // n
-        weight = linear.weight[r * each:(r + 1) * each]
-        bias = None if linear.bias is None else linear.bias[r * each:(r + 1) * each]
+        weight = linear.weight[r * each : (r + 1) * each]
+        bias = None if linear.bias is None else linear.bias[r * each : (r + 1) * each]
         return cls(weight, bias, group, gather_output, sequence_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -258,8 +259,9 @@ class ColumnParallelLinear(nn.Module):
 class RowParallelLinear(nn.Module):
     """y = all_reduce(x_r W_r^T) + b with W_r this rank's chunk of in_features."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group=None, input_is_parallel: bool = True,
-                 sequence_parallel: bool = False):
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, group=None, input_is_parallel: bool = True, sequence_parallel: bool = False
+    ):
         super().__init__()
         self.group = group
         self.input_is_parallel = input_is_parallel
@@ -269,12 +271,11 @@ class RowParallelLinear(nn.Module):
         self.compute_dtype = None  # set by TensorParallelMLP(compute_dtype=...)
 
     @classmethod
-    def from_dense(cls, linear: nn.Linear, group=None, input_is_parallel: bool = True,
-                   sequence_parallel: bool = False) -> RowParallelLinear:
+    def from_dense(cls, linear: nn.Linear, group=None, input_is_parallel: bool = True, sequence_parallel: bool = False) -> RowParallelLinear:
         n, r = _size(group), _rank(group)
         _check_divisible("in_features", linear.in_features, n)
         each = linear.in_features // n
-        weight = linear.weight[:, r * each:(r + 1) * each]
+        weight = linear.weight[:, r * each : (r + 1) * each]
         return cls(weight, linear.bias, group, input_is_parallel, sequence_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -287,8 +288,7 @@ class RowParallelLinear(nn.Module):
             # the bias meets one sequence shard: all-reduce its gradient (f) to cover the whole sequence,
             # in the bias's own dtype: f on the master, then the cast, so that the cast's backward brings
             # each member's partial gradient back up before the sum (pytorch#190626 summed in bfloat16)
-            return y if self.bias is None else y + _cast(copy_to_parallel_region(self.bias, self.group),
-                                                         self.compute_dtype)
+            return y if self.bias is None else y + _cast(copy_to_parallel_region(self.bias, self.group), self.compute_dtype)
         y = reduce_from_parallel_region(partial, self.group)
         return y if self.bias is None else y + _cast(self.bias, self.compute_dtype)
 
@@ -296,8 +296,16 @@ class RowParallelLinear(nn.Module):
 class TensorParallelMLP(nn.Module):
     """GELU(x W1^T + b1) W2^T + b2 with fc1 column parallel and fc2 row parallel."""
 
-    def __init__(self, fc1: ColumnParallelLinear, fc2: RowParallelLinear, group=None, sequence_parallel: bool = False,
-                 norm: nn.LayerNorm | None = None, dropout: float = 0.0, compute_dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        fc1: ColumnParallelLinear,
+        fc2: RowParallelLinear,
+        group=None,
+        sequence_parallel: bool = False,
+        norm: nn.LayerNorm | None = None,
+        dropout: float = 0.0,
+        compute_dtype: torch.dtype | None = None,
+    ):
         super().__init__()
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
@@ -310,17 +318,23 @@ class TensorParallelMLP(nn.Module):
         self.compute_dtype = fc1.compute_dtype = fc2.compute_dtype = compute_dtype
 
     @classmethod
-    def from_dense(cls, fc1: nn.Linear, fc2: nn.Linear, group=None, sequence_parallel: bool = False,
-                   norm: nn.LayerNorm | None = None, dropout: float = 0.0,
-                   compute_dtype: torch.dtype | None = None) -> TensorParallelMLP:
+    def from_dense(
+        cls,
+        fc1: nn.Linear,
+        fc2: nn.Linear,
+        group=None,
+        sequence_parallel: bool = False,
+        norm: nn.LayerNorm | None = None,
+        dropout: float = 0.0,
+        compute_dtype: torch.dtype | None = None,
+    ) -> TensorParallelMLP:
         n = _size(group)
         if fc1.out_features != fc2.in_features:
             raise ValueError(f"fc1.out_features = {fc1.out_features} must equal fc2.in_features = {fc2.in_features}")
         _check_divisible("ffn width (fc1.out_features = fc2.in_features)", fc1.out_features, n)
         column = ColumnParallelLinear.from_dense(fc1, group, gather_output=False, sequence_parallel=sequence_parallel)
         row = RowParallelLinear.from_dense(fc2, group, input_is_parallel=True, sequence_parallel=sequence_parallel)
-        return cls(column, row, group, sequence_parallel, None if norm is None else copy.deepcopy(norm), dropout,
-                   compute_dtype)
+        return cls(column, row, group, sequence_parallel, None if norm is None else copy.deepcopy(norm), dropout, compute_dtype)
 
     def _normed(self, x: torch.Tensor) -> torch.Tensor:
         norm = self.norm

@@ -13,6 +13,7 @@ other holders and receives theirs, and sets every copy's ``.grad`` to the sum of
 group-rank order, so the copies stay bitwise equal. Point-to-point only, like the other bundled
 strategies.
 """
+
 from __future__ import annotations
 
 import torch
@@ -51,8 +52,7 @@ def sync_tied_gradients(stages, tied, group=None) -> None:
     for other in copies[1:]:
         partial += other.grad
     pieces = {me: partial}
-    sends = [dist.isend(partial, _global(group, r), group=group)
-             for r in holders if r != me]
+    sends = [dist.isend(partial, _global(group, r), group=group) for r in holders if r != me]
     for r in holders:
         if r != me:
             pieces[r] = torch.empty_like(partial)

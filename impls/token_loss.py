@@ -3,6 +3,7 @@ the valid targets of its micro-batches for the step, and the loss of each is div
 over the group, C = sum_r c_r (one all-reduce of one integer), so that every token of the global
 batch weighs 1/C whatever rank holds it. The wrappers then sum the gradients instead of averaging
 them (``gradient_divide_factor=1``: impls/data_parallel.py, impls/fully_sharded.py)."""
+
 from __future__ import annotations
 
 import torch

@@ -20,6 +20,7 @@ column layer all-gathers it before the projection (backward: reduce-scatter), th
 reduce-scatters after it (backward: all-gather), and attention runs on the whole gathered
 sequence, so the causal mask sees global positions.
 """
+
 from __future__ import annotations
 
 import math
@@ -59,30 +60,37 @@ def _my_qkv_rows(layout: str, heads: int, kv_heads: int, d: int, n: int, r: int)
 class TensorParallelAttention(nn.Module):
     """Causal self-attention over [batch, seq, h] with this rank's heads."""
 
-    def __init__(self, qkv: ColumnParallelLinear, out: RowParallelLinear, heads: int, kv_heads: int, d: int,
-                 layout: str):
+    def __init__(self, qkv: ColumnParallelLinear, out: RowParallelLinear, heads: int, kv_heads: int, d: int, layout: str):
         super().__init__()
         self.qkv, self.out = qkv, out
         self.heads, self.kv_heads, self.head_dim, self.layout = heads, kv_heads, d, layout  # this rank's
 
     @classmethod
-    def from_dense(cls, qkv: nn.Linear, out: nn.Linear, num_heads: int, num_kv_heads: int, group=None,
-                   sequence_parallel: bool = False, qkv_layout: str = "concatenated") -> TensorParallelAttention:
+    def from_dense(
+        cls,
+        qkv: nn.Linear,
+        out: nn.Linear,
+        num_heads: int,
+        num_kv_heads: int,
+        group=None,
+        sequence_parallel: bool = False,
+        qkv_layout: str = "concatenated",
+    ) -> TensorParallelAttention:
         n, r = dist.get_world_size(group), dist.get_rank(group)
         if qkv_layout not in QKV_LAYOUTS:
             raise ValueError(f"qkv_layout must be one of {QKV_LAYOUTS}, got {qkv_layout!r}")
         if num_kv_heads < 1 or num_heads % num_kv_heads:
             raise ValueError(f"num_heads = {num_heads} is not a multiple of num_kv_heads = {num_kv_heads}")
         if qkv.out_features % (num_heads + 2 * num_kv_heads):
-            raise ValueError(f"qkv out_features = {qkv.out_features} is not a multiple of num_heads + 2 "
-                             f"num_kv_heads = {num_heads + 2 * num_kv_heads}")
+            raise ValueError(
+                f"qkv out_features = {qkv.out_features} is not a multiple of num_heads + 2 num_kv_heads = {num_heads + 2 * num_kv_heads}"
+            )
         d = qkv.out_features // (num_heads + 2 * num_kv_heads)
         if out.in_features != num_heads * d:
             raise ValueError(f"out in_features = {out.in_features} must be num_heads * head_dim = {num_heads * d}")
         _divisible("num_kv_heads", num_kv_heads, n)
         rows = _my_qkv_rows(qkv_layout, num_heads, num_kv_heads, d, n, r)
-        column = ColumnParallelLinear(_rows(qkv.weight, rows), _rows(qkv.bias, rows), group,
-                                      sequence_parallel=sequence_parallel)
+        column = ColumnParallelLinear(_rows(qkv.weight, rows), _rows(qkv.bias, rows), group, sequence_parallel=sequence_parallel)
         row = RowParallelLinear.from_dense(out, group, sequence_parallel=sequence_parallel)
         return cls(column, row, num_heads // n, num_kv_heads // n, d, qkv_layout)
 
@@ -117,8 +125,7 @@ class TensorParallelSwiGLU(nn.Module):
         self.gate_up, self.down = gate_up, down
 
     @classmethod
-    def from_dense(cls, gate_up: nn.Linear, down: nn.Linear, group=None,
-                   sequence_parallel: bool = False) -> TensorParallelSwiGLU:
+    def from_dense(cls, gate_up: nn.Linear, down: nn.Linear, group=None, sequence_parallel: bool = False) -> TensorParallelSwiGLU:
         n, r = dist.get_world_size(group), dist.get_rank(group)
         if gate_up.out_features % 2:
             raise ValueError(f"gate_up out_features = {gate_up.out_features} must be 2 ffn (gate rows, then up rows)")
@@ -129,8 +136,7 @@ class TensorParallelSwiGLU(nn.Module):
         each = ffn // n
         mine = torch.arange(r * each, (r + 1) * each)
         rows = torch.cat([mine, ffn + mine])
-        column = ColumnParallelLinear(_rows(gate_up.weight, rows), _rows(gate_up.bias, rows), group,
-                                      sequence_parallel=sequence_parallel)
+        column = ColumnParallelLinear(_rows(gate_up.weight, rows), _rows(gate_up.bias, rows), group, sequence_parallel=sequence_parallel)
         return cls(column, RowParallelLinear.from_dense(down, group, sequence_parallel=sequence_parallel))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ padding, times the token's upstream gradient. The logits are never gathered.
 
 Never imports reference/.
 """
+
 from __future__ import annotations
 
 import torch
@@ -43,7 +44,7 @@ class VocabParallelEmbedding(nn.Module):
         each = -(-vocab // n)
         padded = embedding.weight.new_zeros((each * n, width))
         padded[:vocab] = embedding.weight.detach()
-        return cls(padded[rank * each:(rank + 1) * each], vocab, group)
+        return cls(padded[rank * each : (rank + 1) * each], vocab, group)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         each = self.weight.shape[0]
@@ -61,8 +62,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         start = rank * width
         real = max(0, min(width, vocab_size - start))  # this rank's columns below V
         z = logits[..., :real]
-        local_max = z.amax(dim=-1) if real else torch.full(logits.shape[:-1], float("-inf"), dtype=logits.dtype,
-                                                            device=logits.device)
+        local_max = z.amax(dim=-1) if real else torch.full(logits.shape[:-1], float("-inf"), dtype=logits.dtype, device=logits.device)
         top = local_max.contiguous()
         collectives.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
         shifted = torch.exp(z - top.unsqueeze(-1))
@@ -86,13 +86,11 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         return (grad - hit) * grad_loss.unsqueeze(-1), None, None, None
 
 
-def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int,
-                                 group=None) -> torch.Tensor:
+def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, group=None) -> torch.Tensor:
     """Per-token cross entropy over the vocabulary split across ``group`` (module docstring):
     ``logits`` [..., V_pad / n] this rank's columns, ``targets`` [...] global ids < vocab_size;
     returns the per-token losses [...], the same on every rank, differentiable in ``logits``."""
     n = dist.get_world_size(group)
     if logits.shape[-1] * n < vocab_size:
-        raise ValueError(f"{n} ranks of {logits.shape[-1]} logit columns hold {logits.shape[-1] * n} < the vocabulary "
-                         f"{vocab_size}")
+        raise ValueError(f"{n} ranks of {logits.shape[-1]} logit columns hold {logits.shape[-1] * n} < the vocabulary {vocab_size}")
     return _VocabParallelCrossEntropy.apply(logits, targets, vocab_size, group)

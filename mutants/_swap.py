@@ -2,6 +2,7 @@
 replacement in place of ``module.name`` for the call and restores the original after it, even when
 the call raises (a refusal the suite asks for), so the bundled implementation stays intact for the
 next task in the same rank."""
+
 from __future__ import annotations
 
 from contextlib import contextmanager

@@ -6,6 +6,7 @@ Installed (a wheel, an sdist), the folders ``reference``, ``impls``, ``harness``
 stay at the repository's top level, as the project's layout has them: this package's search path
 then ends with the repository root, so ``parallelism_conformance.reference`` is ``reference/`` and
 no file exists twice. Which of the two holds is read from the disk, once, here."""
+
 import os
 
 __version__ = "0.1.0"  # read as data (ast) by the reports and by setuptools, never by importing the package

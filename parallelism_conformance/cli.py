@@ -10,6 +10,7 @@ directory; a test path that starts with ``conformance/`` (a failure's reproduce 
 suite's own folder. The settings of a pytest.ini, tox.ini or pyproject.toml around the current
 directory (or around a virtual environment inside a project) are not read: they belong to the
 user's tests, not to the suite's."""
+
 from __future__ import annotations
 
 import os
@@ -60,8 +61,7 @@ def arguments(argv: list[str], cwd: Path, root: Path) -> list[str]:
             named_tests = True
         else:
             out.append(arg)
-    return [*PYTEST_FLAGS, "-p", PLUGIN, "-c", os.devnull, "--rootdir", str(root),
-            *([] if named_tests else [str(root / "conformance")]), *out]
+    return [*PYTEST_FLAGS, "-p", PLUGIN, "-c", os.devnull, "--rootdir", str(root), *([] if named_tests else [str(root / "conformance")]), *out]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,6 +6,7 @@ doc/PERFORMANCE.md): all-reduce 2(n-1)/n; reduce-scatter, all-gather, all-to-all
 broadcast and reduce 1. The alpha-beta (Hockney) model t(S) = alpha + beta * S is fitted by least
 squares for each (collective, implementation, world size) over the sizes measured in the run.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -57,15 +58,19 @@ def table(measurements: list[Measurement], native: str) -> str:
     for key in {(m.collective, m.impl, m.world_size) for m in measurements}:
         models[key] = fit_alpha_beta([(m.size_bytes, m.seconds) for m in measurements if (m.collective, m.impl, m.world_size) == key])
     by_key = {(m.collective, m.world_size, m.size_bytes, m.impl): m for m in measurements}
-    lines = [f"{'collective':<24}{'n':>3}{'impl':>20}{'size':>12}{'time(us)':>12}{'model(us)':>11}"
-             f"{'algbw GB/s':>12}{'busbw GB/s':>12}{'vs native':>10}"]
+    lines = [
+        f"{'collective':<24}{'n':>3}{'impl':>20}{'size':>12}{'time(us)':>12}{'model(us)':>11}"
+        f"{'algbw GB/s':>12}{'busbw GB/s':>12}{'vs native':>10}"
+    ]
     for m in sorted(measurements, key=lambda m: (m.collective, m.world_size, m.size_bytes, m.impl)):
         model = models[(m.collective, m.impl, m.world_size)]
         predicted = f"{(model[0] + model[1] * m.size_bytes) * 1e6:11.0f}" if model else f"{'-':>11}"
         reference = by_key.get((m.collective, m.world_size, m.size_bytes, native))
         ratio = f"{reference.seconds / m.seconds:10.2f}" if reference and m.impl != native else f"{'':>10}"
-        lines.append(f"{m.collective:<24}{m.world_size:>3}{m.impl:>20}{_size(m.size_bytes):>12}{m.seconds * 1e6:12.0f}"
-                     f"{predicted}{m.algbw:12.3f}{m.busbw:12.3f}{ratio}")
+        lines.append(
+            f"{m.collective:<24}{m.world_size:>3}{m.impl:>20}{_size(m.size_bytes):>12}{m.seconds * 1e6:12.0f}"
+            f"{predicted}{m.algbw:12.3f}{m.busbw:12.3f}{ratio}"
+        )
     lines.append("")
     lines.append("alpha-beta fits (t = alpha + beta*S):")
     for (collective, impl, n), model in sorted(models.items()):

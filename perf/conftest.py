@@ -4,6 +4,7 @@ The collective benchmarks record the time the ranks measured (max over ranks), n
 round trip; at the end of the run this file prints an nccl-tests-like table with the alpha-beta
 model beside each measurement and writes the plots (PNG) to --perf-out.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,15 +26,26 @@ def _bytes(text: str) -> int:
 
 def pytest_addoption(parser):
     group = parser.getgroup("perf")
-    group.addoption("--perf-sizes", default="4K,256K,16M,64M",
-                    help="message sizes to sweep (default 4K,256K,16M,64M; --perf-full: 4K..64M by 4x)")
+    group.addoption(
+        "--perf-sizes", default="4K,256K,16M,64M", help="message sizes to sweep (default 4K,256K,16M,64M; --perf-full: 4K..64M by 4x)"
+    )
     group.addoption("--perf-world-sizes", default="1,2,3,4", help="world sizes to sweep (default 1,2,3,4; 8 on request)")
     group.addoption("--perf-full", action="store_true", help="sweep 4 KiB to 64 MiB in steps of 4x")
     group.addoption("--perf-out", default=str(Path(__file__).parent / "out"), help="where the plots go")
-    group.addoption("--grading-tiers", nargs="?", const="all", default=None, metavar="CPUS/MIB:SUBMISSION,...",
-                    help="run the autograder tier benchmark (perf/test_grading_tiers.py): every row, or those named")
-    group.addoption("--write-measured", default=None, metavar="FILE",
-                    help="write the figures of this run into FILE's measured table (scripts/bench: docs/measured.md)")
+    group.addoption(
+        "--grading-tiers",
+        nargs="?",
+        const="all",
+        default=None,
+        metavar="CPUS/MIB:SUBMISSION,...",
+        help="run the autograder tier benchmark (perf/test_grading_tiers.py): every row, or those named",
+    )
+    group.addoption(
+        "--write-measured",
+        default=None,
+        metavar="FILE",
+        help="write the figures of this run into FILE's measured table (scripts/bench: docs/measured.md)",
+    )
 
 
 def pytest_configure(config):

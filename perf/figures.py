@@ -4,6 +4,7 @@ them into docs/measured.md between two markers, so that table is never edited by
 A row is keyed by its benchmark's text. Rows of benchmarks this run did not reach are kept as they
 were, with the date and commit they were measured on; a rerun replaces its own rows only.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -47,10 +48,10 @@ def stamp() -> str:
     """Today's date and the commit measured (with '+' when the working tree has changes)."""
     root = Path(__file__).parent.parent
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
-                                text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit, dirty = "", ""
     return f"{datetime.date.today().isoformat()} {commit}{'+' if dirty else ''}".strip()
@@ -58,9 +59,9 @@ def stamp() -> str:
 
 def machine() -> str:
     import torch
+
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return (f"{os.cpu_count()} cores, {platform.machine()}, torch {torch.__version__}, "
-            f"{gpus} GPU{'s' if gpus != 1 else ''} visible")
+    return f"{os.cpu_count()} cores, {platform.machine()}, torch {torch.__version__}, {gpus} GPU{'s' if gpus != 1 else ''} visible"
 
 
 def _row(cells: list[str]) -> str:
@@ -88,6 +89,11 @@ def write(path: Path, figures: Figures) -> None:
     when = stamp()
     for figure in figures.recorded.values():
         rows[figure.benchmark] = figure.cells(when)
-    lines = [f"Last written by `scripts/bench` on {when}, on {machine()}.", "",
-             _row(HEADER), _row(["---"] * len(HEADER)), *(_row(cells) for cells in rows.values())]
+    lines = [
+        f"Last written by `scripts/bench` on {when}, on {machine()}.",
+        "",
+        _row(HEADER),
+        _row(["---"] * len(HEADER)),
+        *(_row(cells) for cells in rows.values()),
+    ]
     path.write_text(f"{head}{BEGIN}\n" + "\n".join(lines) + f"\n{END}{tail}")

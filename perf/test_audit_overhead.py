@@ -12,6 +12,7 @@ printed too. It was the ratio of lower quartiles, with plain always first, until
 narrowly in three of eight runs (1.25-1.35x) where the same benchmark on an older commit, run
 alternately, did as well. Goal: the audit adds at most a quarter to a warm task.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -28,8 +29,7 @@ OVERHEAD_GOAL = 1.25
 
 
 def example(n: int) -> list[dict]:
-    return [{"function": "all_reduce", "arguments": {"tensor": torch.randn(1024), "op": "SUM"}, "group": None}
-            for _ in range(n)]
+    return [{"function": "all_reduce", "arguments": {"tensor": torch.randn(1024), "op": "SUM"}, "group": None} for _ in range(n)]
 
 
 @pytest.mark.parametrize("impl", ["parallelism_conformance.impls", "torch.distributed"])
@@ -44,7 +44,7 @@ def test_audited_task_against_a_plain_one(benchmark, figures, n, impl):
         records = 0
         for round_ in range(ROUNDS):  # alternate which goes first: no systematic order effect
             pools = (("plain", plain), ("audited", audited))
-            for name, pool in (pools if round_ % 2 else pools[::-1]):
+            for name, pool in pools if round_ % 2 else pools[::-1]:
                 started = time.perf_counter()
                 result = pool.run(n, CALL, args, impl=impl)
                 times[name].append(time.perf_counter() - started)
@@ -57,12 +57,25 @@ def test_audited_task_against_a_plain_one(benchmark, figures, n, impl):
     # the gate: the median of the per-round ratios (a round's two tasks share the machine's load of
     # the moment, as the ring benchmark's pairs do), not a ratio of two separate statistics
     ratio = statistics.median(a / p for p, a in zip(times["plain"], times["audited"]))
-    benchmark.extra_info.update(plain_s=plain_s, audited_s=audited_s, plain_p25_s=plain_q, audited_p25_s=audited_q,
-                                ratio_p25=ratio_p25, ratio_median=audited_s / plain_s, ratio_paired=ratio,
-                                records_per_task=records)
-    print(f"\n{impl} all_reduce of 1024 float32, n={n} ({records} records per task): median plain {plain_s * 1e3:.2f} ms, "
-          f"audited {audited_s * 1e3:.2f} ms ({audited_s / plain_s:.2f}x); lower quartile plain {plain_q * 1e3:.2f} ms, "
-          f"audited {audited_q * 1e3:.2f} ms ({ratio_p25:.2f}x); median of the per-round ratios {ratio:.2f}x")
-    figures.record(f"communication audit, audited against plain task, {impl}, n={n} (median of per-round ratios)",
-                   f"{ratio:.2f}x ({records} records per task)", f"<= {OVERHEAD_GOAL}x", ratio <= OVERHEAD_GOAL)
+    benchmark.extra_info.update(
+        plain_s=plain_s,
+        audited_s=audited_s,
+        plain_p25_s=plain_q,
+        audited_p25_s=audited_q,
+        ratio_p25=ratio_p25,
+        ratio_median=audited_s / plain_s,
+        ratio_paired=ratio,
+        records_per_task=records,
+    )
+    print(
+        f"\n{impl} all_reduce of 1024 float32, n={n} ({records} records per task): median plain {plain_s * 1e3:.2f} ms, "
+        f"audited {audited_s * 1e3:.2f} ms ({audited_s / plain_s:.2f}x); lower quartile plain {plain_q * 1e3:.2f} ms, "
+        f"audited {audited_q * 1e3:.2f} ms ({ratio_p25:.2f}x); median of the per-round ratios {ratio:.2f}x"
+    )
+    figures.record(
+        f"communication audit, audited against plain task, {impl}, n={n} (median of per-round ratios)",
+        f"{ratio:.2f}x ({records} records per task)",
+        f"<= {OVERHEAD_GOAL}x",
+        ratio <= OVERHEAD_GOAL,
+    )
     assert ratio <= OVERHEAD_GOAL, f"the audit makes a warm task {ratio:.2f}x slower, goal <= {OVERHEAD_GOAL}x"

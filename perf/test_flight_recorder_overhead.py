@@ -8,6 +8,7 @@ under 10% of a small collective example, is gated on what the recorder adds per 
 one process without the noise of other ranks: (calls per task) x (cost of one recorded call, the
 wrapper and the slot write) against the task's time.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -25,8 +26,7 @@ OVERHEAD_GOAL = 0.10
 
 
 def example(n: int) -> list[dict]:
-    return [{"function": "all_reduce", "arguments": {"tensor": torch.randn(1024), "op": "SUM"}, "group": None}
-            for _ in range(n)]
+    return [{"function": "all_reduce", "arguments": {"tensor": torch.randn(1024), "op": "SUM"}, "group": None} for _ in range(n)]
 
 
 @pytest.mark.parametrize("impl", ["parallelism_conformance.impls", "torch.distributed"])
@@ -39,7 +39,7 @@ def test_recorded_task_against_an_unrecorded_one(benchmark, figures, n, impl):
                 pool.run(n, CALL, args, impl=impl)
         times = {"off": [], "on": []}
         for round_ in range(ROUNDS):  # alternate which goes first: no systematic order effect
-            for name, pool in ((("off", off), ("on", on)) if round_ % 2 else (("on", on), ("off", off))):
+            for name, pool in (("off", off), ("on", on)) if round_ % 2 else (("on", on), ("off", off)):
                 started = time.perf_counter()
                 pool.run(n, CALL, args, impl=impl)
                 times[name].append(time.perf_counter() - started)
@@ -48,18 +48,25 @@ def test_recorded_task_against_an_unrecorded_one(benchmark, figures, n, impl):
     off_m, on_m = statistics.median(times["off"]), statistics.median(times["on"])
     ratio = on_q / off_q
     benchmark.extra_info.update(off_p25_s=off_q, on_p25_s=on_q, ratio_p25=ratio, ratio_median=on_m / off_m)
-    print(f"\n{impl} all_reduce of 1024 float32, n={n}: lower quartile without the recorder {off_q * 1e3:.2f} ms, "
-          f"with {on_q * 1e3:.2f} ms ({ratio:.2f}x); medians {off_m * 1e3:.2f} / {on_m * 1e3:.2f} ms "
-          f"({on_m / off_m:.2f}x)")
+    print(
+        f"\n{impl} all_reduce of 1024 float32, n={n}: lower quartile without the recorder {off_q * 1e3:.2f} ms, "
+        f"with {on_q * 1e3:.2f} ms ({ratio:.2f}x); medians {off_m * 1e3:.2f} / {on_m * 1e3:.2f} ms "
+        f"({on_m / off_m:.2f}x)"
+    )
     assert ratio <= SIDE_BY_SIDE_LIMIT, f"the flight recorder makes a warm task {ratio:.2f}x slower"
     calls = CALLS_PER_RANK[impl](n)
     share = calls * recorded_call_seconds() / off_q
-    print(f"  {calls} recorded calls per rank x {recorded_call_seconds() * 1e6:.1f} us = "
-          f"{share * 100:.2f}% of the task (goal < {OVERHEAD_GOAL * 100:.0f}%)")
+    print(
+        f"  {calls} recorded calls per rank x {recorded_call_seconds() * 1e6:.1f} us = "
+        f"{share * 100:.2f}% of the task (goal < {OVERHEAD_GOAL * 100:.0f}%)"
+    )
     benchmark.extra_info.update(recorder_share=share)
-    figures.record(f"flight recorder: its share of a warm task, {impl}, n={n}",
-                   f"{share * 100:.2f}% ({calls} calls x {recorded_call_seconds() * 1e6:.1f} us); side by side {ratio:.2f}x",
-                   f"< {OVERHEAD_GOAL * 100:.0f}%", share < OVERHEAD_GOAL)
+    figures.record(
+        f"flight recorder: its share of a warm task, {impl}, n={n}",
+        f"{share * 100:.2f}% ({calls} calls x {recorded_call_seconds() * 1e6:.1f} us); side by side {ratio:.2f}x",
+        f"< {OVERHEAD_GOAL * 100:.0f}%",
+        share < OVERHEAD_GOAL,
+    )
     assert share < OVERHEAD_GOAL
 
 

@@ -10,6 +10,7 @@ memory cgroup's peak (page cache included) and the largest sum of proportional s
 Slow (a full grading run per row, 3-9 minutes each on the 2-core machine), so it runs only when
 asked: ``scripts/bench perf/test_grading_tiers.py --grading-tiers`` (every row) or
 ``--grading-tiers 1/1536:correct,2/3072:chatty`` (cpus/MiB:submission)."""
+
 from __future__ import annotations
 
 import os
@@ -30,9 +31,18 @@ SUBMISSIONS = {
 }
 # (vCPU, MiB, submission): Gradescope's tiers, each with the correct submission; the others where
 # the issue asks for them
-ROWS = [(0.5, 768, "correct"), (1, 1536, "correct"), (2, 3072, "correct"), (4, 6144, "correct"),
-        (1, 1536, "starter"), (1, 1536, "hanging and crashing"), (2, 3072, "chatty"),
-        (0.5, 768, "cs336"), (1, 1536, "cs336"), (2, 3072, "cs336")]
+ROWS = [
+    (0.5, 768, "correct"),
+    (1, 1536, "correct"),
+    (2, 3072, "correct"),
+    (4, 6144, "correct"),
+    (1, 1536, "starter"),
+    (1, 1536, "hanging and crashing"),
+    (2, 3072, "chatty"),
+    (0.5, 768, "cs336"),
+    (1, 1536, "cs336"),
+    (2, 3072, "cs336"),
+]
 CS336_SET = "data_parallel,sharded_optimizer,fully_sharded,fsdp_compute_dtype,audit"  # what the handout asks
 
 
@@ -68,9 +78,11 @@ def installed():
 def installed_cs336():
     from parallelism_conformance.harness.driver.gradescope import requirements
 
-    installed = trial.install(config.AutograderConfig(
-        expects=config.CS336, capability=CS336_SET, suite_version="tiers",
-        requirements=requirements.read_file(requirements.CS336_DEFAULT)).check())
+    installed = trial.install(
+        config.AutograderConfig(
+            expects=config.CS336, capability=CS336_SET, suite_version="tiers", requirements=requirements.read_file(requirements.CS336_DEFAULT)
+        ).check()
+    )
     yield installed
     trial.remove(installed)
 
@@ -82,8 +94,7 @@ def test_grading_tier(request, tier_row, figures):
     if submission == "cs336":
         graded = trial.grade(request.getfixturevalue("installed_cs336"), trial.cs336_repository(), limits)
     else:
-        graded = trial.grade(request.getfixturevalue("installed"), {"student_impl.py": SUBMISSIONS[submission]},
-                             limits, env=chatter)
+        graded = trial.grade(request.getfixturevalue("installed"), {"student_impl.py": SUBMISSIONS[submission]}, limits, env=chatter)
     results, outcome = graded.results, graded.outcome
     tests = results["tests"]
     skipped = [t for t in tests if t.get("output", "").startswith("skipped, not counted")]  # 0 of 0 points
@@ -91,16 +102,21 @@ def test_grading_tier(request, tier_row, figures):
     complete = results["extra_data"].get("complete", False)
     correct = submission in ("correct", "cs336")
     full = correct and results["score"] == results["max_score"] > 0
-    figure = (f"{results['score']:.2f}/{results['max_score']:.2f}, {len(tests)} tests ({statuses['passed']} passed, "
-              f"{statuses['failed']} failed, {len(skipped)} skipped), {'complete' if complete else 'INCOMPLETE'}; {outcome.seconds:.0f} s; "
-              f"cgroup peak {outcome.peak_memory_bytes / 2**20:.0f} MiB, PSS peak {outcome.peak_pss_bytes / 2**20:.0f} MiB"
-              f"{f', {outcome.oom_kills} OOM kills' if outcome.oom_kills else ''}")
+    figure = (
+        f"{results['score']:.2f}/{results['max_score']:.2f}, {len(tests)} tests ({statuses['passed']} passed, "
+        f"{statuses['failed']} failed, {len(skipped)} skipped), {'complete' if complete else 'INCOMPLETE'}; {outcome.seconds:.0f} s; "
+        f"cgroup peak {outcome.peak_memory_bytes / 2**20:.0f} MiB, PSS peak {outcome.peak_pss_bytes / 2**20:.0f} MiB"
+        f"{f', {outcome.oom_kills} OOM kills' if outcome.oom_kills else ''}"
+    )
     met = complete and outcome.seconds < PLATFORM_LIMIT_S and (full or not correct)
     if cpus > (os.cpu_count() or 1):
         figure += f" (this machine has {os.cpu_count()} cores)"
     claimed = "the CS336 set" if submission == "cs336" else "every capability"
-    figures.record(f"autograder at {cpus:g} vCPU / {mib} MiB, {claimed}: {submission} submission", figure,
-                   f"complete report{' with full marks' if correct else ''} within "
-                   f"{PLATFORM_LIMIT_S} s", met)
+    figures.record(
+        f"autograder at {cpus:g} vCPU / {mib} MiB, {claimed}: {submission} submission",
+        figure,
+        f"complete report{' with full marks' if correct else ''} within {PLATFORM_LIMIT_S} s",
+        met,
+    )
     print(f"\n{cpus:g} vCPU / {mib} MiB, {submission}: {figure}")
     assert met, figure

@@ -20,6 +20,7 @@ ffn / tp. The lecture's rule is about frequency (TP talks in every layer's forwa
 the critical path; DP once per step, overlappable); in bytes it holds once tokens per step exceed
 ffn / tp, as they do in training. Both workloads are recorded.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -45,28 +46,51 @@ def _mesh_args(grid: Mesh, samples: int) -> list[dict]:
     args = []
     for rank in range(grid.world_size):
         s, d, _ = grid.coordinates(rank)
-        args.append({"model": model, "seed": 0, "blocks_per_stage": [1] * grid.pp, "num_microbatches": M, "loss": "mse",
-                     "schedule": "1f1b", "mesh": {a: grid.groups(a) for a in ("pp", "dp", "tp")},
-                     "inputs": rows[0][d] if s == 0 else None, "targets": rows[1][d] if s == grid.pp - 1 else None,
-                     "group": None})
+        args.append(
+            {
+                "model": model,
+                "seed": 0,
+                "blocks_per_stage": [1] * grid.pp,
+                "num_microbatches": M,
+                "loss": "mse",
+                "schedule": "1f1b",
+                "mesh": {a: grid.groups(a) for a in ("pp", "dp", "tp")},
+                "inputs": rows[0][d] if s == 0 else None,
+                "targets": rows[1][d] if s == grid.pp - 1 else None,
+                "group": None,
+            }
+        )
     return args
 
 
 def _dp_tp_args(grid: Mesh, samples: int) -> list[dict]:
     generator = torch.Generator().manual_seed(0)
-    dense = {"fc1_weight": torch.randn(FFN, H, generator=generator) / H ** 0.5, "fc1_bias": torch.zeros(FFN),
-             "fc2_weight": torch.randn(H, FFN, generator=generator) / FFN ** 0.5, "fc2_bias": torch.zeros(H)}
+    dense = {
+        "fc1_weight": torch.randn(FFN, H, generator=generator) / H**0.5,
+        "fc1_bias": torch.zeros(FFN),
+        "fc2_weight": torch.randn(H, FFN, generator=generator) / FFN**0.5,
+        "fc2_bias": torch.zeros(H),
+    }
     x = torch.randn(grid.dp * samples, H, generator=generator)
     g = torch.randn(grid.dp * samples, H, generator=generator)
-    return [{"tensor_parallel_groups": grid.groups("tp"), "data_parallel_groups": grid.groups("dp"), "dense": dense,
-             "x": x.chunk(grid.dp)[grid.coordinates(r)[1]].contiguous(),
-             "grad_output": g.chunk(grid.dp)[grid.coordinates(r)[1]].contiguous(), "group": None}
-            for r in range(grid.world_size)]
+    return [
+        {
+            "tensor_parallel_groups": grid.groups("tp"),
+            "data_parallel_groups": grid.groups("dp"),
+            "dense": dense,
+            "x": x.chunk(grid.dp)[grid.coordinates(r)[1]].contiguous(),
+            "grad_output": g.chunk(grid.dp)[grid.coordinates(r)[1]].contiguous(),
+            "group": None,
+        }
+        for r in range(grid.world_size)
+    ]
 
 
-STRATEGIES = {"DP x TP (dp=2, tp=2)": (Mesh(1, 2, 2), DP_TP, _dp_tp_args),
-              "TP x PP (pp=2, tp=2)": (Mesh(2, 1, 2), MESH_STEP, _mesh_args),
-              "DP x PP (pp=2, dp=2)": (Mesh(2, 2, 1), MESH_STEP, _mesh_args)}
+STRATEGIES = {
+    "DP x TP (dp=2, tp=2)": (Mesh(1, 2, 2), DP_TP, _dp_tp_args),
+    "TP x PP (pp=2, tp=2)": (Mesh(2, 1, 2), MESH_STEP, _mesh_args),
+    "DP x PP (pp=2, dp=2)": (Mesh(2, 2, 1), MESH_STEP, _mesh_args),
+}
 
 
 @pytest.mark.parametrize("samples", WORKLOADS)
@@ -78,10 +102,13 @@ def test_bytes_per_axis_and_link_class_by_placement(figures, samples):
             records = dict(enumerate(result.records))
             axes = {axis: grid.groups(axis) for axis in ("tp", "pp", "dp")}
             phases = ("forward", "backward", "pipeline", "data_parallel")
-            by_strategy[name] = {placement: audit.bytes_by_axis(records, layout, axes, phase=phases)
-                                 for placement, layout in PLACEMENTS.items()}
-    print(f"\nbytes sent in one step, summed over the 4 ranks, on 2 hosts x 2 ranks (bundled implementation; h={H}, "
-          f"ffn={FFN}, {samples} samples per replica, m={M}, float32)")
+            by_strategy[name] = {
+                placement: audit.bytes_by_axis(records, layout, axes, phase=phases) for placement, layout in PLACEMENTS.items()
+            }
+    print(
+        f"\nbytes sent in one step, summed over the 4 ranks, on 2 hosts x 2 ranks (bundled implementation; h={H}, "
+        f"ffn={FFN}, {samples} samples per replica, m={M}, float32)"
+    )
     print(f"{'strategy':<22} {'placement':<12} {'axis':<5} {WITHIN:>15} {ACROSS:>13}")
     failures = []
     for name, placements in by_strategy.items():
@@ -102,7 +129,10 @@ def test_bytes_per_axis_and_link_class_by_placement(figures, samples):
         met = (across["blocked"] < across["round-robin"]) if gated else None
         if gated and not met:
             failures.append(f"{name}: blocked sends {across['blocked']} B across hosts, round-robin {across['round-robin']} B")
-        figures.record(f"bytes across hosts, round-robin placement against blocked, {name}, {samples} samples per replica",
-                       f"{ratio:.2f}x ({across['round-robin']} B against {across['blocked']} B per step)",
-                       "> 1x and no TP byte across hosts when blocked" if gated else "", met)
+        figures.record(
+            f"bytes across hosts, round-robin placement against blocked, {name}, {samples} samples per replica",
+            f"{ratio:.2f}x ({across['round-robin']} B against {across['blocked']} B per step)",
+            "> 1x and no TP byte across hosts when blocked" if gated else "",
+            met,
+        )
     assert not failures, "; ".join(failures)

@@ -8,6 +8,7 @@ asserted is what a benchmark can state exactly: the known-good implementations p
 CONFORMANCE_PERTURB_BENCH_FILES (space separated) narrows the run to some conformance files, for a
 quicker look; the figure then says which.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,9 +25,27 @@ GOAL = 1.5
 
 def conformance_run(mode: str) -> tuple[float, int, str]:
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "pytest", *FILES, "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
-                           "--impl", "parallelism_conformance.impls", "--hypothesis-profile=ci", "--perturb-timing", mode],
-                          cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            *FILES,
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:randomly",
+            "--impl",
+            "parallelism_conformance.impls",
+            "--hypothesis-profile=ci",
+            "--perturb-timing",
+            mode,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     return time.perf_counter() - started, done.returncode, done.stdout[-3000:]
 
 
@@ -34,7 +53,7 @@ def test_a_perturbed_conformance_run_against_an_unperturbed_one(figures):
     times: dict[str, list[float]] = {"off": [], "on": []}
     failed = []
     for round_ in range(ROUNDS):
-        for mode in (("off", "on") if round_ % 2 == 0 else ("on", "off")):
+        for mode in ("off", "on") if round_ % 2 == 0 else ("on", "off"):
             seconds, code, tail = conformance_run(mode)
             times[mode].append(seconds)
             if code != 0:
@@ -42,8 +61,14 @@ def test_a_perturbed_conformance_run_against_an_unperturbed_one(figures):
     off, on = min(times["off"]), min(times["on"])
     ratio = on / off
     what = " ".join(FILES)
-    print(f"\n{what} on the ci profile, --impl parallelism_conformance.impls: {off:.0f} s without --perturb-timing, {on:.0f} s with it "
-          f"({ratio:.2f}x; fastest of {ROUNDS} round(s) each)")
-    figures.record(f"--perturb-timing: {what} of the bundled implementations on the ci profile, on against off",
-                   f"{ratio:.2f}x ({on:.0f} s against {off:.0f} s, fastest of {ROUNDS})", f"<= {GOAL}x", ratio <= GOAL)
+    print(
+        f"\n{what} on the ci profile, --impl parallelism_conformance.impls: {off:.0f} s without --perturb-timing, {on:.0f} s with it "
+        f"({ratio:.2f}x; fastest of {ROUNDS} round(s) each)"
+    )
+    figures.record(
+        f"--perturb-timing: {what} of the bundled implementations on the ci profile, on against off",
+        f"{ratio:.2f}x ({on:.0f} s against {off:.0f} s, fastest of {ROUNDS})",
+        f"<= {GOAL}x",
+        ratio <= GOAL,
+    )
     assert not failed, "\n".join(failed)

@@ -27,6 +27,7 @@ restricts the run to some schedules.
 
     python -m pytest perf/test_pipeline_bubble.py -s        (about 2 minutes)
 """
+
 from __future__ import annotations
 
 import os
@@ -124,15 +125,27 @@ def measurements():
         for kind, p, m, v in configurations():
             spec = {"widths": [WIDTH] * (p * v + 1), "dtype": "float32", "delay_ms": DELAY_MS}
             batch = pipeline_models.make_batch(spec, 2 * m, seed=0)
-            common = {"model": spec, "seed": 0, "layers_per_stage": [1] * (p * v), "stages_per_rank": v,
-                      "num_microbatches": m, "loss": "mse", "repeats": REPEATS + 1, "group": None,
-                      "placement": sched.placement_of(kind),
-                      **({"schedule": None, "schedule_rows": sched.generate(kind, p, m, v).to_strings()}
-                         if kind in sched.REFERENCE_ONLY_KINDS else {"schedule": kind})}
+            common = {
+                "model": spec,
+                "seed": 0,
+                "layers_per_stage": [1] * (p * v),
+                "stages_per_rank": v,
+                "num_microbatches": m,
+                "loss": "mse",
+                "repeats": REPEATS + 1,
+                "group": None,
+                "placement": sched.placement_of(kind),
+                **(
+                    {"schedule": None, "schedule_rows": sched.generate(kind, p, m, v).to_strings()}
+                    if kind in sched.REFERENCE_ONLY_KINDS
+                    else {"schedule": kind}
+                ),
+            }
             schedule = sched.generate(kind, p, m, v)
             last = schedule.rank_of(p * v - 1)
-            args = [{**common, "inputs": batch["inputs"] if r == 0 else None,
-                     "targets": batch["targets"] if r == last else None} for r in range(p)]
+            args = [
+                {**common, "inputs": batch["inputs"] if r == 0 else None, "targets": batch["targets"] if r == last else None} for r in range(p)
+            ]
             outputs = pool.run(p, PROGRAM, args, impl=IMPL).outputs
             steps = []
             for step in range(1, REPEATS + 1):
@@ -149,27 +162,33 @@ def communication_ms(simulation) -> str:
 
 
 def test_measured_bubble_matches_the_simulator(measurements, figures):
-    print(f"\n{'schedule':<12} {'p':>2} {'m':>2} {'v':>2}  {'theory':>7}  {'simulated':>9}  {'measured':>8}  "
-          f"{'diff':>6}  {'measured/simulated':>18}  {'send/recv/latency ms':>20}")
+    print(
+        f"\n{'schedule':<12} {'p':>2} {'m':>2} {'v':>2}  {'theory':>7}  {'simulated':>9}  {'measured':>8}  "
+        f"{'diff':>6}  {'measured/simulated':>18}  {'send/recv/latency ms':>20}"
+    )
     misses = []
     for (kind, p, m, v), (bubble, simulation, _) in measurements.items():
         theory = float(sched.theory_bubble_fraction(kind, p, m, v))
         predicted_bubble = float(simulation.bubble_fraction)
         diff = bubble - predicted_bubble
         ratio = bubble / predicted_bubble if predicted_bubble else float("nan")
-        print(f"{kind:<12} {p:>2} {m:>2} {v:>2}  {theory:>7.3f}  {predicted_bubble:>9.3f}  {bubble:>8.3f}  "
-              f"{diff:>+6.3f}  {ratio:>18.3f}  {communication_ms(simulation):>20}")
+        print(
+            f"{kind:<12} {p:>2} {m:>2} {v:>2}  {theory:>7.3f}  {predicted_bubble:>9.3f}  {bubble:>8.3f}  "
+            f"{diff:>+6.3f}  {ratio:>18.3f}  {communication_ms(simulation):>20}"
+        )
         if abs(diff) > GOAL:
             misses.append(f"{kind} p={p} m={m} v={v}: measured {bubble:.3f}, simulated {predicted_bubble:.3f}")
     worst = max(abs(b - float(s.bubble_fraction)) for b, s, _ in measurements.values())
-    print(f"largest |measured - simulated| = {worst:.3f} (goal <= {GOAL}); load average {os.getloadavg()[0]:.1f} "
-          f"on {os.cpu_count()} cores")
+    print(f"largest |measured - simulated| = {worst:.3f} (goal <= {GOAL}); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     for kind in dict.fromkeys(k for k, *_ in measurements):
         gaps = {key: abs(b - float(s.bubble_fraction)) for key, (b, s, _) in measurements.items() if key[0] == kind}
         sizes = sorted({key[1] for key in gaps})
-        figures.record(f"pipeline bubble measured on ranks against the simulator: {kind}, p={sizes[0]}..{sizes[-1]}",
-                       f"worst gap {max(gaps.values()):.3f} over {len(gaps)} configurations", f"<= {GOAL}",
-                       max(gaps.values()) <= GOAL)
+        figures.record(
+            f"pipeline bubble measured on ranks against the simulator: {kind}, p={sizes[0]}..{sizes[-1]}",
+            f"worst gap {max(gaps.values()):.3f} over {len(gaps)} configurations",
+            f"<= {GOAL}",
+            max(gaps.values()) <= GOAL,
+        )
     assert not misses, f"measured bubble off the simulator's prediction by more than {GOAL}:\n" + "\n".join(misses)
 
 
@@ -178,11 +197,12 @@ def test_gantt_chart_of_a_measured_and_a_simulated_step(measurements, pytestconf
     pyplot = pytest.importorskip("matplotlib.pyplot", reason="the Gantt chart needs matplotlib (pip install matplotlib)")
     kind, p, m, v = chart
     bubble, simulation, timelines = measurements[chart]
-    simulated = [[(action, float(start), float(end)) for start, end, action in timeline]
-                 for timeline in simulation.timelines]
+    simulated = [[(action, float(start), float(end)) for start, end, action in timeline] for timeline in simulation.timelines]
     figure, axes = pyplot.subplots(1, 2, figsize=(16, 0.9 * p + 1.6), sharey=True)
-    panels = [(f"measured on {p} gloo ranks: bubble {bubble:.3f}", timelines),
-              (f"simulated with the measured costs: bubble {float(simulation.bubble_fraction):.3f}", simulated)]
+    panels = [
+        (f"measured on {p} gloo ranks: bubble {bubble:.3f}", timelines),
+        (f"simulated with the measured costs: bubble {float(simulation.bubble_fraction):.3f}", simulated),
+    ]
     for axis, (title, rows) in zip(axes, panels):
         for rank, row in enumerate(rows):
             for action, start, end in row:
@@ -195,9 +215,11 @@ def test_gantt_chart_of_a_measured_and_a_simulated_step(measurements, pytestconf
         axis.set_xlabel("ms")
     axes[0].invert_yaxis()  # once: the panels share their y axis
     axes[0].set_yticks(range(p), [f"rank {r}" for r in range(p)])
-    figure.suptitle(f"{kind}, p={p}, m={m}, v={v}: forward (blue), backward or its input half (orange), weight "
-                    f"half (green) per microbatch; "
-                    f"theory {float(sched.theory_bubble_fraction(kind, p, m, v)):.3f}")
+    figure.suptitle(
+        f"{kind}, p={p}, m={m}, v={v}: forward (blue), backward or its input half (orange), weight "
+        f"half (green) per microbatch; "
+        f"theory {float(sched.theory_bubble_fraction(kind, p, m, v)):.3f}"
+    )
     figure.tight_layout()
     folder = Path(os.environ.get("PIPELINE_GANTT_DIR") or pytestconfig.getoption("--perf-out"))
     folder.mkdir(parents=True, exist_ok=True)

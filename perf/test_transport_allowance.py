@@ -11,6 +11,7 @@ own here before the audit's known-good runs can fail on it (torch 2.13's gloo re
 list measured 1424 B per member at n=4, where the others stayed under 170 B). Goal: every
 collective's worst case within its allowance.
 """
+
 from __future__ import annotations
 
 import random
@@ -58,8 +59,7 @@ def worst_overheads(sizes: list[int]) -> dict[str, tuple[float, int, int, float]
             for n in sizes:
                 for size in SIZES:
                     _, args, _, _ = collective_case(name, deterministic_draw(name, n, rng, size), Layout(n))
-                    result = pool.run(n, CALL, [{"function": name, "arguments": a, "group": None} for a in args],
-                                      impl="torch.distributed")
+                    result = pool.run(n, CALL, [{"function": name, "arguments": a, "group": None} for a in args], impl="torch.distributed")
                     for rank, records in enumerate(result.records):
                         written = result.bytes_written[rank]
                         collectives = [r for r in records if r["op"] not in audit.P2P_OPS and r["op"] not in audit.NEUTRAL_OPS]
@@ -78,12 +78,14 @@ def test_every_collectives_transport_bytes_within_the_audits_allowance(figures, 
     worst = worst_overheads(sizes)
     over = []
     for name, (beyond, n, size, allowed) in sorted(worst.items(), key=lambda item: -item[1][0]):
-        print(f"{name:24s} worst {beyond:7.0f} B per member beyond the payload (n={n}, {size} elements); "
-              f"allowed {allowed:.0f} B")
+        print(f"{name:24s} worst {beyond:7.0f} B per member beyond the payload (n={n}, {size} elements); allowed {allowed:.0f} B")
         if beyond > allowed:
             over.append(f"{name}: {beyond:.0f} B at n={n}, {size} elements, allowed {allowed:.0f} B")
     closest = max(worst, key=lambda name: worst[name][0] / worst[name][3])
-    figures.record(f"audit: transport bytes per member beyond the charge, torch.distributed's collectives, "
-                   f"n=2..{max(sizes)}", f"closest to its allowance: {closest} {worst[closest][0]:.0f} B "
-                   f"(n={worst[closest][1]})", "every collective within its allowance", not over)
+    figures.record(
+        f"audit: transport bytes per member beyond the charge, torch.distributed's collectives, n=2..{max(sizes)}",
+        f"closest to its allowance: {closest} {worst[closest][0]:.0f} B (n={worst[closest][1]})",
+        "every collective within its allowance",
+        not over,
+    )
     assert not over, "beyond the audit's transport allowance: " + "; ".join(over)

@@ -42,10 +42,7 @@ def _check_same(tensors: list[Tensor], what: str = "tensors") -> None:
     shape, dtype = tensors[0].shape, tensors[0].dtype
     for rank, t in enumerate(tensors):
         if t.shape != shape or t.dtype != dtype:
-            raise ValueError(
-                f"{what}: rank {rank} has shape {tuple(t.shape)} dtype {t.dtype}, "
-                f"rank 0 has shape {tuple(shape)} dtype {dtype}"
-            )
+            raise ValueError(f"{what}: rank {rank} has shape {tuple(t.shape)} dtype {t.dtype}, rank 0 has shape {tuple(shape)} dtype {dtype}")
 
 
 def _check_rank(rank: int, world_size: int, name: str) -> None:
@@ -60,9 +57,7 @@ def _check_square(lists: list[list[Tensor]], what: str) -> int:
         raise ValueError(f"{what}: empty list (world size must be >= 1)")
     for rank, row in enumerate(lists):
         if len(row) != n:
-            raise ValueError(
-                f"{what}: rank {rank} passed {len(row)} tensors, world size is {n}"
-            )
+            raise ValueError(f"{what}: rank {rank} passed {len(row)} tensors, world size is {n}")
     return n
 
 
@@ -168,18 +163,14 @@ def scatter(scatter_list: list[Tensor], src: int, world_size: int) -> list[Tenso
     """Scatter: ``out[r] = scatter_list[r]`` where scatter_list is src's list (MPI_Scatter, §6.6)."""
     _check_rank(src, world_size, "src")
     if len(scatter_list) != world_size:
-        raise ValueError(
-            f"scatter_list has {len(scatter_list)} tensors, world size is {world_size}"
-        )
+        raise ValueError(f"scatter_list has {len(scatter_list)} tensors, world size is {world_size}")
     return [scatter_list[r].clone() for r in range(world_size)]
 
 
 def gather(tensors: list[Tensor], dst: int) -> list[list[Tensor] | None]:
     """Gather: ``out[dst] = [x_0, ..., x_{n-1}]``; other ranks None (MPI_Gather, §6.5)."""
     _check_rank(dst, len(tensors), "dst")
-    return [
-        [t.clone() for t in tensors] if r == dst else None for r in range(len(tensors))
-    ]
+    return [[t.clone() for t in tensors] if r == dst else None for r in range(len(tensors))]
 
 
 def all_gather(tensors: list[Tensor]) -> list[list[Tensor]]:
@@ -221,10 +212,7 @@ def reduce_scatter_tensor(tensors: list[Tensor], op: str) -> list[Tensor]:
     _check_same(tensors)
     n = len(tensors)
     if tensors[0].dim() == 0 or tensors[0].shape[0] % n != 0:
-        raise ValueError(
-            f"reduce_scatter_tensor: input shape {tuple(tensors[0].shape)} "
-            f"has no dim 0 divisible by world size {n}"
-        )
+        raise ValueError(f"reduce_scatter_tensor: input shape {tuple(tensors[0].shape)} has no dim 0 divisible by world size {n}")
     k = tensors[0].shape[0] // n
     result = reduce_values(tensors, op)
     return [result[r * k : (r + 1) * k].clone() for r in range(n)]
@@ -242,9 +230,7 @@ def output_split_sizes(input_split_sizes: list[list[int]]) -> list[list[int]]:
     return [[int(input_split_sizes[i][r]) for i in range(n)] for r in range(n)]
 
 
-def all_to_all_single(
-    inputs: list[Tensor], input_split_sizes: list[list[int]] | None
-) -> list[Tensor]:
+def all_to_all_single(inputs: list[Tensor], input_split_sizes: list[list[int]] | None) -> list[Tensor]:
     """All-to-all of one tensor: ``out[r] = cat([piece(i, r) for i in ranks], dim=0)``.
 
     piece(i, r) is the r-th slice of ``inputs[i]`` along dim 0 when it is split
@@ -270,21 +256,15 @@ def all_to_all_single(
         for rank, t in enumerate(inputs):
             if t.shape[0] % n != 0:
                 raise ValueError(
-                    f"all_to_all_single: rank {rank} dim 0 ({t.shape[0]}) is not "
-                    f"divisible by world size {n} and no splits were given"
+                    f"all_to_all_single: rank {rank} dim 0 ({t.shape[0]}) is not divisible by world size {n} and no splits were given"
                 )
             input_split_sizes.append([t.shape[0] // n] * n)
     if len(input_split_sizes) != n:
-        raise ValueError(
-            f"input_split_sizes has {len(input_split_sizes)} rows, world size is {n}"
-        )
+        raise ValueError(f"input_split_sizes has {len(input_split_sizes)} rows, world size is {n}")
     pieces = []
     for rank, (t, splits) in enumerate(zip(inputs, input_split_sizes)):
         splits = [int(s) for s in splits]
         if len(splits) != n or any(s < 0 for s in splits) or sum(splits) != t.shape[0]:
-            raise ValueError(
-                f"all_to_all_single: rank {rank} splits {splits} are not {n} "
-                f"non-negative ints summing to dim 0 = {t.shape[0]}"
-            )
+            raise ValueError(f"all_to_all_single: rank {rank} splits {splits} are not {n} non-negative ints summing to dim 0 = {t.shape[0]}")
         pieces.append(torch.split(t, splits, dim=0))
     return [torch.cat([pieces[i][r] for i in range(n)], dim=0) for r in range(n)]

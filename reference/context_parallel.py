@@ -22,6 +22,7 @@ float64 and the gradients dQ, dK, dV with autograd, then cuts them the same way.
 
 Never imports torch.distributed.
 """
+
 from __future__ import annotations
 
 import math
@@ -74,8 +75,12 @@ def attention_with_grads(q: Tensor, k: Tensor, v: Tensor, grad_out: Tensor, caus
     out = attention(*leaves, causal)
     out.backward(grad_out.to(torch.float64))
     dtype = q.dtype
-    return {"output": out.detach().to(dtype), "grad_q": leaves[0].grad.to(dtype), "grad_k": leaves[1].grad.to(dtype),
-            "grad_v": leaves[2].grad.to(dtype)}
+    return {
+        "output": out.detach().to(dtype),
+        "grad_q": leaves[0].grad.to(dtype),
+        "grad_k": leaves[1].grad.to(dtype),
+        "grad_v": leaves[2].grad.to(dtype),
+    }
 
 
 def atol(q: Tensor, k: Tensor, v: Tensor, grad_out: Tensor, dtype: torch.dtype) -> dict[str, Tensor]:
@@ -98,6 +103,9 @@ def atol(q: Tensor, k: Tensor, v: Tensor, grad_out: Tensor, dtype: torch.dtype) 
     qmax, kmax = float(q.abs().amax()) if q.numel() else 0.0, float(k.abs().amax()) if k.numel() else 0.0
     tiny = torch.finfo(dtype).tiny
     bound = lambda magnitude: torch.tensor(scale * magnitude + tiny, dtype=torch.float64)
-    return {"output": bound(vmax), "grad_v": bound(gmax * length),
-            "grad_q": bound(gmax * vmax * length * kmax / root * 2),
-            "grad_k": bound(gmax * vmax * length * qmax / root * 2)}
+    return {
+        "output": bound(vmax),
+        "grad_v": bound(gmax * length),
+        "grad_q": bound(gmax * vmax * length * kmax / root * 2),
+        "grad_k": bound(gmax * vmax * length * qmax / root * 2),
+    }

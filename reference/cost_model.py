@@ -42,12 +42,24 @@ Training (per step):
 
 Pure integer arithmetic: never imports torch.distributed (nor torch).
 """
+
 from __future__ import annotations
 
 import math
 
-COLLECTIVES = ("broadcast", "reduce", "all_reduce", "scatter", "gather", "all_gather", "all_gather_into_tensor",
-               "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single")
+COLLECTIVES = (
+    "broadcast",
+    "reduce",
+    "all_reduce",
+    "scatter",
+    "gather",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+)
 
 
 def _check(n: int, *sizes: int) -> None:
@@ -177,8 +189,9 @@ def column_parallel(n: int, input_numel: int, itemsize: int) -> dict[str, int]:
     return {"forward": 0, "backward": all_reduce(n, input_numel, itemsize)}
 
 
-def expert_parallel_moe(routed: list[list[int]], me: int, hidden: int, itemsize: int, num_experts: int,
-                        count_itemsize: int = 8) -> dict[str, int]:
+def expert_parallel_moe(
+    routed: list[list[int]], me: int, hidden: int, itemsize: int, num_experts: int, count_itemsize: int = 8
+) -> dict[str, int]:
     """Top-1 MoE with experts split over n ranks, per rank (group rank ``me``): ``routed[s][d]`` is
     the number of tokens of rank s whose expert lives on rank d. Forward: the per-expert token
     counts to every other rank (at most (n-1) E counts), the tokens leaving this rank
@@ -200,8 +213,10 @@ def pipeline_stage(stages: int, stage: int, microbatches: int, activation_bytes:
         raise ValueError(f"stage {stage} is not one of {stages} stages")
     _check(stages, microbatches, activation_bytes)
     gradient_bytes = activation_bytes if gradient_bytes is None else gradient_bytes
-    return {"forward": microbatches * activation_bytes if stage < stages - 1 else 0,
-            "backward": microbatches * gradient_bytes if stage > 0 else 0}
+    return {
+        "forward": microbatches * activation_bytes if stage < stages - 1 else 0,
+        "backward": microbatches * gradient_bytes if stage > 0 else 0,
+    }
 
 
 def sharded_numel(n: int, numel: int, rows: int) -> int:
@@ -210,9 +225,14 @@ def sharded_numel(n: int, numel: int, rows: int) -> int:
     return max(-(-numel // n) * n, -(-rows // n) * n * (numel // max(rows, 1)))
 
 
-def fully_sharded_step(n: int, unit_numels: list[list[tuple[int, int]]], itemsize: int, gathers: int = 2,
-                       frozen_numels: list[list[tuple[int, int]]] | None = None,
-                       reduce_itemsize: int | None = None) -> int:
+def fully_sharded_step(
+    n: int,
+    unit_numels: list[list[tuple[int, int]]],
+    itemsize: int,
+    gathers: int = 2,
+    frozen_numels: list[list[tuple[int, int]]] | None = None,
+    reduce_itemsize: int | None = None,
+) -> int:
     """One forward and backward of a model whose units hold the trainable parameters
     ``unit_numels[u]`` = [(numel, rows), ...]: each unit's parameters all-gathered at most twice
     (before forward, again before backward after resharding) and their gradients reduce-scattered

@@ -18,6 +18,7 @@ momentum, no weight decay); a frozen parameter (requires_grad=False) never chang
 
 Never imports torch.distributed.
 """
+
 from __future__ import annotations
 
 import copy
@@ -70,9 +71,10 @@ def split_batch(batch: dict[str, Tensor], world_size: int) -> list[dict[str, Ten
         raise ValueError(
             f"a global batch of {total} samples does not split evenly across world size {world_size} "
             f"({total} % {world_size} = {total % world_size}): data parallelism needs equal per-rank "
-            f"slices for the mean of per-rank mean losses to be the global-batch mean")
+            f"slices for the mean of per-rank mean losses to be the global-batch mean"
+        )
     each = total // world_size
-    return [{name: t[r * each:(r + 1) * each] for name, t in batch.items()} for r in range(world_size)]
+    return [{name: t[r * each : (r + 1) * each] for name, t in batch.items()} for r in range(world_size)]
 
 
 def split_micro_batches(batch: dict[str, Tensor], micro_batches: int) -> list[dict[str, Tensor]]:
@@ -96,8 +98,16 @@ def state(model: nn.Module) -> dict[str, Tensor]:
     return {name: t.detach().clone() for name, t in [*model.named_parameters(), *model.named_buffers()]}
 
 
-def train(model: nn.Module, optimizer_spec: dict, batch: dict[str, Tensor], steps: int, micro_batches: int = 1,
-          set_to_none: bool = True, clip: dict | None = None, per_token: bool = False) -> Trajectory:
+def train(
+    model: nn.Module,
+    optimizer_spec: dict,
+    batch: dict[str, Tensor],
+    steps: int,
+    micro_batches: int = 1,
+    set_to_none: bool = True,
+    clip: dict | None = None,
+    per_token: bool = False,
+) -> Trajectory:
     """``steps`` optimizer steps of ``model`` (trained in place) on the whole ``batch``:
     zero_grad(set_to_none); for each of the ``micro_batches`` global micro-batches, loss =
     model(inputs, targets), its mean, and loss.backward() (gradients accumulate); optimizer.step().
@@ -114,8 +124,7 @@ def train(model: nn.Module, optimizer_spec: dict, batch: dict[str, Tensor], step
         for micro in split_micro_batches(batch, micro_batches):
             loss = model(micro["inputs"], micro["targets"]) * scale
             loss.backward()
-        trajectory.grads.append({name: p.grad.detach().clone() for name, p in model.named_parameters()
-                                 if p.grad is not None})
+        trajectory.grads.append({name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None})
         if clip is not None:
             trajectory.norms.append(clip_gradients(model, clip["max_norm"], clip["norm_type"]))
         opt.step()
@@ -159,8 +168,7 @@ def optimizer_state_numel(opt: torch.optim.Optimizer, model: nn.Module) -> dict[
     parameter, or one no forward has used yet, has none. What one process holds; ZeRO stage 1
     (Rajbhandari et al., 2020, sec. 5.1) splits exactly this across the n ranks."""
     names = {id(p): name for name, p in model.named_parameters()}
-    return {names[id(p)]: sum(v.numel() for v in st.values() if torch.is_tensor(v) and v.shape == p.shape)
-            for p, st in opt.state.items() if st}
+    return {names[id(p)]: sum(v.numel() for v in st.values() if torch.is_tensor(v) and v.shape == p.shape) for p, st in opt.state.items() if st}
 
 
 def load_state(model: nn.Module, values: dict[str, Tensor]) -> nn.Module:
@@ -172,8 +180,9 @@ def load_state(model: nn.Module, values: dict[str, Tensor]) -> nn.Module:
     return model
 
 
-def evaluate(model: nn.Module, batch: dict[str, Tensor], world_size: int, micro_batches: int = 1,
-             had_grad: frozenset = frozenset(), device: str = "cpu") -> Evaluation:
+def evaluate(
+    model: nn.Module, batch: dict[str, Tensor], world_size: int, micro_batches: int = 1, had_grad: frozenset = frozenset(), device: str = "cpu"
+) -> Evaluation:
     """The next step at ``model``'s current state (on copies: ``model``, buffers included, is left
     alone): the loss L_r and gradient grad L_r of each rank's slice, and their mean over ranks
     (1/n) sum_r grad L_r, summed in rank order. That mean is the global-batch gradient grad L (the
@@ -194,8 +203,7 @@ def evaluate(model: nn.Module, batch: dict[str, Tensor], world_size: int, micro_
     GPUs): the same kernels as the ranks', so that the identity above holds to the last bit there
     too; the results come back to the CPU, where the average is taken."""
     micro = split_micro_batches(batch, micro_batches)
-    per_rank = [_losses_and_grads(model, [split_batch(b, world_size)[r] for b in micro], device)
-                for r in range(world_size)]
+    per_rank = [_losses_and_grads(model, [split_batch(b, world_size)[r] for b in micro], device) for r in range(world_size)]
     losses = [torch.stack(rank_losses) for rank_losses, _ in per_rank]
     terms = [rank_terms for _, rank_terms in per_rank]  # terms[r][j]: {name: grad L_rj}
     used = [[name for name, _ in model.named_parameters() if any(name in t for t in rank_terms)] for rank_terms in terms]
@@ -226,8 +234,7 @@ def _sum(tensors):
     return total
 
 
-def _losses_and_grads(model: nn.Module, batches: list[dict[str, Tensor]],
-                      device: str = "cpu") -> tuple[list[Tensor], list[dict[str, Tensor]]]:
+def _losses_and_grads(model: nn.Module, batches: list[dict[str, Tensor]], device: str = "cpu") -> tuple[list[Tensor], list[dict[str, Tensor]]]:
     """One copy of ``model`` (the model itself is left alone) run on ``batches`` in order, on
     ``device``: each batch's loss and the gradients of that loss alone, back on the CPU."""
     replica = copy.deepcopy(model).to(device)

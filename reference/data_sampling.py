@@ -8,6 +8,7 @@ ranks that have finished.
 
 Never imports torch.distributed.
 """
+
 from __future__ import annotations
 
 import math
@@ -31,8 +32,7 @@ def coverage_problems(per_replica: list[list[int]], samples: int, drop_last: boo
     problems = []
     lengths = [len(indices) for indices in per_replica]
     if any(length != want for length in lengths):
-        problems.append(f"the replicas yield {lengths} indices; each must yield {want} "
-                        f"({'floor' if drop_last else 'ceil'}({samples} / {n}))")
+        problems.append(f"the replicas yield {lengths} indices; each must yield {want} ({'floor' if drop_last else 'ceil'}({samples} / {n}))")
     flat = [i for indices in per_replica for i in indices]
     outside = sorted({i for i in flat if not (isinstance(i, int) and 0 <= i < samples)}, key=repr)
     if outside:
@@ -45,8 +45,7 @@ def coverage_problems(per_replica: list[list[int]], samples: int, drop_last: boo
     else:
         unseen = sorted(set(range(samples)) - set(counts))
         if unseen:
-            problems.append(f"samples never seen in the epoch: {unseen[:5]}{' ...' if len(unseen) > 5 else ''} "
-                            f"({len(unseen)} of {samples})")
+            problems.append(f"samples never seen in the epoch: {unseen[:5]}{' ...' if len(unseen) > 5 else ''} ({len(unseen)} of {samples})")
         repeats = len(flat) - len(counts)
         padding = n * want - samples
         if repeats > padding:
@@ -66,14 +65,17 @@ def resume_problems(before: list[list[int]], after: list[list[int]], samples: in
     problems = []
     seen_before = Counter(i for indices in before for i in indices)
     if any(c > 1 for c in seen_before.values()):
-        problems.append("the first run's replicas yielded a sample twice before it stopped: "
-                        f"{sorted(i for i, c in seen_before.items() if c > 1)[:5]}")
+        problems.append(
+            f"the first run's replicas yielded a sample twice before it stopped: {sorted(i for i, c in seen_before.items() if c > 1)[:5]}"
+        )
     n = len(after)
     want = epoch_length(samples - consumed, n, drop_last)
     lengths = [len(indices) for indices in after]
     if any(length != want for length in lengths):
-        problems.append(f"the resumed replicas yield {lengths} indices; after {consumed} of {samples} consumed each of "
-                        f"{n} must yield {want} ({'floor' if drop_last else 'ceil'}({samples - consumed} / {n}))")
+        problems.append(
+            f"the resumed replicas yield {lengths} indices; after {consumed} of {samples} consumed each of "
+            f"{n} must yield {want} ({'floor' if drop_last else 'ceil'}({samples - consumed} / {n}))"
+        )
     counts = seen_before + Counter(i for indices in after for i in indices)
     outside = sorted({i for i in counts if not (isinstance(i, int) and 0 <= i < samples)}, key=repr)
     if outside:
@@ -84,11 +86,15 @@ def resume_problems(before: list[list[int]], after: list[list[int]], samples: in
     if not drop_last:
         unseen = sorted(set(range(samples)) - set(counts))
         if unseen:
-            problems.append(f"samples never seen in the epoch: {unseen[:5]}{' ...' if len(unseen) > 5 else ''} "
-                            f"({len(unseen)} of {samples}): the resumed run skipped what the first had not consumed")
+            problems.append(
+                f"samples never seen in the epoch: {unseen[:5]}{' ...' if len(unseen) > 5 else ''} "
+                f"({len(unseen)} of {samples}): the resumed run skipped what the first had not consumed"
+            )
         repeats = sum(c - 1 for c in counts.values() if c > 1)
         padding = n * want - (samples - consumed)
         if repeats > padding:
-            problems.append(f"{repeats} repeated indices where the resumed part's padding is {padding}: samples the "
-                            f"first run consumed were seen again ({twice[:5]})")
+            problems.append(
+                f"{repeats} repeated indices where the resumed part's padding is {padding}: samples the "
+                f"first run consumed were seen again ({twice[:5]})"
+            )
     return problems

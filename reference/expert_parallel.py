@@ -19,6 +19,7 @@ so:
 
 Computed in float64 (the suite draws float64 MoE layers only). Never imports torch.distributed.
 """
+
 from __future__ import annotations
 
 import torch
@@ -73,8 +74,7 @@ def _expert(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> Tensor
     return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
 
 
-def moe(tokens: list[Tensor], router_weight: Tensor, experts: list[tuple[Tensor, Tensor, Tensor, Tensor]],
-        grads: list[Tensor]) -> dict:
+def moe(tokens: list[Tensor], router_weight: Tensor, experts: list[tuple[Tensor, Tensor, Tensor, Tensor]], grads: list[Tensor]) -> dict:
     """``tokens[r]`` [T_r, h] and ``grads[r]`` (upstream, same shape) per rank; ``experts[j]`` =
     (W1 [f, h], b1 [f], W2 [h, f], b2 [h]). Returns {"outputs": [Y_r], "grad_inputs": [dL/dX_r],
     "grad_router": [rank r's dL/dW_r], "grad_experts": [(dW1, db1, dW2, db2) per expert]}."""
@@ -95,9 +95,12 @@ def moe(tokens: list[Tensor], router_weight: Tensor, experts: list[tuple[Tensor,
         outputs.append(y.detach())
         grad_router.append(router.grad.detach().clone() if router.grad is not None else torch.zeros_like(router))
     zeros = lambda t: torch.zeros_like(t)  # noqa: E731 - an expert no token chose has zero gradients
-    return {"outputs": outputs, "grad_inputs": [x.grad if x.grad is not None else zeros(x) for x in xs],
-            "grad_router": grad_router,
-            "grad_experts": [tuple(t.grad.detach() if t.grad is not None else zeros(t) for t in p) for p in params]}
+    return {
+        "outputs": outputs,
+        "grad_inputs": [x.grad if x.grad is not None else zeros(x) for x in xs],
+        "grad_router": grad_router,
+        "grad_experts": [tuple(t.grad.detach() if t.grad is not None else zeros(t) for t in p) for p in params],
+    }
 
 
 def atol(expected: Tensor) -> Tensor:

@@ -13,6 +13,7 @@ tensors bitwise (torchtitan#3106: every rank drew its own piece from the same se
 "sharded" parameter was one piece repeated). The generator is forked, so the caller's stream is
 left as it was. Never imports torch.distributed.
 """
+
 from __future__ import annotations
 
 import torch

@@ -12,6 +12,7 @@ rank 0, or zeroed.
 
 Never imports torch.distributed.
 """
+
 from __future__ import annotations
 
 import torch
@@ -29,15 +30,17 @@ def reduction(inputs: list[Tensor], op: str, index: int) -> list[Candidate]:
     candidates: list[Candidate] = []
     n, dtype = len(inputs), inputs[0].dtype
     if op == "AVG":
-        candidates.append(("the SUM of the inputs: the division by the group size is missing",
-                           reduce_values(inputs, "SUM"), reduction_atol(inputs, "SUM")))
+        candidates.append(
+            ("the SUM of the inputs: the division by the group size is missing", reduce_values(inputs, "SUM"), reduction_atol(inputs, "SUM"))
+        )
         if not dtype.is_floating_point:
             floor = torch.div(reduce_values(inputs, "SUM"), n, rounding_mode="floor").to(dtype)
             candidates.append(("the wrapped SUM divided with floor: integer AVG rounds toward zero (trunc)", floor, None))
     for other in OPS:
         if other != op and op_applies(other, dtype) and not (op == "AVG" and other == "SUM"):
-            candidates.append((f"the {other} of the inputs: the op argument is not honoured",
-                               reduce_values(inputs, other), reduction_atol(inputs, other)))
+            candidates.append(
+                (f"the {other} of the inputs: the op argument is not honoured", reduce_values(inputs, other), reduction_atol(inputs, other))
+            )
     candidates.append((f"member {index}'s own input: the reduction never reached this rank", inputs[index], None))
     return candidates
 
@@ -46,8 +49,7 @@ def broadcast(inputs: list[Tensor], src_index: int, index: int) -> list[Candidat
     """Wrong results of broadcasting member ``src_index``'s tensor, seen by member ``index``."""
     candidates: list[Candidate] = []
     if src_index != 0:
-        candidates.append(("group member 0's tensor: src was read as a group rank, it is a global rank",
-                           inputs[0], None))
+        candidates.append(("group member 0's tensor: src was read as a group rank, it is a global rank", inputs[0], None))
     candidates.append((f"member {index}'s own tensor: nothing was received", inputs[index], None))
     return candidates
 
@@ -55,8 +57,11 @@ def broadcast(inputs: list[Tensor], src_index: int, index: int) -> list[Candidat
 def chunk(expected: list[Tensor], index: int, inputs: list[Tensor] | None = None) -> list[Candidate]:
     """Wrong results of a collective that gives member ``index`` one chunk of ``expected``: another
     member's chunk (chunks indexed by global rank, or by the wrong rank), or its untouched input."""
-    candidates: list[Candidate] = [(f"the chunk of group member {j}: chunks are indexed wrongly (global rank "
-                                    "instead of group rank?)", chunk, None) for j, chunk in enumerate(expected) if j != index]
+    candidates: list[Candidate] = [
+        (f"the chunk of group member {j}: chunks are indexed wrongly (global rank instead of group rank?)", chunk, None)
+        for j, chunk in enumerate(expected)
+        if j != index
+    ]
     if inputs is not None:
         candidates.append((f"member {index}'s own input: nothing was received", inputs[index], None))
     return candidates
@@ -73,16 +78,15 @@ def data_parallel_gradient(slice_grads: list[dict[str, Tensor]], name: str, rank
     candidates: list[Candidate] = []
     if len(local) > 1:
         candidates.append(("the rank's own local gradient: it was never all-reduced", local[rank], None))
-        candidates.append(("the SUM over ranks: summed, not averaged (divide by the world size)", total,
-                           atol * len(local)))
+        candidates.append(("the SUM over ranks: summed, not averaged (divide by the world size)", total, atol * len(local)))
         candidates.append(("rank 0's local gradient: rank 0's gradient was copied instead of averaged", local[0], None))
-    candidates.append(("zero: the gradient was zeroed or never written back from the communication buffer",
-                       torch.zeros_like(local[0]), None))
+    candidates.append(("zero: the gradient was zeroed or never written back from the communication buffer", torch.zeros_like(local[0]), None))
     return candidates
 
 
-def token_loss_gradient(slice_grads: list[dict[str, Tensor]], rank_counts: list[int], divide_factor: float,
-                        name: str, atol: Tensor) -> list[Candidate]:
+def token_loss_gradient(
+    slice_grads: list[dict[str, Tensor]], rank_counts: list[int], divide_factor: float, name: str, atol: Tensor
+) -> list[Candidate]:
     """Wrong gradients of ``name`` for a loss normalised by the global token count C = sum_r c_r
     (reference/token_loss.py), from each rank's sum_j grad S_rj (``slice_grads``), its valid
     targets c_r (``rank_counts``) and the divide factor f: averaged over the n ranks instead of
@@ -96,11 +100,20 @@ def token_loss_gradient(slice_grads: list[dict[str, Tensor]], rank_counts: list[
         summed += grads[name]
         if count:
             own += grads[name] / count
-    return [(f"the truth times f/n = {divide_factor:g}/{n}: the gradients were averaged over the ranks, not divided by "
-             "gradient_divide_factor, after the loss was already divided by the global count (divided twice, "
-             "torchtitan#2323)", summed / total * divide_factor / n, atol * max(1.0, divide_factor / n)),
-            ("each rank's loss divided by its own count of valid targets, not the global one: global_token_count "
-             "must sum the ranks' counts", own, None)]
+    return [
+        (
+            f"the truth times f/n = {divide_factor:g}/{n}: the gradients were averaged over the ranks, not divided by "
+            "gradient_divide_factor, after the loss was already divided by the global count (divided twice, "
+            "torchtitan#2323)",
+            summed / total * divide_factor / n,
+            atol * max(1.0, divide_factor / n),
+        ),
+        (
+            "each rank's loss divided by its own count of valid targets, not the global one: global_token_count must sum the ranks' counts",
+            own,
+            None,
+        ),
+    ]
 
 
 def replicated_gradient(full: Tensor, atol: Tensor, n: int, sequence_parallel: bool) -> list[Candidate]:
@@ -109,12 +122,16 @@ def replicated_gradient(full: Tensor, atol: Tensor, n: int, sequence_parallel: b
     had the whole gradient), or 1/n of it (averaged instead of summed over sequence shards)."""
     if n < 2:
         return []
-    candidates = [(f"{n} times the gradient: it was all-reduced where every member already held the whole of it"
-                   + ("" if sequence_parallel else " (without sequence parallelism the norm sees the whole input)"),
-                   full * n, atol * n)]
+    candidates = [
+        (
+            f"{n} times the gradient: it was all-reduced where every member already held the whole of it"
+            + ("" if sequence_parallel else " (without sequence parallelism the norm sees the whole input)"),
+            full * n,
+            atol * n,
+        )
+    ]
     if sequence_parallel:
-        candidates.append((f"1/{n} of the gradient: the members' partial gradients were averaged, not summed",
-                           full / n, atol))
+        candidates.append((f"1/{n} of the gradient: the members' partial gradients were averaged, not summed", full / n, atol))
     return candidates
 
 
@@ -123,8 +140,13 @@ def row_parallel_output(output: Tensor, bias: Tensor | None, n: int, atol: Tenso
     adds the bias to its partial sum before the all-reduce: y + (n - 1) b."""
     if bias is None or n < 2:
         return []
-    return [(f"the output with the bias added {n} times: every rank adds it before the all-reduce (add it once, "
-             "after)", (output.to(torch.float64) + (n - 1) * bias.to(torch.float64)).to(output.dtype), atol * n)]
+    return [
+        (
+            f"the output with the bias added {n} times: every rank adds it before the all-reduce (add it once, after)",
+            (output.to(torch.float64) + (n - 1) * bias.to(torch.float64)).to(output.dtype),
+            atol * n,
+        )
+    ]
 
 
 def pipeline_loss(loss: Tensor, m: int, atol: Tensor) -> list[Candidate]:
@@ -132,8 +154,7 @@ def pipeline_loss(loss: Tensor, m: int, atol: Tensor) -> list[Candidate]:
     return [(f"{m} times the mean: the microbatch losses were summed, not averaged", loss * m, atol * m)] if m > 1 else []
 
 
-def pipeline_gradient(microbatch_grads: list[dict[str, Tensor]], name: str, atol: Tensor,
-                      calls: int = 1) -> list[Candidate]:
+def pipeline_gradient(microbatch_grads: list[dict[str, Tensor]], name: str, atol: Tensor, calls: int = 1) -> list[Candidate]:
     """A parameter's gradient, sum_k grad(L_k / m) (``calls`` times, accumulated over that many
     pipeline_step calls), when the 1/m is missing or .grad is reset between microbatches (only the
     last, or the first, microbatch's term is left), or when each call divides the whole accumulated
@@ -146,11 +167,18 @@ def pipeline_gradient(microbatch_grads: list[dict[str, Tensor]], name: str, atol
     for t in terms[1:]:
         total = total + t
     if calls == 2:
-        return [(f"the gradient times 1 + 1/{m}: the earlier call's accumulated .grad was divided by m again when "
-                 "the later call rescaled every .grad at its end (torchtitan#1733): divide each microbatch's loss, "
-                 "not the accumulated gradients", total * (1 + 1 / m), atol * 2),
-                ("the gradient of the last call alone: .grad was reset at the start of pipeline_step", total, atol)]
-    return [(f"{m} times the gradient: each microbatch's loss was not divided by m", total * m, atol * m),
-            ("the last microbatch's term alone: .grad is zeroed inside the microbatch loop", terms[-1], atol),
-            ("the first microbatch's term alone: the later microbatches' backward never reached this stage",
-             terms[0], atol)]
+        return [
+            (
+                f"the gradient times 1 + 1/{m}: the earlier call's accumulated .grad was divided by m again when "
+                "the later call rescaled every .grad at its end (torchtitan#1733): divide each microbatch's loss, "
+                "not the accumulated gradients",
+                total * (1 + 1 / m),
+                atol * 2,
+            ),
+            ("the gradient of the last call alone: .grad was reset at the start of pipeline_step", total, atol),
+        ]
+    return [
+        (f"{m} times the gradient: each microbatch's loss was not divided by m", total * m, atol * m),
+        ("the last microbatch's term alone: .grad is zeroed inside the microbatch loop", terms[-1], atol),
+        ("the first microbatch's term alone: the later microbatches' backward never reached this stage", terms[0], atol),
+    ]

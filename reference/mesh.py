@@ -11,6 +11,7 @@ communication and a sum over the data-parallel group every rank holds its shard 
 one process computes on the whole batch (reference.tensor_parallel gives that gradient and its
 tolerance). Never imports torch.distributed.
 """
+
 from __future__ import annotations
 
 
@@ -87,7 +88,7 @@ class Mesh:
         groups: dict[tuple[int, ...], list[int]] = {}
         for rank in range(self.world_size):  # a group: the ranks whose other two coordinates agree
             coordinates = self.coordinates(rank)
-            groups.setdefault(coordinates[:position] + coordinates[position + 1:], []).append(rank)
+            groups.setdefault(coordinates[:position] + coordinates[position + 1 :], []).append(rank)
         return list(groups.values())
 
     def group_of(self, axis: str, rank: int) -> list[int]:

@@ -30,6 +30,7 @@ rounding in m.
 
 Never imports torch.distributed.
 """
+
 from __future__ import annotations
 
 import copy
@@ -71,8 +72,7 @@ def in_compute_dtype(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     return replica
 
 
-def rank_terms(model: nn.Module, micro_batches: list[dict[str, Tensor]], dtype: torch.dtype
-               ) -> tuple[Tensor, list[dict[str, Tensor]]]:
+def rank_terms(model: nn.Module, micro_batches: list[dict[str, Tensor]], dtype: torch.dtype) -> tuple[Tensor, list[dict[str, Tensor]]]:
     """One rank's step in compute dtype ``dtype``: its loss of each of its micro-batch slices and,
     for each, the gradient in ``dtype`` of every trainable parameter (named as in ``model``)."""
     replica = in_compute_dtype(model, dtype)
@@ -124,31 +124,29 @@ def check_exact(model: nn.Module, per_rank: list[list[dict[str, Tensor]]], dtype
     limit = 2.0 ** significand_bits(dtype)
     positions = {slice_["targets"].numel() for slices in per_rank for slice_ in slices}
     if len(positions) != 1 or not _power_of_two(next(iter(positions))):
-        raise ValueError(f"exact examples need every slice to hold the same power-of-two count of positions, got "
-                         f"{sorted(positions)}")
+        raise ValueError(f"exact examples need every slice to hold the same power-of-two count of positions, got {sorted(positions)}")
     for j in range(len(per_rank[0])):
         summed: dict[str, Tensor] = {}
         for slices in per_rank:
             largest, grads = magnitudes(model, slices[j])
             if largest > limit:
-                raise ValueError(f"not exact in {dtype}: a value of micro-batch {j} sums {largest:g} > 2^"
-                                 f"{significand_bits(dtype)} units")
+                raise ValueError(f"not exact in {dtype}: a value of micro-batch {j} sums {largest:g} > 2^{significand_bits(dtype)} units")
             for name, g in grads.items():
                 summed[name] = summed.get(name, 0) + g
         largest = max(float(g.max()) for g in summed.values())
         if largest > limit:
-            raise ValueError(f"not exact in {dtype}: the sum over ranks of a gradient of micro-batch {j} sums "
-                             f"{largest:g} > 2^{significand_bits(dtype)} units")
+            raise ValueError(
+                f"not exact in {dtype}: the sum over ranks of a gradient of micro-batch {j} sums "
+                f"{largest:g} > 2^{significand_bits(dtype)} units"
+            )
 
 
-def one_step(model: nn.Module, optimizer: dict, per_rank: list[list[dict[str, Tensor]]],
-             dtype: torch.dtype) -> OneStep:
+def one_step(model: nn.Module, optimizer: dict, per_rank: list[list[dict[str, Tensor]]], dtype: torch.dtype) -> OneStep:
     """The ranks' first optimizer step in compute dtype ``dtype`` (``per_rank[r][j]``: rank r's slice
     of micro-batch j), for SGD (``{"name": "sgd", "lr", "momentum", "weight_decay"}``, lr and the
     weight decay powers of two or zero): the first step's momentum buffer is the gradient itself, so
     p' = p - lr (g + wd p), g = sum_j (1/n) sum_r g_rj, computed exactly in float64."""
-    if optimizer["name"] != "sgd" or not all(_power_of_two(optimizer[k]) or optimizer[k] == 0
-                                             for k in ("lr", "weight_decay")):
+    if optimizer["name"] != "sgd" or not all(_power_of_two(optimizer[k]) or optimizer[k] == 0 for k in ("lr", "weight_decay")):
         raise ValueError(f"the exact one-step reference takes SGD with lr and weight decay powers of two, got {optimizer}")
     check_exact(model, per_rank, dtype)
     n, lr, decay = len(per_rank), optimizer["lr"], optimizer["weight_decay"]

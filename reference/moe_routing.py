@@ -36,6 +36,7 @@ L = sum_r sum(Y_r * G_r) + alpha L_aux:
 
 Computed in float64. Never imports torch.distributed.
 """
+
 from __future__ import annotations
 
 import math
@@ -62,7 +63,7 @@ def topk_gap(x: Tensor, router_weight: Tensor, top_k: int) -> float:
         return float("inf")
     ordered = logits.sort(dim=-1, descending=True).values
     last = min(top_k + 1, logits.shape[-1])
-    return float((ordered[:, :last - 1] - ordered[:, 1:last]).min())
+    return float((ordered[:, : last - 1] - ordered[:, 1:last]).min())
 
 
 def capacity(capacity_factor: float, top_k: int, tokens: int, num_experts: int) -> int:
@@ -104,8 +105,15 @@ def capacity_gap(tokens: list[Tensor], router_weight: Tensor, top_k: int, capaci
     return gap
 
 
-def moe(tokens: list[Tensor], router_weight: Tensor, experts: list[tuple[Tensor, Tensor, Tensor, Tensor]],
-        grads: list[Tensor], top_k: int, aux_weight: float, capacity_factor: float | None = None) -> dict:
+def moe(
+    tokens: list[Tensor],
+    router_weight: Tensor,
+    experts: list[tuple[Tensor, Tensor, Tensor, Tensor]],
+    grads: list[Tensor],
+    top_k: int,
+    aux_weight: float,
+    capacity_factor: float | None = None,
+) -> dict:
     """``tokens[r]`` [T_r, h], ``grads[r]`` its upstream gradient; ``experts[j]`` = (W1, b1, W2, b2).
     ``capacity_factor``: each member's pairs beyond its capacity dropped (module docstring).
     Returns {"outputs": [Y_r], "grad_inputs": [dL/dX_r], "grad_router": dL/dW_r (every member's
@@ -115,8 +123,12 @@ def moe(tokens: list[Tensor], router_weight: Tensor, experts: list[tuple[Tensor,
     xs = [x.detach().clone().requires_grad_(True) for x in tokens]
     x = torch.cat(xs)
     probabilities, chosen, gates = choose(x, router, top_k)
-    keep = torch.cat([kept(c, g, router.shape[0], capacity_factor)
-                      for c, g in zip(chosen.split([len(t) for t in tokens]), gates.split([len(t) for t in tokens]))])
+    keep = torch.cat(
+        [
+            kept(c, g, router.shape[0], capacity_factor)
+            for c, g in zip(chosen.split([len(t) for t in tokens]), gates.split([len(t) for t in tokens]))
+        ]
+    )
     y = torch.zeros_like(x)
     for i in range(top_k):
         for j, p in enumerate(params):
@@ -134,8 +146,10 @@ def moe(tokens: list[Tensor], router_weight: Tensor, experts: list[tuple[Tensor,
     if loss.requires_grad:
         loss.backward()
     zeros = torch.zeros_like
-    return {"outputs": list(y.detach().split([len(t) for t in tokens])),
-            "grad_inputs": [t.grad if t.grad is not None else zeros(t) for t in xs],
-            "grad_router": router.grad if router.grad is not None else zeros(router),
-            "grad_experts": [tuple(t.grad.detach() if t.grad is not None else zeros(t) for t in p) for p in params],
-            "aux_loss": aux.detach()}
+    return {
+        "outputs": list(y.detach().split([len(t) for t in tokens])),
+        "grad_inputs": [t.grad if t.grad is not None else zeros(t) for t in xs],
+        "grad_router": router.grad if router.grad is not None else zeros(router),
+        "grad_experts": [tuple(t.grad.detach() if t.grad is not None else zeros(t) for t in p) for p in params],
+        "aux_loss": aux.detach(),
+    }

@@ -23,6 +23,7 @@ element of a parameter's gradient is normwise:
 with u the dtype's unit roundoff (1.1e-16 in float64, the dtype the suite uses), and
 ATOL_FACTOR * (m + 2) * u * sum_i |loss_i| / m for the loss. Never imports torch.distributed.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -58,9 +59,16 @@ class Dense:
     microbatch_grads: list[dict[str, Tensor]]  # grad(L_k / m) per microbatch k (to name a wrong answer)
 
 
-def dense_step(stages: list[nn.Module], inputs: Tensor, targets: Tensor, loss_fn, num_microbatches: int,
-               scale_grads: bool = True, streams: list[int] | None = None,
-               forward_orders: list[list[int]] | None = None) -> Dense:
+def dense_step(
+    stages: list[nn.Module],
+    inputs: Tensor,
+    targets: Tensor,
+    loss_fn,
+    num_microbatches: int,
+    scale_grads: bool = True,
+    streams: list[int] | None = None,
+    forward_orders: list[list[int]] | None = None,
+) -> Dense:
     """Loss and gradients of the stages run in sequence on the whole batch. The modules' .grad
     are left alone (torch.autograd.grad). ``scale_grads=False``: L = sum_i loss_fn(output_i,
     target_i), no 1/m (a loss_fn that normalises by the global token count itself). ``streams``
@@ -108,8 +116,7 @@ def _stream_states(stages, inputs, num_microbatches, streams, orders) -> dict[tu
 
 
 def _dense_step(stages, inputs, targets, loss_fn, num_microbatches, scale_grads, states) -> Dense:
-    named = [(param_name(s, n), p) for s, stage in enumerate(stages) for n, p in stage.named_parameters()
-             if p.requires_grad]
+    named = [(param_name(s, n), p) for s, stage in enumerate(stages) for n, p in stage.named_parameters() if p.requires_grad]
     params = [p for _, p in named]
     m = num_microbatches
     scale = m if scale_grads else 1
@@ -131,8 +138,9 @@ def _dense_step(stages, inputs, targets, loss_fn, num_microbatches, scale_grads,
         terms = [g[k] for g in per_microbatch]
         grads[name] = torch.stack(terms).sum(0)
         scale = torch.stack([t.abs() for t in terms]).sum(0).max() if p.numel() else torch.zeros((), dtype=dtype)
-        grad_atol[name] = (ATOL_FACTOR * (m + len(named)) * u * scale.to(torch.float64)
-                           + (torch.finfo(dtype).tiny if dtype.is_floating_point else 0))
+        grad_atol[name] = ATOL_FACTOR * (m + len(named)) * u * scale.to(torch.float64) + (
+            torch.finfo(dtype).tiny if dtype.is_floating_point else 0
+        )
     stacked = torch.stack(losses)
     loss_atol = ATOL_FACTOR * (m + 2) * u * stacked.abs().to(torch.float64).sum() / scale
     terms = [{name: g[k] for k, (name, _) in enumerate(named)} for g in per_microbatch]

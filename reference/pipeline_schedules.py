@@ -52,6 +52,7 @@ The validator raises ScheduleError naming the rank, the step, the action and the
 the step grid (ranks as rows, steps as columns) and the bad action in brackets. Timing, bubbles,
 memory and deadlocks are in reference/pipeline_simulator.py. Pure Python; no torch at all.
 """
+
 from __future__ import annotations
 
 from parallelism_conformance.reference.schedule_format import (
@@ -103,4 +104,54 @@ from parallelism_conformance.reference.schedule_generators import (
 from parallelism_conformance.reference.schedule_theory import theory_bubble_fraction, theory_peak_live, theory_steady_period
 from parallelism_conformance.reference.schedule_validator import RULES, Problem, problems, validate
 
-__all__ = ["F", "B", "I", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "COMPUTE", "BACKWARD_INPUT", "RELEASES", "COMMUNICATION", "LOOP", "V_SHAPE", "PLACEMENTS", "KINDS", "ZERO_BUBBLE_KINDS", "V_SHAPE_KINDS", "ALL_KINDS", "REFERENCE_ONLY_KINDS", "ON_THE_V", "Action", "stage_rank", "rank_stages", "Schedule", "ScheduleError", "render_grid", "check_arguments", "gpipe_compute", "one_f_one_b_compute", "zb_h1_compute", "zb_h2_compute", "zb_v_compute", "list_scheduled", "dualpipe_v_compute", "looped_bfs_compute", "interleaved_warmup", "interleaved_compute", "add_communication", "generate", "placement_of", "random_schedule", "theory_bubble_fraction", "theory_steady_period", "theory_peak_live", "RULES", "Problem", "problems", "validate"]
+__all__ = [
+    "F",
+    "B",
+    "I",
+    "W",
+    "SEND_F",
+    "RECV_F",
+    "SEND_B",
+    "RECV_B",
+    "COMPUTE",
+    "BACKWARD_INPUT",
+    "RELEASES",
+    "COMMUNICATION",
+    "LOOP",
+    "V_SHAPE",
+    "PLACEMENTS",
+    "KINDS",
+    "ZERO_BUBBLE_KINDS",
+    "V_SHAPE_KINDS",
+    "ALL_KINDS",
+    "REFERENCE_ONLY_KINDS",
+    "ON_THE_V",
+    "Action",
+    "stage_rank",
+    "rank_stages",
+    "Schedule",
+    "ScheduleError",
+    "render_grid",
+    "check_arguments",
+    "gpipe_compute",
+    "one_f_one_b_compute",
+    "zb_h1_compute",
+    "zb_h2_compute",
+    "zb_v_compute",
+    "list_scheduled",
+    "dualpipe_v_compute",
+    "looped_bfs_compute",
+    "interleaved_warmup",
+    "interleaved_compute",
+    "add_communication",
+    "generate",
+    "placement_of",
+    "random_schedule",
+    "theory_bubble_fraction",
+    "theory_steady_period",
+    "theory_peak_live",
+    "RULES",
+    "Problem",
+    "problems",
+    "validate",
+]

@@ -20,6 +20,7 @@ their peak depends only on the order of the rank's list.
 A receive whose send is behind a receive of the sender's that can never complete is a deadlock:
 simulate raises DeadlockError naming the stuck ranks, their next actions and the wait-for cycle.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -68,8 +69,7 @@ class Costs:
         backward = at(self.backward)
         if action.kind == B:
             return backward
-        weight = at(self.weight) if self.weight is not None else (
-            Fraction(backward) / 2 if _exact(backward) else backward / 2)
+        weight = at(self.weight) if self.weight is not None else (Fraction(backward) / 2 if _exact(backward) else backward / 2)
         if action.kind == W:
             return weight
         return at(self.input) if self.input is not None else backward - weight
@@ -186,7 +186,6 @@ def simulate(schedule: Schedule, costs: Costs = Costs(), *, check: bool = True) 
     return Simulation(timelines, makespan, busy, idle, bubble, [peak_live(row) for row in rows], schedule, costs)
 
 
-
 def back_to_back(schedule: Schedule, iterations: int) -> Schedule:
     """``iterations`` steps of ``schedule`` run one after the other with no synchronization between
     them (each rank starts its next step when it has finished its own part of this one, as with
@@ -195,8 +194,7 @@ def back_to_back(schedule: Schedule, iterations: int) -> Schedule:
     if iterations < 1:
         raise ValueError(f"iterations must be at least 1, got {iterations}")
     m = schedule.num_microbatches
-    rows = tuple(tuple(Action(a.stage, a.kind, a.microbatch + k * m) for k in range(iterations) for a in row)
-                 for row in schedule.rows)
+    rows = tuple(tuple(Action(a.stage, a.kind, a.microbatch + k * m) for k in range(iterations) for a in row) for row in schedule.rows)
     return Schedule(schedule.num_ranks, schedule.num_stages, m * iterations, rows, schedule.placement)
 
 
@@ -205,6 +203,7 @@ def steady_period(schedule: Schedule, costs: Costs = Costs()) -> object:
     three steps minus that of two. Busy time per step is a lower bound; a schedule whose period
     equals it has no bubble in steady state."""
     return simulate(back_to_back(schedule, 3), costs).makespan - simulate(back_to_back(schedule, 2), costs).makespan
+
 
 def _deadlock(schedule: Schedule, stuck: dict) -> DeadlockError:
     waits_for = {}
@@ -218,16 +217,19 @@ def _deadlock(schedule: Schedule, stuck: dict) -> DeadlockError:
         seen.append(r)
         r = waits_for[r]
     if r is not None and r in seen:
-        cycle = seen[seen.index(r):]
-    lines = [f"deadlock: {len(stuck)} rank(s) can never go on "
-             f"(p={schedule.num_ranks}, S={schedule.num_stages}, m={schedule.num_microbatches}):"]
+        cycle = seen[seen.index(r) :]
+    lines = [
+        f"deadlock: {len(stuck)} rank(s) can never go on (p={schedule.num_ranks}, S={schedule.num_stages}, m={schedule.num_microbatches}):"
+    ]
     for r, (step, a) in stuck.items():
         send = a.matching()
         owner = schedule.rank_of(send.stage)
         where = next((t for t, x in enumerate(schedule.rows[owner]) if x == send), None)
         blocked = stuck.get(owner)
-        lines.append(f"  rank {r} waits at step {step} in {a} for {send}, step {where} of rank {owner}"
-                     + (f", which itself is stuck at step {blocked[0]} ({blocked[1]})" if blocked else ""))
+        lines.append(
+            f"  rank {r} waits at step {step} in {a} for {send}, step {where} of rank {owner}"
+            + (f", which itself is stuck at step {blocked[0]} ({blocked[1]})" if blocked else "")
+        )
     if cycle:
         lines.append("  wait-for cycle: " + " -> ".join(f"rank {r}" for r in [*cycle, cycle[0]]))
     lines += ["", render_grid(schedule, {(r, step) for r, (step, _) in stuck.items()})]

@@ -17,6 +17,7 @@ is left as it was (torch.random.fork_rng).
 
 Never imports torch.distributed.
 """
+
 from __future__ import annotations
 
 import copy
@@ -38,8 +39,7 @@ def loss_atol(loss: Tensor) -> Tensor:
     return _bound(float(loss.abs()), loss.dtype)
 
 
-def train(model: nn.Module, optimizer_spec: dict, slices: list[dict[str, Tensor]], steps: int, base_seed: int,
-          device: str = "cpu"):
+def train(model: nn.Module, optimizer_spec: dict, slices: list[dict[str, Tensor]], steps: int, base_seed: int, device: str = "cpu"):
     """``steps`` optimizer steps of ``model`` (in place) with the gradient g_t above over the ranks'
     ``slices``, each slice's forward on ``device``, the ranks' kind of device: a CUDA rank draws its
     masks from the device's generator (torch.manual_seed seeds both), which only the same kernel on

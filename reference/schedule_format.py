@@ -1,5 +1,6 @@
 """The format of a pipeline schedule (reference/pipeline_schedules.py says what it means): the
 actions, stage placement, the Schedule of per-rank rows, its compact strings, and its step grid."""
+
 from __future__ import annotations
 
 import re
@@ -56,8 +57,10 @@ class Action(NamedTuple):
     def parse(cls, text: str) -> Action:
         match = _COMPACT.match(text.strip()) if isinstance(text, str) else None
         if match is None:
-            raise ValueError(f"{text!r} is not an action in compact form <stage><kind><microbatch> with kind one of "
-                             f"{', '.join((*COMPUTE, *COMMUNICATION))} (e.g. '0F3', '2SEND_B1')")
+            raise ValueError(
+                f"{text!r} is not an action in compact form <stage><kind><microbatch> with kind one of "
+                f"{', '.join((*COMPUTE, *COMMUNICATION))} (e.g. '0F3', '2SEND_B1')"
+            )
         return cls(int(match[1]), match[2], int(match[3]))
 
 
@@ -104,8 +107,7 @@ class Schedule:
         return self.with_rows(tuple(a for a in row if a.is_compute) for row in self.rows)
 
     def with_rows(self, rows) -> Schedule:
-        return Schedule(self.num_ranks, self.num_stages, self.num_microbatches, tuple(tuple(r) for r in rows),
-                        self.placement)
+        return Schedule(self.num_ranks, self.num_stages, self.num_microbatches, tuple(tuple(r) for r in rows), self.placement)
 
     @classmethod
     def from_strings(cls, rows, num_microbatches: int, stages_per_rank: int = 1, placement: str = LOOP) -> Schedule:
@@ -123,8 +125,7 @@ class ScheduleError(ValueError):
     """A malformed schedule. ``rank``, ``step`` (None for a missing action), ``action`` and
     ``rule`` say where and why; the message shows the grid with the bad action in brackets."""
 
-    def __init__(self, message: str, *, rank: int | None = None, step: int | None = None,
-                 action: Action | None = None, rule: str = ""):
+    def __init__(self, message: str, *, rank: int | None = None, step: int | None = None, action: Action | None = None, rule: str = ""):
         super().__init__(message)
         self.rank, self.step, self.action, self.rule = rank, step, action, rule
 

@@ -1,6 +1,7 @@
 """The schedule generators (reference/pipeline_schedules.py describes each with its source): compute
 orders per rank for GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-H2, ZB-V, DualPipeV and looped BFS,
 with communication inserted by ``add_communication``, and random valid schedules."""
+
 from __future__ import annotations
 
 import random
@@ -32,18 +33,20 @@ def check_arguments(kind: str, num_ranks: int, num_microbatches: int, stages_per
     if kind not in (*ALL_KINDS, *REFERENCE_ONLY_KINDS):
         raise ValueError(f"unknown schedule kind {kind!r} (known: {', '.join((*ALL_KINDS, *REFERENCE_ONLY_KINDS))})")
     if num_ranks < 1 or num_microbatches < 1 or stages_per_rank < 1:
-        raise ValueError(f"num_ranks, num_microbatches and stages_per_rank must be at least 1, got "
-                         f"{num_ranks}, {num_microbatches}, {stages_per_rank}")
+        raise ValueError(
+            f"num_ranks, num_microbatches and stages_per_rank must be at least 1, got {num_ranks}, {num_microbatches}, {stages_per_rank}"
+        )
     if kind in ON_THE_V and stages_per_rank != 2:
         raise ValueError(f"{kind} places two stages per rank in a V; stages_per_rank={stages_per_rank} must be 2")
     if kind == "dualpipev" and num_microbatches < 2 * num_ranks:
-        raise ValueError(f"DualPipeV needs at least as many microbatches as stages: m={num_microbatches} < 2p="
-                         f"{2 * num_ranks}")
+        raise ValueError(f"DualPipeV needs at least as many microbatches as stages: m={num_microbatches} < 2p={2 * num_ranks}")
     if kind not in ("interleaved", "looped-bfs", *ON_THE_V) and stages_per_rank != 1:
         raise ValueError(f"{kind} places one stage per rank; stages_per_rank={stages_per_rank} needs 'interleaved'")
     if kind == "interleaved" and num_microbatches % num_ranks:
-        raise ValueError(f"interleaved 1F1B needs the number of microbatches to be a multiple of the number of "
-                         f"ranks: m={num_microbatches} is not a multiple of p={num_ranks}")
+        raise ValueError(
+            f"interleaved 1F1B needs the number of microbatches to be a multiple of the number of "
+            f"ranks: m={num_microbatches} is not a multiple of p={num_ranks}"
+        )
 
 
 def gpipe_compute(p: int, m: int) -> list[list[Action]]:
@@ -228,8 +231,7 @@ def looped_bfs_compute(p: int, m: int, v: int) -> list[list[Action]]:
     rows = []
     for r in range(p):
         mine = list(range(r, p * v, p))
-        rows.append([Action(s, F, i) for s in mine for i in range(m)]
-                    + [Action(s, B, i) for s in reversed(mine) for i in reversed(range(m))])
+        rows.append([Action(s, F, i) for s in mine for i in range(m)] + [Action(s, B, i) for s in reversed(mine) for i in reversed(range(m))])
     return rows
 
 
@@ -243,6 +245,7 @@ def interleaved_compute(p: int, m: int, v: int) -> list[list[Action]]:
         return one_f_one_b_compute(p, m)
     rows = []
     for r in range(p):
+
         def action(k: int, kind: str) -> Action:
             chunk = (k % (p * v)) // p
             if kind == B:
@@ -284,10 +287,16 @@ def generate(kind: str, num_ranks: int, num_microbatches: int, stages_per_rank: 
     looped-bfs), with its communication, on the kind's placement (``placement_of``)."""
     check_arguments(kind, num_ranks, num_microbatches, stages_per_rank)
     p, m, v = num_ranks, num_microbatches, stages_per_rank
-    compute = {"gpipe": lambda: gpipe_compute(p, m), "1f1b": lambda: one_f_one_b_compute(p, m),
-               "interleaved": lambda: interleaved_compute(p, m, v), "zb-h1": lambda: zb_h1_compute(p, m),
-               "zb-h2": lambda: zb_h2_compute(p, m), "zb-v": lambda: zb_v_compute(p, m),
-               "looped-bfs": lambda: looped_bfs_compute(p, m, v), "dualpipev": lambda: dualpipe_v_compute(p, m)}[kind]()
+    compute = {
+        "gpipe": lambda: gpipe_compute(p, m),
+        "1f1b": lambda: one_f_one_b_compute(p, m),
+        "interleaved": lambda: interleaved_compute(p, m, v),
+        "zb-h1": lambda: zb_h1_compute(p, m),
+        "zb-h2": lambda: zb_h2_compute(p, m),
+        "zb-v": lambda: zb_v_compute(p, m),
+        "looped-bfs": lambda: looped_bfs_compute(p, m, v),
+        "dualpipev": lambda: dualpipe_v_compute(p, m),
+    }[kind]()
     return add_communication(Schedule(p, p * v, m, tuple(tuple(row) for row in compute), placement_of(kind)))
 
 
@@ -296,8 +305,9 @@ def placement_of(kind: str) -> str:
     return V_SHAPE if kind in ON_THE_V else LOOP
 
 
-def random_schedule(num_ranks: int, num_microbatches: int, stages_per_rank: int, seed: int,
-                    split_backward: bool = False, placement: str = LOOP) -> Schedule:
+def random_schedule(
+    num_ranks: int, num_microbatches: int, stages_per_rank: int, seed: int, split_backward: bool = False, placement: str = LOOP
+) -> Schedule:
     """A valid, deadlock-free schedule in no classic shape: compute actions are taken one at a time,
     each a random pick among those whose inputs are ready, then communication is inserted. Every
     rank's list follows one global order, so every receive's send comes earlier in it. With
@@ -316,8 +326,7 @@ def random_schedule(num_ranks: int, num_microbatches: int, stages_per_rank: int,
             return a.stage == 0 or Action(a.stage - 1, F, a.microbatch) in done
         if a.kind == W:
             return Action(a.stage, I, a.microbatch) in done
-        return Action(a.stage, F, a.microbatch) in done and (
-            a.stage == last or Action(a.stage + 1, gradient, a.microbatch) in done)
+        return Action(a.stage, F, a.microbatch) in done and (a.stage == last or Action(a.stage + 1, gradient, a.microbatch) in done)
 
     while pending:
         choice = rng.choice(sorted(a for a in pending if ready(a)))

@@ -1,5 +1,6 @@
 """What the papers give in closed form for each schedule: bubble fraction, steady-state period and
 peak live activations per rank (checked against the simulator in tests/)."""
+
 from __future__ import annotations
 
 from fractions import Fraction
@@ -7,8 +8,7 @@ from fractions import Fraction
 from parallelism_conformance.reference.schedule_generators import interleaved_warmup
 
 
-def theory_bubble_fraction(kind: str, num_ranks: int, num_microbatches: int, stages_per_rank: int = 1,
-                           t_f=1, t_i=1, t_w=1) -> Fraction:
+def theory_bubble_fraction(kind: str, num_ranks: int, num_microbatches: int, stages_per_rank: int = 1, t_f=1, t_i=1, t_w=1) -> Fraction:
     """Idle time over p * makespan when every stage(-chunk) costs the same and messages are free:
     (p - 1) / (m + p - 1) for GPipe and 1F1B, (p - 1) / (v m + p - 1) interleaved (any t_f, t_b).
     ZB-H1, with a backward split into I (t_i) and W (t_w), t_w <= t_f, t_w <= t_i, m >= p (Qi et
@@ -26,21 +26,22 @@ def theory_bubble_fraction(kind: str, num_ranks: int, num_microbatches: int, sta
         return Fraction(p - 1, 6 * m + p - 1)
     if kind == "zb-v":  # per stage costs; a stage is half a rank's layers
         if m < 2 * p - 1 or not t_f == t_i == t_w:
-            raise ValueError(f"ZB-V's bubble is derived for m >= 2p - 1 and t_f = t_i = t_w; got p={p}, m={m}, "
-                             f"t_f={t_f}, t_i={t_i}, t_w={t_w}")
+            raise ValueError(f"ZB-V's bubble is derived for m >= 2p - 1 and t_f = t_i = t_w; got p={p}, m={m}, t_f={t_f}, t_i={t_i}, t_w={t_w}")
         return Fraction(p - 1, 6 * m + p - 1)
     if kind == "looped-bfs":
         busy = v * m
         return 1 - Fraction(busy, busy + p - 1 + (v - 1) * max(0, p - m))
     if kind == "zb-h2":  # one step alone, at the unit costs it is built for (see theory_steady_period)
         if m < p or not t_f == t_i == t_w:
-            raise ValueError(f"ZB-H2's single-step bubble is derived for m >= p and t_f = t_i = t_w; got p={p}, m={m}, "
-                             f"t_f={t_f}, t_i={t_i}, t_w={t_w}")
+            raise ValueError(
+                f"ZB-H2's single-step bubble is derived for m >= p and t_f = t_i = t_w; got p={p}, m={m}, t_f={t_f}, t_i={t_i}, t_w={t_w}"
+            )
         return Fraction(p - 1, 3 * m + p - 1)
     if kind == "zb-h1":
         if m < p or t_w > t_f or t_w > t_i:
-            raise ValueError(f"ZB-H1's bubble is derived for m >= p and t_w <= min(t_f, t_i); got p={p}, m={m}, "
-                             f"t_f={t_f}, t_i={t_i}, t_w={t_w}")
+            raise ValueError(
+                f"ZB-H1's bubble is derived for m >= p and t_w <= min(t_f, t_i); got p={p}, m={m}, t_f={t_f}, t_i={t_i}, t_w={t_w}"
+            )
         idle = (p - 1) * (t_f + t_i - t_w)
         return Fraction(idle) / Fraction(m * (t_f + t_i + t_w) + idle)
     return Fraction(p - 1, (v if kind == "interleaved" else 1) * m + p - 1)

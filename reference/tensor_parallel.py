@@ -20,6 +20,7 @@ reduce-scatter) and g into a reduce-scatter (backward: all-gather); the dense re
 Every function computes in float64 from the values it is given and returns results cast back to
 their dtype. Never imports torch.distributed.
 """
+
 from __future__ import annotations
 
 import math
@@ -48,8 +49,7 @@ def check_divisible(dimension: str, size: int, n: int) -> None:
     if n < 1:
         raise ValueError(f"the group size must be at least 1, got {n}")
     if size % n:
-        raise ValueError(f"{dimension} = {size} is not divisible by the group size {n} "
-                         f"({size} % {n} = {size % n})")
+        raise ValueError(f"{dimension} = {size} is not divisible by the group size {n} ({size} % {n} = {size % n})")
 
 
 def chunk(t: Tensor, dim: int, n: int, index: int, dimension: str = "dimension") -> Tensor:
@@ -107,10 +107,10 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None, grad_output: Tensor) 
     return _autograd(lambda x, p: F.linear(x, p["weight"], p["bias"]), x, {"weight": weight, "bias": bias}, grad_output)
 
 
-def mlp(x: Tensor, fc1: tuple[Tensor, Tensor | None], fc2: tuple[Tensor, Tensor | None],
-        grad_output: Tensor) -> dict[str, Tensor]:
+def mlp(x: Tensor, fc1: tuple[Tensor, Tensor | None], fc2: tuple[Tensor, Tensor | None], grad_output: Tensor) -> dict[str, Tensor]:
     """y = GELU(x W1^T + b1) W2^T + b2 (exact GELU, z Phi(z)) and its gradients. Keys: output,
     grad_input, grad_fc1_weight, grad_fc1_bias, grad_fc2_weight, grad_fc2_bias (biases if any)."""
+
     def forward(x, p):
         return F.linear(F.gelu(F.linear(x, p["fc1_weight"], p["fc1_bias"])), p["fc2_weight"], p["fc2_bias"])
 
@@ -118,8 +118,9 @@ def mlp(x: Tensor, fc1: tuple[Tensor, Tensor | None], fc2: tuple[Tensor, Tensor 
     return _autograd(forward, x, params, grad_output)
 
 
-def normed_mlp(x: Tensor, norm: tuple[Tensor, Tensor, float], fc1: tuple[Tensor, Tensor | None],
-               fc2: tuple[Tensor, Tensor | None], grad_output: Tensor) -> dict[str, Tensor]:
+def normed_mlp(
+    x: Tensor, norm: tuple[Tensor, Tensor, float], fc1: tuple[Tensor, Tensor | None], fc2: tuple[Tensor, Tensor | None], grad_output: Tensor
+) -> dict[str, Tensor]:
     """The pre-norm block y = MLP(LayerNorm(x)): LayerNorm(x) = (x - mean) / sqrt(var + eps) * w + b
     over the last dim (biased variance, as torch's), then ``mlp``. Keys: those of ``mlp`` and
     grad_norm_weight, grad_norm_bias."""
@@ -129,8 +130,7 @@ def normed_mlp(x: Tensor, norm: tuple[Tensor, Tensor, float], fc1: tuple[Tensor,
         normed = F.layer_norm(x, (h,), p["norm_weight"], p["norm_bias"], eps)
         return F.linear(F.gelu(F.linear(normed, p["fc1_weight"], p["fc1_bias"])), p["fc2_weight"], p["fc2_bias"])
 
-    params = {"norm_weight": w, "norm_bias": b, "fc1_weight": fc1[0], "fc1_bias": fc1[1], "fc2_weight": fc2[0],
-              "fc2_bias": fc2[1]}
+    params = {"norm_weight": w, "norm_bias": b, "fc1_weight": fc1[0], "fc1_bias": fc1[1], "fc2_weight": fc2[0], "fc2_bias": fc2[1]}
     return _autograd(forward, x, params, grad_output)
 
 
@@ -148,8 +148,9 @@ def dropout_masks(x_shape: tuple[int, ...], ffn: int, p: float, seed: int, dtype
     return hidden, output
 
 
-def dropout_mlp(x: Tensor, fc1: tuple[Tensor, Tensor | None], fc2: tuple[Tensor, Tensor | None],
-                grad_output: Tensor, masks: tuple[Tensor, Tensor]) -> dict[str, Tensor]:
+def dropout_mlp(
+    x: Tensor, fc1: tuple[Tensor, Tensor | None], fc2: tuple[Tensor, Tensor | None], grad_output: Tensor, masks: tuple[Tensor, Tensor]
+) -> dict[str, Tensor]:
     """y = m2 * (m1 * GELU(x W1^T + b1)) W2^T + b2), the masks of ``dropout_masks``, and its
     gradients (the keys of ``mlp``)."""
     m1, m2 = (m.to(torch.float64) for m in masks)
@@ -162,8 +163,9 @@ def dropout_mlp(x: Tensor, fc1: tuple[Tensor, Tensor | None], fc2: tuple[Tensor,
     return _autograd(forward, x, params, grad_output)
 
 
-def dropout_mlp_atol(x: Tensor, fc1: tuple[Tensor, Tensor | None], fc2: tuple[Tensor, Tensor | None],
-                     grad_output: Tensor, n: int, p: float) -> dict[str, Tensor]:
+def dropout_mlp_atol(
+    x: Tensor, fc1: tuple[Tensor, Tensor | None], fc2: tuple[Tensor, Tensor | None], grad_output: Tensor, n: int, p: float
+) -> dict[str, Tensor]:
     """``mlp_atol`` times s^2, s = 1 / (1 - p) the largest mask value: every quantity passes
     through at most the two masks, each scaling its terms by 0 or s, so the bound with every mask
     entry at s covers it."""
@@ -210,14 +212,14 @@ def linear_atol(x: Tensor, weight: Tensor, bias: Tensor | None, grad_output: Ten
     return _tiny(result, x.dtype)
 
 
-def mlp_atol(x: Tensor, fc1: tuple[Tensor, Tensor | None], fc2: tuple[Tensor, Tensor | None],
-             grad_output: Tensor, n: int) -> dict[str, Tensor]:
+def mlp_atol(x: Tensor, fc1: tuple[Tensor, Tensor | None], fc2: tuple[Tensor, Tensor | None], grad_output: Tensor, n: int) -> dict[str, Tensor]:
     """``_mlp_error`` times C = ATOL_FACTOR, plus finfo.tiny: see there."""
     return _tiny(_mlp_error(x, fc1, fc2, grad_output, n), x.dtype)
 
 
-def _mlp_error(x: Tensor, fc1: tuple[Tensor, Tensor | None], fc2: tuple[Tensor, Tensor | None],
-               grad_output: Tensor, n: int, x_error: Tensor | None = None) -> dict[str, Tensor]:
+def _mlp_error(
+    x: Tensor, fc1: tuple[Tensor, Tensor | None], fc2: tuple[Tensor, Tensor | None], grad_output: Tensor, n: int, x_error: Tensor | None = None
+) -> dict[str, Tensor]:
     """Per-element absolute tolerance (float64) for each result of ``mlp``, same keys: a first-order
     running error bound (Higham, 2nd ed., section 3.3) carried through the layers, in float64.
 
@@ -277,8 +279,14 @@ def _mlp_error(x: Tensor, fc1: tuple[Tensor, Tensor | None], fc2: tuple[Tensor, 
     return result
 
 
-def normed_mlp_atol(x: Tensor, norm: tuple[Tensor, Tensor, float], fc1: tuple[Tensor, Tensor | None],
-                    fc2: tuple[Tensor, Tensor | None], grad_output: Tensor, n: int) -> dict[str, Tensor]:
+def normed_mlp_atol(
+    x: Tensor,
+    norm: tuple[Tensor, Tensor, float],
+    fc1: tuple[Tensor, Tensor | None],
+    fc2: tuple[Tensor, Tensor | None],
+    grad_output: Tensor,
+    n: int,
+) -> dict[str, Tensor]:
     """Per-element tolerance of each result of ``normed_mlp``, same keys: the first-order running
     error bound of ``mlp_atol`` carried through the LayerNorm in front, per row of h elements (u the
     unit roundoff, gam(k) = (k + 2) u, r = 1 / sqrt(var + eps), x̂ = (x - mean) r):
@@ -335,16 +343,18 @@ def normed_mlp_atol(x: Tensor, norm: tuple[Tensor, Tensor, float], fc1: tuple[Te
     ghat = gy * w64
     e_ghat = e_gy * w64.abs() + u * gy.abs() * w64.abs()
     big = ghat.abs() + ghat.abs().mean(-1, keepdim=True) + xhat.abs() * (ghat.abs() * xhat.abs()).mean(-1, keepdim=True)
-    e_bracket = (e_ghat + e_ghat.mean(-1, keepdim=True)
-                 + xhat.abs() * (e_ghat * xhat.abs() + ghat.abs() * e_xhat).mean(-1, keepdim=True)
-                 + e_xhat * (ghat.abs() * xhat.abs()).mean(-1, keepdim=True) + gam(h + 3) * big)
+    e_bracket = (
+        e_ghat
+        + e_ghat.mean(-1, keepdim=True)
+        + xhat.abs() * (e_ghat * xhat.abs() + ghat.abs() * e_xhat).mean(-1, keepdim=True)
+        + e_xhat * (ghat.abs() * xhat.abs()).mean(-1, keepdim=True)
+        + gam(h + 3) * big
+    )
     result = {
         **after,
         "grad_input": (r * e_bracket + e_r * big).reshape(x.shape),
         "grad_norm_bias": gamma(rows) * gy.abs().sum(0) + e_gy.sum(0),
-        "grad_norm_weight": gamma(rows + 1) * (gy.abs() * xhat.abs()).sum(0)
-        + (e_gy * xhat.abs() + gy.abs() * e_xhat).sum(0),
+        "grad_norm_weight": gamma(rows + 1) * (gy.abs() * xhat.abs()).sum(0) + (e_gy * xhat.abs() + gy.abs() * e_xhat).sum(0),
     }
     result["output"] = result["output"].reshape(*x.shape[:-1], -1)
     return _tiny(result, dtype)
-

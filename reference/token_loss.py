@@ -24,6 +24,7 @@ whose update is invariant to the gradient's scale:
 ``evaluate`` and the tolerance build on reference/data_parallel.py (the same slices, the same
 backward passes, one sum over ranks in rank order). Never imports torch.distributed.
 """
+
 from __future__ import annotations
 
 import torch
@@ -41,8 +42,9 @@ def counts(batch: dict[str, Tensor], world_size: int, micro_batches: int) -> lis
     return [[valid_targets(ref.split_batch(b, world_size)[r]) for b in micro] for r in range(world_size)]
 
 
-def evaluate(model: nn.Module, batch: dict[str, Tensor], world_size: int, micro_batches: int = 1,
-             had_grad: frozenset = frozenset(), device: str = "cpu") -> ref.Evaluation:
+def evaluate(
+    model: nn.Module, batch: dict[str, Tensor], world_size: int, micro_batches: int = 1, had_grad: frozenset = frozenset(), device: str = "cpu"
+) -> ref.Evaluation:
     """The next step at ``model``'s state (``model`` returns the sum of its per-token losses): each
     rank's S_rj (``slice_losses``), and g = (1/C) sum_r sum_j grad S_rj, summed over ranks in rank
     order; ``slice_grad_means`` holds (1/C) sum_r sum_j |grad S_rj|, the summands' magnitude that
@@ -60,6 +62,9 @@ def evaluate(model: nn.Module, batch: dict[str, Tensor], world_size: int, micro_
             result += grads[name].abs() if magnitude else grads[name]
         return result / total
 
-    return ref.Evaluation(grads={name: over_ranks(name) for name in names}, slice_losses=sums.slice_losses,
-                          slice_grad_means={name: over_ranks(name, magnitude=True) for name in names},
-                          slice_grads=sums.slice_grads)
+    return ref.Evaluation(
+        grads={name: over_ranks(name) for name in names},
+        slice_losses=sums.slice_losses,
+        slice_grad_means={name: over_ranks(name, magnitude=True) for name in names},
+        slice_grads=sums.slice_grads,
+    )

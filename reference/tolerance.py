@@ -65,9 +65,7 @@ def reduction_atol(tensors: list[Tensor], op: str) -> Tensor:
     return atol + torch.finfo(dtype).tiny
 
 
-def first_mismatch(
-    actual: Tensor, expected: Tensor, atol: Tensor | None
-) -> tuple[tuple[int, ...], float | int, float | int] | None:
+def first_mismatch(actual: Tensor, expected: Tensor, atol: Tensor | None) -> tuple[tuple[int, ...], float | int, float | int] | None:
     """First element (row-major) where ``|actual - expected| > atol``, else None.
 
     Returns ``(index, expected_value, actual_value)``. ``atol`` is a float64
@@ -79,8 +77,7 @@ def first_mismatch(
     """
     if actual.shape != expected.shape or actual.dtype != expected.dtype:
         raise ValueError(
-            f"actual has shape {tuple(actual.shape)} dtype {actual.dtype}, "
-            f"expected has shape {tuple(expected.shape)} dtype {expected.dtype}"
+            f"actual has shape {tuple(actual.shape)} dtype {actual.dtype}, expected has shape {tuple(expected.shape)} dtype {expected.dtype}"
         )
     actual, expected = actual.detach().cpu(), expected.detach().cpu()
     if atol is None:
@@ -89,9 +86,7 @@ def first_mismatch(
     try:
         atol = torch.broadcast_to(atol, expected.shape)
     except RuntimeError as exc:
-        raise ValueError(
-            f"atol shape {tuple(atol.shape)} does not fit shape {tuple(expected.shape)}"
-        ) from exc
+        raise ValueError(f"atol shape {tuple(atol.shape)} does not fit shape {tuple(expected.shape)}") from exc
 
     equal = actual == expected
     diff = (actual.to(torch.float64) - expected.to(torch.float64)).abs()

@@ -9,6 +9,7 @@ ranks host by host); ``round_robin=True`` places it on host r % hosts instead (a
 ranks out to hosts in turn: the placement the lecture's rule warns against, for comparison).
 Never imports torch.distributed.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ class HostLayout:
 
     @classmethod
     def parse(cls, text: str) -> HostLayout:
-        """"2x4": 2 hosts of 4 ranks."""
+        """ "2x4": 2 hosts of 4 ranks."""
         hosts, _, per = text.lower().partition("x")
         if not (hosts.isdigit() and per.isdigit() and int(hosts) >= 1 and int(per) >= 1):
             raise ValueError(f"a host layout is HOSTSxRANKS_PER_HOST (e.g. 2x4), got {text!r}")

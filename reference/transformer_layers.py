@@ -33,6 +33,7 @@ of the gate's and of the value's, in that order ([gate_r | up_r]), and columns r
 
 Every function computes in float64 with plain autograd. Never imports torch.distributed.
 """
+
 from __future__ import annotations
 
 import math
@@ -59,11 +60,9 @@ def check_heads(num_heads: int, num_kv_heads: int, qkv_rows: int, n: int) -> int
     if num_kv_heads < 1 or num_heads % num_kv_heads:
         raise ValueError(f"num_heads = {num_heads} is not a multiple of num_kv_heads = {num_kv_heads}")
     if qkv_rows % (num_heads + 2 * num_kv_heads):
-        raise ValueError(f"qkv out_features = {qkv_rows} is not a multiple of num_heads + 2 num_kv_heads = "
-                         f"{num_heads + 2 * num_kv_heads}")
+        raise ValueError(f"qkv out_features = {qkv_rows} is not a multiple of num_heads + 2 num_kv_heads = {num_heads + 2 * num_kv_heads}")
     if num_kv_heads % n:
-        raise ValueError(f"num_kv_heads = {num_kv_heads} is not divisible by the group size {n} "
-                         f"({num_kv_heads} % {n} = {num_kv_heads % n})")
+        raise ValueError(f"num_kv_heads = {num_kv_heads} is not divisible by the group size {n} ({num_kv_heads} % {n} = {num_kv_heads % n})")
     return qkv_rows // (num_heads + 2 * num_kv_heads)
 
 
@@ -98,8 +97,9 @@ def qkv_rows(layout: str, num_heads: int, num_kv_heads: int, d: int, n: int, ind
     (``layout`` for its H/n query and H_kv/n key/value heads)."""
     q, k, v = _head_rows(layout, num_heads, num_kv_heads, d)
     mine_q, mine_kv = num_heads // n, num_kv_heads // n
-    return _fused(layout, q[index * mine_q:(index + 1) * mine_q], k[index * mine_kv:(index + 1) * mine_kv],
-                  v[index * mine_kv:(index + 1) * mine_kv])
+    return _fused(
+        layout, q[index * mine_q : (index + 1) * mine_q], k[index * mine_kv : (index + 1) * mine_kv], v[index * mine_kv : (index + 1) * mine_kv]
+    )
 
 
 def gate_up_rows(ffn: int, n: int, index: int) -> Tensor:
@@ -127,8 +127,17 @@ def _autograd(forward, x: Tensor, params: dict[str, Tensor | None], grad_output:
     return {k: v.to(dtype) for k, v in out.items()}
 
 
-def attention_forward(x: Tensor, qkv_weight: Tensor, qkv_bias: Tensor | None, out_weight: Tensor,
-                      out_bias: Tensor | None, *, num_heads: int, num_kv_heads: int, layout: str) -> Tensor:
+def attention_forward(
+    x: Tensor,
+    qkv_weight: Tensor,
+    qkv_bias: Tensor | None,
+    out_weight: Tensor,
+    out_bias: Tensor | None,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    layout: str,
+) -> Tensor:
     """The dense block of the module docstring, written out head by head."""
     d = check_heads(num_heads, num_kv_heads, qkv_weight.shape[0], 1)
     fused = F.linear(x, qkv_weight, qkv_bias)  # [B, S, (H + 2 H_kv) d]
@@ -144,29 +153,36 @@ def attention_forward(x: Tensor, qkv_weight: Tensor, qkv_bias: Tensor | None, ou
     return F.linear(torch.cat(heads, dim=-1), out_weight, out_bias)
 
 
-def attention(x: Tensor, qkv: tuple[Tensor, Tensor | None], out: tuple[Tensor, Tensor | None], grad_output: Tensor,
-              *, num_heads: int, num_kv_heads: int, layout: str) -> dict[str, Tensor]:
+def attention(
+    x: Tensor,
+    qkv: tuple[Tensor, Tensor | None],
+    out: tuple[Tensor, Tensor | None],
+    grad_output: Tensor,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    layout: str,
+) -> dict[str, Tensor]:
     """Forward and backward of the dense attention block: output, grad_input, grad_qkv_weight,
     grad_qkv_bias, grad_out_weight, grad_out_bias (biases only when given)."""
+
     def forward(x, qkv_weight, qkv_bias, out_weight, out_bias):
-        return attention_forward(x, qkv_weight, qkv_bias, out_weight, out_bias, num_heads=num_heads,
-                                 num_kv_heads=num_kv_heads, layout=layout)
-    return _autograd(forward, x, {"qkv_weight": qkv[0], "qkv_bias": qkv[1], "out_weight": out[0], "out_bias": out[1]},
-                     grad_output)
+        return attention_forward(x, qkv_weight, qkv_bias, out_weight, out_bias, num_heads=num_heads, num_kv_heads=num_kv_heads, layout=layout)
+
+    return _autograd(forward, x, {"qkv_weight": qkv[0], "qkv_bias": qkv[1], "out_weight": out[0], "out_bias": out[1]}, grad_output)
 
 
-def swiglu_forward(x: Tensor, gate_up_weight: Tensor, gate_up_bias: Tensor | None, down_weight: Tensor,
-                   down_bias: Tensor | None) -> Tensor:
+def swiglu_forward(x: Tensor, gate_up_weight: Tensor, gate_up_bias: Tensor | None, down_weight: Tensor, down_bias: Tensor | None) -> Tensor:
     gate, up = F.linear(x, gate_up_weight, gate_up_bias).chunk(2, dim=-1)
     return F.linear(F.silu(gate) * up, down_weight, down_bias)
 
 
-def swiglu(x: Tensor, gate_up: tuple[Tensor, Tensor | None], down: tuple[Tensor, Tensor | None],
-           grad_output: Tensor) -> dict[str, Tensor]:
+def swiglu(x: Tensor, gate_up: tuple[Tensor, Tensor | None], down: tuple[Tensor, Tensor | None], grad_output: Tensor) -> dict[str, Tensor]:
     """Forward and backward of the dense SwiGLU MLP: output, grad_input, grad_gate_up_weight,
     grad_gate_up_bias, grad_down_weight, grad_down_bias (biases only when given)."""
-    return _autograd(swiglu_forward, x, {"gate_up_weight": gate_up[0], "gate_up_bias": gate_up[1],
-                                         "down_weight": down[0], "down_bias": down[1]}, grad_output)
+    return _autograd(
+        swiglu_forward, x, {"gate_up_weight": gate_up[0], "gate_up_bias": gate_up[1], "down_weight": down[0], "down_bias": down[1]}, grad_output
+    )
 
 
 def atol(expected: Tensor) -> Tensor:

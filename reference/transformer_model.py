@@ -13,6 +13,7 @@ with microbatches of equal token counts that is this loss on the global batch, s
 shard is judged against is the gradient of ``loss`` here, the embedding's being the sum of its two
 uses. Never imports torch.distributed.
 """
+
 from __future__ import annotations
 
 import torch
@@ -28,11 +29,17 @@ def forward(params: dict[str, Tensor], tokens: Tensor, spec: dict) -> Tensor:
     h = F.embedding(tokens, params["embed.weight"])
     for b in range(spec["blocks"]):
         p = {key.removeprefix(f"blocks.{b}."): value for key, value in params.items() if key.startswith(f"blocks.{b}.")}
-        h = h + attention_forward(h, p["attn.qkv.weight"], p.get("attn.qkv.bias"), p["attn.out.weight"],
-                                  p.get("attn.out.bias"), num_heads=spec["heads"], num_kv_heads=spec["kv_heads"],
-                                  layout=spec["layout"])
-        h = h + swiglu_forward(h, p["mlp.gate_up.weight"], p.get("mlp.gate_up.bias"), p["mlp.down.weight"],
-                               p.get("mlp.down.bias"))
+        h = h + attention_forward(
+            h,
+            p["attn.qkv.weight"],
+            p.get("attn.qkv.bias"),
+            p["attn.out.weight"],
+            p.get("attn.out.bias"),
+            num_heads=spec["heads"],
+            num_kv_heads=spec["kv_heads"],
+            layout=spec["layout"],
+        )
+        h = h + swiglu_forward(h, p["mlp.gate_up.weight"], p.get("mlp.gate_up.bias"), p["mlp.down.weight"], p.get("mlp.down.bias"))
     return h @ params["embed.weight"].T
 
 

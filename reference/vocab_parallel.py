@@ -22,6 +22,7 @@ Tolerance: log-sum-exp evaluated in another order errs by about (V + 4) u (|m| +
 softmax, by (V + 4) u per element times the upstream gradient. Computed in float64 from the values
 given; results in their dtype. Never imports torch.distributed.
 """
+
 from __future__ import annotations
 
 import math
@@ -52,14 +53,14 @@ def padded_rows(table: Tensor, n: int, index: int) -> Tensor:
     """Rank ``index``'s rows of ``table`` [V, ...] padded with zero rows to V_pad."""
     each = -(-table.shape[0] // n)
     padded = table.new_zeros((each * n, *table.shape[1:]))
-    padded[:table.shape[0]] = table
-    return padded[index * each:(index + 1) * each].clone()
+    padded[: table.shape[0]] = table
+    return padded[index * each : (index + 1) * each].clone()
 
 
 def logits_shard(logits: Tensor, n: int, index: int) -> Tensor:
     """Rank ``index``'s columns of the padded logits [..., V_pad] (a copy)."""
     each = logits.shape[-1] // n
-    return logits[..., index * each:(index + 1) * each].clone()
+    return logits[..., index * each : (index + 1) * each].clone()
 
 
 def cross_entropy(logits: Tensor, targets: Tensor, vocab: int, grad_output: Tensor) -> dict[str, Tensor]:

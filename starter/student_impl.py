@@ -8,6 +8,7 @@ scores 0 as "not implemented" and nothing else breaks. CONTRACT.md says what eac
 function must do. Build the collectives from point-to-point messages (dist.send, dist.recv,
 dist.isend, dist.irecv): the communication audit checks that no backend collective is called.
 """
+
 from torch.distributed import ReduceOp
 
 
@@ -143,8 +144,7 @@ class DistributedSampler:
     indices (floor with drop_last), the epoch padded with repeats; the order depends on seed, epoch
     (``set_epoch``) and replica only."""
 
-    def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0, drop_last=False,
-                 consumed_samples=0):
+    def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0, drop_last=False, consumed_samples=0):
         # consumed_samples: the world's count of the current epoch already consumed (capability sampler_resume)
         raise NotImplementedError("DistributedSampler")
 
@@ -182,8 +182,7 @@ class ExpertParallelMoE:
     """Top-1 mixture of experts, E/n experts per rank; tokens travel by all-to-all with unequal splits."""
 
     @classmethod
-    def from_dense(cls, router, experts, group=None, top_k=1, compute_aux_loss=False, capacity_factor=None,
-                   sequence_parallel=False):
+    def from_dense(cls, router, experts, group=None, top_k=1, compute_aux_loss=False, capacity_factor=None, sequence_parallel=False):
         # top_k and compute_aux_loss (.aux_loss after forward): CONTRACT.md, capability moe_topk;
         # capacity_factor: moe_capacity; sequence_parallel (the router's gradient whole on every member):
         # moe_sequence_parallel
@@ -232,8 +231,7 @@ class TensorParallelAttention:
     each rank its query heads and their key/value heads (CONTRACT.md, capability tp_attention)."""
 
     @classmethod
-    def from_dense(cls, qkv, out, num_heads, num_kv_heads, group=None, sequence_parallel=False,
-                   qkv_layout="concatenated"):
+    def from_dense(cls, qkv, out, num_heads, num_kv_heads, group=None, sequence_parallel=False, qkv_layout="concatenated"):
         raise NotImplementedError("TensorParallelAttention")
 
 
@@ -262,8 +260,7 @@ def split_stages(model, num_stages):
     raise NotImplementedError("split_stages")
 
 
-def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="1f1b", group=None, placement=None,
-                  scale_grads=True):
+def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="1f1b", group=None, placement=None, scale_grads=True):
     """Run one training step of the pipeline; every stage parameter ends with the gradient of the
     mean over microbatches of the loss; the rank holding the last stage returns that loss. Zero
     bubble (capability zero_bubble): schedule="zb-h1", and callable schedules whose backward is

@@ -2,6 +2,7 @@
 installed fixture is in tests/conftest.py): the zip claims CLAIMED; TIER is Gradescope's 1.5 GB tier
 with a quota of two CPUs: the quota is read from inside as on the platform, while the runs can still
 use both cores of a busy machine (the tiers' CPU figures are perf's job)."""
+
 from __future__ import annotations
 
 from parallelism_conformance.harness.driver.gradescope import container, trial

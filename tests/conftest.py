@@ -1,4 +1,5 @@
 """Fixtures of the project's own tests."""
+
 from __future__ import annotations
 
 import subprocess
@@ -48,8 +49,7 @@ def installed():
     reason = container.unavailable(TIER)
     if reason:
         pytest.skip(f"no grading container can be emulated here: {reason}")
-    installed = trial.install(config.AutograderConfig(expects="student_impl.py", capability=CLAIMED,
-                                                      suite_version="test").check())
+    installed = trial.install(config.AutograderConfig(expects="student_impl.py", capability=CLAIMED, suite_version="test").check())
     yield installed
     trial.remove(installed)
 

@@ -2,6 +2,7 @@
 team's run does (``STEPS`` steps of AdamW at torch's default eps, whose update does not see a
 gradient's scale), a mutant's path and the loss check a team's CI runs (their pool of ranks:
 tests/conftest.py, ``training_pool``)."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,5 +1,6 @@
 """The communication audit's driver-side parts without any rank: the cost model's bounds against
 the algorithms they describe, and each rule of harness/driver/audit.py on hand-made records."""
+
 from __future__ import annotations
 
 import math
@@ -16,12 +17,25 @@ from parallelism_conformance.reference import cost_model
 from parallelism_conformance.reference.collectives import DTYPES
 
 
-def record(op, rank=0, group=(0, 1), numel=10, itemsize=4, out_numel=None, peer=None, root=None, dtype="float32",
-           splits=None, phase=None):
+def record(op, rank=0, group=(0, 1), numel=10, itemsize=4, out_numel=None, peer=None, root=None, dtype="float32", splits=None, phase=None):
     out_numel = numel if out_numel is None else out_numel
-    return {"op": op, "group": list(group), "rank": rank, "dtype": dtype, "itemsize": itemsize, "numel": numel,
-            "bytes": numel * itemsize, "out_numel": out_numel, "out_bytes": out_numel * itemsize, "peer": peer,
-            "root": root, "reduce_op": None, "splits": splits, "tag": 0, "phase": phase}
+    return {
+        "op": op,
+        "group": list(group),
+        "rank": rank,
+        "dtype": dtype,
+        "itemsize": itemsize,
+        "numel": numel,
+        "bytes": numel * itemsize,
+        "out_numel": out_numel,
+        "out_bytes": out_numel * itemsize,
+        "peer": peer,
+        "root": root,
+        "reduce_op": None,
+        "splits": splits,
+        "tag": 0,
+        "phase": phase,
+    }
 
 
 # ----------------------------------------------------------------------------------- cost model
@@ -131,13 +145,17 @@ def test_a_bucket_may_pass_the_cap_only_by_the_parameter_that_closes_it():
 
 
 def test_overlap_needs_communication_before_backward_ends():
-    deferred = {0: [record("allreduce", phase="finish")], 1: [record("send", phase="backward", peer=0)],
-                2: [record("allreduce", phase="last_gradient")]}  # every bucket launched by the last gradient's hook
+    deferred = {
+        0: [record("allreduce", phase="finish")],
+        1: [record("send", phase="backward", peer=0)],
+        2: [record("allreduce", phase="last_gradient")],
+    }  # every bucket launched by the last gradient's hook
     violations = audit.starts_during_backward(deferred, "why")
     assert len(violations) == 2
     assert violations[0].startswith("rank 0: no communication started while backward still computed gradients")
-    assert violations[1].startswith("rank 2: no communication started while backward still computed gradients "
-                                    "(1 call(s) launched at the last gradient")
+    assert violations[1].startswith(
+        "rank 2: no communication started while backward still computed gradients (1 call(s) launched at the last gradient"
+    )
 
 
 def test_bytes_the_kernel_counted_beyond_the_records_are_reported():
@@ -153,13 +171,14 @@ def test_bytes_are_attributed_to_link_classes_and_a_tp_group_across_hosts_is_nam
 
     layout = HostLayout.parse("2x4")
     assert layout.host_of(3) == 0 and layout.host_of(4) == 1 and layout.link(1, 5) == ACROSS
-    records = {0: [record("send", numel=10, peer=1), record("send", numel=5, peer=4),
-                   record("allreduce", group=(0, 4), numel=8)]}
+    records = {0: [record("send", numel=10, peer=1), record("send", numel=5, peer=4), record("allreduce", group=(0, 4), numel=8)]}
     by_link = audit.bytes_by_link(records, layout)
     assert by_link[0] == {WITHIN: 40, ACROSS: 20 + cost_model.all_reduce(2, 8, 4)}
     violations = audit.groups_within_hosts([[0, 1, 2, 3], [0, 4]], layout, "tensor-parallel")
-    assert violations == ["tensor-parallel group [0, 4] spans hosts [0, 1] on 2 hosts x 4 ranks, though 2 ranks fit "
-                          "on one host: it belongs on the fast links within a host"]
+    assert violations == [
+        "tensor-parallel group [0, 4] spans hosts [0, 1] on 2 hosts x 4 ranks, though 2 ranks fit "
+        "on one host: it belongs on the fast links within a host"
+    ]
     assert audit.groups_within_hosts([list(range(8))], layout, "tensor-parallel") == []  # cannot fit one host
     with pytest.raises(ValueError, match="HOSTSxRANKS_PER_HOST"):
         HostLayout.parse("2-4")
@@ -189,16 +208,24 @@ def test_bytes_are_charged_to_the_mesh_axis_they_travel_along_and_the_link_they_
 
     grid, layout = Mesh(2, 1, 2), HostLayout(2, 2)
     axes = {axis: grid.groups(axis) for axis in ("tp", "pp", "dp")}
-    records = {0: [record("send", peer=1, numel=3, group=(0, 1, 2, 3)), record("send", peer=2, numel=5, group=(0, 2)),
-                   record("send", peer=3, numel=7, group=(0, 1, 2, 3)), record("allreduce", group=(0, 1), numel=8),
-                   record("recv", peer=2, numel=100, group=(0, 2))]}
+    records = {
+        0: [
+            record("send", peer=1, numel=3, group=(0, 1, 2, 3)),
+            record("send", peer=2, numel=5, group=(0, 2)),
+            record("send", peer=3, numel=7, group=(0, 1, 2, 3)),
+            record("allreduce", group=(0, 1), numel=8),
+            record("recv", peer=2, numel=100, group=(0, 2)),
+        ]
+    }
     by_axis = audit.bytes_by_axis(records, layout, axes)
     assert by_axis[0]["tp"] == {WITHIN: 3 * 4 + cost_model.all_reduce(2, 8, 4), ACROSS: 0}
     assert by_axis[0]["pp"] == {WITHIN: 0, ACROSS: 20}
     assert by_axis[0]["other"] == {WITHIN: 0, ACROSS: 28} and by_axis[0]["dp"] == {WITHIN: 0, ACROSS: 0}
-    assert audit.link_report(by_axis) == (f"tp: {12 + cost_model.all_reduce(2, 8, 4)} B {WITHIN}, 0 B {ACROSS}; "
-                                          f"pp: 0 B {WITHIN}, 20 B {ACROSS}; dp: 0 B {WITHIN}, 0 B {ACROSS}; "
-                                          f"other: 0 B {WITHIN}, 28 B {ACROSS}")
+    assert audit.link_report(by_axis) == (
+        f"tp: {12 + cost_model.all_reduce(2, 8, 4)} B {WITHIN}, 0 B {ACROSS}; "
+        f"pp: 0 B {WITHIN}, 20 B {ACROSS}; dp: 0 B {WITHIN}, 0 B {ACROSS}; "
+        f"other: 0 B {WITHIN}, 28 B {ACROSS}"
+    )
 
 
 def test_a_mesh_lays_out_pp_outermost_and_tp_innermost():

@@ -3,6 +3,7 @@ unpacks it, installed by its setup.sh, and its run_autograder run on submissions
 grading container (harness/driver/gradescope/container.py: Docker's default capabilities, a CPU
 quota, a memory limit, no network), each on a small claimed subset so the test command stays fast.
 The full tier table is a benchmark (perf/test_grading_tiers.py), not a test."""
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,7 @@ def _statuses(results: dict) -> set[str]:
 def test_a_correct_submission_gets_full_marks_in_the_container_within_the_courses_time_limit(installed):
     # in a subfolder, as a zip of a folder arrives; the course's limit of 5 minutes sets the budget;
     # broadcast only (2 tests), to keep the test command short
-    outcome, results, _ = grade(installed, {"hw2/student_impl.py": CORRECT},
-                                settings={"time_limit_s": 300, "capability": "broadcast"})
+    outcome, results, _ = grade(installed, {"hw2/student_impl.py": CORRECT}, settings={"time_limit_s": 300, "capability": "broadcast"})
     assert outcome.returncode == 0, outcome.stdout[-3000:] + outcome.stderr[-3000:]
     assert "graded hw2/student_impl.py" in outcome.stdout, outcome.stdout[:2000]
     assert results["extra_data"]["complete"], results["output"]
@@ -49,8 +49,7 @@ def test_a_correct_submission_gets_full_marks_in_the_container_within_the_course
 
 
 def test_the_starter_scores_zero_with_every_test_not_implemented(installed):
-    outcome, results, _ = grade(installed, {"student_impl.py": ROOT / "starter" / "student_impl.py"},
-                                settings={"capability": "broadcast"})
+    outcome, results, _ = grade(installed, {"student_impl.py": ROOT / "starter" / "student_impl.py"}, settings={"capability": "broadcast"})
     assert results["score"] == 0 and results["max_score"] == 4.0 and results["extra_data"]["complete"]
     assert _statuses(results) == {"failed"}
     outputs = [test["output"] for test in results["tests"]]
@@ -76,7 +75,7 @@ def test_an_import_error_is_one_failed_test_raised_in_a_contained_import(install
     witness = Path(tempfile.mkdtemp(prefix="conformance-import-"))
     os.chmod(witness, 0o755)
     (witness / "uid").touch(mode=0o666)  # the contained import writes who it ran as here: root's file, so
-    os.chmod(witness / "uid", 0o666)     # the sweep (which removes what the import's uid made) keeps it
+    os.chmod(witness / "uid", 0o666)  # the sweep (which removes what the import's uid made) keeps it
     source = f"import os\nopen('{witness}/uid', 'w').write(str(os.getuid()))\nimport no_such_module\n"
     _, results, _ = grade(installed, {"student_impl.py": source})
     [test] = results["tests"]
@@ -103,9 +102,12 @@ def test_a_rank_that_tries_to_become_root_stays_unprivileged_and_cannot_forge_th
     os.chmod(log.parent, 0o755)
     log.touch()
     os.chmod(log, 0o666)
-    outcome, results, _ = grade(installed, {"student_impl.py": FIXTURES / "escaping_impl.py"},
-                                   env={"ESCAPE_LOG": str(log), "ESCAPE_REPORT": "{root}/results"},
-                                   settings={"capability": "broadcast"})  # its broadcast tries it all too
+    outcome, results, _ = grade(
+        installed,
+        {"student_impl.py": FIXTURES / "escaping_impl.py"},
+        env={"ESCAPE_LOG": str(log), "ESCAPE_REPORT": "{root}/results"},
+        settings={"capability": "broadcast"},
+    )  # its broadcast tries it all too
     attempts = log.read_text()
     # a contained rank starts no process (harness/rank/syscall_filter.py): the forger never runs
     assert "become root: PermissionError" in attempts and "detach: PermissionError" in attempts, attempts
@@ -120,8 +122,7 @@ def test_a_rank_that_tries_to_become_root_stays_unprivileged_and_cannot_forge_th
 
 # ------------------------------------------------------------------ without a container: fast checks
 def test_the_zip_is_the_same_bytes_for_the_same_choices_and_carries_them(tmp_path):
-    chosen = config.AutograderConfig(expects="hw/impl.py", capability="collectives,audit", time_limit_s=900,
-                                     points_possible=100).check()
+    chosen = config.AutograderConfig(expects="hw/impl.py", capability="collectives,audit", time_limit_s=900, points_possible=100).check()
     first = build.build(chosen, ROOT / chosen.rubric, tmp_path / "a.zip")
     assert build.build(chosen, ROOT / chosen.rubric, tmp_path / "b.zip") == first
     with zipfile.ZipFile(tmp_path / "a.zip") as archive:
@@ -132,13 +133,16 @@ def test_the_zip_is_the_same_bytes_for_the_same_choices_and_carries_them(tmp_pat
         assert config.AutograderConfig(**json.loads(archive.read("autograder.json"))) == chosen
 
 
-@pytest.mark.parametrize("choices, words", [
-    (dict(expects="impl.txt"), "expected a .py file"),
-    (dict(expects="../impl.py"), "expected a .py file"),
-    (dict(expects="impl.py", capability="collectivez"), "no capability or group 'collectivez'"),
-    (dict(expects="impl.py", time_limit_s=3600), "60 to 2400 seconds"),
-    (dict(expects="impl.py", contain_ranks="maybe"), "contain_ranks"),
-])
+@pytest.mark.parametrize(
+    "choices, words",
+    [
+        (dict(expects="impl.txt"), "expected a .py file"),
+        (dict(expects="../impl.py"), "expected a .py file"),
+        (dict(expects="impl.py", capability="collectivez"), "no capability or group 'collectivez'"),
+        (dict(expects="impl.py", time_limit_s=3600), "60 to 2400 seconds"),
+        (dict(expects="impl.py", contain_ranks="maybe"), "contain_ranks"),
+    ],
+)
 def test_a_bad_choice_is_refused_naming_it(choices, words):
     with pytest.raises(config.ConfigError, match=re.escape(words)):
         config.AutograderConfig(**choices).check()
@@ -166,8 +170,7 @@ def test_the_submission_is_found_where_students_put_it(tmp_path):
     (repository / "tests" / "adapters.py").write_text("")
     found = precheck.locate(tmp_path, config.AutograderConfig(expects=config.CS336))
     assert found.impl == "parallelism_conformance.adapters.cs336" and found.env == {"CS336_SUBMISSION": str(repository)}
-    assert "tests/adapters.py at its root" in precheck.locate(tmp_path / "a", config.AutograderConfig(
-        expects=config.CS336)).message
+    assert "tests/adapters.py at its root" in precheck.locate(tmp_path / "a", config.AutograderConfig(expects=config.CS336)).message
 
 
 def test_the_budget_leaves_the_platform_time_to_start_and_report():
@@ -182,8 +185,9 @@ def test_the_autograder_draws_the_examples_a_students_checkout_draws(installed):
     """The grade a student reproduces is the grade they got: the autograder's Python (setup.sh, from
     the lock) and this checkout's (scripts/bootstrap.sh, from the same lock) draw the same examples."""
     command = ["-m", "parallelism_conformance.harness.driver.gradescope.draws", "30"]
-    autograder = subprocess.run([str(installed.venv / "bin" / "python"), *command], cwd=installed.base / "source",
-                                capture_output=True, text=True, timeout=300)
+    autograder = subprocess.run(
+        [str(installed.venv / "bin" / "python"), *command], cwd=installed.base / "source", capture_output=True, text=True, timeout=300
+    )
     checkout = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert autograder.returncode == checkout.returncode == 0, autograder.stderr[-2000:] + checkout.stderr[-2000:]
     drawn = autograder.stdout.splitlines()
@@ -191,12 +195,15 @@ def test_the_autograder_draws_the_examples_a_students_checkout_draws(installed):
     assert drawn == checkout.stdout.splitlines()
 
 
-@pytest.mark.parametrize("lines, words", [
-    (["einops>=0.8"], "expected a pinned package"),
-    (["--index-url https://example.org"], "expected a pinned package"),
-    (["torch==2.5.0"], "requirements.lock pins torch=="),
-    (["einops==0.8.2", "Einops==0.8.1"], "Einops is named twice"),
-])
+@pytest.mark.parametrize(
+    "lines, words",
+    [
+        (["einops>=0.8"], "expected a pinned package"),
+        (["--index-url https://example.org"], "expected a pinned package"),
+        (["torch==2.5.0"], "requirements.lock pins torch=="),
+        (["einops==0.8.2", "Einops==0.8.1"], "Einops is named twice"),
+    ],
+)
 def test_a_courses_package_that_is_not_pinned_or_changes_the_lock_is_refused(tmp_path, lines, words):
     (tmp_path / "course.txt").write_text("# the course's packages\n" + "\n".join(lines) + "\n")
     with pytest.raises(config.ConfigError, match=re.escape(words)):
@@ -207,8 +214,13 @@ def build_arguments(*words: str):
     import argparse
 
     parser = argparse.ArgumentParser()
-    for option, default in (("--expects", "student_impl.py"), ("--capability", None), ("--rubric", None),
-                            ("--requirements", None), ("--points-possible", None)):
+    for option, default in (
+        ("--expects", "student_impl.py"),
+        ("--capability", None),
+        ("--rubric", None),
+        ("--requirements", None),
+        ("--points-possible", None),
+    ):
         parser.add_argument(option, default=default)
     parser.add_argument("--time-limit-minutes", type=float, default=10)
     parser.add_argument("--contain-ranks", default="yes")

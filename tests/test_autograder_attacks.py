@@ -15,6 +15,7 @@ model):
 Classes 1, 3 (descriptors), 4 (replies) and 5 share one grading run of one hostile submission
 (tests/fixtures/grade_never_earned_impl.py), each checked by a test of its own.
 """
+
 from __future__ import annotations
 
 import json
@@ -53,9 +54,12 @@ def hostile(installed):
     witness = Path("/dev/shm") / name
     witness.write_text("root's, and no contained rank may delete it\n")
     os.chmod(witness, 0o644)
-    outcome, results, _ = grade(installed, {"student_impl.py": FIXTURES / "grade_never_earned_impl.py"},
-                                env={"HOSTILE_LOG": str(log), "HOSTILE_SHM_NAME": name},
-                                settings={"capability": HOSTILE_CLAIM})
+    outcome, results, _ = grade(
+        installed,
+        {"student_impl.py": FIXTURES / "grade_never_earned_impl.py"},
+        env={"HOSTILE_LOG": str(log), "HOSTILE_SHM_NAME": name},
+        settings={"capability": HOSTILE_CLAIM},
+    )
     attempts = log.read_text().splitlines()
     yield outcome, results, attempts, witness
     for line in attempts:  # whatever a failed sweep left, so that one failure does not fill the disk
@@ -79,15 +83,21 @@ def test_class_1_the_backend_probe_runs_in_a_world_that_never_imported_the_imple
     value_tests = _tests(results, "test_all_reduce[")
     assert len(value_tests) == 8, [t["name"] for t in results["tests"]]
     assert all(test["status"] == "failed" and "exited with code 7" in test["output"] for test in value_tests), [
-        (test["name"], test["output"][:200]) for test in value_tests]
+        (test["name"], test["output"][:200]) for test in value_tests
+    ]
     assert sum(test["score"] for test in results["tests"] if "all_reduce" in test["name"]) == 0, results["output"]
 
 
 # How each way of hiding an all_reduce's traffic ends: "counted" (the audit sees the bytes and fails
 # the test), or "refused" (the call that would hide them fails in the rank, which then fails the test)
 HIDING = {
-    "inflated_output": ["ftruncate stdout: OSError", "fallocate stdout: OSError", "pwrite past the end: OSError",
-                        "vmsplice into stdout: PermissionError", "splice into stdout: PermissionError"],
+    "inflated_output": [
+        "ftruncate stdout: OSError",
+        "fallocate stdout: OSError",
+        "pwrite past the end: OSError",
+        "vmsplice into stdout: PermissionError",
+        "splice into stdout: PermissionError",
+    ],
     "store": [" B: done"],  # "store set of N B: done": the send went out
     "datagram": ["sendto: PermissionError"],
 }
@@ -106,9 +116,13 @@ def test_class_2_traffic_around_the_recorder_is_counted_or_refused(how):
     log = base / "attempts.log"
     log.touch()
     os.chmod(log, 0o666)
-    outcome = suite_in_container(str(SYSTEM_PYTHON), str(_FIXTURES / "hidden_traffic_impl.py"),
-                                 test_file="conformance/audit", selected="test_point_to_point_only and all_reduce",
-                                 env={"HIDE_HOW": how, "HIDE_LOG": str(log)})
+    outcome = suite_in_container(
+        str(SYSTEM_PYTHON),
+        str(_FIXTURES / "hidden_traffic_impl.py"),
+        test_file="conformance/audit",
+        selected="test_point_to_point_only and all_reduce",
+        env={"HIDE_HOW": how, "HIDE_LOG": str(log)},
+    )
     attempts = log.read_text()
     shutil.rmtree(base)
     assert outcome.returncode == 1, outcome.stdout[-3000:]
@@ -189,8 +203,7 @@ def test_the_correct_submission_is_not_left_out_by_staging(tmp_path):
     try:
         assert (staged / "hw" / "student_impl.py").read_text() == CORRECT
         assert (staged / "hw" / "sub" / "notes.txt").read_bytes() == b"\x00\x01"
-        assert sorted(left_out) == ["fifo (not a regular file)", "link.py (a symbolic link: only regular files are "
-                                    "graded)"], left_out
+        assert sorted(left_out) == ["fifo (not a regular file)", "link.py (a symbolic link: only regular files are graded)"], left_out
         assert precheck.locate(staged, config.AutograderConfig(expects="student_impl.py")).note
     finally:
         shutil.rmtree(staged)

@@ -1,5 +1,6 @@
 """Which backend each world size runs on (harness/driver/backends.py), with the GPU count faked: the GPU
 runner's logic is tested on machines without a GPU."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,15 +9,18 @@ from parallelism_conformance.harness.driver.backends import BackendChoiceError, 
 from parallelism_conformance.harness.driver.pool import WorldPool
 
 
-@pytest.mark.parametrize("requested, gpus, asked, by_size", [
-    ("auto", 0, 4, ("gloo",) * 4),
-    ("auto", 1, 4, ("nccl", "gloo", "gloo", "gloo")),
-    ("auto", 2, 4, ("nccl", "nccl", "gloo", "gloo")),
-    ("auto", 8, 4, ("nccl",) * 4),
-    ("nccl", 2, 4, ("nccl", "nccl")),
-    ("nccl", 1, 8, ("nccl",)),
-    ("gloo", 8, 3, ("gloo",) * 3),
-])
+@pytest.mark.parametrize(
+    "requested, gpus, asked, by_size",
+    [
+        ("auto", 0, 4, ("gloo",) * 4),
+        ("auto", 1, 4, ("nccl", "gloo", "gloo", "gloo")),
+        ("auto", 2, 4, ("nccl", "nccl", "gloo", "gloo")),
+        ("auto", 8, 4, ("nccl",) * 4),
+        ("nccl", 2, 4, ("nccl", "nccl")),
+        ("nccl", 1, 8, ("nccl",)),
+        ("gloo", 8, 3, ("gloo",) * 3),
+    ],
+)
 def test_each_world_size_gets_one_backend(requested, gpus, asked, by_size):
     plan = BackendPlan.resolve(requested, gpus, asked)
     assert plan.by_size == by_size
@@ -32,8 +36,7 @@ def test_a_one_gpu_runner_still_tests_every_world_size_and_says_where():
 def test_nccl_only_names_the_worlds_it_cannot_draw_and_why():
     plan = BackendPlan.resolve("nccl", 2, 4)
     assert plan.not_drawn() == "worlds 3-4 not drawn: 2 GPUs visible, --backend nccl"
-    assert plan.coverage() == ("worlds 1-2 on nccl (one GPU per rank, 2 visible); "
-                               "worlds 3-4 not drawn: 2 GPUs visible, --backend nccl")
+    assert plan.coverage() == ("worlds 1-2 on nccl (one GPU per rank, 2 visible); worlds 3-4 not drawn: 2 GPUs visible, --backend nccl")
     with pytest.raises(ValueError, match="a world of 3 ranks is not drawn"):
         plan.backend(3)
 
@@ -44,11 +47,14 @@ def test_a_run_with_no_world_of_two_says_nothing_distributed_is_tested():
     assert plan.coverage().endswith("no world of 2 or more ranks: nothing distributed is tested")
 
 
-@pytest.mark.parametrize("requested, gpus, asked, message", [
-    ("nccl", 0, 4, "--backend nccl needs at least one visible GPU; none is visible"),
-    ("mpi", 0, 4, "--backend must be auto, gloo or nccl"),
-    ("auto", 0, 0, "--max-world-size must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "requested, gpus, asked, message",
+    [
+        ("nccl", 0, 4, "--backend nccl needs at least one visible GPU; none is visible"),
+        ("mpi", 0, 4, "--backend must be auto, gloo or nccl"),
+        ("auto", 0, 0, "--max-world-size must be at least 1"),
+    ],
+)
 def test_what_the_machine_cannot_give_is_refused(requested, gpus, asked, message):
     with pytest.raises(BackendChoiceError, match=message):
         BackendPlan.resolve(requested, gpus, asked)
@@ -77,8 +83,7 @@ def test_a_torch_older_than_any_the_suite_ran_on_is_named_in_the_header():
 
     assert older_torch_warning("2.13.0+cpu") is None and older_torch_warning("2.11.0+cu130") is None
     assert older_torch_warning("3.0.0") is None
-    assert "torch 2.4.1+cu121 is older than the oldest torch this suite is tested on (2.11)" in older_torch_warning(
-        "2.4.1+cu121")
+    assert "torch 2.4.1+cu121 is older than the oldest torch this suite is tested on (2.11)" in older_torch_warning("2.4.1+cu121")
     assert older_torch_warning("2.10.0a0+git123") is not None
 
 

@@ -2,6 +2,7 @@
 what a rank prints (ranks of a correct all_reduce that printed 1 GiB each got the driver OOM-killed
 in a 3 GiB container, results.json holding 0 tests), the log files on disk stay bounded, and a rank
 the kernel's out-of-memory killer killed is reported as that, not as "killed by SIGKILL"."""
+
 from __future__ import annotations
 
 import io
@@ -30,8 +31,7 @@ MiB = 1 << 20
 
 
 def all_reduce_task(n: int) -> list[dict]:
-    return [{"function": "all_reduce", "arguments": {"tensor": torch.full((4,), float(r + 1)), "op": "SUM"},
-             "group": None} for r in range(n)]
+    return [{"function": "all_reduce", "arguments": {"tensor": torch.full((4,), float(r + 1)), "op": "SUM"}, "group": None} for r in range(n)]
 
 
 def chatty_impl(folder: Path, bytes_per_call: int, calls: int = 0, then: str = "") -> str:
@@ -40,14 +40,16 @@ def chatty_impl(folder: Path, bytes_per_call: int, calls: int = 0, then: str = "
     A file of its own, not the fixture's environment variables: the forkserver's environment is
     the one of the first pool this pytest process started."""
     path = folder / f"chatty_{bytes_per_call}_{calls}_{secrets.token_hex(3)}.py"
-    path.write_text(f"import sys\nsys.path.insert(0, {str(FIXTURES)!r})\nimport chatty_impl\n"
-                    f"chatty_impl.BYTES, chatty_impl.CALLS = {bytes_per_call}, {calls}\n"
-                    "from chatty_impl import *\n"
-                    "import torch.distributed as dist\n"
-                    "def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):\n"
-                    "    chatty_impl._chatter()\n"
-                    f"    {then or 'pass'}\n"
-                    "    return chatty_impl.impls.all_reduce(tensor, op=op, group=group, async_op=async_op)\n")
+    path.write_text(
+        f"import sys\nsys.path.insert(0, {str(FIXTURES)!r})\nimport chatty_impl\n"
+        f"chatty_impl.BYTES, chatty_impl.CALLS = {bytes_per_call}, {calls}\n"
+        "from chatty_impl import *\n"
+        "import torch.distributed as dist\n"
+        "def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):\n"
+        "    chatty_impl._chatter()\n"
+        f"    {then or 'pass'}\n"
+        "    return chatty_impl.impls.all_reduce(tensor, op=op, group=group, async_op=async_op)\n"
+    )
     return str(path)
 
 
@@ -137,8 +139,10 @@ def test_a_chatty_rank_is_counted_exactly_kept_bounded_and_its_log_emptied_then_
         assert all(f"[... {left_out} bytes of this rank's output left out ...]" in log for log in result.logs)
         # the audit's count subtracts the captured output: exact, so the chatty task's unexplained
         # bytes are those of the quiet one (the same messages), not 3 MiB more or less
-        assert all(abs(loud - calm) < 256 for loud, calm in zip(result.bytes_written, quiet.bytes_written)), \
-            (result.bytes_written, quiet.bytes_written)
+        assert all(abs(loud - calm) < 256 for loud, calm in zip(result.bytes_written, quiet.bytes_written)), (
+            result.bytes_written,
+            quiet.bytes_written,
+        )
         logs = [rank.log_path for rank in world._ranks]
         pool.run(2, CALL, all_reduce_task(2), impl="parallelism_conformance.impls")  # the gloo stray check ran already: emptied
         assert all(os.path.getsize(path) == 0 for path in logs)
@@ -146,8 +150,7 @@ def test_a_chatty_rank_is_counted_exactly_kept_bounded_and_its_log_emptied_then_
 
 
 def test_a_chatty_rank_that_fails_is_reported_with_its_last_lines_and_the_count_left_out(tmp_path):
-    impl = chatty_impl(tmp_path, 2 * MiB, then="print('the end of rank', dist.get_rank()); "
-                                               "assert dist.get_rank() == 0, 'loud'")
+    impl = chatty_impl(tmp_path, 2 * MiB, then="print('the end of rank', dist.get_rank()); assert dist.get_rank() == 0, 'loud'")
     with WorldPool("gloo", timeout_s=10.0) as pool:
         with pytest.raises(RanksCrashed) as caught:  # rank 1 raised, rank 0 hung in the all_reduce
             pool.run(2, CALL, all_reduce_task(2), impl=impl)
@@ -158,9 +161,11 @@ def test_a_chatty_rank_that_fails_is_reported_with_its_last_lines_and_the_count_
 
 # ------------------------------------------------------------------------- the OOM killer's count
 V1_PROC_CGROUP = "9:name=systemd:/\n4:memory:/docker/abc\n3:cpuset:/\n0::/\n"
-V1_MOUNTINFO = ("31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
-                "35 31 0:32 /docker/abc /sys/fs/cgroup/memory rw,relatime shared:9 - cgroup cgroup rw,memory\n"
-                "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n")
+V1_MOUNTINFO = (
+    "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
+    "35 31 0:32 /docker/abc /sys/fs/cgroup/memory rw,relatime shared:9 - cgroup cgroup rw,memory\n"
+    "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n"
+)
 V2_MOUNTINFO = "29 23 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
 
 
@@ -185,8 +190,10 @@ def test_the_oom_kill_count_and_the_limit_are_read_from_the_cgroups_files():
     assert memory_cgroup.v1_limit("hierarchical_memory_limit 9223372036854771712\n") is None
     assert memory_cgroup.v2_limit(["max\n", "3221225472\n", "4294967296\n"]) == 3 << 30
     assert memory_cgroup.v2_limit(["max\n"]) is None
-    assert memory_cgroup.describe_oom_kill(1536 * MiB) == \
-        "was killed by the kernel's out-of-memory killer (the container's memory limit is 1536 MiB)"
+    assert (
+        memory_cgroup.describe_oom_kill(1536 * MiB)
+        == "was killed by the kernel's out-of-memory killer (the container's memory limit is 1536 MiB)"
+    )
     assert "sets no limit" in memory_cgroup.describe_oom_kill(None)
 
 
@@ -222,24 +229,41 @@ def test_a_sigkill_while_the_oom_kill_count_rose_is_reported_as_out_of_memory(tm
     rank = dead_rank(group, -9)
     assert rank.describe_exit() == "was killed by SIGKILL (exit code -9)"  # the count did not rise
     fake_v1_group(tmp_path / "group", kills=3)
-    assert rank.describe_exit() == \
-        "was killed by the kernel's out-of-memory killer (the container's memory limit is 1536 MiB)"
+    assert rank.describe_exit() == "was killed by the kernel's out-of-memory killer (the container's memory limit is 1536 MiB)"
     assert dead_rank(fake_v1_group(tmp_path / "other", kills=0), -11).describe_exit().startswith("was killed by SIGSEGV")
 
 
 # ---------------------------------------------------------------------- the suite in a subprocess
-def run_suite(impl: str, report: Path, *args: str, env: dict | None = None, cgroup: Path | None = None,
-              profile: str = "brief") -> subprocess.CompletedProcess:
+def run_suite(
+    impl: str, report: Path, *args: str, env: dict | None = None, cgroup: Path | None = None, profile: str = "brief"
+) -> subprocess.CompletedProcess:
     """The all_reduce SUM test of the suite as a grader runs it, in a pytest subprocess that reports
     its own peak memory (tests/fixtures/peak_memory_plugin.py) to ``report``/peak.json; started in
     the v1 memory cgroup ``cgroup`` when given (the shell moves itself in, then becomes pytest)."""
-    command = [sys.executable, "-m", "pytest", "conformance/test_collectives.py", "-q", "-p", "no:cacheprovider",
-               "-p", "peak_memory_plugin", "-k", "test_all_reduce and SUM", "--impl", impl,
-               f"--hypothesis-profile={profile}", "--report-dir", str(report), *args]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "conformance/test_collectives.py",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "peak_memory_plugin",
+        "-k",
+        "test_all_reduce and SUM",
+        "--impl",
+        impl,
+        f"--hypothesis-profile={profile}",
+        "--report-dir",
+        str(report),
+        *args,
+    ]
     if cgroup is not None:
         command = ["sh", "-c", f'echo $$ > "{cgroup}/cgroup.procs" && exec "$@"', "sh", *command]
-    environment = dict(os.environ, PYTHONPATH=os.pathsep.join([str(FIXTURES), str(ROOT)]),
-                       PEAK_MEMORY_FILE=str(report / "peak.json"), **(env or {}))
+    environment = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(FIXTURES), str(ROOT)]), PEAK_MEMORY_FILE=str(report / "peak.json"), **(env or {})
+    )
     report.mkdir(parents=True, exist_ok=True)
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, env=environment)
 
@@ -250,8 +274,7 @@ def test_a_chatty_correct_all_reduce_passes_and_the_drivers_memory_stays_bounded
     # decoded all of it); the bound is half of what one rank printed in one task.
     printed = 200 * MiB
     started = time.monotonic()
-    result = run_suite(str(FIXTURES / "chatty_impl.py"), tmp_path,
-                       env={"CHATTY_BYTES": str(printed), "CHATTY_CALLS": "1"})
+    result = run_suite(str(FIXTURES / "chatty_impl.py"), tmp_path, env={"CHATTY_BYTES": str(printed), "CHATTY_CALLS": "1"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["extra_data"]["complete"] and results["tests"], results
@@ -296,8 +319,7 @@ def remove_group(group: Path) -> None:
     group.rmdir()
 
 
-@pytest.mark.skipif(writable_memory_cgroup() is None,
-                    reason="needs root and a cgroup v1 memory controller that accepts new groups")
+@pytest.mark.skipif(writable_memory_cgroup() is None, reason="needs root and a cgroup v1 memory controller that accepts new groups")
 def test_a_rank_killed_for_memory_is_reported_as_out_of_memory_and_the_report_is_complete(tmp_path):
     # 1.5 GiB: the quiet run of the same test peaked at 468 MB in its cgroup here (the driver, the
     # forkserver and the ranks, whose pages shared with the forkserver are charged once); the last

@@ -1,5 +1,6 @@
 """What the command hands pytest (parallelism_conformance/cli.py): paths against the directory it
 runs in, names kept as names, the suite's own folder for conformance/ test paths, no ini file read."""
+
 import os
 from pathlib import Path
 

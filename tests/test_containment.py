@@ -1,6 +1,7 @@
 """Contained ranks under a container's capabilities (issue 27): whatever capability set the driver
 starts with, a contained rank keeps nothing that gives root back, and where it cannot be contained
 the grading profile refuses to run it instead of running it with the grader's rights."""
+
 from __future__ import annotations
 
 import ctypes
@@ -19,9 +20,17 @@ from tests.contained_suite import FIXTURES, SYSTEM_PYTHON, needs_emulation, need
 
 
 def contained_status(**changes) -> dict[str, str]:
-    status = {"Uid": "1234\t1234\t1234\t1234", "Gid": "1234\t1234\t1234\t1234", "Groups": "", "CapInh": "0" * 16,
-              "CapPrm": "0" * 16, "CapEff": "0" * 16, "CapBnd": "00000000a80425fb", "CapAmb": "0" * 16,
-              "NoNewPrivs": "1"}
+    status = {
+        "Uid": "1234\t1234\t1234\t1234",
+        "Gid": "1234\t1234\t1234\t1234",
+        "Groups": "",
+        "CapInh": "0" * 16,
+        "CapPrm": "0" * 16,
+        "CapEff": "0" * 16,
+        "CapBnd": "00000000a80425fb",
+        "CapAmb": "0" * 16,
+        "NoNewPrivs": "1",
+    }
     return {**status, **changes}
 
 
@@ -77,8 +86,13 @@ def test_under_dockers_capabilities_a_rank_cannot_become_root_or_forge_the_grade
     log, report = base / "escape.log", base / "out"
     log.touch()
     os.chmod(log, 0o666)
-    outcome = suite_in_container(str(SYSTEM_PYTHON), str(FIXTURES / "escaping_impl.py"), "--report-dir", str(report),
-                                 env={"ESCAPE_LOG": str(log), "ESCAPE_REPORT": str(report)})
+    outcome = suite_in_container(
+        str(SYSTEM_PYTHON),
+        str(FIXTURES / "escaping_impl.py"),
+        "--report-dir",
+        str(report),
+        env={"ESCAPE_LOG": str(log), "ESCAPE_REPORT": str(report)},
+    )
     assert outcome.returncode == 1, outcome.stdout[-3000:] + outcome.stderr[-2000:]
     attempts = log.read_text()
     # a contained rank starts no process (harness/rank/syscall_filter.py); the sweep's kill of one that
@@ -95,8 +109,10 @@ def test_under_dockers_capabilities_a_rank_cannot_become_root_or_forge_the_grade
 
 
 @needs_emulation
-@pytest.mark.skipif(world_readable(Path(os.path.realpath(os.__file__))),
-                    reason="this Python is world-readable: a contained rank can import it, nothing to refuse")
+@pytest.mark.skipif(
+    world_readable(Path(os.path.realpath(os.__file__))),
+    reason="this Python is world-readable: a contained rank can import it, nothing to refuse",
+)
 def test_grading_refuses_when_a_contained_rank_could_not_read_its_python(tmp_path):
     outcome = suite_in_container(sys.executable, "parallelism_conformance.impls", "--report-dir", str(tmp_path / "out"))
     assert outcome.returncode == 4, outcome.stdout[-2000:] + outcome.stderr[-2000:]  # a usage error: nothing ran
@@ -111,15 +127,17 @@ def test_grading_refuses_when_a_contained_rank_could_not_read_its_python(tmp_pat
 
 @needs_emulation
 @needs_readable_python
-@pytest.mark.parametrize("impl, said", [
-    ("mutants/audit/all_reduce_on_the_backend_object.py", "communication that went around the recorder"),
-    (str(FIXTURES / "undumpable_impl.py"), "could not be read"),
-])
+@pytest.mark.parametrize(
+    "impl, said",
+    [
+        ("mutants/audit/all_reduce_on_the_backend_object.py", "communication that went around the recorder"),
+        (str(FIXTURES / "undumpable_impl.py"), "could not be read"),
+    ],
+)
 def test_the_kernels_write_count_holds_where_the_driver_lacks_ptrace(impl, said):
     """Docker's capabilities have no CAP_SYS_PTRACE: the driver reads its contained ranks' counters
     through a reader of their uid, and a rank that closes them fails the audit instead of hiding."""
-    outcome = suite_in_container(str(SYSTEM_PYTHON), impl, test_file="conformance/audit",
-                                 selected="test_point_to_point_only and all_reduce")
+    outcome = suite_in_container(str(SYSTEM_PYTHON), impl, test_file="conformance/audit", selected="test_point_to_point_only and all_reduce")
     assert outcome.returncode == 1 and said in outcome.stdout, outcome.stdout[-3000:] + outcome.stderr[-2000:]
 
 

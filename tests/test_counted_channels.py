@@ -2,6 +2,7 @@
 the system call filter (harness/rank/syscall_filter.py), the store socket's count
 (harness/driver/socket_counters.py) and the output FIFO (harness/driver/output_pipe.py). The attacks
 they stop, end to end in the emulated container: tests/test_autograder_attacks.py, class 2."""
+
 from __future__ import annotations
 
 import json
@@ -21,7 +22,7 @@ from parallelism_conformance.harness.driver.io_counters import IoCounters
 from parallelism_conformance.harness.rank import syscall_filter
 
 # Run in a child: no_new_privs, a "store" connection, the filter, then every way of moving bytes.
-TRIAL = r'''
+TRIAL = r"""
 import ctypes, json, mmap, os, socket, subprocess, sys, tempfile, threading
 from parallelism_conformance.harness.rank import syscall_filter
 libc = ctypes.CDLL(None, use_errno=True)
@@ -67,13 +68,20 @@ attempt("a signal with a value", sigqueue)
 attempt("close the store", lambda: os.close(fd))
 attempt("dup2 onto the store", lambda: os.dup2(other.fileno(), fd))
 print(json.dumps(outcome))
-'''
+"""
 
-ALLOWED = {"send on the store", "write on a socket", "write on a unix socket", "a thread",
-           "a private mapping of a file", "an anonymous shared mapping"}
+ALLOWED = {
+    "send on the store",
+    "write on a socket",
+    "write on a unix socket",
+    "a thread",
+    "a private mapping of a file",
+    "an anonymous shared mapping",
+}
 
-needs_seccomp = pytest.mark.skipif(sys.platform != "linux" or platform.machine() not in ("x86_64", "aarch64"),
-                                   reason="the filter is made for Linux on x86_64 and aarch64")
+needs_seccomp = pytest.mark.skipif(
+    sys.platform != "linux" or platform.machine() not in ("x86_64", "aarch64"), reason="the filter is made for Linux on x86_64 and aarch64"
+)
 
 
 @needs_seccomp
@@ -89,7 +97,7 @@ def test_the_filter_refuses_another_abi_and_x32_numbers():
     """The program's first checks: a call made under another ABI (i386's int 0x80) or with x32's
     numbers is refused before any number is compared, since those numbers mean other calls."""
     code = syscall_filter.program("x86_64", 7)
-    first = [code[i:i + 8] for i in range(0, 6 * 8, 8)]
+    first = [code[i : i + 8] for i in range(0, 6 * 8, 8)]
     assert first[0][:2] == b"\x20\x00" and int.from_bytes(first[0][4:], "little") == 4  # load the arch
     assert int.from_bytes(first[1][4:], "little") == 0xC000003E
     assert int.from_bytes(first[4][4:], "little") == syscall_filter.X32_SYSCALL_BIT
@@ -122,8 +130,13 @@ def test_a_rank_without_its_filter_or_its_store_count_fails_the_audit_closed(tmp
     """Under containment, a rank whose filter was not installed has no count (None), and the reason
     says why: the audit then fails the task instead of trusting wchar alone."""
     counters = IoCounters(SimpleNamespace(uid=os.getuid(), directory=str(tmp_path)))
-    me = SimpleNamespace(rank=0, attached=False, process=SimpleNamespace(pid=os.getpid()), store_socket=None,
-                         unfiltered="no system call filter for Linux on sparc64")
+    me = SimpleNamespace(
+        rank=0,
+        attached=False,
+        process=SimpleNamespace(pid=os.getpid()),
+        store_socket=None,
+        unfiltered="no system call filter for Linux on sparc64",
+    )
     assert counters.sent([me]) == [None]
     assert "could not be installed (no system call filter for Linux on sparc64)" in counters.why_unread(me)
     counters.close()

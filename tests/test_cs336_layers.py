@@ -1,6 +1,7 @@
 """adapters/cs336_layers.py: the suite's models rebuilt from a CS336 submission's cs336_basics
 layers compute what the suite's torch.nn models compute, keep a tied weight one parameter, and map
 the submission's names and layouts back; a submission without the layers is one clear error."""
+
 from __future__ import annotations
 
 import sys
@@ -14,9 +15,10 @@ from parallelism_conformance.adapters import cs336_layers
 from parallelism_conformance.harness.rank import models
 
 BASICS = Path(__file__).parent / "fixtures" / "cs336_submission" / "cs336-basics"
-MODELS = [{"kind": "mlp", "inputs": 3, "hidden": 5, "outputs": 2, "dtype": "float64"},
-          {"kind": "tied_lm", "vocab": 7, "width": 4, "hidden": 6, "context": 3, "dtype": "float64",
-           "skips": False, "skips_in_unit": True}]
+MODELS = [
+    {"kind": "mlp", "inputs": 3, "hidden": 5, "outputs": 2, "dtype": "float64"},
+    {"kind": "tied_lm", "vocab": 7, "width": 4, "hidden": 6, "context": 3, "dtype": "float64", "skips": False, "skips_in_unit": True},
+]
 
 
 @pytest.fixture
@@ -119,7 +121,8 @@ def test_the_layers_are_taken_from_where_the_submissions_own_tests_import_them(t
     # both names in one import win over either alone, wherever in the file the import is (a class body)
     (tmp_path / "tests" / "test_fsdp.py").write_text(
         "import torch\nfrom .common import Linear\n\nclass Toy:\n    def __init__(self):\n"
-        "        from cs336_basics.modules import Embedding, Linear, RMSNorm\n")
+        "        from cs336_basics.modules import Embedding, Linear, RMSNorm\n"
+    )
     assert cs336_layers.layers_module(str(tmp_path)) == ("cs336_basics.modules", "tests/test_fsdp.py")
     (tmp_path / "tests" / "test_fsdp.py").write_text("def broken(:\n")  # unparsable: the next file decides
     assert cs336_layers.layers_module(str(tmp_path)) == ("cs336_basics.layers", "tests/test_ddp.py")

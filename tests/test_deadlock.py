@@ -4,6 +4,7 @@ deadlock, skip a collective, compute forever or merely start late, end to end.
 
 No assertion on elapsed time but generous upper guards: what is asserted is the event (the summary
 says "deadlock", or the deadline's words where no deadlock may be called)."""
+
 from __future__ import annotations
 
 import os
@@ -124,11 +125,11 @@ def test_the_description_names_each_rank_and_its_call():
         return Call(r, 1, op, "posted", "float32", (4,), peer, None, 0, 1, (0, 1, 2), 4, 16, "impl.py:3")
 
     text = describe(Deadlock((0, 1, 2), (), 0.61), {0: call(0, "recv", 2), 1: call(1, "send", 2), 2: call(2, "recv")})
-    assert text == ("deadlock: every rank is waiting (rank 0 in recv from 2; rank 1 in send to 2; rank 2 in recv from "
-                    "any) and no byte moved for 0.6 s")
+    assert text == (
+        "deadlock: every rank is waiting (rank 0 in recv from 2; rank 1 in send to 2; rank 2 in recv from any) and no byte moved for 0.6 s"
+    )
     text = describe(Deadlock((1, 2), (0,), 0.4), {1: call(1, "all_reduce"), 2: call(2, "all_reduce")})
-    assert text == "deadlock: every rank is waiting (ranks 1, 2 in all_reduce; rank 0 returned its result) and no " \
-                   "byte moved for 0.4 s"
+    assert text == "deadlock: every rank is waiting (ranks 1, 2 in all_reduce; rank 0 returned its result) and no byte moved for 0.4 s"
     assert "rank 1 in a communication call" in describe(Deadlock((1,), (0, 2), 0.5), {})
     assert "ranks 0, 2 returned their results" in describe(Deadlock((1,), (0, 2), 0.5), {})
 
@@ -153,13 +154,12 @@ def test_the_flight_recorder_header_says_which_task_runs_and_how_many_threads_wa
 def test_the_kernel_counters_of_a_live_process_are_read_and_a_gone_one_is_unknown():
     io, (cpu, busy) = deadlock.read_io(os.getpid()), deadlock.read_cpu(os.getpid())
     assert io > 0 and cpu >= 0 and busy  # this thread is running while it reads
-    assert deadlock.read_io(2 ** 22 + 1) is None and deadlock.read_cpu(2 ** 22 + 1) is None
+    assert deadlock.read_io(2**22 + 1) is None and deadlock.read_cpu(2**22 + 1) is None
 
 
 # ------------------------------------------------------------------------------------ end to end
 def all_reduce_task(n: int) -> list[dict]:
-    return [{"function": "all_reduce", "arguments": {"tensor": torch.full((4,), float(r + 1)), "op": "SUM"},
-             "group": None} for r in range(n)]
+    return [{"function": "all_reduce", "arguments": {"tensor": torch.full((4,), float(r + 1)), "op": "SUM"}, "group": None} for r in range(n)]
 
 
 def fixture_impl(name: str) -> str:
@@ -183,8 +183,9 @@ def deadlock_report(pool, n: int, fixture: str) -> str:
 def test_a_ring_where_every_rank_receives_first_is_a_deadlock_with_the_deadlines_report(pool):
     text = deadlock_report(pool, 3, "ring_recv_deadlock_impl")
     first = text.splitlines()[0]
-    assert ("deadlock: every rank is waiting (rank 0 in recv from 2; rank 1 in recv from 0; rank 2 in recv from 1) "
-            "and no byte moved for") in first
+    assert (
+        "deadlock: every rank is waiting (rank 0 in recv from 2; rank 1 in recv from 0; rank 2 in recv from 1) and no byte moved for"
+    ) in first
     assert "deadline" not in first
     assert "all wait to receive from each other" in first  # the first disagreement, as after a deadline
     assert all(f"rank {r} hung" in text for r in range(3))
@@ -204,8 +205,9 @@ def test_a_stray_message_check_that_hangs_is_a_deadlock_too(pool):
     with pytest.raises(RanksCrashed, match="stray-message check after it failed") as caught:
         pool.run(2, CALL, all_reduce_task(2), impl=fixture_impl("leftover_recv_impl"))
     assert time.monotonic() - started < DEADLINE_S
-    assert "stray_messages on 2 ranks: deadlock: every rank is waiting (rank 1 in a communication call; rank 0 " \
-           "returned its result)" in str(caught.value)
+    assert "stray_messages on 2 ranks: deadlock: every rank is waiting (rank 1 in a communication call; rank 0 returned its result)" in str(
+        caught.value
+    )
 
 
 def test_a_rank_that_starts_late_is_not_a_deadlock(pool):

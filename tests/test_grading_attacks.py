@@ -1,5 +1,6 @@
 """Attacks on the grade from code under test (issue 13), each in a pytest process of its own as a
 grader runs the suite (tests/conftest.py, suite_runner): the grade they aim for never arrives."""
+
 from __future__ import annotations
 
 import json
@@ -21,17 +22,17 @@ FIXTURES = Path(__file__).parent / "fixtures"
 @pytest.fixture
 def run_suite(suite_runner):
     """The suite as a grader runs it, in a pytest process of its own (tests/conftest.py)."""
+
     def run(impl: str, *args: str, env: dict | None = None, test_file: str = "conformance/test_collectives.py"):
-        return suite_runner.run(test_file, "-q", "-p", "no:cacheprovider", "--impl", impl, "--hypothesis-profile=ci",
-                                *args, env=env)
+        return suite_runner.run(test_file, "-q", "-p", "no:cacheprovider", "--impl", impl, "--hypothesis-profile=ci", *args, env=env)
+
     return run
 
 
 def processes_of_sandbox_users() -> list[str]:
     """Live processes of the uids contained ranks run as (a zombie waiting for init to reap it is dead)."""
     rows = subprocess.run(["ps", "-eo", "uid=,stat=,pid=,args="], capture_output=True, text=True).stdout.splitlines()
-    return [row for row in rows if row.split() and int(row.split()[0]) >= containment.UID_LOW
-            and not row.split()[1].startswith("Z")]
+    return [row for row in rows if row.split() and int(row.split()[0]) >= containment.UID_LOW and not row.split()[1].startswith("Z")]
 
 
 @pytest.mark.skipif(not containment.possible(), reason="contained ranks need root")
@@ -41,8 +42,16 @@ def test_contained_ranks_cannot_reach_the_report_the_driver_or_the_repository(ru
     log, report = base / "escape.log", base / "out"
     log.touch()
     os.chmod(log, 0o666)
-    result = run_suite(str(FIXTURES / "escaping_impl.py"), "-k", "test_all_reduce and SUM", "--contain-ranks", "yes",
-                       "--report-dir", str(report), env={"ESCAPE_LOG": str(log), "ESCAPE_REPORT": str(report)})
+    result = run_suite(
+        str(FIXTURES / "escaping_impl.py"),
+        "-k",
+        "test_all_reduce and SUM",
+        "--contain-ranks",
+        "yes",
+        "--report-dir",
+        str(report),
+        env={"ESCAPE_LOG": str(log), "ESCAPE_REPORT": str(report)},
+    )
     assert result.returncode == 1, result.stdout[-3000:]
     attempts = log.read_text()
     assert "detach: PermissionError" in attempts and "detached pid" not in attempts, attempts  # no process started
@@ -82,15 +91,19 @@ def test_a_hanging_submission_gets_its_complete_report_within_the_budget(run_sui
     Only the all_reduce tests run, so the hang comes first whatever the load (beside the mutation
     runner on 2 cores, the tests before it once spent a 20 s budget before all_reduce started)."""
     started = time.monotonic()
-    result = run_suite(str(FIXTURES / "hanging_impl.py"), "-k", "all_reduce", "--rank-timeout", "4",
-                       "--time-budget", "60", "--report-dir", str(tmp_path))
+    result = run_suite(
+        str(FIXTURES / "hanging_impl.py"), "-k", "all_reduce", "--rank-timeout", "4", "--time-budget", "60", "--report-dir", str(tmp_path)
+    )
     elapsed = time.monotonic() - started
     assert result.returncode == 1, result.stdout[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["extra_data"]["complete"]
     outputs = list(t["output"] for t in results["tests"])
-    hangs = [o for o in outputs if o.startswith("parallelism_conformance.harness.driver.failures.RanksHung") and
-             "no result within the 4 s deadline" in o]
+    hangs = [
+        o
+        for o in outputs
+        if o.startswith("parallelism_conformance.harness.driver.failures.RanksHung") and "no result within the 4 s deadline" in o
+    ]
     assert hangs and all(o in hangs or o.startswith("not run: ") and " already hung in " in o for o in outputs), outputs
     assert sum(o.startswith("not run: all_reduce already hung") for o in outputs) >= 5, outputs
     assert results["score"] < results["max_score"]
@@ -99,8 +112,7 @@ def test_a_hanging_submission_gets_its_complete_report_within_the_budget(run_sui
 
 
 def test_a_spent_time_budget_reports_every_test_not_run(run_suite, tmp_path):
-    result = run_suite("torch.distributed", "-k", "test_broadcast or test_reduce", "--time-budget", "0.001",
-                       "--report-dir", str(tmp_path))
+    result = run_suite("torch.distributed", "-k", "test_broadcast or test_reduce", "--time-budget", "0.001", "--report-dir", str(tmp_path))
     assert result.returncode == 1, result.stdout[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
     outputs = [t["output"] for t in results["tests"]]
@@ -111,24 +123,36 @@ def test_a_spent_time_budget_reports_every_test_not_run(run_suite, tmp_path):
 
 def test_an_implementation_cannot_decline_a_pipeline_test_by_saying_cannot(run_suite):
     """NotImplementedError("... cannot ...") is a skip only for the project's own adapters."""
-    result = run_suite(str(FIXTURES / "declining_impl.py"), "-k", "test_pipeline_step_matches_the_dense_model",
-                       test_file="conformance/test_pipeline_parallel.py")
+    result = run_suite(
+        str(FIXTURES / "declining_impl.py"),
+        "-k",
+        "test_pipeline_step_matches_the_dense_model",
+        test_file="conformance/test_pipeline_parallel.py",
+    )
     assert result.returncode == 6, result.stdout[-3000:]  # a failure (as "not implemented"), never a skip
     assert "1 failed" in result.stdout and "skipped" not in result.stdout.splitlines()[-1]
 
 
 def test_an_audit_of_a_claimed_strategy_is_not_skipped_because_the_ranks_say_it_is_missing(run_suite):
-    result = run_suite(str(FIXTURES / "declining_impl.py"), "-k", "test_data_parallel_step and 2-mlp_frozen_fc1-default",
-                       test_file="conformance/audit")
+    result = run_suite(
+        str(FIXTURES / "declining_impl.py"), "-k", "test_data_parallel_step and 2-mlp_frozen_fc1-default", test_file="conformance/audit"
+    )
     assert result.returncode == 6 and "has no 'DataParallel'" in result.stdout, result.stdout[-3000:]
-    result = run_suite(str(FIXTURES / "declining_impl.py"), "-k", "test_data_parallel_step and 2-mlp_frozen_fc1-default",
-                       "--capability", "collectives,audit", test_file="conformance/audit")
+    result = run_suite(
+        str(FIXTURES / "declining_impl.py"),
+        "-k",
+        "test_data_parallel_step and 2-mlp_frozen_fc1-default",
+        "--capability",
+        "collectives,audit",
+        test_file="conformance/audit",
+    )
     assert result.returncode == 0 and "1 skipped" in result.stdout, result.stdout[-3000:]
 
 
 def test_a_crash_on_a_case_the_backend_refuses_is_not_a_decline(run_suite):
-    result = run_suite(str(FIXTURES / "crashing_on_refused_impl.py"), "-k", "test_cases_the_backend_refuses and all_reduce",
-                       "--rank-timeout", "5")
+    result = run_suite(
+        str(FIXTURES / "crashing_on_refused_impl.py"), "-k", "test_cases_the_backend_refuses and all_reduce", "--rank-timeout", "5"
+    )
     assert result.returncode == 1 and "1 failed" in result.stdout, result.stdout[-3000:]
     assert "SIGABRT" in result.stdout
 
@@ -136,9 +160,18 @@ def test_a_crash_on_a_case_the_backend_refuses_is_not_a_decline(run_suite):
 def test_a_rubric_rewritten_during_the_run_does_not_change_the_grade(run_suite, tmp_path):
     rubric = tmp_path / "rubric.toml"
     rubric.write_text("[capabilities]\nall_reduce = 8\n")
-    result = run_suite(str(FIXTURES / "rubric_rewriting_impl.py"), "-k", "test_all_reduce and SUM", "--rubric", str(rubric),
-                       "--report-dir", str(tmp_path / "out"), "--contain-ranks", "no",
-                       env={"RUBRIC_TO_REWRITE": str(rubric)})
+    result = run_suite(
+        str(FIXTURES / "rubric_rewriting_impl.py"),
+        "-k",
+        "test_all_reduce and SUM",
+        "--rubric",
+        str(rubric),
+        "--report-dir",
+        str(tmp_path / "out"),
+        "--contain-ranks",
+        "no",
+        env={"RUBRIC_TO_REWRITE": str(rubric)},
+    )
     assert result.returncode == 1, result.stdout[-3000:]
     assert "1000" in rubric.read_text()  # the rank did rewrite it
     results = json.loads((tmp_path / "out" / "results.json").read_text())
@@ -151,6 +184,14 @@ def test_only_the_projects_own_adapter_modules_may_say_what_torch_cannot():
     from parallelism_conformance.conformance.verdict import TRUSTED_ADAPTERS
 
     assert {"parallelism_conformance.adapters.torch_native", "parallelism_conformance.adapters.torch_pipelining"} <= TRUSTED_ADAPTERS
-    for impl in ("adapters.py", "adapters", "adapters.torch_native.py", "submissions/adapters.torch_native",
-                 "parallelism_conformance.adapters.student", "parallelism_conformance.impls", "torch.distributed", "parallelism_conformance.adapters.cs336"):  # cs336 runs a student's code
+    for impl in (
+        "adapters.py",
+        "adapters",
+        "adapters.torch_native.py",
+        "submissions/adapters.torch_native",
+        "parallelism_conformance.adapters.student",
+        "parallelism_conformance.impls",
+        "torch.distributed",
+        "parallelism_conformance.adapters.cs336",
+    ):  # cs336 runs a student's code
         assert impl not in TRUSTED_ADAPTERS, impl

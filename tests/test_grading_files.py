@@ -2,6 +2,7 @@
 points in whole cents that add up exactly, Gradescope's visibility and formats from the rubric, a
 total the course sets, and the versions and settings a grade was computed with. One end-to-end
 run checks the plugin's wiring."""
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,10 @@ def exact_sum(values) -> Decimal:
 def results(capability: str, outcomes: str, file: str = "conformance/test_x.py") -> list[Result]:
     """One test per letter of ``outcomes`` (p: passed, f: failed, s: skipped), defined in that order."""
     names = {"p": "passed", "f": "failed", "s": "skipped"}
-    return [Result(f"{file}::test_{capability}_{i}", capability, names[o], "" if o == "p" else f"{o} {i}\nexample: n=2",
-                       1.0, line=10 * i) for i, o in enumerate(outcomes)]
+    return [
+        Result(f"{file}::test_{capability}_{i}", capability, names[o], "" if o == "p" else f"{o} {i}\nexample: n=2", 1.0, line=10 * i)
+        for i, o in enumerate(outcomes)
+    ]
 
 
 def card(rows: dict[str, list[Result]]) -> Scorecard:
@@ -50,6 +53,7 @@ def rubric_file(tmp_path: Path, text: str) -> Path:
 
 
 # --- points that add up exactly
+
 
 def test_seven_points_over_three_tests_add_up_to_exactly_seven():
     tests, totals = score({"broadcast": results("broadcast", "ppp")}, Rubric({"broadcast": 7}))
@@ -97,9 +101,13 @@ def test_apportion_is_exact_and_within_a_cent_of_each_quota(total, weights):
 
 # --- a total the course sets
 
+
 def test_points_possible_scales_what_ran_to_exactly_n():
-    rows = {"broadcast": results("broadcast", "ppf"), "scatter": results("scatter", "ppppppp"),
-            "gather": results("gather", "s")}  # gather ran nothing: it is out of the maximum
+    rows = {
+        "broadcast": results("broadcast", "ppf"),
+        "scatter": results("scatter", "ppppppp"),
+        "gather": results("gather", "s"),
+    }  # gather ran nothing: it is out of the maximum
     rubric = Rubric({"broadcast": 4, "scatter": 6, "gather": 4, "reduce": 6}, points_possible=100)
     tests, totals = score(rows, rubric)
     assert exact_sum(m for _, m in totals.values()) == 100 and totals["scatter"][1] == 60.0
@@ -119,12 +127,12 @@ def test_points_possible_is_written_and_said(tmp_path):
 
 # --- visibility, numbers, formats
 
+
 def test_a_hidden_capability_and_a_test_of_its_own_visibility():
     rubric = Rubric({"broadcast": 4, "audit": 30}, visibility={"audit": "hidden", "test_broadcast_1": "after_due_date"})
     tests, _ = graded({"broadcast": results("broadcast", "pp"), "audit": results("audit", "pf")}, rubric)
     by_name = {t["name"]: t["visibility"] for t in tests}
-    assert by_name == {"test_broadcast_0": "visible", "test_broadcast_1": "after_due_date",
-                       "test_audit_0": "hidden", "test_audit_1": "hidden"}
+    assert by_name == {"test_broadcast_0": "visible", "test_broadcast_1": "after_due_date", "test_audit_0": "hidden", "test_audit_1": "hidden"}
 
 
 def test_what_students_see_leaves_out_what_is_shown_later(tmp_path):
@@ -142,13 +150,17 @@ def test_what_students_see_leaves_out_what_is_shown_later(tmp_path):
 
 def test_numbers_follow_the_rubric_then_the_file():
     rubric = Rubric({"scatter": 6, "broadcast": 4})
-    rows = {"broadcast": results("broadcast", "pp"), "scatter": results("scatter", "ppp"),
-            "extra": results("extra", "p")}
+    rows = {"broadcast": results("broadcast", "pp"), "scatter": results("scatter", "ppp"), "extra": results("extra", "p")}
     rows["scatter"].reverse()  # finished in another order (xdist): the file's order counts
     tests, _ = graded(rows, rubric)
     assert [(t["number"], t["name"]) for t in tests] == [
-        ("1.1", "test_scatter_0"), ("1.2", "test_scatter_1"), ("1.3", "test_scatter_2"),
-        ("2.1", "test_broadcast_0"), ("2.2", "test_broadcast_1"), ("3.1", "test_extra_0")]
+        ("1.1", "test_scatter_0"),
+        ("1.2", "test_scatter_1"),
+        ("1.3", "test_scatter_2"),
+        ("2.1", "test_broadcast_0"),
+        ("2.2", "test_broadcast_1"),
+        ("3.1", "test_extra_0"),
+    ]
 
 
 def test_markdown_output_is_a_table_and_failures_stay_literal(tmp_path):
@@ -178,32 +190,45 @@ def test_html_output_is_escaped_in_a_pre(tmp_path):
 
 # --- the rubric's options, read and refused
 
+
 def test_the_rubric_reads_the_platform_options(tmp_path):
-    rubric = load_rubric(rubric_file(tmp_path, 'points_possible = 50\nstdout_visibility = "after_due_date"\n'
-                                               'output_format = "md"\ntest_output_format = "simple_format"\n'
-                                               '[capabilities]\nbroadcast = 4\naudit = 30\n'
-                                               '[visibility]\ndefault = "after_published"\naudit = "hidden"\n'
-                                               'test_point_to_point_only = "visible"\n'))
+    rubric = load_rubric(
+        rubric_file(
+            tmp_path,
+            'points_possible = 50\nstdout_visibility = "after_due_date"\n'
+            'output_format = "md"\ntest_output_format = "simple_format"\n'
+            "[capabilities]\nbroadcast = 4\naudit = 30\n"
+            '[visibility]\ndefault = "after_published"\naudit = "hidden"\n'
+            'test_point_to_point_only = "visible"\n',
+        )
+    )
     assert (rubric.points_possible, rubric.stdout_visibility, rubric.output_format, rubric.test_output_format) == (
-        50.0, "after_due_date", "md", "simple_format")
+        50.0,
+        "after_due_date",
+        "md",
+        "simple_format",
+    )
     assert rubric.visibility_of("audit", "conformance/audit/test_collectives.py::test_point_to_point_only[gloo]") == "visible"
     assert rubric.visibility_of("audit", "conformance/audit/test_collectives.py::test_bytes") == "hidden"
     assert rubric.visibility_of("broadcast") == "after_published" == rubric.default_visibility()
 
 
-@pytest.mark.parametrize("text, message", [
-    ('[capabilities]\nbroadcast = 4\n[visibility]\nbroadcast = "secret"\n', "[visibility] broadcast = 'secret'"),
-    ('[capabilities]\nbroadcast = 4\n[visibility]\nbrodcast = "hidden"\n', "'brodcast' is neither"),
-    ('stdout_visibility = "always"\n[capabilities]\nbroadcast = 4\n', "stdout_visibility = 'always'"),
-    ('output_format = "pdf"\n[capabilities]\nbroadcast = 4\n', "output_format = 'pdf'"),
-    ('test_output_format = 3\n[capabilities]\nbroadcast = 4\n', "test_output_format = 3"),
-    ('points_possible = 0\n[capabilities]\nbroadcast = 4\n', "points_possible = 0"),
-    ('points_possible = true\n[capabilities]\nbroadcast = 4\n', "points_possible = True"),
-    ('output_fromat = "md"\n[capabilities]\nbroadcast = 4\n', "unknown key 'output_fromat'"),
-    ('[capabilities]\nbroadcast = true\n', "[capabilities] table of non-negative points"),
-    ('points_possible = inf\n[capabilities]\nbroadcast = 4\n', "points_possible = inf"),
-    ('visibility = "hidden"\n[capabilities]\nbroadcast = 4\n', "visibility = 'hidden': expected a [visibility] table"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('[capabilities]\nbroadcast = 4\n[visibility]\nbroadcast = "secret"\n', "[visibility] broadcast = 'secret'"),
+        ('[capabilities]\nbroadcast = 4\n[visibility]\nbrodcast = "hidden"\n', "'brodcast' is neither"),
+        ('stdout_visibility = "always"\n[capabilities]\nbroadcast = 4\n', "stdout_visibility = 'always'"),
+        ('output_format = "pdf"\n[capabilities]\nbroadcast = 4\n', "output_format = 'pdf'"),
+        ("test_output_format = 3\n[capabilities]\nbroadcast = 4\n", "test_output_format = 3"),
+        ("points_possible = 0\n[capabilities]\nbroadcast = 4\n", "points_possible = 0"),
+        ("points_possible = true\n[capabilities]\nbroadcast = 4\n", "points_possible = True"),
+        ('output_fromat = "md"\n[capabilities]\nbroadcast = 4\n', "unknown key 'output_fromat'"),
+        ("[capabilities]\nbroadcast = true\n", "[capabilities] table of non-negative points"),
+        ("points_possible = inf\n[capabilities]\nbroadcast = 4\n", "points_possible = inf"),
+        ('visibility = "hidden"\n[capabilities]\nbroadcast = 4\n', "visibility = 'hidden': expected a [visibility] table"),
+    ],
+)
 def test_a_bad_option_is_refused_naming_the_key_and_the_file(tmp_path, text, message):
     path = rubric_file(tmp_path, text)
     with pytest.raises(ValueError) as error:
@@ -213,20 +238,36 @@ def test_a_bad_option_is_refused_naming_the_key_and_the_file(tmp_path, text, mes
 
 # --- what a grade was computed with
 
+
 def test_extra_data_holds_the_versions_and_the_hypothesis_settings(tmp_path):
     from parallelism_conformance.harness.driver.reports import hypothesis_settings
 
     run = {"versions": versions(), "hypothesis": hypothesis_settings("grading", None)}
-    write(card({"broadcast": results("broadcast", "p")}), tmp_path, Rubric({"broadcast": 4}), Path("r.toml"),
-          "parallelism_conformance.impls", run=run)
+    write(
+        card({"broadcast": results("broadcast", "p")}),
+        tmp_path,
+        Rubric({"broadcast": 4}),
+        Path("r.toml"),
+        "parallelism_conformance.impls",
+        run=run,
+    )
     extra = json.loads((tmp_path / "results.json").read_text())["extra_data"]
     suite = parallelism_conformance.__version__
-    assert extra["versions"] == {"python": platform.python_version(), "torch": torch.__version__,
-                                 "hypothesis": hypothesis.__version__, "pytest": pytest.__version__, "suite": suite}
+    assert extra["versions"] == {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "hypothesis": hypothesis.__version__,
+        "pytest": pytest.__version__,
+        "suite": suite,
+    }
     current = settings.default
-    assert extra["hypothesis"] == {"profile": "grading", "max_examples": current.max_examples,
-                                   "derandomize": current.derandomize, "seed": None,
-                                   "database": current.database is not None}
+    assert extra["hypothesis"] == {
+        "profile": "grading",
+        "max_examples": current.max_examples,
+        "derandomize": current.derandomize,
+        "seed": None,
+        "database": current.database is not None,
+    }
     summary = (tmp_path / "summary.txt").read_text()
     assert f"versions: python {platform.python_version()}, hypothesis {hypothesis.__version__}" in summary
     assert "hypothesis: profile grading" in summary
@@ -244,11 +285,23 @@ def test_the_profile_in_force_is_the_one_loaded():
 
 
 def test_the_plugin_writes_the_options_end_to_end(suite_runner, tmp_path):
-    rubric = rubric_file(tmp_path, 'output_format = "md"\n[capabilities]\nbroadcast = 7\n'
-                                   '[visibility]\ndefault = "after_due_date"\n')
-    command = ["conformance/test_collectives.py", "-q", "-p", "no:cacheprovider",
-               "-k", "test_broadcast", "--hypothesis-profile=brief", "--hypothesis-seed=12345",
-               "--report-dir", str(tmp_path / "out"), "--rubric", str(rubric), "--points-possible", "10"]
+    rubric = rubric_file(tmp_path, 'output_format = "md"\n[capabilities]\nbroadcast = 7\n[visibility]\ndefault = "after_due_date"\n')
+    command = [
+        "conformance/test_collectives.py",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-k",
+        "test_broadcast",
+        "--hypothesis-profile=brief",
+        "--hypothesis-seed=12345",
+        "--report-dir",
+        str(tmp_path / "out"),
+        "--rubric",
+        str(rubric),
+        "--points-possible",
+        "10",
+    ]
     done = suite_runner.run(*command)
     assert done.returncode == 0, done.stdout[-3000:]
     report = json.loads((tmp_path / "out" / "results.json").read_text())

@@ -1,5 +1,6 @@
 """The harness's own tests: worlds survive broken implementations, failures name the rank and
 cause, and the driver cannot be made to run code sent by a rank."""
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,7 @@ ENVIRONMENT = "parallelism_conformance.harness.rank.programs.probe:rank_environm
 
 
 def all_reduce_task(n: int, group=None) -> list[dict]:
-    return [{"function": "all_reduce", "arguments": {"tensor": torch.full((4,), float(r + 1)), "op": "SUM"},
-             "group": group} for r in range(n)]
+    return [{"function": "all_reduce", "arguments": {"tensor": torch.full((4,), float(r + 1)), "op": "SUM"}, "group": group} for r in range(n)]
 
 
 @pytest.fixture
@@ -218,11 +218,25 @@ TORCHRUN_ATTACH_S = 300.0
 
 
 def launch_torchrun(pool: WorldPool, nproc: int) -> subprocess.Popen:
-    env = dict(os.environ, CONFORMANCE_DRIVER=f"{pool.attach.host}:{pool.attach.port}",
-               CONFORMANCE_AUTHKEY=pool._authkey.hex(), PYTHONPATH=str(ROOT))
-    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                             str(nproc), "-m", "parallelism_conformance.harness.rank.loop"], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    env = dict(
+        os.environ, CONFORMANCE_DRIVER=f"{pool.attach.host}:{pool.attach.port}", CONFORMANCE_AUTHKEY=pool._authkey.hex(), PYTHONPATH=str(ROOT)
+    )
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(nproc),
+            "-m",
+            "parallelism_conformance.harness.rank.loop",
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def stop(launcher: subprocess.Popen) -> int | None:
@@ -235,8 +249,7 @@ def stop(launcher: subprocess.Popen) -> int | None:
 
 
 def test_ranks_started_by_torchrun_attach_and_smaller_worlds_run_here():
-    pool = WorldPool("gloo", timeout_s=10.0, attach=Attach(2, "127.0.0.1", free_port_pair(), bind="127.0.0.1",
-                                                           timeout_s=TORCHRUN_ATTACH_S))
+    pool = WorldPool("gloo", timeout_s=10.0, attach=Attach(2, "127.0.0.1", free_port_pair(), bind="127.0.0.1", timeout_s=TORCHRUN_ATTACH_S))
     launcher = launch_torchrun(pool, 2)
     try:
         assert "CONFORMANCE_AUTHKEY=" in pool.attach_command() and "-m parallelism_conformance.harness.rank" in pool.attach_command()
@@ -256,8 +269,7 @@ def test_ranks_started_by_torchrun_attach_and_smaller_worlds_run_here():
 
 
 def test_attached_ranks_of_the_wrong_world_size_are_refused_with_the_reason():
-    pool = WorldPool("gloo", timeout_s=10.0, attach=Attach(3, "127.0.0.1", free_port_pair(), bind="127.0.0.1",
-                                                           timeout_s=TORCHRUN_ATTACH_S))
+    pool = WorldPool("gloo", timeout_s=10.0, attach=Attach(3, "127.0.0.1", free_port_pair(), bind="127.0.0.1", timeout_s=TORCHRUN_ATTACH_S))
     launcher = launch_torchrun(pool, 2)
     try:
         with pytest.raises(WorldStartError, match="WORLD_SIZE=2, but this world has 3 ranks"):
@@ -268,8 +280,7 @@ def test_attached_ranks_of_the_wrong_world_size_are_refused_with_the_reason():
 
 
 def test_attached_ranks_that_never_come_fail_once_then_at_once():
-    pool = WorldPool("gloo", timeout_s=10.0, attach=Attach(2, "127.0.0.1", free_port_pair(), bind="127.0.0.1",
-                                                           timeout_s=1.0))
+    pool = WorldPool("gloo", timeout_s=10.0, attach=Attach(2, "127.0.0.1", free_port_pair(), bind="127.0.0.1", timeout_s=1.0))
     try:
         with pytest.raises(WorldStartError, match=r"only 0/2 ranks connected in time \(missing ranks \[0, 1\]\)"):
             pool.run(2, CALL, all_reduce_task(2), impl="parallelism_conformance.impls")

@@ -5,6 +5,7 @@ the bundled implementations and on a module written in that directory, by path a
 The venv's dependencies (torch and the rest of the lock) are the running venv's, named by a .pth
 file: a path a .pth file adds is not a site directory, so the editable install of this checkout
 that the running venv holds (its own .pth and finder) is not active there."""
+
 from __future__ import annotations
 
 import os
@@ -40,8 +41,9 @@ def installed(tmp_path_factory) -> Path:
     venv = base / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
     python = venv / "bin" / "python"
-    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     Path(purelib, "suite-dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
     wheel = next((base / "dist").glob("*.whl"))
     done = _run([python, "-m", "pip", "install", "--no-deps", "--no-index", "-q", wheel], base)
@@ -73,8 +75,19 @@ def test_the_command_passes_the_bundled_implementations_from_an_empty_directory(
 @pytest.mark.parametrize("impl", ["mine.py", "mine"])
 def test_the_command_grades_a_module_of_the_current_directory_by_path_and_by_name(installed, tmp_path, impl):
     (tmp_path / "mine.py").write_text(BROKEN_BROADCAST)
-    done = _run([installed / "parallelism-conformance", "--impl", impl, "--capability", "broadcast",
-                 "--hypothesis-profile=brief", "--report-dir", "out"], tmp_path)
+    done = _run(
+        [
+            installed / "parallelism-conformance",
+            "--impl",
+            impl,
+            "--capability",
+            "broadcast",
+            "--hypothesis-profile=brief",
+            "--report-dir",
+            "out",
+        ],
+        tmp_path,
+    )
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     assert "broadcast       0       2        0  FAIL" in done.stdout, done.stdout[-3000:]
     assert (tmp_path / "out" / "results.json").is_file() and (tmp_path / "out" / "summary.txt").is_file()

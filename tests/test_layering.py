@@ -1,6 +1,7 @@
 """The process boundary: what runs inside a rank, next to the code under test, never reaches the
 oracle, the tests or the grading code (an implementation that could call them would prove nothing,
 and could learn expected values). Walks the imports of every module of harness.rank."""
+
 from __future__ import annotations
 
 import ast
@@ -28,7 +29,7 @@ def _imports(name: str, path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 parts = package.split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1])
+                base = ".".join(parts[: len(parts) - node.level + 1])
                 module = f"{base}.{node.module}" if node.module else base
             else:
                 module = node.module
@@ -40,8 +41,7 @@ def _imports(name: str, path: Path) -> set[str]:
 
 def _package_modules(package: str) -> list[str]:
     folder = ROOT / Path(*package.split("."))
-    return sorted(".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-                  for path in folder.rglob("*.py"))
+    return sorted(".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__") for path in folder.rglob("*.py"))
 
 
 def rank_side() -> set[str]:
@@ -66,8 +66,7 @@ def test_the_rank_side_never_reaches_the_oracle_the_tests_or_the_grading_code():
 def test_every_harness_module_is_on_one_side_of_the_boundary():
     """A new module of the harness must say where it runs: in a rank (harness.rank) or in the driver
     (harness.driver). The package's own __init__ holds nothing but its docstring."""
-    loose = [m for m in _package_modules("harness")
-             if m != "harness" and not m.startswith(("harness.rank", "harness.driver"))]
+    loose = [m for m in _package_modules("harness") if m != "harness" and not m.startswith(("harness.rank", "harness.driver"))]
     assert not loose, f"harness modules outside harness.rank and harness.driver: {loose}"
     top = ast.parse((ROOT / "harness" / "__init__.py").read_text()).body
     assert len(top) == 1 and isinstance(top[0], ast.Expr), "harness/__init__.py must hold only its docstring"
@@ -76,5 +75,6 @@ def test_every_harness_module_is_on_one_side_of_the_boundary():
 def test_ranks_preload_only_rank_side_modules():
     """What the forkserver imports into every rank before the implementation loads."""
     from parallelism_conformance.harness.rank.preload import PRELOAD
+
     ours = [m.removeprefix(PACKAGE) for m in PRELOAD if m.startswith(PACKAGE)]
     assert ours and all(m.startswith("harness.rank") for m in ours), PRELOAD

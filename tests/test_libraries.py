@@ -2,6 +2,7 @@
 then, where a library's venv has been made (scripts/libraries makes it), one example of every
 capability each of its runs maps, in that venv, and the standalone reproductions of
 tests/libraries/ (each exits 0 while the library still behaves as its docstring says)."""
+
 from __future__ import annotations
 
 import os
@@ -18,11 +19,13 @@ from parallelism_conformance.harness.driver.libraries.matrix import Verdict, ver
 from parallelism_conformance.harness.driver.libraries.table import LIBRARIES, Library, Run
 from parallelism_conformance.harness.driver.libraries.venvs import ROOT, InstallFailed, check, venv_of
 
-REPRODUCTIONS = {"deepspeed": ["deepspeed_buffers_not_broadcast.py", "deepspeed_unused_parameter_moves.py"],
-                 "fairscale": ["fairscale_sdp_zero_grad_set_to_none.py"],
-                 "megatron-core": ["megatron_cross_entropy_float32.py", "megatron_ddp_buffers_and_unused_parameters.py"],
-                 "nanotron": ["nanotron_circular_import.py"],
-                 "nanotron==0.2": ["nanotron_row_bias_on_rank0.py"]}  # name==version: in that version's venv
+REPRODUCTIONS = {
+    "deepspeed": ["deepspeed_buffers_not_broadcast.py", "deepspeed_unused_parameter_moves.py"],
+    "fairscale": ["fairscale_sdp_zero_grad_set_to_none.py"],
+    "megatron-core": ["megatron_cross_entropy_float32.py", "megatron_ddp_buffers_and_unused_parameters.py"],
+    "nanotron": ["nanotron_circular_import.py"],
+    "nanotron==0.2": ["nanotron_row_bias_on_rank0.py"],
+}  # name==version: in that version's venv
 
 
 def test_every_run_names_an_adapter_that_exists_and_capabilities_the_registry_knows():
@@ -113,24 +116,43 @@ ONE_TEST = {  # per capability a library maps: the test that trains through the 
     "tp_compute_dtype": "conformance/test_tp_compute_dtype.py::test_the_sequence_parallel_bias_gradient_is_summed_in_the_masters_dtype",
     "pipeline_parallel": "conformance/test_pipeline_parallel.py::test_pipeline_step_matches_the_dense_model",
 }
-RUNS = [(library, run, capability) for library in LIBRARIES.values() for run in library.runs
-        for capability in run.capabilities]
+RUNS = [(library, run, capability) for library in LIBRARIES.values() for run in library.runs for capability in run.capabilities]
 
 
-@pytest.mark.parametrize("library,run,capability", RUNS,
-                         ids=[f"{lib.name}-{run.adapter.split('.')[-1]}-{cap}" for lib, run, cap in RUNS])
+@pytest.mark.parametrize("library,run,capability", RUNS, ids=[f"{lib.name}-{run.adapter.split('.')[-1]}-{cap}" for lib, run, cap in RUNS])
 def test_one_example_of_each_mapped_capability_runs_in_the_librarys_venv(library, run, capability, tmp_path):
     """The capability's training test, one drawn example (the ``smoke`` profile), in the venv: the
     run must end in a verdict the matrix explains, never a crash of the suite."""
     venv = _made(library)
     junit = tmp_path / "one.xml"
-    done = subprocess.run([str(venv.python), "-m", "pytest", ONE_TEST[capability], "-p", "no:randomly", "-p",
-                           "no:cacheprovider", "--impl", run.adapter, "--capability", capability, "--hypothesis-profile=smoke",
-                           "--max-world-size", "2", f"--junitxml={junit}", "-q"],
-                          cwd=ROOT, capture_output=True, text=True, env=venv.environment(dict(os.environ)), timeout=600)
+    done = subprocess.run(
+        [
+            str(venv.python),
+            "-m",
+            "pytest",
+            ONE_TEST[capability],
+            "-p",
+            "no:randomly",
+            "-p",
+            "no:cacheprovider",
+            "--impl",
+            run.adapter,
+            "--capability",
+            capability,
+            "--hypothesis-profile=smoke",
+            "--max-world-size",
+            "2",
+            f"--junitxml={junit}",
+            "-q",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=venv.environment(dict(os.environ)),
+        timeout=600,
+    )
     assert junit.exists(), done.stdout[-3000:] + done.stderr[-2000:]
-    verdicts = [v for v in verdicts_of(junit, library, library.pinned, Run(run.label, run.adapter, (capability,),
-                                                                          audit=False))]
+    verdicts = [v for v in verdicts_of(junit, library, library.pinned, Run(run.label, run.adapter, (capability,), audit=False))]
     assert verdicts and all(v.verdict in ("pass", "fail", "refused") for v in verdicts)
     unexplained = [v for v in verdicts if v.verdict == "fail" and not v.why]
     assert not unexplained, textwrap.shorten(f"unexplained failure: {unexplained[0].detail}", 1500)
@@ -142,7 +164,13 @@ def test_each_standalone_reproduction_still_reproduces(name, script):
     venv = venv_of(LIBRARIES[name], version or LIBRARIES[name].pinned)
     if not venv.python.exists():  # not _made: a library that does not import (nanotron 0.4) never gets the stamp
         pytest.skip(f"{name}=={venv.version} has no venv here: scripts/libraries {name}=={venv.version} makes it")
-    done = subprocess.run([str(venv.python), str(ROOT / "tests" / "libraries" / script)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, env=venv.environment(dict(os.environ)))
+    done = subprocess.run(
+        [str(venv.python), str(ROOT / "tests" / "libraries" / script)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=venv.environment(dict(os.environ)),
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "reproduced" in done.stdout

@@ -2,6 +2,7 @@
 "not implemented"; one that imports what this machine lacks fails naming it, since "not
 implemented" would tell a student that code they wrote was never written (CS336 submissions that
 import einx or read their own installed version, graded on an image without them)."""
+
 from __future__ import annotations
 
 import pytest
@@ -24,7 +25,8 @@ def test_a_package_it_imports_that_is_not_installed_is_named(tmp_path):
 
 def test_reading_its_own_installed_version_when_not_installed_says_to_install_it(tmp_path):
     (tmp_path / "student.py").write_text(
-        "import importlib.metadata\n__version__ = importlib.metadata.version('cs336-systems-not-installed-xyz')\n")
+        "import importlib.metadata\n__version__ = importlib.metadata.version('cs336-systems-not-installed-xyz')\n"
+    )
     with pytest.raises(MissingDependency, match="installed version of 'cs336-systems-not-installed-xyz'.*pip install"):
         load_implementation(str(tmp_path / "student.py"))
 

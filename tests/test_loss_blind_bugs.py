@@ -12,6 +12,7 @@ not assumed: a bug the loss check also catches fails the test here (and the corr
 implementation must pass both halves, which keeps the check honest). The examples use equal
 counts of valid tokens per rank, where a wrong count is a pure scale of the gradient.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,33 +42,51 @@ from parallelism_conformance.harness.rank import models, pipeline_models
 from tests.loss_blind import ADAMW, STEPS, impl_of, worst_difference
 
 LOSS_RTOL = 1e-4
-MODEL = {"kind": "tied_lm", "vocab": 7, "width": 4, "hidden": 6, "context": 3, "dtype": "float64",
-         "skips_first": False, "skips_in_unit": False}
+MODEL = {"kind": "tied_lm", "vocab": 7, "width": 4, "hidden": 6, "context": 3, "dtype": "float64", "skips_first": False, "skips_in_unit": False}
 
 
 def token_example(micro_batches: int = 1, divide_factor: float = 1.0) -> TokenExample:
     n = 2
-    return TokenExample(world_size=n, per_rank_batch=2, micro_batches=micro_batches, model={**MODEL, "loss": "sum"},
-                        steps=3, optimizer=ADAMW, divide_factor=divide_factor, masks=("all",) * (n * micro_batches),
-                        seed=5, data_seed=6)
+    return TokenExample(
+        world_size=n,
+        per_rank_batch=2,
+        micro_batches=micro_batches,
+        model={**MODEL, "loss": "sum"},
+        steps=3,
+        optimizer=ADAMW,
+        divide_factor=divide_factor,
+        masks=("all",) * (n * micro_batches),
+        seed=5,
+        data_seed=6,
+    )
 
 
 def clip_example() -> ClipExample:
-    training = TrainingExample(world_size=2, per_rank_batch=2, model=MODEL, steps=3, optimizer=ADAMW, seed=5,
-                               data_seed=6)
+    training = TrainingExample(world_size=2, per_rank_batch=2, model=MODEL, steps=3, optimizer=ADAMW, seed=5, data_seed=6)
     return ClipExample(training, micro_batches=1, norm_type=2.0, max_norm_factor=0.25)
 
 
-def pipeline_example(calls: int = 1, clip: bool = False, tied: bool = False, padded: tuple[int, ...] = ()
-                     ) -> PipelineExample:
+def pipeline_example(calls: int = 1, clip: bool = False, tied: bool = False, padded: tuple[int, ...] = ()) -> PipelineExample:
     """2 stages of 1F1B on 2 ranks, 2 microbatches; ``clip``: max_norm a quarter of the first
     step's norm (norm type 2); ``tied``: the last layer uses the first's weight (4 layers);
     ``padded``: those rows' targets are padding, the loss the summed error over the valid rows /
     their count, with scale_grads=False."""
     layers, widths = ((2, 2), (3, 5, 4, 5, 3)) if tied else ((2, 1), (3, 5, 4, 2))
-    example = PipelineExample(kind="1f1b", num_ranks=2, num_microbatches=2, stages_per_rank=1, layers_per_stage=layers,
-                              widths=widths, batch_size=4, seed=5, data_seed=6, schedule_seed=0, calls=calls, tied=tied,
-                              padded=padded)
+    example = PipelineExample(
+        kind="1f1b",
+        num_ranks=2,
+        num_microbatches=2,
+        stages_per_rank=1,
+        layers_per_stage=layers,
+        widths=widths,
+        batch_size=4,
+        seed=5,
+        data_seed=6,
+        schedule_seed=0,
+        calls=calls,
+        tied=tied,
+        padded=padded,
+    )
     if not clip:
         return example
     first = pipeline_dense_step(example, pipeline_stages(example))
@@ -114,17 +133,31 @@ CASES = {
 def train(pool, impl: str, kind: str, layout: str, example) -> list[dict]:
     if kind == "pipeline":
         batch = example.batch()
-        common = {"model": example.model, "seed": example.seed, "layers_per_stage": list(example.layers_per_stage),
-                  "stages_per_rank": 1, "num_microbatches": example.num_microbatches,
-                  "loss": "masked_sum" if example.padded else PIPELINE_LOSS, "per_token": bool(example.padded),
-                  "optimizer": ADAMW, "steps": STEPS, "schedule": example.kind, "calls": example.calls,
-                  "clip": None if example.clip is None else {"max_norm": example.clip[0], "norm_type": example.clip[1]},
-                  "tied": example.tied_copies() if example.tied else None}
+        common = {
+            "model": example.model,
+            "seed": example.seed,
+            "layers_per_stage": list(example.layers_per_stage),
+            "stages_per_rank": 1,
+            "num_microbatches": example.num_microbatches,
+            "loss": "masked_sum" if example.padded else PIPELINE_LOSS,
+            "per_token": bool(example.padded),
+            "optimizer": ADAMW,
+            "steps": STEPS,
+            "schedule": example.kind,
+            "calls": example.calls,
+            "clip": None if example.clip is None else {"max_norm": example.clip[0], "norm_type": example.clip[1]},
+            "tied": example.tied_copies() if example.tied else None,
+        }
         last = example.num_ranks - 1
-        return pool.run(example.num_ranks, "parallelism_conformance.harness.rank.programs.pipeline_parallel:train_steps",
-                        [{**common, "inputs": batch["inputs"] if r == 0 else None,
-                          "targets": batch["targets"] if r == last else None} for r in range(example.num_ranks)],
-                        impl=impl).outputs
+        return pool.run(
+            example.num_ranks,
+            "parallelism_conformance.harness.rank.programs.pipeline_parallel:train_steps",
+            [
+                {**common, "inputs": batch["inputs"] if r == 0 else None, "targets": batch["targets"] if r == last else None}
+                for r in range(example.num_ranks)
+            ],
+            impl=impl,
+        ).outputs
     if kind == "token":
         program, inputs, n = TOKEN_PROGRAMS[layout], token_inputs(example, layout), example.world_size
     else:
@@ -160,20 +193,17 @@ def loss_curves(kind: str, example, outputs: list[dict]) -> tuple[list[float], l
     if kind == "token":
         batch, steps, k = example.batch(), example.steps, example.micro_batches
         count = ref_tokens.valid_targets(batch)
-        trajectory = ref.train(models.build(example.model, example.seed), example.optimizer, batch, steps, k,
-                               per_token=True)
+        trajectory = ref.train(models.build(example.model, example.seed), example.optimizer, batch, steps, k, per_token=True)
         ranks = [sum(float(out["steps"][s]["loss"].sum()) for out in outputs) / count for s in range(steps)]
         evaluate, spec, scale = ref_tokens.evaluate, example.model, 1 / count
     else:
         training, batch, k = example.training, example.batch(), example.micro_batches
         steps, n = training.steps, training.world_size
-        trajectory = ref.train(models.build(training.model, training.seed), training.optimizer, batch, steps, k,
-                               clip=example.clip)
+        trajectory = ref.train(models.build(training.model, training.seed), training.optimizer, batch, steps, k, clip=example.clip)
         ranks = [sum(float(out["steps"][s]["loss"].sum()) for out in outputs) / n for s in range(steps)]
         evaluate, spec, scale = ref.evaluate, training.model, 1.0
     states = [trajectory.initial, *trajectory.states[:-1]]
-    single = [float(evaluate(ref.load_state(models.build(spec, 0), state), batch, 1, k).slice_losses[0].sum()) * scale
-              for state in states]
+    single = [float(evaluate(ref.load_state(models.build(spec, 0), state), batch, 1, k).slice_losses[0].sum()) * scale for state in states]
     return ranks, single
 
 
@@ -211,18 +241,36 @@ def both_checks(pool, impl: str, kind: str, layout: str, example) -> tuple[float
 def test_the_loss_curve_passes_the_bug_and_the_suite_fails_it(training_pool, mutant):
     kind, layout, example = CASES[mutant]
     worst, verdict = both_checks(training_pool, impl_of(mutant), kind, layout, example)
-    assert worst <= LOSS_RTOL, (f"the loss curve differs by {worst:.3g} (relative) from one process's: a loss-equality "
-                                f"check at {LOSS_RTOL:g} catches {mutant} too, so it is no example of a loss-blind bug")
+    assert worst <= LOSS_RTOL, (
+        f"the loss curve differs by {worst:.3g} (relative) from one process's: a loss-equality "
+        f"check at {LOSS_RTOL:g} catches {mutant} too, so it is no example of a loss-blind bug"
+    )
     assert verdict is not None, f"the suite passed {mutant} on {example}"
 
 
-@pytest.mark.parametrize(("kind", "layout", "example"), [
-    ("token", "data_parallel", token_example()), ("token", "fully_sharded", token_example()),
-    ("clip", "data_parallel", clip_example()), ("clip", "fully_sharded", clip_example()),
-    ("pipeline", "pipeline", pipeline_example(clip=True)), ("pipeline", "pipeline", pipeline_example(calls=2)),
-    ("pipeline", "pipeline", pipeline_example(clip=True, tied=True)), ("pipeline", "pipeline", pipeline_example(padded=(1,)))],
-    ids=["token-dp", "token-fsdp", "clip-dp", "clip-fsdp", "pipeline-clip", "pipeline-accumulation", "pipeline-tied-clip",
-         "pipeline-token-loss"])
+@pytest.mark.parametrize(
+    ("kind", "layout", "example"),
+    [
+        ("token", "data_parallel", token_example()),
+        ("token", "fully_sharded", token_example()),
+        ("clip", "data_parallel", clip_example()),
+        ("clip", "fully_sharded", clip_example()),
+        ("pipeline", "pipeline", pipeline_example(clip=True)),
+        ("pipeline", "pipeline", pipeline_example(calls=2)),
+        ("pipeline", "pipeline", pipeline_example(clip=True, tied=True)),
+        ("pipeline", "pipeline", pipeline_example(padded=(1,))),
+    ],
+    ids=[
+        "token-dp",
+        "token-fsdp",
+        "clip-dp",
+        "clip-fsdp",
+        "pipeline-clip",
+        "pipeline-accumulation",
+        "pipeline-tied-clip",
+        "pipeline-token-loss",
+    ],
+)
 def test_the_bundled_implementation_passes_both_checks(training_pool, kind, layout, example):
     worst, verdict = both_checks(training_pool, "parallelism_conformance.impls", kind, layout, example)
     assert worst <= LOSS_RTOL and verdict is None, (worst, verdict)

@@ -17,6 +17,7 @@ team's CI runs. The suite's judge (the conformance test's exact one-step judgeme
 model, batch and dtype) runs on the same implementation. The bundled implementation passes both;
 what each mutant does to each check is asserted as measured.
 """
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -35,7 +36,7 @@ from parallelism_conformance.harness.driver.plugin.fixtures import Ranks
 from parallelism_conformance.harness.rank import models
 from tests.loss_blind import ADAMW, STEPS, impl_of, worst_difference
 
-SGD = {"name": "sgd", "lr": 2.0 ** -3, "momentum": 0.0, "weight_decay": 0.0}
+SGD = {"name": "sgd", "lr": 2.0**-3, "momentum": 0.0, "weight_decay": 0.0}
 MODEL = {"kind": "relu_lm", "vocab": 6, "width": 3, "hidden": 4, "context": 2, "tied": False, "dtype": "float32"}
 EXAMPLE = TrainingExample(world_size=2, per_rank_batch=2, model=MODEL, steps=1, optimizer=SGD, seed=5, data_seed=6)
 DTYPE = "bfloat16"
@@ -55,9 +56,23 @@ def slices() -> list[dict]:
 def loss_curves(pool, impl: str) -> tuple[list[float], list[float]]:
     """(the ranks' loss on the global batch at every step, one process's)."""
     n, dtype, per_rank = EXAMPLE.world_size, getattr(torch, DTYPE), slices()
-    outputs = pool.run(n, "parallelism_conformance.harness.rank.programs.data_parallel:train", [
-        {"model": MODEL, "seed": EXAMPLE.seed, "optimizer": ADAMW, "steps": STEPS, "batches": [per_rank[r]],
-         "bucket_size_mb": None, "compute_dtype": DTYPE} for r in range(n)], impl=impl).outputs
+    outputs = pool.run(
+        n,
+        "parallelism_conformance.harness.rank.programs.data_parallel:train",
+        [
+            {
+                "model": MODEL,
+                "seed": EXAMPLE.seed,
+                "optimizer": ADAMW,
+                "steps": STEPS,
+                "batches": [per_rank[r]],
+                "bucket_size_mb": None,
+                "compute_dtype": DTYPE,
+            }
+            for r in range(n)
+        ],
+        impl=impl,
+    ).outputs
     ranks = [sum(float(out["steps"][s]["loss"].sum()) for out in outputs) / n for s in range(STEPS)]
     master = models.build(MODEL, EXAMPLE.seed)
     optimizer = models.build_optimizer(ADAMW, master.parameters())
@@ -78,8 +93,9 @@ def verdict(pool, impl: str) -> str | None:
     which the step is exact): None when it passes, else its first line."""
     ranks = Ranks(pool, SimpleNamespace(impl=impl))
     try:
-        judge, expected, outputs = run_one_step(lambda what: Judge(what, __file__), ranks, "data_parallel:train",
-                                                EXAMPLE, 1, DTYPE, {"bucket_size_mb": None})
+        judge, expected, outputs = run_one_step(
+            lambda what: Judge(what, __file__), ranks, "data_parallel:train", EXAMPLE, 1, DTYPE, {"bucket_size_mb": None}
+        )
         judge_one_step(judge, expected, outputs, EXAMPLE.world_size, DTYPE, "the module's parameters")
     except AssertionError as failure:
         return str(failure).splitlines()[0]
@@ -124,13 +140,14 @@ def test_a_tensor_parallel_gradient_summed_in_bfloat16_leaves_the_loss_exact(tra
     bfloat16. On the conformance test's example the loss sum(y * g) of the members' outputs equals the
     dense loss exactly, bug or not, while the suite's judge fails the mutant on the bias gradient (and
     passes the bundled layer)."""
-    example = TensorParallelExample(layout=Layout(2), dtype=torch.float32, in_features=3, out_features=3,
-                                    leading=(1, 4), bias=True, seed=3, ffn=4)
+    example = TensorParallelExample(
+        layout=Layout(2), dtype=torch.float32, in_features=3, out_features=3, leading=(1, 4), bias=True, seed=3, ffn=4
+    )
     built = bias_sum_example(example, torch.bfloat16)
-    outputs = training_pool.run(2, "parallelism_conformance.harness.rank.programs.tensor_parallel:forward_backward", built["per_member"],
-                       impl=impl_of(impl)).outputs
-    loss = sum(float((out["output"].double() * member["grad_output"].double()).sum())
-               for out, member in zip(outputs, built["per_member"]))
+    outputs = training_pool.run(
+        2, "parallelism_conformance.harness.rank.programs.tensor_parallel:forward_backward", built["per_member"], impl=impl_of(impl)
+    ).outputs
+    loss = sum(float((out["output"].double() * member["grad_output"].double()).sum()) for out, member in zip(outputs, built["per_member"]))
     dense = float((built["bias"].double() * built["total"].double()).sum())
     assert loss == dense, f"the loss {loss} differs from the dense {dense}: a loss check would catch it"
     judge = Judge(str(example), "tests/test_loss_blind_mixed_precision.py")

@@ -1,5 +1,6 @@
 """scripts/bench writes the measured table (perf/figures.py): a run replaces its own rows, keeps the
 others with the date they were measured, and never touches the text around the table."""
+
 from __future__ import annotations
 
 from parallelism_conformance.perf.figures import BEGIN, END, Figures, write

@@ -2,6 +2,7 @@
 the bug is a hang, a deadlock report is a kill, the runs start longest first, by the last run's
 seconds where there was one and by their kind's estimate where not, and a buggy outsider's targets
 narrow its run."""
+
 from __future__ import annotations
 
 import pytest
@@ -54,8 +55,15 @@ def test_a_kill_by_a_deadline_alone_is_told_apart_from_evidence():
 
 def test_the_mutants_whose_bug_is_a_hang_say_so_and_no_other_does():
     hangs = {m.path.stem for m in mutants() if m.hang}
-    assert hangs == {"disagree_circular_wait", "disagree_dtype", "disagree_peer", "disagree_size",
-                     "disagree_skipped_collective", "disagree_tag", "count_over_the_world"}
+    assert hangs == {
+        "disagree_circular_wait",
+        "disagree_dtype",
+        "disagree_peer",
+        "disagree_size",
+        "disagree_skipped_collective",
+        "disagree_tag",
+        "count_over_the_world",
+    }
 
 
 def test_bug_hang_is_read_from_the_docstring(tmp_path):
@@ -71,10 +79,8 @@ def test_a_buggy_outsiders_targets_narrow_its_run_and_a_correct_one_may_not_have
     time); a correct one runs everything it claims, so a 'targets:' there is refused."""
     folder = tmp_path / "data_parallel"
     folder.mkdir()
-    (folder / "bug.py").write_text('"""Buckets never reduced.\n\nverdict: fail\ncapability: data_parallel\n'
-                                   'targets: test_bucketed\n"""\n')
-    (folder / "good.py").write_text('"""Correct: buckets.\n\nverdict: pass\ncapability: data_parallel\n'
-                                    'targets: test_bucketed\n"""\n')
+    (folder / "bug.py").write_text('"""Buckets never reduced.\n\nverdict: fail\ncapability: data_parallel\ntargets: test_bucketed\n"""\n')
+    (folder / "good.py").write_text('"""Correct: buckets.\n\nverdict: pass\ncapability: data_parallel\ntargets: test_bucketed\n"""\n')
     args = Outsider.read(folder / "bug.py").pytest_args()
     assert args[args.index("-k") + 1] == "test_bucketed" and "-x" in args
     with pytest.raises(ValueError, match="only a buggy outsider"):
@@ -86,13 +92,17 @@ def job(key: str, kind: str) -> Job:
 
 
 def test_runs_start_longest_first_by_the_last_runs_seconds_else_by_kind():
-    jobs = [job("known good: a", "known good"), job("known good: b", "known good"), job("outsider: c", "outsider"),
-            job("mutant: d", "mutant"), job("mutant: e", "mutant")]
+    jobs = [
+        job("known good: a", "known good"),
+        job("known good: b", "known good"),
+        job("outsider: c", "outsider"),
+        job("mutant: d", "mutant"),
+        job("mutant: e", "mutant"),
+    ]
     assert [j.key for j in longest_first(jobs, {})] == [j.key for j in jobs]  # the estimates keep this order
     assert ESTIMATE_S["known good"] > ESTIMATE_S["outsider"] > ESTIMATE_S["mutant"]
     last = {"known good: a": 40.0, "known good: b": 300.0, "mutant: e": 60.0}  # c and d never timed
-    assert [j.key for j in longest_first(jobs, last)] == ["known good: b", "mutant: e", "known good: a",
-                                                          "outsider: c", "mutant: d"]
+    assert [j.key for j in longest_first(jobs, last)] == ["known good: b", "mutant: e", "known good: a", "outsider: c", "mutant: d"]
 
 
 def test_the_durations_file_round_trips_and_a_missing_or_broken_one_is_empty(tmp_path):

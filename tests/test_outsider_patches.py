@@ -1,5 +1,6 @@
 """harness/driver/outsider_patches.py: every bug under outsiders/<capability>/bugs/ applies to its
 author's correct file and gives a buggy implementation; a diff that does not fit is refused."""
+
 from __future__ import annotations
 
 import ast
@@ -32,8 +33,15 @@ def test_a_diff_whose_context_does_not_match_is_refused_naming_it(tmp_path):
         patched(diff)
 
 
-@pytest.mark.parametrize("base, buggy", [("x = 1\ny = 2", "x = 1\ny = 3"), ("x = 1\ny = 2", "x = 1\ny = 2\n"),
-                                         ("x = 1\ny = 2\n", "x = 0\ny = 2"), ("x = 1\r\ny = 2\n", "x = 1\r\ny = 5\n")])
+@pytest.mark.parametrize(
+    "base, buggy",
+    [
+        ("x = 1\ny = 2", "x = 1\ny = 3"),
+        ("x = 1\ny = 2", "x = 1\ny = 2\n"),
+        ("x = 1\ny = 2\n", "x = 0\ny = 2"),
+        ("x = 1\r\ny = 2\n", "x = 1\r\ny = 5\n"),
+    ],
+)
 def test_a_last_line_without_a_newline_and_other_line_ends_survive_byte_for_byte(base, buggy, tmp_path):
     (tmp_path / "bugs").mkdir()
     (tmp_path / "good.py").write_bytes(base.encode())

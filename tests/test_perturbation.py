@@ -1,6 +1,7 @@
 """--perturb-timing (harness/rank/perturbation.py, harness/driver/perturbation.py): a delayed call's
 output holds poison until waited for, the poison names the call, a LONG send reads its buffer when
 it leaves, a correct program's results are unchanged, and the schedule is described as drawn."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,8 +25,7 @@ def pool():
 
 
 def all_reduce(n: int, dtype=torch.float32) -> list[dict]:
-    return [{"function": "all_reduce", "arguments": {"tensor": torch.full((4,), r + 1, dtype=dtype), "op": "SUM"}}
-            for r in range(n)]
+    return [{"function": "all_reduce", "arguments": {"tensor": torch.full((4,), r + 1, dtype=dtype), "op": "SUM"}} for r in range(n)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
@@ -70,16 +70,14 @@ def test_an_unperturbed_task_of_a_perturbed_world_is_not_poisoned(pool):
 
 
 def test_a_long_send_reads_its_buffer_when_it_leaves(pool):
-    tasks = [{"function": "send_then_change", "arguments": {"tensor": torch.full((8,), 5.0), "peer": 1 - r}}
-             for r in range(2)]
+    tasks = [{"function": "send_then_change", "arguments": {"tensor": torch.full((8,), 5.0), "peer": 1 - r}} for r in range(2)]
     result = pool.run(2, CALL, tasks, impl=EARLY, schedules=[EVERY_CALL_LONG, NONE])
     assert result.outputs[1]["tensor"].tolist() == [-1.0] * 8  # what the buffer held when the send left
 
 
 def test_the_schedule_is_described_per_rank():
     text = perturbation.describe([([0, 2], 0), NONE, EVERY_CALL_SHORT])
-    assert text == ("delay schedule rank 0: calls 0-1 none, long, then every later call none; rank 1: none; "
-                    "rank 2: every later call short")
+    assert text == ("delay schedule rank 0: calls 0-1 none, long, then every later call none; rank 1: none; rank 2: every later call short")
 
 
 def test_a_failure_that_does_not_repeat_is_reported_as_nondeterminism():
@@ -90,10 +88,14 @@ def test_a_failure_that_does_not_repeat_is_reported_as_nondeterminism():
     from parallelism_conformance.harness.driver.plugin.nondeterminism import is_flaky, nondeterminism_report
     from parallelism_conformance.harness.driver.plugin.state import Target
 
-    error = FlakyFailure("Hypothesis test_x(data=...) produces unreliable results: Falsified on the first call but did "
-                         "not on a subsequent one", [AssertionError("gradient of 'fc2.weight': expected -2.82, got -2.03")])
-    item = SimpleNamespace(nodeid="conformance/test_data_parallel.py::test_x",
-                           funcargs={"target": Target("parallelism_conformance.impls", "auto", 4, "ci", perturb=True)})
+    error = FlakyFailure(
+        "Hypothesis test_x(data=...) produces unreliable results: Falsified on the first call but did not on a subsequent one",
+        [AssertionError("gradient of 'fc2.weight': expected -2.82, got -2.03")],
+    )
+    item = SimpleNamespace(
+        nodeid="conformance/test_data_parallel.py::test_x",
+        funcargs={"target": Target("parallelism_conformance.impls", "auto", 4, "ci", perturb=True)},
+    )
     assert is_flaky(error)
     text = nondeterminism_report(error, item)
     assert text.startswith("nondeterminism: ") and "FlakyFailure" not in text
@@ -103,8 +105,7 @@ def test_a_failure_that_does_not_repeat_is_reported_as_nondeterminism():
 
 
 def test_a_buffer_changed_before_its_send_left_is_named(pool):
-    tasks = [{"function": "send_then_change", "arguments": {"tensor": torch.full((8,), 5.0), "peer": 1 - r}}
-             for r in range(2)]
+    tasks = [{"function": "send_then_change", "arguments": {"tensor": torch.full((8,), 5.0), "peer": 1 - r}} for r in range(2)]
     schedules = [EVERY_CALL_LONG, NONE]
     result = pool.run(2, CALL, tasks, impl=EARLY, schedules=schedules)
     message = perturbation.poisoned_reads(result.outputs, result.late, schedules)
@@ -122,8 +123,7 @@ def test_an_output_written_while_in_flight_is_named(pool):
 
 
 def test_a_zero_dimensional_send_is_watched(pool):
-    tasks = [{"function": "send_then_change", "arguments": {"tensor": torch.tensor(5.0), "peer": 1 - r}}
-             for r in range(2)]
+    tasks = [{"function": "send_then_change", "arguments": {"tensor": torch.tensor(5.0), "peer": 1 - r}} for r in range(2)]
     result = pool.run(2, CALL, tasks, impl=EARLY, schedules=[EVERY_CALL_LONG, NONE])
     assert result.outputs[1]["tensor"].item() == -1.0
 

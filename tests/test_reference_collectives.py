@@ -176,8 +176,7 @@ def test_float_avg_is_sum_over_n(case):
 
 
 @SETTINGS
-@given(n=st.integers(1, 6), seed=st.integers(0, 10**6),
-       dtype=st.sampled_from([d for d in C.DTYPES if not d.is_floating_point]))
+@given(n=st.integers(1, 6), seed=st.integers(0, 10**6), dtype=st.sampled_from([d for d in C.DTYPES if not d.is_floating_point]))
 def test_integer_sum_wraps_and_avg_truncates(n, seed, dtype):
     x = make_inputs(n, (4,), dtype, seed, full_range=True)
     bits = torch.iinfo(dtype).bits
@@ -223,8 +222,7 @@ def test_float_reduction_is_single_rounding():
 def test_all_to_all_twice_is_identity(n, seed, data):
     gen = torch.Generator().manual_seed(seed)
     lengths = data.draw(st.lists(st.integers(0, 3), min_size=n * n, max_size=n * n))
-    x = [[torch.randn(lengths[i * n + r], 2, generator=gen) for r in range(n)]
-         for i in range(n)]
+    x = [[torch.randn(lengths[i * n + r], 2, generator=gen) for r in range(n)] for i in range(n)]
     once = C.all_to_all(x)
     for r in range(n):
         for i in range(n):
@@ -236,11 +234,15 @@ def test_all_to_all_twice_is_identity(n, seed, data):
 
 
 @SETTINGS
-@given(n=st.integers(1, 6), seed=st.integers(0, 10**6), data=st.data(),
-       dtype=st.sampled_from(C.DTYPES), trailing=st.sampled_from([(), (2,), (1, 3)]))
+@given(
+    n=st.integers(1, 6),
+    seed=st.integers(0, 10**6),
+    data=st.data(),
+    dtype=st.sampled_from(C.DTYPES),
+    trailing=st.sampled_from([(), (2,), (1, 3)]),
+)
 def test_all_to_all_single_round_trip(n, seed, data, dtype, trailing):
-    splits = [data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
-              for _ in range(n)]
+    splits = [data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)) for _ in range(n)]
     gen = torch.Generator().manual_seed(seed)
     x = [make_tensor((sum(s), *trailing), dtype, gen, True) for s in splits]
     out_splits = C.output_split_sizes(splits)
@@ -299,8 +301,7 @@ def test_outputs_do_not_alias_inputs():
 
 
 @SETTINGS
-@given(dtype=st.sampled_from(C.DTYPES), shape=st.sampled_from(SHAPES),
-       seed=st.integers(0, 10**6), data=st.data())
+@given(dtype=st.sampled_from(C.DTYPES), shape=st.sampled_from(SHAPES), seed=st.integers(0, 10**6), data=st.data())
 def test_first_mismatch_finds_injected_difference(dtype, shape, seed, data):
     gen = torch.Generator().manual_seed(seed)
     expected = make_tensor(shape, dtype, gen, full_range=False)
@@ -390,8 +391,12 @@ def _distributed_uses(source: str) -> list[int]:
             lines.append(node.lineno)
         elif isinstance(node, ast.Attribute) and node.attr == "distributed":
             lines.append(node.lineno)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("torch.distributed") \
-                and " " not in node.value:
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and node.value.startswith("torch.distributed")
+            and " " not in node.value
+        ):
             lines.append(node.lineno)  # importlib.import_module("torch.distributed")
     return lines
 

@@ -1,4 +1,5 @@
 """Self-tests of reference/data_parallel.py that need no ranks."""
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st

@@ -1,5 +1,6 @@
 """The expert-parallel oracle against the formula it encodes, token by token, and against itself
 with the tokens dealt differently across ranks."""
+
 from __future__ import annotations
 
 import torch
@@ -12,15 +13,26 @@ import parallelism_conformance.reference.expert_parallel as ref
 
 def layer(seed: int, experts: int, h: int, f: int):
     g = torch.Generator().manual_seed(seed)
-    weights = [(torch.randn(f, h, generator=g, dtype=torch.float64), torch.randn(f, generator=g, dtype=torch.float64),
-                torch.randn(h, f, generator=g, dtype=torch.float64), torch.randn(h, generator=g, dtype=torch.float64))
-               for _ in range(experts)]
+    weights = [
+        (
+            torch.randn(f, h, generator=g, dtype=torch.float64),
+            torch.randn(f, generator=g, dtype=torch.float64),
+            torch.randn(h, f, generator=g, dtype=torch.float64),
+            torch.randn(h, generator=g, dtype=torch.float64),
+        )
+        for _ in range(experts)
+    ]
     return torch.randn(experts, h, generator=g, dtype=torch.float64), weights, g
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**16), experts=st.integers(1, 4), h=st.integers(1, 4), f=st.integers(1, 4),
-       tokens=st.lists(st.integers(0, 4), min_size=1, max_size=3))
+@given(
+    seed=st.integers(0, 2**16),
+    experts=st.integers(1, 4),
+    h=st.integers(1, 4),
+    f=st.integers(1, 4),
+    tokens=st.lists(st.integers(0, 4), min_size=1, max_size=3),
+)
 def test_each_token_goes_to_its_top_expert_scaled_by_its_gate(seed, experts, h, f, tokens):
     router, weights, g = layer(seed, experts, h, f)
     xs = [torch.randn(t, h, generator=g, dtype=torch.float64) for t in tokens]

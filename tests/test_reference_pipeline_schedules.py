@@ -2,6 +2,7 @@
 reference/pipeline_simulator.py), which conformance/test_pipeline_parallel.py's verdicts rely on:
 every reference schedule is valid and meets theory, random valid schedules never deadlock, mutated
 schedules are rejected with the grid and the bad action, and a deadlocking order is detected."""
+
 from __future__ import annotations
 
 from fractions import Fraction
@@ -175,8 +176,8 @@ def test_steps_back_to_back_renumber_microbatches_and_keep_each_ranks_order():
     twice = back_to_back(schedule, 2)
     sched.validate(twice)
     assert twice.num_microbatches == 4
-    assert [str(a) for a in twice.rows[0]][:len(schedule.rows[0])] == [str(a) for a in schedule.rows[0]]
-    assert [a.microbatch for a in twice.rows[0][len(schedule.rows[0]):] if a.kind == sched.F] == [2, 3]
+    assert [str(a) for a in twice.rows[0]][: len(schedule.rows[0])] == [str(a) for a in schedule.rows[0]]
+    assert [a.microbatch for a in twice.rows[0][len(schedule.rows[0]) :] if a.kind == sched.F] == [2, 3]
     with pytest.raises(ValueError, match="iterations must be at least 1"):
         back_to_back(schedule, 0)
 

@@ -1,4 +1,5 @@
 """Self-tests of reference/tensor_parallel.py that need no ranks."""
+
 import pytest
 import torch
 from hypothesis import given

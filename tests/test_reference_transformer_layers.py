@@ -1,6 +1,7 @@
 """The oracle of the tensor-parallel attention and SwiGLU checked against torch's own fused kernels
 and against itself across layouts: written out head by head, it must agree with
 F.scaled_dot_product_attention(enable_gqa=True); the members' rows must cover the fused weight once."""
+
 from __future__ import annotations
 
 import pytest
@@ -35,8 +36,8 @@ def test_the_members_rows_cover_the_fused_weight_once_and_read_as_a_smaller_dens
     for r, mine in enumerate(rows):
         local_q, local_k, _ = ref._head_rows(layout, heads // n, kv_heads // n, d)
         per_q, per_kv = heads // n, kv_heads // n
-        assert torch.equal(mine[local_q.reshape(-1)], q[r * per_q:(r + 1) * per_q].reshape(-1))
-        assert torch.equal(mine[local_k.reshape(-1)], k[r * per_kv:(r + 1) * per_kv].reshape(-1))
+        assert torch.equal(mine[local_q.reshape(-1)], q[r * per_q : (r + 1) * per_q].reshape(-1))
+        assert torch.equal(mine[local_k.reshape(-1)], k[r * per_kv : (r + 1) * per_kv].reshape(-1))
     assert torch.equal(ref.qkv_rows(layout, heads, kv_heads, d, 1, 0), torch.arange((heads + 2 * kv_heads) * d))
 
 

@@ -2,6 +2,7 @@
 (harness.driver.plugin.refusals.Refusals): reject it, skip a test none of whose examples ran, stop a
 test that ran some at the budget, and never end a test by a skip or a stop once an example failed
 (Hypothesis then shrinks the failure, and refusals on the way must not hide it)."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -45,8 +46,9 @@ def test_a_test_that_ran_examples_stops_at_the_budget_and_its_note_says_so(in_hy
     assert refusals.ran() == 1
     assert [refuse(refusals) for _ in range(Refusals.REFUSAL_BUDGET - 3)] == [UnsatisfiedAssumption] * 47
     assert refuse(refusals) is EnoughRefused
-    assert refusals.note().startswith("1 examples ran; 50 drawn examples torch's library cannot run were not, and "
-                                      "drawing stopped there, as: 50x ")
+    assert refusals.note().startswith(
+        "1 examples ran; 50 drawn examples torch's library cannot run were not, and drawing stopped there, as: 50x "
+    )
 
 
 def test_once_an_example_failed_refusals_only_reject(in_hypothesis):
@@ -71,6 +73,7 @@ def test_a_rejection_a_skip_or_hypothesis_s_own_flow_is_not_a_failure(in_hypothe
     an adapter's context-parallel tests drew 459 examples and ended Unsatisfiable."""
     refusals = Refusals()
     for raised in (UnsatisfiedAssumption(), pytest.skip.Exception("skipped"), StopTest(0)):
+
         def example(raised=raised):
             raise raised
 

@@ -1,5 +1,6 @@
 """The capability registry (harness/driver/capabilities.py) against everything that names a capability
 or a name an implementation provides: one place per fact, checked here."""
+
 from __future__ import annotations
 
 import ast
@@ -43,14 +44,18 @@ def test_every_file_a_capability_names_exists_and_so_does_its_contract_section()
         assert not missing, f"{capability.name}: the registry names {missing}, which do not exist"
         assert capability.files, f"{capability.name}: the registry names none of its files"
         if capability.name != "audit":  # whose rules sit in each strategy's section
-            assert any(capability.contract and capability.contract in h for h in headings), \
+            assert any(capability.contract and capability.contract in h for h in headings), (
                 f"{capability.name}: no CONTRACT.md heading holds {capability.contract!r}"
+            )
     # and every file of those folders belongs to a capability, but what all of them share
     shared = {"reference/likely_bugs.py", "harness/rank/programs/probe.py", "harness/rank/programs/timing.py"}
     named = {name for c in CAPABILITIES for name in c.files} | shared
     for folder in ("reference", "impls", "harness/rank/programs", "adapters", "outsiders"):
-        orphans = [str(p.relative_to(ROOT)) for p in (ROOT / folder).iterdir()
-                   if not p.name.startswith(("_", ".")) and str(p.relative_to(ROOT)) not in named]
+        orphans = [
+            str(p.relative_to(ROOT))
+            for p in (ROOT / folder).iterdir()
+            if not p.name.startswith(("_", ".")) and str(p.relative_to(ROOT)) not in named
+        ]
         assert not orphans, f"{orphans}: no capability of harness/driver/capabilities.py names them"
 
 
@@ -114,7 +119,8 @@ def test_the_capability_table_is_the_registry_s():
     from parallelism_conformance.harness.driver import capability_table
 
     text = capability_table.TABLE.read_text()
-    assert capability_table.replaced(text) == text, \
+    assert capability_table.replaced(text) == text, (
         "docs/capabilities.md's table differs from the registry: run python -m parallelism_conformance.harness.driver.capability_table"
+    )
     with pytest.raises(ValueError, match="markers"):
         capability_table.replaced(text.replace(capability_table.BEGIN, ""))

@@ -2,6 +2,7 @@
 CS336 handout's loop (one backward per step, zero_grad(set_to_none=True), every parameter used,
 float32 models, ranks seeded apart hold rank 0's buffers), the default scope still draws the rest, and a failure's reproduce line keeps the
 scope."""
+
 from __future__ import annotations
 
 import torch
@@ -32,8 +33,10 @@ def test_the_cs336_scope_draws_only_the_handouts_loop(example):
 def test_the_contract_scope_still_draws_accumulation_and_buffers_apart():
     find(examples(4, "contract", per_rank_init=False), lambda e: e.micro_batches > 1 and not e.set_to_none)
     find(examples(4, "contract", per_rank_init=False), lambda e: e.model["dtype"] == "float64")
-    apart = find(examples(4, "contract", per_rank_init=True),
-                 lambda e: e.world_size > 1 and e.model.get("buffers", True) and e.model["kind"] == "tied_lm")
+    apart = find(
+        examples(4, "contract", per_rank_init=True),
+        lambda e: e.world_size > 1 and e.model.get("buffers", True) and e.model["kind"] == "tied_lm",
+    )
     first = dict(models.build(apart.model_of(0), apart.seed_of(0)).named_buffers())
     second = dict(models.build(apart.model_of(1), apart.seed_of(1)).named_buffers())
     assert not torch.equal(first["offset"], second["offset"])

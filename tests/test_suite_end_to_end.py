@@ -1,6 +1,7 @@
 """The conformance suite as a user runs it, in a pytest process of its own (tests/conftest.py,
 suite_runner): a broken implementation fails its own tests with a clear message and the run goes on
 to report everything else."""
+
 from __future__ import annotations
 
 import re
@@ -15,8 +16,19 @@ FIXTURES = Path(__file__).parent / "fixtures"
 @pytest.fixture
 def run_suite(suite_runner):
     def run(impl: str, *args: str):
-        return suite_runner.run("conformance/test_collectives.py", "-q", "-p", "no:cacheprovider", "--impl", impl,
-                                "--hypothesis-profile=ci", "--rank-timeout", "5", *args)
+        return suite_runner.run(
+            "conformance/test_collectives.py",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--impl",
+            impl,
+            "--hypothesis-profile=ci",
+            "--rank-timeout",
+            "5",
+            *args,
+        )
+
     return run
 
 
@@ -45,8 +57,9 @@ def test_missing_functions_fail_their_own_tests_and_never_collection(run_suite):
 
 
 def test_claiming_only_what_is_provided_ends_green(run_suite):
-    result = run_suite(str(FIXTURES / "partial_impl.py"), "--capability", "broadcast,all_reduce",
-                       "-k", "test_broadcast or test_all_reduce and MAX")
+    result = run_suite(
+        str(FIXTURES / "partial_impl.py"), "--capability", "broadcast,all_reduce", "-k", "test_broadcast or test_all_reduce and MAX"
+    )
     assert result.returncode == 6, result.stdout[-3000:]  # all_reduce is claimed and missing
     result = run_suite(str(FIXTURES / "partial_impl.py"), "--capability", "broadcast", "-k", "test_broadcast or test_all_reduce")
     assert result.returncode == 0, result.stdout[-3000:]
@@ -54,8 +67,7 @@ def test_claiming_only_what_is_provided_ends_green(run_suite):
 
 
 def test_a_hanging_collective_is_cut_at_the_deadline_without_shrinking(run_suite):
-    result = run_suite(str(FIXTURES / "hanging_impl.py"), "-k", "test_all_reduce and SUM or test_broadcast",
-                       "--rank-timeout", "2")
+    result = run_suite(str(FIXTURES / "hanging_impl.py"), "-k", "test_all_reduce and SUM or test_broadcast", "--rank-timeout", "2")
     assert result.returncode == 1, result.stdout[-3000:]
     assert "1 failed, 1 passed" in result.stdout
     assert "no result within the 2 s deadline" in result.stdout
@@ -80,14 +92,20 @@ def test_an_implementation_that_patches_the_oracle_and_harness_in_its_ranks_stil
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("option, message", [
-    (["--rank-timeout", "0"], "--rank-timeout must be a positive number of seconds, got 0"),
-    (["--hypothesis-profile=nope"], "--hypothesis-profile=nope: no such profile; this suite registers quick, ci"),
-    (["--max-world-size", "0"], "--max-world-size must be at least 1"),
-    (["--attach", "2", "--attach-address", "nohost"], "--attach-address must be HOST:PORT, got 'nohost'"),
-    pytest.param(["--backend", "nccl"], "--backend nccl needs at least one visible GPU; none is visible",
-                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")),
-])
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        (["--rank-timeout", "0"], "--rank-timeout must be a positive number of seconds, got 0"),
+        (["--hypothesis-profile=nope"], "--hypothesis-profile=nope: no such profile; this suite registers quick, ci"),
+        (["--max-world-size", "0"], "--max-world-size must be at least 1"),
+        (["--attach", "2", "--attach-address", "nohost"], "--attach-address must be HOST:PORT, got 'nohost'"),
+        pytest.param(
+            ["--backend", "nccl"],
+            "--backend nccl needs at least one visible GPU; none is visible",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible"),
+        ),
+    ],
+)
 def test_a_bad_option_is_one_usage_error_that_names_it_before_any_test_runs(run_suite, option, message):
     result = run_suite("parallelism_conformance.impls", *option)
     assert result.returncode == 4, result.stdout[-3000:]  # pytest's usage-error code
@@ -98,8 +116,15 @@ def test_a_bad_option_is_one_usage_error_that_names_it_before_any_test_runs(run_
 def test_a_run_that_cannot_draw_two_ranks_reports_not_tested_never_pass(run_suite, tmp_path):
     """What a 1-GPU runner with --backend nccl gets (here: --max-world-size 1 on gloo): nothing
     needing two ranks ran, so nothing is counted as passed, and every output says why."""
-    result = run_suite("parallelism_conformance.impls", "-k", "test_all_reduce and SUM or test_broadcast", "--max-world-size", "1",
-                       "--report-dir", str(tmp_path))
+    result = run_suite(
+        "parallelism_conformance.impls",
+        "-k",
+        "test_all_reduce and SUM or test_broadcast",
+        "--max-world-size",
+        "1",
+        "--report-dir",
+        str(tmp_path),
+    )
     assert result.returncode == 0, result.stdout[-3000:]
     assert "2 skipped, " in result.stdout and " passed," not in result.stdout
     assert scorecard_row(result.stdout, "all_reduce")[-2:] == ["not", "tested"]
@@ -114,8 +139,9 @@ def test_every_test_of_a_run_without_two_ranks_is_skipped_with_why_never_failed(
     (the audit's) asked the pool for a world the plan does not have and failed with a ValueError.
     Every conformance test, at --max-world-size 1, must be skipped in the driver with the reason."""
     # brief: what is checked (every test skipped, never passed) holds for any number of examples
-    result = suite_runner.run("conformance", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
-                              "--hypothesis-profile=brief", "--max-world-size", "1", "-rs")
+    result = suite_runner.run(
+        "conformance", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--hypothesis-profile=brief", "--max-world-size", "1", "-rs"
+    )
     assert result.returncode == 0, result.stdout[-3000:]
     summary = result.stdout.strip().splitlines()[-1]
     assert summary.split()[1] == "skipped" and "passed" not in summary and "failed" not in summary, summary
@@ -131,16 +157,32 @@ def test_an_example_torch_cannot_run_is_rejected_and_the_test_goes_on(suite_runn
     microbatches) is skipped with the reasons after ten. Before, the first refusal skipped the whole
     test."""
     junit = tmp_path / "junit.xml"
-    result = suite_runner.run("conformance/test_pipeline_parallel.py", "-q", "-p", "no:cacheprovider",
-                              "-p", "no:randomly", "--impl", "parallelism_conformance.adapters.torch_native", "--hypothesis-profile=ci", "-rs",
-                              "-k", "test_any_valid_schedule or test_unequal", f"--junitxml={junit}")
+    result = suite_runner.run(
+        "conformance/test_pipeline_parallel.py",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:randomly",
+        "--impl",
+        "parallelism_conformance.adapters.torch_native",
+        "--hypothesis-profile=ci",
+        "-rs",
+        "-k",
+        "test_any_valid_schedule or test_unequal",
+        f"--junitxml={junit}",
+    )
     assert result.returncode == 0, result.stdout[-3000:]
     assert "1 passed, 1 skipped" in result.stdout, result.stdout[-3000:]
-    assert "no drawn example ran: 10x torch.distributed.pipelining cannot run microbatches of unequal sizes" \
-        in result.stdout, result.stdout[-3000:]
-    notes = re.findall(r'name="note" value="(\d+) examples ran; (\d+) drawn examples torch\'s library cannot run '
-                       r'were not(, and drawing stopped there)?, as: \d+x torch.distributed.pipelining cannot run a '
-                       r'schedule', junit.read_text())
+    assert "no drawn example ran: 10x torch.distributed.pipelining cannot run microbatches of unequal sizes" in result.stdout, result.stdout[
+        -3000:
+    ]
+    notes = re.findall(
+        r'name="note" value="(\d+) examples ran; (\d+) drawn examples torch\'s library cannot run '
+        r"were not(, and drawing stopped there)?, as: \d+x torch.distributed.pipelining cannot run a "
+        r"schedule",
+        junit.read_text(),
+    )
     assert len(notes) == 1, junit.read_text()[-3000:]
     ran, refused, stopped = int(notes[0][0]), int(notes[0][1]), notes[0][2]
     assert 0 < ran <= 25 and 0 < refused <= 50 and bool(stopped) == (refused == 50), notes

@@ -14,6 +14,7 @@ bubble (v = 2) meet the lower bound 6m + p - 1 at unit costs for m >= 2p - 1 and
 interleaved zero bubble with m not a multiple of p (which it accepts when m is a multiple of its
 rounds) holds more than 2p activations (p=4, m=7: 11).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -27,8 +28,12 @@ from parallelism_conformance.harness.rank import pipeline_models
 from parallelism_conformance.reference.pipeline_simulator import Costs, simulate
 
 torch_schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
-CLASSES = {"zb-v": "ScheduleZBVZeroBubble", "looped-bfs": "ScheduleLoopedBFS", "dualpipev": "ScheduleDualPipeV",
-           "interleaved-zb": "ScheduleInterleavedZeroBubble"}
+CLASSES = {
+    "zb-v": "ScheduleZBVZeroBubble",
+    "looped-bfs": "ScheduleLoopedBFS",
+    "dualpipev": "ScheduleDualPipeV",
+    "interleaved-zb": "ScheduleInterleavedZeroBubble",
+}
 ADAPTER = "parallelism_conformance.adapters.torch_native"
 GENERATE = "parallelism_conformance.harness.rank.programs.pipeline_parallel:generate_schedule"
 STEP = "parallelism_conformance.harness.rank.programs.pipeline_parallel:train_step"
@@ -49,8 +54,7 @@ def needs(*kinds: str) -> None:
 
 
 def torch_rows(pool, kind: str, p: int, m: int, v: int = 2) -> sched.Schedule | None:
-    out = pool.run(1, GENERATE, [{"kind": kind, "num_ranks": p, "num_microbatches": m, "stages_per_rank": v}],
-                   impl=ADAPTER).outputs[0]
+    out = pool.run(1, GENERATE, [{"kind": kind, "num_ranks": p, "num_microbatches": m, "stages_per_rank": v}], impl=ADAPTER).outputs[0]
     if "refused" in out:
         return None
     schedule = sched.Schedule.from_strings(out["rows"], m, v, sched.placement_of(kind))
@@ -92,19 +96,24 @@ def test_torch_zero_bubble_schedules_meet_the_lower_bound(pool):
     assert over == [11] * 4  # m not a multiple of p: more than 2p live
 
 
-@pytest.mark.parametrize("kind, p, m", [("dualpipev", 2, 4), ("looped-bfs", 2, 2), ("interleaved-zb", 2, 4),
-                                        ("dualpipev", 3, 6)])
+@pytest.mark.parametrize("kind, p, m", [("dualpipev", 2, 4), ("looped-bfs", 2, 2), ("interleaved-zb", 2, 4), ("dualpipev", 3, 6)])
 def test_torch_schedule_classes_run_on_gloo_ranks_and_match_the_dense_model(pool, kind, p, m):
     needs(kind)
-    example = Example(kind, p, m, 2, (1,) * (2 * p), (3,) * (2 * p + 1), 2 * m, seed=1, data_seed=2,
-                      schedule_seed=0)
+    example = Example(kind, p, m, 2, (1,) * (2 * p), (3,) * (2 * p + 1), 2 * m, seed=1, data_seed=2, schedule_seed=0)
     placement = sched.placement_of(kind)
     batch = pipeline_models.make_batch(example.model, example.batch_size, example.data_seed)
     last = sched.stage_rank(2 * p - 1, p, placement)
-    common = {"model": example.model, "seed": example.seed, "layers_per_stage": list(example.layers_per_stage),
-              "stages_per_rank": 2, "num_microbatches": m, "loss": "mse", "schedule": kind, "placement": placement}
-    args = [{**common, "inputs": batch["inputs"] if r == 0 else None,
-             "targets": batch["targets"] if r == last else None} for r in range(p)]
+    common = {
+        "model": example.model,
+        "seed": example.seed,
+        "layers_per_stage": list(example.layers_per_stage),
+        "stages_per_rank": 2,
+        "num_microbatches": m,
+        "loss": "mse",
+        "schedule": kind,
+        "placement": placement,
+    }
+    args = [{**common, "inputs": batch["inputs"] if r == 0 else None, "targets": batch["targets"] if r == last else None} for r in range(p)]
     try:
         outputs = pool.run(p, STEP, args, impl=ADAPTER).outputs
     except ImplementationIncomplete as incomplete:
@@ -113,5 +122,4 @@ def test_torch_schedule_classes_run_on_gloo_ranks_and_match_the_dense_model(pool
             raise
         pytest.skip(reason)
     order = torch_rows(pool, kind, p, m).compute_only()
-    judge_step(Judge(f"torch's {kind} through {ADAPTER}: {example}", "python -m pytest " + __file__), example,
-               outputs, order)
+    judge_step(Judge(f"torch's {kind} through {ADAPTER}: {example}", "python -m pytest " + __file__), example, outputs, order)

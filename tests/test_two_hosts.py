@@ -4,6 +4,7 @@ rendezvous hosted on the first host) starts one rank on each; the suite's driver
 runs a capability on the world they form (gloo told its interface with GLOO_SOCKET_IFNAME, as on a
 cluster whose hosts have several) and judges it as it judges local ranks. Needs root (``ip netns``),
 as on the CI machine; skipped with the reason elsewhere."""
+
 from __future__ import annotations
 
 import os
@@ -77,23 +78,74 @@ def test_a_capability_runs_on_ranks_that_torchrun_starts_on_two_hosts(two_hosts)
     # not listening yet and keep dialling (CONFORMANCE_DIAL_TIMEOUT)
     launchers = []
     for node, host in enumerate(two_hosts):
-        env = {**os.environ, "CONFORMANCE_DRIVER": f"{first.address}:{driver_port}", "CONFORMANCE_AUTHKEY": key,
-               "GLOO_SOCKET_IFNAME": host.interface, "PYTHONPATH": str(ROOT)}
-        launchers.append(subprocess.Popen(
-            host.command(sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-                         "--node-rank", str(node), "--rdzv-backend", "c10d", "--rdzv-id", "two-hosts",
-                         "--rdzv-endpoint", f"{first.address}:{rendezvous_port}", "--local-addr", host.address,
-                         # the namespaces share one hostname, from which torchrun would guess who hosts
-                         # the rendezvous store: the first host says so (hosts of their own need not)
-                         "--rdzv-conf", f"is_host={str(node == 0).lower()}",
-                         "-m", "parallelism_conformance.harness.rank"),
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        env = {
+            **os.environ,
+            "CONFORMANCE_DRIVER": f"{first.address}:{driver_port}",
+            "CONFORMANCE_AUTHKEY": key,
+            "GLOO_SOCKET_IFNAME": host.interface,
+            "PYTHONPATH": str(ROOT),
+        }
+        launchers.append(
+            subprocess.Popen(
+                host.command(
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    "--nnodes",
+                    "2",
+                    "--nproc-per-node",
+                    "1",
+                    "--node-rank",
+                    str(node),
+                    "--rdzv-backend",
+                    "c10d",
+                    "--rdzv-id",
+                    "two-hosts",
+                    "--rdzv-endpoint",
+                    f"{first.address}:{rendezvous_port}",
+                    "--local-addr",
+                    host.address,
+                    # the namespaces share one hostname, from which torchrun would guess who hosts
+                    # the rendezvous store: the first host says so (hosts of their own need not)
+                    "--rdzv-conf",
+                    f"is_host={str(node == 0).lower()}",
+                    "-m",
+                    "parallelism_conformance.harness.rank",
+                ),
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     driver = subprocess.Popen(
-        first.command(sys.executable, "-m", "pytest", "conformance/test_collectives.py", "-q", "-p", "no:randomly",
-                      "--impl", "parallelism_conformance.impls", "--capability", "broadcast", "--hypothesis-profile=brief",
-                      "--attach", "2", "--attach-address", f"{first.address}:{driver_port}", "--attach-timeout", "300"),
-        cwd=ROOT, env={**os.environ, "CONFORMANCE_AUTHKEY": key}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True)
+        first.command(
+            sys.executable,
+            "-m",
+            "pytest",
+            "conformance/test_collectives.py",
+            "-q",
+            "-p",
+            "no:randomly",
+            "--impl",
+            "parallelism_conformance.impls",
+            "--capability",
+            "broadcast",
+            "--hypothesis-profile=brief",
+            "--attach",
+            "2",
+            "--attach-address",
+            f"{first.address}:{driver_port}",
+            "--attach-timeout",
+            "300",
+        ),
+        cwd=ROOT,
+        env={**os.environ, "CONFORMANCE_AUTHKEY": key},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         output, _ = driver.communicate(timeout=RUN_TIMEOUT_S)
         logs = [launcher.communicate(timeout=60)[0] for launcher in launchers]

@@ -2,6 +2,7 @@
 say what a fresh `python -m pytest` says (exit code, output, assertion introspection), keep
 concurrent runs apart, end a run past its timeout, fork every run's ranks from the template's one
 forkserver with the run's own environment, and fall back to subprocesses when the template is gone."""
+
 from __future__ import annotations
 
 import subprocess
@@ -103,8 +104,7 @@ def test_every_runs_ranks_come_from_one_forkserver_with_the_runs_own_environment
     probe = tmp_path / "probe.txt"
     with WarmPytest(forkserver_preload=PRELOAD) as warm:
         for value in ("first", "second"):
-            code, output, _ = warm.run(args("test_ranks.py"), cwd=str(tmp_path),
-                                       env={"WARM_PYTEST_PROBE": value, "PROBE_FILE": str(probe)})
+            code, output, _ = warm.run(args("test_ranks.py"), cwd=str(tmp_path), env={"WARM_PYTEST_PROBE": value, "PROBE_FILE": str(probe)})
             assert code == 0, output
     seen = [line.split() for line in probe.read_text().splitlines()]
     assert [value for _, value in seen] == ["first", "first", "second", "second"]  # 2 ranks per run

@@ -1,5 +1,6 @@
 """One drawn call of each collective in an audited task (called as conformance/collective_table.py
 says), and the cost model's per-rank bound for it."""
+
 from __future__ import annotations
 
 import pytest
@@ -21,13 +22,14 @@ def collective_case(name: str, draw, layout: Layout, refused_for=None) -> tuple[
     gives the dtypes the backend's own collective refuses (probed, as test_collectives.py does):
     they are not drawn, and a collective refused for every dtype is skipped with the reason."""
     n = layout.size
-    op = draw("op", st.sampled_from(OPS)) if name in ("all_reduce", "reduce", "reduce_scatter",
-                                                      "reduce_scatter_tensor") else None
+    op = draw("op", st.sampled_from(OPS)) if name in ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor") else None
     refused = refused_for(name, op) if refused_for is not None else frozenset()
     allowed = [d for d in DTYPES if d not in refused]
     if not allowed:
-        pytest.skip(f"the backend refuses {name}{f' op={op}' if op else ''} for every dtype (probed with "
-                    f"torch.distributed's own {name}), so it is not drawn")
+        pytest.skip(
+            f"the backend refuses {name}{f' op={op}' if op else ''} for every dtype (probed with "
+            f"torch.distributed's own {name}), so it is not drawn"
+        )
     dtype = draw("dtype", st.sampled_from(allowed))
     if dtype in refused:  # a fixed example asking for what the backend refuses
         pytest.skip(f"the backend refuses {name} for {dtype} (probed), so it is not drawn")
@@ -40,8 +42,7 @@ def collective_case(name: str, draw, layout: Layout, refused_for=None) -> tuple[
     if name in ("scatter", "gather", "broadcast", "reduce"):
         root = layout.ranks.index(draw("root", st.sampled_from(layout.ranks)))
     if name == "all_to_all_single":
-        splits = draw("input_split_sizes", st.lists(st.lists(st.integers(0, 50), min_size=n, max_size=n),
-                                                    min_size=n, max_size=n))
+        splits = draw("input_split_sizes", st.lists(st.lists(st.integers(0, 50), min_size=n, max_size=n), min_size=n, max_size=n))
         inputs = [vals.tensor(i, (sum(splits[i]),)) for i in range(n)]
         split_bytes = [[s * itemsize for s in row] for row in splits]
     else:  # flat: what the audit counts is bytes, and the table cuts pieces from flat inputs
@@ -50,9 +51,10 @@ def collective_case(name: str, draw, layout: Layout, refused_for=None) -> tuple[
     numel = entry.message_numel(inputs[0].numel(), n)
     if name == "all_to_all":  # a piece of numel elements for each peer
         split_bytes = [[numel * itemsize] * n for _ in range(n)]
-    bounds = {rank: cost_model.collective(name, n, i, numel=numel, itemsize=itemsize,
-                                          split_bytes=None if split_bytes is None else split_bytes[i])
-              for i, rank in enumerate(layout.ranks)}
+    bounds = {
+        rank: cost_model.collective(name, n, i, numel=numel, itemsize=itemsize, split_bytes=None if split_bytes is None else split_bytes[i])
+        for i, rank in enumerate(layout.ranks)
+    }
     what = f"{name} on {n} ranks, {numel} x {str(dtype).removeprefix('torch.')} ({numel * itemsize} B): {BOUND_FORMULA[name]}"
     return name, args, bounds, what
 

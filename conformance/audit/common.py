@@ -1,5 +1,6 @@
 """What every audit test shares: the audited runner (the ordinary run, then the kernel's write
 counts checked against the records), the skip of an unclaimed strategy, and the verdict."""
+
 from __future__ import annotations
 
 import pytest

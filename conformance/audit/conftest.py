@@ -1,4 +1,5 @@
 """The audit's fixture: an Audited runner over the session's audited pool."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,5 +9,6 @@ from parallelism_conformance.conformance.audit.common import Audited, p2p_requir
 
 @pytest.fixture(scope="session")
 def audited(audited_pool, target, pytestconfig, backend_refusals, ranks):
-    return Audited(audited_pool, target, p2p_required(target.impl, pytestconfig.getoption("--audit-require-p2p")),
-                   backend_refusals, ranks.refusals)
+    return Audited(
+        audited_pool, target, p2p_required(target.impl, pytestconfig.getoption("--audit-require-p2p")), backend_refusals, ranks.refusals
+    )

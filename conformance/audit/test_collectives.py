@@ -1,5 +1,6 @@
 """The communication audit of collectives (the rules: harness/driver/audit.py; the bounds:
 reference/cost_model.py)."""
+
 from __future__ import annotations
 
 import pytest
@@ -45,15 +46,15 @@ def test_point_to_point_only(name, audited, request, reproduce):
     layout = Layout(min(2, audited.target.max_world_size))
     if layout.size < 2:
         pytest.skip("needs a world of at least 2 ranks (--max-world-size)")
-    fixed = {"dtype": torch.float32, "op": "SUM", "seed": 0, "shape": (1024,), "root": 0,
-             "input_split_sizes": [[512, 512], [512, 512]]}
-    function, args, bounds, what = collective_case(name, lambda label, _: fixed[label], layout,
-                                                   refused_for=audited.refused_dtypes)
+    fixed = {"dtype": torch.float32, "op": "SUM", "seed": 0, "shape": (1024,), "root": 0, "input_split_sizes": [[512, 512], [512, 512]]}
+    function, args, bounds, what = collective_case(name, lambda label, _: fixed[label], layout, refused_for=audited.refused_dtypes)
     judge = Judge(f"{layout}, 1024 x float32", reproduce)
     _, records = audited.run(judge, layout, "collectives:call", [{"function": function, "arguments": a} for a in args])
     seen = "; ".join(f"rank {r}: {audit.describe(rs)}" for r, rs in sorted(records.items()))
-    pytest.skip(f"not applicable: {audited.target.impl} is not required to be built from point-to-point "
-                f"(--audit-require-p2p={request.config.getoption('--audit-require-p2p')}); observed for {what}: {seen}")
+    pytest.skip(
+        f"not applicable: {audited.target.impl} is not required to be built from point-to-point "
+        f"(--audit-require-p2p={request.config.getoption('--audit-require-p2p')}); observed for {what}: {seen}"
+    )
 
 
 @given(data=st.data())
@@ -81,11 +82,15 @@ def test_bytes_sent_within_bound_at_the_largest_world(name, audited, request, re
     if n < 2:
         pytest.skip("needs a world of at least 2 ranks (--max-world-size)")
     layout = Layout(n)
-    fixed = {"dtype": torch.float32, "op": "SUM", "seed": 0, "root": n - 1,
-             "shape": (251 * n,) if name == "reduce_scatter_tensor" else (1001,),
-             "input_split_sizes": [[(3 * i + 5 * j) % 17 for j in range(n)] for i in range(n)]}
-    function, args, bounds, what = collective_case(name, lambda label, _: fixed[label], layout,
-                                                   refused_for=audited.refused_dtypes)
+    fixed = {
+        "dtype": torch.float32,
+        "op": "SUM",
+        "seed": 0,
+        "root": n - 1,
+        "shape": (251 * n,) if name == "reduce_scatter_tensor" else (1001,),
+        "input_split_sizes": [[(3 * i + 5 * j) % 17 for j in range(n)] for i in range(n)],
+    }
+    function, args, bounds, what = collective_case(name, lambda label, _: fixed[label], layout, refused_for=audited.refused_dtypes)
     judge = Judge(f"{layout}, {fixed['shape']} float32, root {n - 1}", reproduce)
     _, records = audited.run(judge, layout, "collectives:call", [{"function": function, "arguments": a} for a in args])
     check(judge, audit.within_bound(records, bounds, what))

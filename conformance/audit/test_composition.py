@@ -1,5 +1,6 @@
 """The communication audit of composition (the rules: harness/driver/audit.py; the bounds:
 reference/cost_model.py)."""
+
 from __future__ import annotations
 
 import pytest
@@ -36,11 +37,17 @@ def test_composition_traffic_on_hosts(audited, request, reproduce):
     (w1, b1), (w2, b2) = t["params"]
     rows_groups, column_groups = mesh.tensor_parallel_groups(dp, tp), mesh.data_parallel_groups(dp, tp)
     weights = {"fc1_weight": w1, "fc1_bias": b1, "fc2_weight": w2, "fc2_bias": b2}
-    per_rank = [{"tensor_parallel_groups": rows_groups, "data_parallel_groups": column_groups, "dense": weights,
-                 "x": t["x"].chunk(dp)[mesh.coordinates(r, dp, tp)[0]].contiguous(),
-                 "grad_output": t["g"].chunk(dp)[mesh.coordinates(r, dp, tp)[0]].contiguous()} for r in range(dp * tp)]
-    judge = Judge(f"mesh dp={dp} x tp={tp} on {layout}, h={h}, ffn={ffn}, {rows} rows per replica, float32",
-                  reproduce)
+    per_rank = [
+        {
+            "tensor_parallel_groups": rows_groups,
+            "data_parallel_groups": column_groups,
+            "dense": weights,
+            "x": t["x"].chunk(dp)[mesh.coordinates(r, dp, tp)[0]].contiguous(),
+            "grad_output": t["g"].chunk(dp)[mesh.coordinates(r, dp, tp)[0]].contiguous(),
+        }
+        for r in range(dp * tp)
+    ]
+    judge = Judge(f"mesh dp={dp} x tp={tp} on {layout}, h={h}, ffn={ffn}, {rows} rows per replica, float32", reproduce)
     _, records = audited.run(judge, Layout(dp * tp), "composition:dp_tp_mlp", per_rank)
     itemsize = 4
     within = cost_model.tensor_parallel_mlp(tp, rows * h, itemsize)
@@ -48,17 +55,18 @@ def test_composition_traffic_on_hosts(audited, request, reproduce):
     across = sum(cost_model.all_reduce(dp, numel, itemsize) for numel in shard_numels)
     by_link = audit.bytes_by_link(records, layout, phase=("forward", "backward", "data_parallel"))
     request.node.user_properties.append(("bytes_by_link", json.dumps(by_link)))
-    by_axis = audit.bytes_by_axis(records, layout, {"tp": rows_groups, "dp": column_groups},
-                                  phase=("forward", "backward", "data_parallel"))
-    request.node.user_properties.append(("link_report", f"dp={dp} x tp={tp} mesh on {layout}: "
-                                                        f"{audit.link_report(by_axis)}"))
+    by_axis = audit.bytes_by_axis(records, layout, {"tp": rows_groups, "dp": column_groups}, phase=("forward", "backward", "data_parallel"))
+    request.node.user_properties.append(("link_report", f"dp={dp} x tp={tp} mesh on {layout}: {audit.link_report(by_axis)}"))
     violations = audit.groups_within_hosts(rows_groups, layout, "tensor-parallel")
     for rank, totals in by_link.items():
         if totals[WITHIN] > within["forward"] + within["backward"]:
-            violations.append(f"rank {rank}: {totals[WITHIN]} B sent within its host, more than the TP MLP's "
-                              f"{within['forward'] + within['backward']} B")
+            violations.append(
+                f"rank {rank}: {totals[WITHIN]} B sent within its host, more than the TP MLP's {within['forward'] + within['backward']} B"
+            )
         if totals[ACROSS] > across:
-            violations.append(f"rank {rank}: {totals[ACROSS]} B sent across hosts, more than the data-parallel sum of "
-                              f"its gradient shards, {across} B (all_reduce over a column of {dp}): frequent "
-                              f"communication crossed the slow links")
+            violations.append(
+                f"rank {rank}: {totals[ACROSS]} B sent across hosts, more than the data-parallel sum of "
+                f"its gradient shards, {across} B (all_reduce over a column of {dp}): frequent "
+                f"communication crossed the slow links"
+            )
     check(judge, violations)

@@ -1,5 +1,6 @@
 """The communication audit of context parallel (the rules: harness/driver/audit.py; the bounds:
 reference/cost_model.py)."""
+
 from __future__ import annotations
 
 import pytest
@@ -32,13 +33,26 @@ def test_context_parallel_traffic(data, audited, request, reproduce):
     rows = [len(attention.positions(example.seq_len, n, i)) for i in range(n)]
     blocks = [2 * example.heads * r * example.width * itemsize for r in rows]
     judge = Judge(str(example), reproduce)
-    _, records = audited.run(judge, layout, "context_parallel:attention", [
-        {**{name: attention.shard(t[name], n, i) for name in ("q", "k", "v", "grad_output")},
-         "seq_len": example.seq_len, "causal": example.causal} for i in range(n)])
+    _, records = audited.run(
+        judge,
+        layout,
+        "context_parallel:attention",
+        [
+            {
+                **{name: attention.shard(t[name], n, i) for name in ("q", "k", "v", "grad_output")},
+                "seq_len": example.seq_len,
+                "causal": example.causal,
+            }
+            for i in range(n)
+        ],
+    )
     budgets = {rank: cost_model.ring_attention(blocks, i) for i, rank in enumerate(layout.ranks)}
     violations = []
     for phase in ("forward", "backward"):
         violations += audit.within_bound(
-            records, {r: b[phase] for r, b in budgets.items()},
-            f"ring attention {phase}: the K/V blocks ({blocks} B by group rank) passed on along the ring", phase=phase)
+            records,
+            {r: b[phase] for r, b in budgets.items()},
+            f"ring attention {phase}: the K/V blocks ({blocks} B by group rank) passed on along the ring",
+            phase=phase,
+        )
     check(judge, violations)

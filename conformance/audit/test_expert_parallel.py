@@ -1,5 +1,6 @@
 """The communication audit of expert parallel (the rules: harness/driver/audit.py; the bounds:
 reference/cost_model.py)."""
+
 from __future__ import annotations
 
 import pytest
@@ -33,14 +34,21 @@ def test_expert_parallel_traffic(data, audited, request, reproduce):
     assume(moe.top2_gap(torch.cat(xs), router) > moe.ROUTING_TIE)
     routed = moe.routed(xs, router, n)
     judge = Judge(str(example), reproduce)
-    _, records = audited.run(judge, layout, "audit:expert_parallel", [
-        {"router_weight": router, "experts": experts, "x": xs[i], "grad_output": t["grads"][i]}
-        for i in range(n)])
+    _, records = audited.run(
+        judge,
+        layout,
+        "audit:expert_parallel",
+        [{"router_weight": router, "experts": experts, "x": xs[i], "grad_output": t["grads"][i]} for i in range(n)],
+    )
     budgets = {rank: cost_model.expert_parallel_moe(routed, i, h, 8, num_experts) for i, rank in enumerate(layout.ranks)}
     violations = []
     for phase in ("forward", "backward"):
         violations += audit.within_bound(
-            records, {rank: budget[phase] for rank, budget in budgets.items()},
+            records,
+            {rank: budget[phase] for rank, budget in budgets.items()},
             f"the MoE layer's {phase} (tokens routed from member s to member d: {routed}, rows of {h} float64"
-            + (", and the per-expert counts" if phase == "forward" else "") + ")", phase=phase)
+            + (", and the per-expert counts" if phase == "forward" else "")
+            + ")",
+            phase=phase,
+        )
     check(judge, violations)

@@ -1,5 +1,6 @@
 """The communication audit of mesh composition (the rules: harness/driver/audit.py; the bounds:
 reference/cost_model.py)."""
+
 from __future__ import annotations
 
 import pytest
@@ -39,12 +40,21 @@ def test_mesh_traffic_on_hosts(audited, request, reproduce):
     model = {"h": h, "ffn": ffn, "blocks": sum(blocks), "bias": True, "dtype": "float32"}
     batch = pipeline_models.make_block_batch(model, samples, seed=3)
     axes = {axis: grid.groups(axis) for axis in ("tp", "pp", "dp")}
-    per_rank = [{"model": model, "seed": 3, "blocks_per_stage": blocks, "num_microbatches": m, "loss": "mse",
-                 "schedule": "1f1b", "mesh": {axis: grid.groups(axis) for axis in ("pp", "dp", "tp")},
-                 "inputs": batch["inputs"] if grid.coordinates(r)[0] == 0 else None,
-                 "targets": batch["targets"] if grid.coordinates(r)[0] == 1 else None} for r in range(grid.world_size)]
-    judge = Judge(f"{grid} on {layout}, h={h}, ffn={ffn}, blocks per stage {blocks}, m={m}, {samples} samples, "
-                  f"1f1b, float32", reproduce)
+    per_rank = [
+        {
+            "model": model,
+            "seed": 3,
+            "blocks_per_stage": blocks,
+            "num_microbatches": m,
+            "loss": "mse",
+            "schedule": "1f1b",
+            "mesh": {axis: grid.groups(axis) for axis in ("pp", "dp", "tp")},
+            "inputs": batch["inputs"] if grid.coordinates(r)[0] == 0 else None,
+            "targets": batch["targets"] if grid.coordinates(r)[0] == 1 else None,
+        }
+        for r in range(grid.world_size)
+    ]
+    judge = Judge(f"{grid} on {layout}, h={h}, ffn={ffn}, blocks per stage {blocks}, m={m}, {samples} samples, 1f1b, float32", reproduce)
     _, records = audited.run(judge, Layout(grid.world_size), "pipeline_parallel:mesh_step", per_rank)
     itemsize, sizes = 4, [len(c) for c in torch.tensor_split(torch.arange(samples), m)]
     by_axis = audit.bytes_by_axis(records, layout, axes, phase=("pipeline", "data_parallel"))
@@ -60,11 +70,15 @@ def test_mesh_traffic_on_hosts(audited, request, reproduce):
             violations.append(f"rank {rank}: {totals['tp'][ACROSS]} B of tensor-parallel traffic crossed hosts")
         pipeline = totals["pp"][WITHIN] + totals["pp"][ACROSS]
         if pipeline > pp_bound:
-            violations.append(f"rank {rank}: {pipeline} B along its pipeline group, more than one activation forward and "
-                              f"one gradient backward per microbatch ({pp_bound} B with {messages} x "
-                              f"{PIPELINE_METADATA_BYTES} B of metadata)")
+            violations.append(
+                f"rank {rank}: {pipeline} B along its pipeline group, more than one activation forward and "
+                f"one gradient backward per microbatch ({pp_bound} B with {messages} x "
+                f"{PIPELINE_METADATA_BYTES} B of metadata)"
+            )
         stray = totals["other"][WITHIN] + totals["other"][ACROSS] + totals["dp"][WITHIN] + totals["dp"][ACROSS]
         if stray:
-            violations.append(f"rank {rank}: {stray} B sent along no axis that needs it (data-parallel groups of one, or "
-                              f"ranks outside its tensor-parallel and pipeline groups)")
+            violations.append(
+                f"rank {rank}: {stray} B sent along no axis that needs it (data-parallel groups of one, or "
+                f"ranks outside its tensor-parallel and pipeline groups)"
+            )
     check(judge, violations)

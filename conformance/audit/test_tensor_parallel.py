@@ -1,5 +1,6 @@
 """The communication audit of tensor parallel (the rules: harness/driver/audit.py; the bounds:
 reference/cost_model.py)."""
+
 from __future__ import annotations
 
 import pytest
@@ -50,18 +51,22 @@ def test_tensor_parallel_traffic(layer, data, audited, request, reproduce):
         grads = list(normal(*leading, h).chunk(n, dim=-2))
         inputs = list(x.chunk(n, dim=-2))
         budget = cost_model.sequence_parallel_mlp(n, x.numel(), h, itemsize)
-        what = (f"the sequence-parallel MLP (h={h}, ffn={f}) on {n} ranks, activation {tuple(x.shape)} in sequence "
-                f"shards: an all-gather and a reduce-scatter per pass, and backward the all-reduce of dL/db2")
+        what = (
+            f"the sequence-parallel MLP (h={h}, ffn={f}) on {n} ranks, activation {tuple(x.shape)} in sequence "
+            f"shards: an all-gather and a reduce-scatter per pass, and backward the all-reduce of dL/db2"
+        )
     else:
         full_grad = normal(*leading, f)
         grads = list(full_grad.chunk(n, dim=-1))
         budget = cost_model.column_parallel(n, x.numel(), itemsize)
         what = f"the column-parallel linear ({h} -> {f}, gather_output=False) on {n} ranks, input {tuple(x.shape)}"
-    judge = Judge(f"{layout}, {layer}, h={h}, ffn={f}, leading={leading}, {dtype}, seed={seed}",
-                  reproduce)
-    _, records = audited.run(judge, layout, "audit:tensor_parallel", [
-        {"layer": layer, "dense": dense, "x": inputs[i].contiguous(), "grad_output": grads[i].contiguous()}
-        for i in range(n)])
+    judge = Judge(f"{layout}, {layer}, h={h}, ffn={f}, leading={leading}, {dtype}, seed={seed}", reproduce)
+    _, records = audited.run(
+        judge,
+        layout,
+        "audit:tensor_parallel",
+        [{"layer": layer, "dense": dense, "x": inputs[i].contiguous(), "grad_output": grads[i].contiguous()} for i in range(n)],
+    )
     violations = []
     for phase in ("forward", "backward"):
         bounds = {r: budget[phase] for r in layout.ranks}

@@ -1,5 +1,6 @@
 """The communication audit of zero bubble v (the rules: harness/driver/audit.py; the bounds:
 reference/cost_model.py)."""
+
 from __future__ import annotations
 
 import pytest
@@ -31,12 +32,18 @@ def test_pipeline_traffic_on_the_v(p, audited, request, reproduce):
     h, m, itemsize, samples_per_microbatch = 8, 2 * p - 1, 4, 2
     model = {"widths": [h] * (2 * p + 1), "dtype": "float32"}
     batch = pipeline_models.make_batch(model, m * samples_per_microbatch, seed=5)
-    common = {"model": model, "seed": 5, "layers_per_stage": [1] * (2 * p), "stages_per_rank": 2,
-              "num_microbatches": m, "loss": "mse", "schedule": "zb-v", "placement": V_SHAPE}
-    per_rank = [{**common, "inputs": batch["inputs"] if r == 0 else None,
-                 "targets": batch["targets"] if r == 0 else None} for r in range(p)]
-    judge = Judge(f"zb-v on p={p} ranks, m={m}, width {h}, {samples_per_microbatch} samples per microbatch, float32",
-                  reproduce)
+    common = {
+        "model": model,
+        "seed": 5,
+        "layers_per_stage": [1] * (2 * p),
+        "stages_per_rank": 2,
+        "num_microbatches": m,
+        "loss": "mse",
+        "schedule": "zb-v",
+        "placement": V_SHAPE,
+    }
+    per_rank = [{**common, "inputs": batch["inputs"] if r == 0 else None, "targets": batch["targets"] if r == 0 else None} for r in range(p)]
+    judge = Judge(f"zb-v on p={p} ranks, m={m}, width {h}, {samples_per_microbatch} samples per microbatch, float32", reproduce)
     _, records = audited.run(judge, Layout(p), "pipeline_parallel:train_step", per_rank)
     activation = samples_per_microbatch * h * itemsize
     violations = []
@@ -53,13 +60,17 @@ def test_pipeline_traffic_on_the_v(p, audited, request, reproduce):
         strays = sorted({r["peer"] for r in records[rank] if r["op"] == "send"} - {rank - 1, rank + 1})
         other = sum(audit.charged_bytes(r) for r in records[rank] if r["op"] != "send")
         if sent > bound:
-            violations.append(f"rank {rank}: {sent} B sent point to point, more than one activation forward and one "
-                              f"gradient backward per microbatch across each boundary between ranks ({bound} B with "
-                              f"{messages} x {PIPELINE_METADATA_BYTES} B of metadata; the turn of the V on rank "
-                              f"{p - 1} is local)")
+            violations.append(
+                f"rank {rank}: {sent} B sent point to point, more than one activation forward and one "
+                f"gradient backward per microbatch across each boundary between ranks ({bound} B with "
+                f"{messages} x {PIPELINE_METADATA_BYTES} B of metadata; the turn of the V on rank "
+                f"{p - 1} is local)"
+            )
         if strays:
             violations.append(f"rank {rank}: sent to ranks {strays}, which are not its neighbours on the V")
         if other > PIPELINE_METADATA_BYTES:  # e.g. the batch size, which only rank 0 knows
-            violations.append(f"rank {rank}: {other} B in collectives; a pipeline step needs point to point only, "
-                              f"and at most {PIPELINE_METADATA_BYTES} B of metadata")
+            violations.append(
+                f"rank {rank}: {other} B in collectives; a pipeline step needs point to point only, "
+                f"and at most {PIPELINE_METADATA_BYTES} B of metadata"
+            )
     check(judge, violations)

@@ -16,6 +16,7 @@ Slack. Bounds are exact integers (uneven chunks are part of the formulas in cost
 bytes are tensor payloads only (no transport headers), so the byte rules allow nothing beyond the
 bound; a rank may send less (e.g. a tree whose leaves forward nothing).
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -23,8 +24,7 @@ from collections import Counter
 from parallelism_conformance.harness.rank.recording import NEUTRAL_OPS, P2P_OPS
 from parallelism_conformance.reference import cost_model
 
-REDUCTIONS = ("allreduce", "allreduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_tensor",
-              "reduce_scatter_tensor_coalesced")
+REDUCTIONS = ("allreduce", "allreduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced")
 ALL_GATHERS = ("allgather", "allgather_coalesced", "allgather_into_tensor", "allgather_into_tensor_coalesced")
 FLOATING = ("float64", "float32", "float16", "bfloat16")
 
@@ -107,13 +107,11 @@ def point_to_point_only(records_by_rank: dict[int, list[dict]]) -> list[str]:
         if others:
             shown = "; ".join(_call(r) for r in others[:3]) + (f"; ... {len(others) - 3} more" if len(others) > 3 else "")
             kinds = ", ".join(f"{op} x{k}" for op, k in Counter(r["op"] for r in others).items())
-            violations.append(f"rank {rank}: {len(others)} backend collective call(s) ({kinds}), not point-to-point "
-                              f"send/recv: {shown}")
+            violations.append(f"rank {rank}: {len(others)} backend collective call(s) ({kinds}), not point-to-point send/recv: {shown}")
     return violations
 
 
-def within_bound(records_by_rank: dict[int, list[dict]], bounds: dict[int, int], what: str,
-                 phase: str | None = None) -> list[str]:
+def within_bound(records_by_rank: dict[int, list[dict]], bounds: dict[int, int], what: str, phase: str | None = None) -> list[str]:
     """Each rank sends at most ``bounds[rank]`` bytes (a rank missing from ``bounds``: nothing);
     ``what`` names the bound's formula and inputs for the message."""
     violations = []
@@ -122,9 +120,11 @@ def within_bound(records_by_rank: dict[int, list[dict]], bounds: dict[int, int],
         mine = _in_phase(records, phase)
         sent, bound = sent_bytes(mine), bounds.get(rank, 0)
         if sent > bound:
-            violations.append(f"rank {rank}{where}: sent {sent} B, more than the bound {bound} B "
-                              f"({sent / bound:.2f}x) of {what}; its calls: {describe(mine)}" if bound else
-                              f"rank {rank}{where}: sent {sent} B where {what} sends nothing; its calls: {describe(mine)}")
+            violations.append(
+                f"rank {rank}{where}: sent {sent} B, more than the bound {bound} B ({sent / bound:.2f}x) of {what}; its calls: {describe(mine)}"
+                if bound
+                else f"rank {rank}{where}: sent {sent} B where {what} sends nothing; its calls: {describe(mine)}"
+            )
     return violations
 
 
@@ -134,16 +134,16 @@ def gathered_in(records_by_rank: dict[int, list[dict]], dtype: str, what: str, p
     what it is part of."""
     violations = []
     for rank, records in sorted(records_by_rank.items()):
-        other = [r for r in _in_phase(records, phase) if r["op"] in ALL_GATHERS and r["dtype"] in FLOATING
-                 and r["dtype"] != dtype]
+        other = [r for r in _in_phase(records, phase) if r["op"] in ALL_GATHERS and r["dtype"] in FLOATING and r["dtype"] != dtype]
         if other:
-            violations.append(f"rank {rank}: {len(other)} all-gather(s) of {what} in {other[0]['dtype']}, not {dtype}: "
-                              f"{'; '.join(_call(r) for r in other[:3])}")
+            violations.append(
+                f"rank {rank}: {len(other)} all-gather(s) of {what} in {other[0]['dtype']}, not {dtype}: "
+                f"{'; '.join(_call(r) for r in other[:3])}"
+            )
     return violations
 
 
-def reduced_once(records_by_rank: dict[int, list[dict]], expected_bytes: int, what: str,
-                 phase: str | None = None) -> list[str]:
+def reduced_once(records_by_rank: dict[int, list[dict]], expected_bytes: int, what: str, phase: str | None = None) -> list[str]:
     """Backend reductions of floating-point data add up to ``expected_bytes`` on every rank that
     makes any: more means a gradient reduced twice or a frozen parameter reduced, less a gradient
     left out. Integer reductions (DDP's unused-parameter bitmap) are bookkeeping, not gradients.
@@ -156,11 +156,12 @@ def reduced_once(records_by_rank: dict[int, list[dict]], expected_bytes: int, wh
             continue
         total = sum(r["bytes"] for r in reductions)
         if total != expected_bytes:
-            why = "a gradient reduced twice or a frozen parameter reduced" if total > expected_bytes else \
-                "some gradient not reduced"
+            why = "a gradient reduced twice or a frozen parameter reduced" if total > expected_bytes else "some gradient not reduced"
             sizes = ", ".join(str(r["bytes"]) for r in reductions[:12]) + (", ..." if len(reductions) > 12 else "")
-            violations.append(f"rank {rank}{where}: reduced {total} B of floating-point data in {len(reductions)} "
-                              f"call(s) ({sizes} B), but {what} total {expected_bytes} B, each to be reduced once ({why})")
+            violations.append(
+                f"rank {rank}{where}: reduced {total} B of floating-point data in {len(reductions)} "
+                f"call(s) ({sizes} B), but {what} total {expected_bytes} B, each to be reduced once ({why})"
+            )
     return violations
 
 
@@ -175,9 +176,11 @@ def starts_during_backward(records_by_rank: dict[int, list[dict]], what: str) ->
         at_end = [r for r in _in_phase(records, "last_gradient") if r["op"] not in NEUTRAL_OPS]
         later = [r for r in _in_phase(records, "finish") if r["op"] not in NEUTRAL_OPS]
         if not during:
-            violations.append(f"rank {rank}: no communication started while backward still computed gradients "
-                              f"({len(at_end)} call(s) launched at the last gradient, {len(later)} in "
-                              f"finish_gradient_synchronization): {what}")
+            violations.append(
+                f"rank {rank}: no communication started while backward still computed gradients "
+                f"({len(at_end)} call(s) launched at the last gradient, {len(later)} in "
+                f"finish_gradient_synchronization): {what}"
+            )
     return violations
 
 
@@ -195,8 +198,9 @@ def bucket_sizes_allowed(parameter_bytes: list[int], cap_bytes: int) -> set[int]
     return allowed
 
 
-def buckets_within_cap(records_by_rank: dict[int, list[dict]], cap_bytes: int, parameter_bytes: list[int],
-                       phase=("backward", "last_gradient", "finish")) -> list[str]:
+def buckets_within_cap(
+    records_by_rank: dict[int, list[dict]], cap_bytes: int, parameter_bytes: list[int], phase=("backward", "last_gradient", "finish")
+) -> list[str]:
     """Every backend reduction of floating-point gradients is one bucket that respects the cap
     (``bucket_sizes_allowed``; ``parameter_bytes`` in registration order): sending every gradient
     in one reduction is caught. Bucket boundaries are visible only in backend calls: an
@@ -204,41 +208,47 @@ def buckets_within_cap(records_by_rank: dict[int, list[dict]], cap_bytes: int, p
     violations = []
     allowed = bucket_sizes_allowed(parameter_bytes, cap_bytes)
     for rank, records in sorted(records_by_rank.items()):
-        over = [r for r in _in_phase(records, phase) if r["op"] in REDUCTIONS and r["dtype"] in FLOATING
-                and r["bytes"] > cap_bytes and r["bytes"] not in allowed]
+        over = [
+            r
+            for r in _in_phase(records, phase)
+            if r["op"] in REDUCTIONS and r["dtype"] in FLOATING and r["bytes"] > cap_bytes and r["bytes"] not in allowed
+        ]
         if over:
-            violations.append(f"rank {rank}: {len(over)} reduction(s) that are not a bucket of at most bucket_size_mb "
-                              f"= {cap_bytes} B (plus the one parameter that closes it; parameters of "
-                              f"{parameter_bytes} B in registration order): {'; '.join(_call(r) for r in over[:3])}")
+            violations.append(
+                f"rank {rank}: {len(over)} reduction(s) that are not a bucket of at most bucket_size_mb "
+                f"= {cap_bytes} B (plus the one parameter that closes it; parameters of "
+                f"{parameter_bytes} B in registration order): {'; '.join(_call(r) for r in over[:3])}"
+            )
     return violations
 
 
-def all_reduced_at_most(records_by_rank: dict[int, list[dict]], numel: int, what: str,
-                        phase: str | None = None) -> list[str]:
+def all_reduced_at_most(records_by_rank: dict[int, list[dict]], numel: int, what: str, phase: str | None = None) -> list[str]:
     """Backend all-reduces of floating data carry at most ``numel`` elements in all (``what`` says
     whose gradients may be all-reduced: fully sharded data parallelism reduce-scatters the rest).
     An all-reduce built from sends is held to the byte bound instead."""
     violations = []
     for rank, records in sorted(records_by_rank.items()):
-        reduced = [r for r in _in_phase(records, phase) if r["op"] in ("allreduce", "allreduce_coalesced")
-                   and r["dtype"] in FLOATING]
+        reduced = [r for r in _in_phase(records, phase) if r["op"] in ("allreduce", "allreduce_coalesced") and r["dtype"] in FLOATING]
         total = sum(r["numel"] for r in reduced)
         if total > numel:
-            violations.append(f"rank {rank}: all-reduces {total} elements where at most {numel} ({what}) may be; "
-                              f"the others must be reduce-scattered: {'; '.join(_call(r) for r in reduced[:3])}")
+            violations.append(
+                f"rank {rank}: all-reduces {total} elements where at most {numel} ({what}) may be; "
+                f"the others must be reduce-scattered: {'; '.join(_call(r) for r in reduced[:3])}"
+            )
     return violations
 
 
-def no_full_all_gather(records_by_rank: dict[int, list[dict]], full_bytes: int, what: str,
-                       phase: str | None = None) -> list[str]:
+def no_full_all_gather(records_by_rank: dict[int, list[dict]], full_bytes: int, what: str, phase: str | None = None) -> list[str]:
     """No all-gather whose output is the whole of ``what`` (``full_bytes``): the layout keeps it
     sharded. Applies to backend all-gathers; point-to-point ones show up in ``within_bound``."""
     violations = []
     for rank, records in sorted(records_by_rank.items()):
         gathers = [r for r in _in_phase(records, phase) if r["op"] in ALL_GATHERS and r["out_bytes"] == full_bytes]
         if gathers:
-            violations.append(f"rank {rank}: {len(gathers)} all-gather(s) of the full {what} ({full_bytes} B), which "
-                              f"the layout keeps sharded: {'; '.join(_call(r) for r in gathers[:3])}")
+            violations.append(
+                f"rank {rank}: {len(gathers)} all-gather(s) of the full {what} ({full_bytes} B), which "
+                f"the layout keeps sharded: {'; '.join(_call(r) for r in gathers[:3])}"
+            )
     return violations
 
 
@@ -291,9 +301,11 @@ def accounted(records_by_rank: dict[int, list[dict]], written_by_rank: dict[int,
             continue
         extra, explained = unexplained_bytes(records, written)
         if extra > 0:
-            violations.append(f"rank {rank}: the kernel counted {written} B written during the task, {extra} B more "
-                              f"than its recorded calls explain ({describe(records)}; {explained} B with transport "
-                              f"overhead): communication that went around the recorder")
+            violations.append(
+                f"rank {rank}: the kernel counted {written} B written during the task, {extra} B more "
+                f"than its recorded calls explain ({describe(records)}; {explained} B with transport "
+                f"overhead): communication that went around the recorder"
+            )
     return violations
 
 
@@ -322,13 +334,17 @@ def bytes_by_link(records_by_rank: dict[int, list[dict]], layout, phase=None) ->
 def groups_within_hosts(groups: list[list[int]], layout, what: str) -> list[str]:
     """Each group that spans hosts although a group of its size fits on one host: ``what`` (e.g.
     tensor parallelism, which communicates in every layer) belongs on the fast links."""
-    return [f"{what} group {list(group)} spans hosts {sorted({layout.host_of(r) for r in group})} on {layout}, "
-            f"though {len(group)} ranks fit on one host: it belongs on the fast links within a host"
-            for group in groups if layout.spans_hosts(group) and layout.could_fit_one_host(group)]
+    return [
+        f"{what} group {list(group)} spans hosts {sorted({layout.host_of(r) for r in group})} on {layout}, "
+        f"though {len(group)} ranks fit on one host: it belongs on the fast links within a host"
+        for group in groups
+        if layout.spans_hosts(group) and layout.could_fit_one_host(group)
+    ]
 
 
-def bytes_by_axis(records_by_rank: dict[int, list[dict]], layout, axes: dict[str, list[list[int]]],
-                  phase=None) -> dict[int, dict[str, dict[str, int]]]:
+def bytes_by_axis(
+    records_by_rank: dict[int, list[dict]], layout, axes: dict[str, list[list[int]]], phase=None
+) -> dict[int, dict[str, dict[str, int]]]:
     """{rank: {axis: {link class: bytes}}}: every byte a rank sends charged to the mesh axis it
     travels along (``axes``: {"tp": groups, "pp": groups, "dp": groups}, e.g. reference.mesh.Mesh's)
     and to the link it crosses on ``layout``. A send belongs to the axis whose group of this rank

@@ -10,6 +10,7 @@ on a 1-GPU H200), so a world of n ranks can be NCCL only when n <= G visible GPU
 * ``nccl``: NCCL only; worlds larger than G are not drawn, and the plan says so.
 * ``gloo``: CPU ranks only, whatever the GPUs.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -83,7 +84,7 @@ class BackendPlan:
         parts = []
         for backend in self.backends():
             sizes = self.sizes(backend)
-            where = (f"one GPU per rank, {self.gpus} visible" if backend == "nccl" else "CPU ranks")
+            where = f"one GPU per rank, {self.gpus} visible" if backend == "nccl" else "CPU ranks"
             parts.append(f"{_span(sizes[0], sizes[-1])} on {backend} ({where})")
         line = "; ".join(parts)
         if self.not_drawn():

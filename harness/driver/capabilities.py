@@ -9,12 +9,24 @@ marker in conformance/, the mutants folders, the starter's names and the bundled
 names, every file a declaration names (its reference, implementation, rank program, audit, adapter,
 outsiders and CONTRACT.md section). Adding a capability is one declaration here plus those files.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-COLLECTIVES = ("broadcast", "reduce", "all_reduce", "scatter", "gather", "all_gather", "all_gather_into_tensor",
-               "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single")
+COLLECTIVES = (
+    "broadcast",
+    "reduce",
+    "all_reduce",
+    "scatter",
+    "gather",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+)
 
 
 @dataclass(frozen=True)
@@ -30,22 +42,45 @@ class Capability:
     files: tuple[str, ...] = ()
 
 
-def _files(reference: tuple[str, ...], impl: str | None, program: str, audit: str | None = None,
-           adapter: str | None = None, outsiders: str | None = None) -> tuple[str, ...]:
-    named = [*(f"reference/{r}.py" for r in reference), impl and f"impls/{impl}.py",
-             f"harness/rank/programs/{program}.py", audit and f"conformance/audit/test_{audit}.py",
-             audit and "reference/cost_model.py", adapter and f"adapters/{adapter}.py",
-             outsiders and f"outsiders/{outsiders}"]
+def _files(
+    reference: tuple[str, ...],
+    impl: str | None,
+    program: str,
+    audit: str | None = None,
+    adapter: str | None = None,
+    outsiders: str | None = None,
+) -> tuple[str, ...]:
+    named = [
+        *(f"reference/{r}.py" for r in reference),
+        impl and f"impls/{impl}.py",
+        f"harness/rank/programs/{program}.py",
+        audit and f"conformance/audit/test_{audit}.py",
+        audit and "reference/cost_model.py",
+        adapter and f"adapters/{adapter}.py",
+        outsiders and f"outsiders/{outsiders}",
+    ]
     return tuple(name for name in named if name)
 
 
-_COLLECTIVE_FILES = (*_files(("collectives", "tolerance"), "collectives", "collectives", "collectives",
-                            outsiders="collectives"), "impls/collective_args.py", "impls/ring_and_tree.py")
+_COLLECTIVE_FILES = (
+    *_files(("collectives", "tolerance"), "collectives", "collectives", "collectives", outsiders="collectives"),
+    "impls/collective_args.py",
+    "impls/ring_and_tree.py",
+)
 _DP = ("data_parallel",)
-_PP = ("pipeline_parallel", "pipeline_schedules", "schedule_format", "schedule_generators", "schedule_theory",
-       "schedule_validator", "pipeline_simulator")
+_PP = (
+    "pipeline_parallel",
+    "pipeline_schedules",
+    "schedule_format",
+    "schedule_generators",
+    "schedule_theory",
+    "schedule_validator",
+    "pipeline_simulator",
+)
 
 
+# a table, one declaration a capability with its fields aligned to be read across: the formatter leaves it as written
+# fmt: off
 CAPABILITIES: tuple[Capability, ...] = (
     *(Capability(name, (name,), "conformance/test_collectives.py", "collectives", "collectives", "Collectives",
                  _COLLECTIVE_FILES) for name in COLLECTIVES),
@@ -249,6 +284,7 @@ CAPABILITIES: tuple[Capability, ...] = (
                files=("reference/cost_model.py", "harness/rank/recording.py", "harness/driver/audit.py",
                       "harness/rank/programs/audit.py")),
 )
+# fmt: on
 BY_NAME = {c.name: c for c in CAPABILITIES}
 GROUPS = {c.group for c in CAPABILITIES if c.group}
 
@@ -265,8 +301,7 @@ def select(spec: str | None) -> frozenset[str]:
         elif word in GROUPS:
             chosen.update(c.name for c in CAPABILITIES if c.group == word)
         else:
-            raise ValueError(f"--capability: no capability or group {word!r}; known: "
-                             f"{', '.join(sorted(GROUPS))} (group), {', '.join(BY_NAME)}")
+            raise ValueError(f"--capability: no capability or group {word!r}; known: {', '.join(sorted(GROUPS))} (group), {', '.join(BY_NAME)}")
     return frozenset(chosen)
 
 

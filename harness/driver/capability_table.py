@@ -2,6 +2,7 @@
 (harness/driver/capabilities.py) so it cannot drift: tests/test_registry.py fails when the table
 differs from ``markdown()``, and ``python -m parallelism_conformance.harness.driver.capability_table`` rewrites it.
 A group (the collectives) is one row."""
+
 from __future__ import annotations
 
 import sys
@@ -12,8 +13,9 @@ from parallelism_conformance.harness.driver.capabilities import CAPABILITIES, Ca
 TABLE = Path(__file__).resolve().parents[2] / "docs" / "capabilities.md"
 BEGIN = "<!-- capability table: generated from harness/driver/capabilities.py (python -m parallelism_conformance.harness.driver.capability_table) -->"
 END = "<!-- end of the capability table -->"
-HEADER = ("| capability | CONTRACT.md | conformance | reference | bundled implementation | torch's own | mutants |\n"
-          "|---|---|---|---|---|---|---|")
+HEADER = (
+    "| capability | CONTRACT.md | conformance | reference | bundled implementation | torch's own | mutants |\n|---|---|---|---|---|---|---|"
+)
 
 
 def _code(paths) -> str:
@@ -24,14 +26,19 @@ def _row(name: str, members: list[Capability]) -> str:
     first = members[0]
     files = list(dict.fromkeys(f for c in members for f in c.files))
     conformance = first.conformance.removeprefix("conformance/")
-    reference = [f.removeprefix("reference/") for f in files  # the cost model is the audit's row
-                 if f.startswith("reference/") and ("cost_model" not in f or first.name == "audit")]
+    reference = [
+        f.removeprefix("reference/")
+        for f in files  # the cost model is the audit's row
+        if f.startswith("reference/") and ("cost_model" not in f or first.name == "audit")
+    ]
     impls = [f.removeprefix("impls/") for f in files if f.startswith("impls/")]
     adapters = [f.removeprefix("adapters/") for f in files if f.startswith("adapters/")]
     adapters = adapters or (["--impl torch.distributed"] if first.group == "collectives" else [])
     contract = f"§ {first.contract}" if first.contract else "each strategy's Communication"
-    return (f"| {name} | {contract} | `{conformance}` | {_code(reference)} | {_code(impls)} | {_code(adapters)} "
-            f"| {f'`{first.mutants}/`' if first.mutants else 'none'} |")
+    return (
+        f"| {name} | {contract} | `{conformance}` | {_code(reference)} | {_code(impls)} | {_code(adapters)} "
+        f"| {f'`{first.mutants}/`' if first.mutants else 'none'} |"
+    )
 
 
 def markdown() -> str:

@@ -32,6 +32,7 @@ recorder is off or the ranks are on other hosts, nothing is known and the deadli
 judge. NCCL worlds are not watched: a GPU's work and its
 NVLink traffic show in none of these counters.
 """
+
 from __future__ import annotations
 
 import os
@@ -107,21 +108,29 @@ def unchanged(before: Sample, after: Sample, cpu_noise_ticks: int = CPU_NOISE_TI
 def still_tail(samples: Sequence[Sample], task: int, cpu_noise_ticks: int = CPU_NOISE_TICKS) -> Sequence[Sample]:
     """The longest run of the latest samples that are each settled and unchanged from the one before."""
     start = len(samples)
-    while start > 0 and settled(samples[start - 1], task) and (
-            start == len(samples) or unchanged(samples[start - 1], samples[start], cpu_noise_ticks)):
+    while (
+        start > 0
+        and settled(samples[start - 1], task)
+        and (start == len(samples) or unchanged(samples[start - 1], samples[start], cpu_noise_ticks))
+    ):
         start -= 1
     return samples[start:]
 
 
-def verdict(samples: Sequence[Sample], task: int, *, min_samples: int = MIN_SAMPLES, min_still_s: float = MIN_STILL_S,
-            cpu_noise_ticks: int = CPU_NOISE_TICKS) -> Deadlock | None:
+def verdict(
+    samples: Sequence[Sample],
+    task: int,
+    *,
+    min_samples: int = MIN_SAMPLES,
+    min_still_s: float = MIN_STILL_S,
+    cpu_noise_ticks: int = CPU_NOISE_TICKS,
+) -> Deadlock | None:
     """A Deadlock when the still tail has ``min_samples`` samples over ``min_still_s`` or more, else None."""
     tail = still_tail(samples, task, cpu_noise_ticks)
     if len(tail) < min_samples or tail[-1].at - tail[0].at < min_still_s:
         return None
     last = tail[-1].ranks
-    return Deadlock(tuple(r.rank for r in last if not r.replied), tuple(r.rank for r in last if r.replied),
-                    tail[-1].at - tail[0].at)
+    return Deadlock(tuple(r.rank for r in last if not r.replied), tuple(r.rank for r in last if r.replied), tail[-1].at - tail[0].at)
 
 
 def describe(found: Deadlock, last_calls: dict) -> str:
@@ -159,7 +168,7 @@ def read_activity(ring: str) -> tuple[int, int] | None:
             header = file.read(HEADER.size)
     except OSError:
         return None
-    if len(header) < HEADER.size or header[:len(MAGIC)] != MAGIC:
+    if len(header) < HEADER.size or header[: len(MAGIC)] != MAGIC:
         return None
     return ACTIVITY.unpack_from(header, ACTIVITY_OFFSET)
 
@@ -205,9 +214,15 @@ def read_cpu(pid: int) -> tuple[int, bool] | None:
 
 def sample_rank(rank: int, pid: int, ring: str, replied: bool, io: int | None) -> RankSample:
     activity, cpu = read_activity(ring), read_cpu(pid)
-    return RankSample(rank, replied, None if activity is None else activity[0],
-                      None if activity is None else activity[1], io,
-                      None if cpu is None else cpu[0], None if cpu is None else cpu[1])
+    return RankSample(
+        rank,
+        replied,
+        None if activity is None else activity[0],
+        None if activity is None else activity[1],
+        io,
+        None if cpu is None else cpu[0],
+        None if cpu is None else cpu[1],
+    )
 
 
 # ------------------------------------------------------------------------------------- the watch
@@ -218,9 +233,15 @@ class Watch:
     counts of those pids, in order (None where unreadable). The driver waits at most :meth:`timeout`
     at a time and calls :meth:`check` after each wait."""
 
-    def __init__(self, ranks: Sequence[tuple[int, int, str]], task: int, *, interval_s: float = SAMPLE_INTERVAL_S,
-                 clock=time.monotonic,
-                 read_io: Callable[[Sequence[int]], list[int | None]] = lambda pids: [read_io(p) for p in pids]):
+    def __init__(
+        self,
+        ranks: Sequence[tuple[int, int, str]],
+        task: int,
+        *,
+        interval_s: float = SAMPLE_INTERVAL_S,
+        clock=time.monotonic,
+        read_io: Callable[[Sequence[int]], list[int | None]] = lambda pids: [read_io(p) for p in pids],
+    ):
         self.ranks = list(ranks)
         self.task = task
         self._read_io = read_io
@@ -240,8 +261,7 @@ class Watch:
         if self.found is None and now >= self._next:
             self._next = now + self.interval_s
             counts = self._read_io([pid for _, pid, _ in self.ranks])
-            ranks = tuple(sample_rank(rank, pid, ring, rank in replied, io)
-                          for (rank, pid, ring), io in zip(self.ranks, counts))
+            ranks = tuple(sample_rank(rank, pid, ring, rank in replied, io) for (rank, pid, ring), io in zip(self.ranks, counts))
             self._samples.append(Sample(now, ranks))
             self.found = verdict(list(self._samples), self.task)
         return self.found

@@ -11,6 +11,7 @@ the ranks' calls, with their source lines:
 
 Driver side only; the rings are files the ranks mapped, read after the fact.
 """
+
 from __future__ import annotations
 
 import os
@@ -67,16 +68,50 @@ def read(path: str) -> tuple[int, list[Call]] | None:
         offset = HEADER.size + slot * SLOT.size
         if offset + SLOT.size > len(data):
             break
-        (slot_task, index, op, state, dtype, ndim, peer, root, tag, sequence, group_size, mask, numel, nbytes,
-         d0, d1, d2, d3, line, filename) = SLOT.unpack_from(data, offset)
+        (
+            slot_task,
+            index,
+            op,
+            state,
+            dtype,
+            ndim,
+            peer,
+            root,
+            tag,
+            sequence,
+            group_size,
+            mask,
+            numel,
+            nbytes,
+            d0,
+            d1,
+            d2,
+            d3,
+            line,
+            filename,
+        ) = SLOT.unpack_from(data, offset)
         if slot_task != task or index == 0:
             continue
         members = tuple(r for r in range(64) if mask >> r & 1) if group_size <= 64 else ()
         where = f"{os.path.basename(filename.rstrip(bytes(1)).decode(errors='replace'))}:{line}"
-        found.append(Call(rank, index, OPS[op] if op < len(OPS) else "?", STATES[state] if state < len(STATES) else "?",
-                          DTYPES[dtype] if dtype < len(DTYPES) else "?", (d0, d1, d2, d3)[:ndim],
-                          None if peer < 0 else peer, None if root < 0 else root, tag, sequence, members,
-                          numel, nbytes, where))
+        found.append(
+            Call(
+                rank,
+                index,
+                OPS[op] if op < len(OPS) else "?",
+                STATES[state] if state < len(STATES) else "?",
+                DTYPES[dtype] if dtype < len(DTYPES) else "?",
+                (d0, d1, d2, d3)[:ndim],
+                None if peer < 0 else peer,
+                None if root < 0 else root,
+                tag,
+                sequence,
+                members,
+                numel,
+                nbytes,
+                where,
+            )
+        )
     return task, sorted(found, key=lambda c: c.index)
 
 
@@ -122,20 +157,25 @@ def _messages(calls_by_rank, status) -> tuple[list[str], list[str]]:
         into = {c.sequence: c for c in recvs.get(pair, [])}
         for k in sorted(set(out) & set(into)):
             send, recv = out[k], into[k]
-            differs = [what for what, a, b in (("size", send.nbytes, recv.nbytes), ("dtype", send.dtype, recv.dtype),
-                                               ("tag", send.tag, recv.tag)) if a != b]
+            differs = [
+                what
+                for what, a, b in (("size", send.nbytes, recv.nbytes), ("dtype", send.dtype, recv.dtype), ("tag", send.tag, recv.tag))
+                if a != b
+            ]
             if differs:
-                lines.append(f"{' and '.join(differs)} mismatch: rank {send.rank}: {send.describe()}; "
-                             f"rank {recv.rank}: {recv.describe()}")
+                lines.append(f"{' and '.join(differs)} mismatch: rank {send.rank}: {send.describe()}; rank {recv.rank}: {recv.describe()}")
         src, dst = pair
         for k in sorted(out):
             if k not in into and k > max(into, default=0) and dst in calls_by_rank:
-                unmatched.append(f"rank {src}: {out[k].describe()} was never received: rank {dst} posted no matching "
-                                 f"receive{_last(calls_by_rank, dst, status)}")
+                unmatched.append(
+                    f"rank {src}: {out[k].describe()} was never received: rank {dst} posted no matching "
+                    f"receive{_last(calls_by_rank, dst, status)}"
+                )
         for k in sorted(into):
             if k not in out and k > max(out, default=0) and src in calls_by_rank:
-                unmatched.append(f"rank {dst}: {into[k].describe()} waits for a message rank {src} never sent"
-                                 f"{_last(calls_by_rank, src, status)}")
+                unmatched.append(
+                    f"rank {dst}: {into[k].describe()} waits for a message rank {src} never sent{_last(calls_by_rank, src, status)}"
+                )
     return lines, unmatched
 
 
@@ -168,18 +208,19 @@ def _collectives(calls_by_rank, status) -> list[str]:
                 size = None if call.op in SIZES_MAY_DIFFER else call.nbytes
                 kinds.setdefault((call.op, size, call.root), []).append(r)
             if len(kinds) > 1:
-                parts = [f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))} called {at[rs[0]].describe()}"
-                         for rs in kinds.values()]
+                parts = [f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))} called {at[rs[0]].describe()}" for rs in kinds.values()]
                 lines.append(f"collective mismatch in group {list(members)} (its call #{k}): " + "; ".join(parts))
                 break
             missing = [r for r in present if r not in at and k > max(numbered[r], default=0)]
             if missing:
                 waiting = sorted(at)
                 call = at[waiting[0]]
-                lines.append(f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} never called the "
-                             f"{call.op} ({call.describe()}) that rank{'s' if len(waiting) > 1 else ''} "
-                             f"{', '.join(map(str, waiting))} {'are' if len(waiting) > 1 else 'is'} waiting in"
-                             + "".join(_last(calls_by_rank, r, status) for r in missing))
+                lines.append(
+                    f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} never called the "
+                    f"{call.op} ({call.describe()}) that rank{'s' if len(waiting) > 1 else ''} "
+                    f"{', '.join(map(str, waiting))} {'are' if len(waiting) > 1 else 'is'} waiting in"
+                    + "".join(_last(calls_by_rank, r, status) for r in missing)
+                )
                 break
     return lines
 
@@ -202,6 +243,5 @@ def _cycles(calls_by_rank, status) -> list[str]:
         if rank == start and len(path) > 1 and not set(path) & seen:
             seen |= set(path)
             names = " and ".join(map(str, path)) if len(path) == 2 else ", ".join(map(str, path))
-            lines.append(f"ranks {names} all wait to receive from each other: "
-                         + "; ".join(f"rank {r}: {waits[r].describe()}" for r in path))
+            lines.append(f"ranks {names} all wait to receive from each other: " + "; ".join(f"rank {r}: {waits[r].describe()}" for r in path))
     return lines

@@ -1,4 +1,5 @@
 """What the driver raises when ranks do not complete a task, each naming the rank and the cause."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -104,27 +105,30 @@ class ImplementationUnloadable(_Unshrinkable):
 
 
 # Everything a task on ranks can end in besides a result (for ``except`` clauses that annotate it).
-TASK_FAILURES = (RankFailure, RanksHung, RanksCrashed, ImplementationIncomplete, ImplementationUnloadable,
-                 BudgetExhausted)
+TASK_FAILURES = (RankFailure, RanksHung, RanksCrashed, ImplementationIncomplete, ImplementationUnloadable, BudgetExhausted)
 
 
 class WorldStartError(RuntimeError):
     """The ranks of a world could not be started or could not form a process group."""
 
 
-def task_failure(task: str, reports: list[RankReport], disagreements: list[str], timeout_s: float,
-                 deadlock: str | None, *, world_closed: bool) -> BaseException:
+def task_failure(
+    task: str, reports: list[RankReport], disagreements: list[str], timeout_s: float, deadlock: str | None, *, world_closed: bool
+) -> BaseException:
     """The failure a task ended in, from every rank's report (``task``: "program on n ranks"): an
     incomplete implementation when every failed rank lacks something, a deadlock (``deadlock``: the
     watch's summary) or a hang when every failed rank hung, a crash when the world had to be closed,
     else a RankFailure. Its first line names each failed rank and the ranks' first disagreement."""
     failed = [r for r in reports if r.status != "ok"]
-    causes = ", ".join(f"rank {r.rank} {r.status}" + (" (out of memory)" if OOM_KILLED in r.detail else "")
-                       for r in failed)  # on the first line, the one grading summaries show
+    causes = ", ".join(
+        f"rank {r.rank} {r.status}" + (" (out of memory)" if OOM_KILLED in r.detail else "") for r in failed
+    )  # on the first line, the one grading summaries show
     if disagreements:
         causes += f"; the ranks disagree: {disagreements[0]}" + "".join(f"\n  also: {line}" for line in disagreements[1:])
-    for status, kind, what in (("missing", ImplementationIncomplete, "is incomplete"),
-                               ("unloadable", ImplementationUnloadable, "cannot be loaded here")):
+    for status, kind, what in (
+        ("missing", ImplementationIncomplete, "is incomplete"),
+        ("unloadable", ImplementationUnloadable, "cannot be loaded here"),
+    ):
         if all(r.status == status for r in failed):  # the same on every example: nothing to shrink
             cause = failed[0].detail.strip().splitlines()[-1] if failed[0].detail.strip() else "?"
             return kind(RankFailure(f"the implementation under test {what}: {cause}", reports))

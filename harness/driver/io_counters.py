@@ -1,6 +1,7 @@
 """The kernel's I/O counters of a world's local ranks (/proc/<pid>/io): what the deadlock watch
 reads to know that no byte moves, and the audit's count of the bytes a rank wrote, which the rank
 cannot lower."""
+
 from __future__ import annotations
 
 from parallelism_conformance.harness.driver import deadlock, socket_counters
@@ -49,21 +50,25 @@ class IoCounters:
             store = self._tcp.sent(inodes)
         except (OSError, socket_counters.Unreadable):
             store = {}
-        return [None if count is None or rank.store_socket not in store else count + store[rank.store_socket]
-                for rank, count in zip(ranks, written)]
+        return [
+            None if count is None or rank.store_socket not in store else count + store[rank.store_socket] for rank, count in zip(ranks, written)
+        ]
 
     def why_unread(self, rank) -> str:
         """Why :meth:`sent` had no count for ``rank`` ('' for an attached rank: its host is another)."""
         if rank.attached:
             return ""
         if rank.unfiltered:
-            return (f"rank {rank.rank}: its system call filter could not be installed ({rank.unfiltered}), so bytes it "
-                    "sent with send, sendmsg or splice would not be counted (harness/rank/syscall_filter.py)")
+            return (
+                f"rank {rank.rank}: its system call filter could not be installed ({rank.unfiltered}), so bytes it "
+                "sent with send, sendmsg or splice would not be counted (harness/rank/syscall_filter.py)"
+            )
         if self._sandbox is not None and rank.store_socket is not None:
-            return (f"rank {rank.rank}: the kernel's count of the bytes it wrote, or of those its store connection sent, "
-                    "could not be read")
-        return (f"rank {rank.rank}: the kernel's count of the bytes it wrote could not be read (its /proc entry "
-                "refused the driver; a rank that makes itself undumpable hides it)")
+            return f"rank {rank.rank}: the kernel's count of the bytes it wrote, or of those its store connection sent, could not be read"
+        return (
+            f"rank {rank.rank}: the kernel's count of the bytes it wrote could not be read (its /proc entry "
+            "refused the driver; a rank that makes itself undumpable hides it)"
+        )
 
     def close(self) -> None:
         if self._reader is not None:

@@ -14,6 +14,7 @@ The parsers are pure functions over the text of /proc/<pid>/cgroup, /proc/self/m
 cgroup's files (tests/test_bounded_output.py feeds them fake ones); :func:`of_process` and
 :class:`MemoryCgroup` read the real files. Driver side only.
 """
+
 from __future__ import annotations
 
 import os
@@ -76,8 +77,7 @@ def locate(proc_cgroup: str, mountinfo: str) -> MemoryCgroup | None:
         for mount in (m for m in memory_mounts(mountinfo) if m.version == version and path is not None):
             relative = _below(path, mount.root)
             if relative is not None:
-                return MemoryCgroup(os.path.join(mount.mount_point, relative).rstrip("/") or "/", version,
-                                    mount.mount_point)
+                return MemoryCgroup(os.path.join(mount.mount_point, relative).rstrip("/") or "/", version, mount.mount_point)
     return None
 
 
@@ -157,7 +157,7 @@ def _below(path: str, root: str) -> str | None:
         return path.lstrip("/")
     if path == root:
         return ""
-    return path[len(root) + 1:] if path.startswith(root + "/") else None
+    return path[len(root) + 1 :] if path.startswith(root + "/") else None
 
 
 def _unescape(field: str) -> str:

@@ -35,6 +35,7 @@ to --jobs workers longest first, by the seconds each took in the last run (DURAT
 run never timed, a static estimate of its kind, so that no worker idles at the end waiting for one
 long straggler. The last lines say where the time went.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,12 +77,12 @@ ESTIMATE_S = {"known good": 120.0, "outsider": 20.0, "mutant": 9.0}
 UNUSED_PLUGINS = ("-p", "no:cacheprovider", "-p", "no:benchmark", "-p", "no:xdist", "-p", "no:xdist.looponfail")
 
 
-def pytest(runner: WarmPytest, impl: str, args: list[str], profile: str,
-           env: dict[str, str] | None = None) -> tuple[int, str, float]:
+def pytest(runner: WarmPytest, impl: str, args: list[str], profile: str, env: dict[str, str] | None = None) -> tuple[int, str, float]:
     """One pytest run of its own (forked from runner's template: see harness/driver/warm_pytest.py)."""
     chosen = any(a.startswith("--hypothesis-profile") for a in args)  # a run's own profile wins
-    return runner.run([*args, "--impl", impl, *([] if chosen else [f"--hypothesis-profile={profile}"]), "-q",
-                       *UNUSED_PLUGINS], cwd=str(ROOT), env=env)
+    return runner.run(
+        [*args, "--impl", impl, *([] if chosen else [f"--hypothesis-profile={profile}"]), "-q", *UNUSED_PLUGINS], cwd=str(ROOT), env=env
+    )
 
 
 def first_failure(output: str) -> list[str]:
@@ -119,8 +120,7 @@ def read_durations(path: Path) -> dict[str, float]:
         durations = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    return {k: float(v) for k, v in durations.items() if isinstance(v, (int, float))} if isinstance(durations, dict) \
-        else {}
+    return {k: float(v) for k, v in durations.items() if isinstance(v, (int, float))} if isinstance(durations, dict) else {}
 
 
 def longest_first(jobs: list[Job], durations: dict[str, float]) -> list[Job]:
@@ -146,31 +146,41 @@ def time_line(jobs: list[Job], seconds: dict[str, float], wall_s: float, workers
     for kind in ESTIMATE_S:
         taken = sorted((seconds[job.key] for job in jobs if job.kind == kind), reverse=True)
         if taken:
-            parts.append(f"{kind}: {len(taken)} runs, {sum(taken):.0f} s (longest {taken[0]:.0f} s, median "
-                         f"{taken[len(taken) // 2]:.1f} s)")
+            parts.append(f"{kind}: {len(taken)} runs, {sum(taken):.0f} s (longest {taken[0]:.0f} s, median {taken[len(taken) // 2]:.1f} s)")
     busy = sum(seconds.values())
-    return (f"=== time: {'; '.join(parts)}; {busy:.0f} s of runs in {wall_s:.0f} s wall on {workers} workers "
-            f"({busy / max(wall_s, 1e-9) / workers:.0%} busy)")
+    return (
+        f"=== time: {'; '.join(parts)}; {busy:.0f} s of runs in {wall_s:.0f} s wall on {workers} workers "
+        f"({busy / max(wall_s, 1e-9) / workers:.0%} busy)"
+    )
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="ci", help="Hypothesis profile of the known-good runs (default: ci)")
-    parser.add_argument("--mutant-profile", default="mutation",
-                        help="Hypothesis profile of the mutant runs (default: mutation, which does not shrink)")
+    parser.add_argument(
+        "--mutant-profile", default="mutation", help="Hypothesis profile of the mutant runs (default: mutation, which does not shrink)"
+    )
     # second_opinion (5 examples a test): measured on the 93 outsider runs alone, 0/28 false failures
     # under it as under brief (10), their runs 156 s instead of 200 s; the buggy ones keep the
     # mutants' profile: under brief 3 of 65 got through
-    parser.add_argument("--outsider-profile", default="second_opinion",
-                        help="Hypothesis profile of the correct implementations under outsiders/ (default: "
-                             "second_opinion, 5 derandomized examples a test: each runs a whole conformance file)")
+    parser.add_argument(
+        "--outsider-profile",
+        default="second_opinion",
+        help="Hypothesis profile of the correct implementations under outsiders/ (default: "
+        "second_opinion, 5 derandomized examples a test: each runs a whole conformance file)",
+    )
     parser.add_argument("--mutants-only", action="store_true", help="skip the known-good runs")
-    parser.add_argument("--outsiders-only", action="store_true",
-                        help="only the implementations under outsiders/ (no known-good runs, no mutants)")
+    parser.add_argument(
+        "--outsiders-only", action="store_true", help="only the implementations under outsiders/ (no known-good runs, no mutants)"
+    )
     parser.add_argument("--jobs", type=int, default=2, help="pytest runs at a time (default 2)")
-    parser.add_argument("--durations-file", type=Path, default=DURATIONS_FILE,
-                        help=f"each run's seconds, read to start the longest first and rewritten at the end "
-                             f"(default {DURATIONS_FILE.name} at the repository's root)")
+    parser.add_argument(
+        "--durations-file",
+        type=Path,
+        default=DURATIONS_FILE,
+        help=f"each run's seconds, read to start the longest first and rewritten at the end "
+        f"(default {DURATIONS_FILE.name} at the repository's root)",
+    )
     options = parser.parse_args(argv)
     # every run's ranks are forked from the template's forkserver: about 2.4 s of CPU less per run
     # the buggy outsiders kept as diffs are written out here, for the whole run
@@ -185,9 +195,22 @@ def _name(path: Path) -> str:
 
 def run_mutant(runner: WarmPytest, mutant: Mutant, profile: str) -> tuple[int, str, float]:
     impl, env = mutant.impl_and_env()
-    return pytest(runner, impl, [mutant.test_file, "-x", "-k", mutant.targets, "--rank-timeout",
-                                 str(MUTANT_RANK_TIMEOUT_S), "--perturb-timing", "on" if mutant.race else "off"],
-                  profile, env)
+    return pytest(
+        runner,
+        impl,
+        [
+            mutant.test_file,
+            "-x",
+            "-k",
+            mutant.targets,
+            "--rank-timeout",
+            str(MUTANT_RANK_TIMEOUT_S),
+            "--perturb-timing",
+            "on" if mutant.race else "off",
+        ],
+        profile,
+        env,
+    )
 
 
 def run_outsider(runner: WarmPytest, outsider: Outsider, impl: str, options) -> tuple[int, str, float]:
@@ -197,8 +220,11 @@ def run_outsider(runner: WarmPytest, outsider: Outsider, impl: str, options) -> 
     if outsider.audit and code == 0:  # right values; the audit must then find what its author chose
         audit_code, audit_output, audit_seconds = pytest(runner, impl, outsider.audit_args(), options.mutant_profile)
         if audit_code != 1:
-            return audit_code or 2, f"its audit was expected to fail ({outsider.audit}), exit code {audit_code}\n" \
-                + audit_output, seconds + audit_seconds
+            return (
+                audit_code or 2,
+                f"its audit was expected to fail ({outsider.audit}), exit code {audit_code}\n" + audit_output,
+                seconds + audit_seconds,
+            )
         return code, output, seconds + audit_seconds
     return code, output, seconds
 
@@ -208,13 +234,18 @@ def _run_all(options, runner: WarmPytest, scratch: Path) -> int:
     every_mutant = [] if options.outsiders_only else mutants()
     every_outsider = outsiders()
     impls = {o.path: o.impl(scratch) for o in every_outsider}
-    good_jobs = [Job(f"known good: {impl} {' '.join(args)}", "known good",
-                     lambda impl=impl, args=args, env=env: pytest(runner, impl, [*args, *PERTURBED], options.profile, env))
-                 for impl, args, env in goods]
-    mutant_jobs = [Job(f"mutant: {_name(m.path)}", "mutant", lambda m=m: run_mutant(runner, m, options.mutant_profile))
-                   for m in every_mutant]
-    outsider_jobs = [Job(f"outsider: {o.name}", "outsider", lambda o=o: run_outsider(runner, o, impls[o.path], options))
-                     for o in every_outsider]
+    good_jobs = [
+        Job(
+            f"known good: {impl} {' '.join(args)}",
+            "known good",
+            lambda impl=impl, args=args, env=env: pytest(runner, impl, [*args, *PERTURBED], options.profile, env),
+        )
+        for impl, args, env in goods
+    ]
+    mutant_jobs = [Job(f"mutant: {_name(m.path)}", "mutant", lambda m=m: run_mutant(runner, m, options.mutant_profile)) for m in every_mutant]
+    outsider_jobs = [
+        Job(f"outsider: {o.name}", "outsider", lambda o=o: run_outsider(runner, o, impls[o.path], options)) for o in every_outsider
+    ]
     jobs = [*good_jobs, *outsider_jobs, *mutant_jobs]
     started = time.monotonic()
     seconds: dict[str, float] = {}
@@ -234,14 +265,18 @@ def _run_all(options, runner: WarmPytest, scratch: Path) -> int:
     rate = 100.0 * len(killed) / total if total else 0.0
     buggy = len(caught) + len(missed)
     correct = len(every_outsider) - buggy
-    print(f"\n=== kill rate: {len(killed)}/{total} mutants killed ({rate:.0f}%)"
-          + _listed("killed only by a deadline", deadline_only)
-          + f"; false failures: {len(false_failures)}/{len(goods)} known-good implementations"
-          + (f" ({', '.join(false_failures)})" if false_failures else ""))
-    print(f"=== written from the contract alone: {len(caught)}/{buggy} buggy ones caught"
-          + (f" (missed: {', '.join(missed)})" if missed else "")
-          + f"; false failures: {len(outside_false)}/{correct} correct ones"
-          + (f" ({', '.join(outside_false)})" if outside_false else ""))
+    print(
+        f"\n=== kill rate: {len(killed)}/{total} mutants killed ({rate:.0f}%)"
+        + _listed("killed only by a deadline", deadline_only)
+        + f"; false failures: {len(false_failures)}/{len(goods)} known-good implementations"
+        + (f" ({', '.join(false_failures)})" if false_failures else "")
+    )
+    print(
+        f"=== written from the contract alone: {len(caught)}/{buggy} buggy ones caught"
+        + (f" (missed: {', '.join(missed)})" if missed else "")
+        + f"; false failures: {len(outside_false)}/{correct} correct ones"
+        + (f" ({', '.join(outside_false)})" if outside_false else "")
+    )
     print(time_line(jobs, seconds, time.monotonic() - started, options.jobs))
     ran = total or options.outsiders_only
     failed = survived or deadline_only or false_failures or missed or outside_false
@@ -270,12 +305,18 @@ def _report_mutants(every_mutant, jobs, result) -> tuple[list[str], list[str], l
         head = f"{name:<50} {seconds:5.1f} s  {mutant.bug}"
         if code == 1 and only_a_deadline(output) and not mutant.hang:
             deadline_only.append(name)
-            print(f"DEADLINE {head}\n         killed only by a deadline: the runner cannot tell this from load "
-                  f"({failing_line(output)}); if its bug is a hang, its docstring says '{HANG}'", flush=True)
+            print(
+                f"DEADLINE {head}\n         killed only by a deadline: the runner cannot tell this from load "
+                f"({failing_line(output)}); if its bug is a hang, its docstring says '{HANG}'",
+                flush=True,
+            )
         elif code == 1 and mutant.race and RACE_EVIDENCE not in output:
             survived.append(name)
-            print(f"UNNAMED  {head}\n         failed, but not with --perturb-timing naming the call ('{RACE}' in its "
-                  f"docstring): {failing_line(output)}", flush=True)
+            print(
+                f"UNNAMED  {head}\n         failed, but not with --perturb-timing naming the call ('{RACE}' in its "
+                f"docstring): {failing_line(output)}",
+                flush=True,
+            )
         elif code == 1:
             killed.append(name)
             print(f"killed   {head}\n         caught by: {failing_line(output)}", flush=True)
@@ -287,8 +328,7 @@ def _report_mutants(every_mutant, jobs, result) -> tuple[list[str], list[str], l
 
 
 def _report_outsiders(every_outsider, jobs, result) -> tuple[list[str], list[str], list[str]]:
-    print("\n=== implementations written from the contract alone (outsiders/): correct ones must pass, "
-          "buggy ones must fail")
+    print("\n=== implementations written from the contract alone (outsiders/): correct ones must pass, buggy ones must fail")
     caught, missed, outside_false = [], [], []
     for outsider, job in zip(every_outsider, jobs):
         code, output, seconds = result(job)
@@ -298,14 +338,19 @@ def _report_outsiders(every_outsider, jobs, result) -> tuple[list[str], list[str
             ok = code == 0
             if not ok:
                 outside_false.append(name)
-            print(f"{'passes  ' if ok else 'FAILS   '} {head}"
-                  + (f"\n         (values pass; the audit fails it, as its author chose: {outsider.audit})"
-                     if ok and outsider.audit else "")
-                  + ("" if ok else f"\n         (pytest exit code {code}: {failing_line(output)})"), flush=True)
+            print(
+                f"{'passes  ' if ok else 'FAILS   '} {head}"
+                + (f"\n         (values pass; the audit fails it, as its author chose: {outsider.audit})" if ok and outsider.audit else "")
+                + ("" if ok else f"\n         (pytest exit code {code}: {failing_line(output)})"),
+                flush=True,
+            )
         elif code == 1 and only_a_deadline(output) and not outsider.hang:
             missed.append(name)
-            print(f"DEADLINE {head}\n         caught only by a deadline: the runner cannot tell this from load "
-                  f"({failing_line(output)}); if its bug is a hang, its docstring says '{HANG}'", flush=True)
+            print(
+                f"DEADLINE {head}\n         caught only by a deadline: the runner cannot tell this from load "
+                f"({failing_line(output)}); if its bug is a hang, its docstring says '{HANG}'",
+                flush=True,
+            )
         elif code == 1:
             caught.append(name)
             print(f"caught   {head}\n         by: {failing_line(output)}", flush=True)

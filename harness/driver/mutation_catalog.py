@@ -1,6 +1,7 @@
 """What the mutation runner (harness/driver/mutation.py) runs: the known-good implementations, the
 mutants under mutants/ and the implementations under outsiders/, each read from its docstring (a
 mutant or an outsider is never imported here: ast reads it)."""
+
 from __future__ import annotations
 
 import ast
@@ -42,8 +43,15 @@ class Mutant:
         targets = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("targets:")), "")
         if not lines or not targets:
             raise ValueError(f"{path}: the docstring must state the bug in its first line and have a 'targets:' line")
-        return cls(path, lines[0], targets, conformance_file_of_mutants(path.parent.name), HANG in lines[1:],
-                   CS336_MUTANT in lines[1:], any(line.startswith(RACE) for line in lines[1:]))
+        return cls(
+            path,
+            lines[0],
+            targets,
+            conformance_file_of_mutants(path.parent.name),
+            HANG in lines[1:],
+            CS336_MUTANT in lines[1:],
+            any(line.startswith(RACE) for line in lines[1:]),
+        )
 
     def impl_and_env(self) -> tuple[str, dict[str, str] | None]:
         """A CS336 mutant is a student's tests/adapters.py: graded through adapters.cs336, as a
@@ -68,17 +76,21 @@ class Outsider:
         source = patched(path)[1] if path.suffix == ".diff" else path.read_text()
         doc = ast.get_docstring(ast.parse(source)) or ""
         lines = doc.splitlines()
-        fields = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:]) if k.strip() in
-                  ("verdict", "capability", "audit", "bug", "targets")}
+        fields = {
+            k.strip(): v.strip()
+            for k, _, v in (line.partition(":") for line in lines[1:])
+            if k.strip() in ("verdict", "capability", "audit", "bug", "targets")
+        }
         verdict, capability = fields.get("verdict", ""), fields.get("capability", "")
         if not lines or verdict not in ("pass", "fail") or not (capability in BY_NAME or capability in GROUPS):
-            raise ValueError(f"{path}: the docstring needs a first line, 'verdict: pass|fail' and 'capability: NAME' "
-                             f"(a capability or group of harness/driver/capabilities.py), got verdict={verdict!r}, "
-                             f"capability={capability!r}")
+            raise ValueError(
+                f"{path}: the docstring needs a first line, 'verdict: pass|fail' and 'capability: NAME' "
+                f"(a capability or group of harness/driver/capabilities.py), got verdict={verdict!r}, "
+                f"capability={capability!r}"
+            )
         if fields.get("targets") and verdict != "fail":
             raise ValueError(f"{path}: only a buggy outsider may name 'targets:' (a correct one runs every test it claims)")
-        return cls(path, lines[0], verdict, capability, fields.get("audit", ""), fields.get("bug") == "hang",
-                   fields.get("targets", ""))
+        return cls(path, lines[0], verdict, capability, fields.get("audit", ""), fields.get("bug") == "hang", fields.get("targets", ""))
 
     @property
     def name(self) -> str:
@@ -109,10 +121,8 @@ class Outsider:
         targeted = ["-k", self.targets] if self.targets else []
         return [*args, *targeted, "-x", "--rank-timeout", str(MUTANT_RANK_TIMEOUT_S)]
 
-
     def audit_args(self) -> list[str]:
-        return ["conformance/audit", "--capability", f"{self.capability},audit", "-x", "--rank-timeout",
-                str(MUTANT_RANK_TIMEOUT_S)]
+        return ["conformance/audit", "--capability", f"{self.capability},audit", "-x", "--rank-timeout", str(MUTANT_RANK_TIMEOUT_S)]
 
 
 def outsiders() -> list[Outsider]:
@@ -127,34 +137,70 @@ def known_good() -> list[tuple[str, list[str], dict[str, str]]]:
     DTensor, pipelining) through adapters/torch_native.py, and a CS336 assignment-2 submission
     (the project's own, tests/fixtures/cs336_submission) through adapters/cs336.py, under both
     handouts' names and both scopes."""
-    runs = [("parallelism_conformance.impls", ["conformance"]),
-            ("torch.distributed", ["conformance/test_collectives.py", "conformance/audit",
-                                   "--capability", "collectives,audit"]),
-            # the naive variant of the bundled DP (bucket_size_mb ignored, every gradient all-reduced after
-            # backward): a second opinion on the tests that hand it a bucket size or several backwards per
-            # step, where a wrapper without buckets or hooks differs; fewer examples
-            ("parallelism_conformance.impls.naive_dp", ["conformance/test_data_parallel.py", "-k", "bucket or accumulation or tied",
-                                "--hypothesis-profile=brief"]),
-            # every capability; context parallelism is skipped with torch's reason (not adapted). A second
-            # opinion on the same tests as the first run, so fewer examples: under ci it was the runner's
-            # longest run, under brief (10) about half as long (171 s beside tests/), under
-            # second_opinion (5) every test still runs
-            ("parallelism_conformance.adapters.torch_native", ["conformance", "--hypothesis-profile=second_opinion"])]
+    runs = [
+        ("parallelism_conformance.impls", ["conformance"]),
+        ("torch.distributed", ["conformance/test_collectives.py", "conformance/audit", "--capability", "collectives,audit"]),
+        # the naive variant of the bundled DP (bucket_size_mb ignored, every gradient all-reduced after
+        # backward): a second opinion on the tests that hand it a bucket size or several backwards per
+        # step, where a wrapper without buckets or hooks differs; fewer examples
+        (
+            "parallelism_conformance.impls.naive_dp",
+            ["conformance/test_data_parallel.py", "-k", "bucket or accumulation or tied", "--hypothesis-profile=brief"],
+        ),
+        # every capability; context parallelism is skipped with torch's reason (not adapted). A second
+        # opinion on the same tests as the first run, so fewer examples: under ci it was the runner's
+        # longest run, under brief (10) about half as long (171 s beside tests/), under
+        # second_opinion (5) every test still runs
+        ("parallelism_conformance.adapters.torch_native", ["conformance", "--hypothesis-profile=second_opinion"]),
+    ]
     runs = [(impl, args, {}) for impl, args in runs]
-    runs.append(("parallelism_conformance.adapters.cs336", ["conformance/test_data_parallel.py", "conformance/test_sharded_optimizer.py",
-                                    "conformance/audit", "--capability", "data_parallel,sharded_optimizer,audit",
-                                    "--hypothesis-profile=brief"],
-                 {"CS336_SUBMISSION": str(CS336_FIXTURE)}))
+    runs.append(
+        (
+            "parallelism_conformance.adapters.cs336",
+            [
+                "conformance/test_data_parallel.py",
+                "conformance/test_sharded_optimizer.py",
+                "conformance/audit",
+                "--capability",
+                "data_parallel,sharded_optimizer,audit",
+                "--hypothesis-profile=brief",
+            ],
+            {"CS336_SUBMISSION": str(CS336_FIXTURE)},
+        )
+    )
     # the 2026 handout's names (get_ddp for every bucket size, get_fsdp) under the handout's scope
     # and, for its FSDP, the contract's
     newer = {"CS336_SUBMISSION": str(CS336_FIXTURE / "tests" / "adapters_newer.py")}
-    runs.append(("parallelism_conformance.adapters.cs336", ["conformance/test_data_parallel.py", "conformance/test_fully_sharded.py",
-                                    "conformance/test_sharded_optimizer.py", "conformance/audit", "--capability",
-                                    "data_parallel,fully_sharded,fsdp_compute_dtype,sharded_optimizer,audit",
-                                    "--scope", "cs336",
-                                    "--hypothesis-profile=brief"], newer))
-    runs.append(("parallelism_conformance.adapters.cs336", ["conformance/test_fully_sharded.py", "conformance/audit", "--capability",
-                                    "fully_sharded,fsdp_compute_dtype,audit", "--hypothesis-profile=brief"], newer))
+    runs.append(
+        (
+            "parallelism_conformance.adapters.cs336",
+            [
+                "conformance/test_data_parallel.py",
+                "conformance/test_fully_sharded.py",
+                "conformance/test_sharded_optimizer.py",
+                "conformance/audit",
+                "--capability",
+                "data_parallel,fully_sharded,fsdp_compute_dtype,sharded_optimizer,audit",
+                "--scope",
+                "cs336",
+                "--hypothesis-profile=brief",
+            ],
+            newer,
+        )
+    )
+    runs.append(
+        (
+            "parallelism_conformance.adapters.cs336",
+            [
+                "conformance/test_fully_sharded.py",
+                "conformance/audit",
+                "--capability",
+                "fully_sharded,fsdp_compute_dtype,audit",
+                "--hypothesis-profile=brief",
+            ],
+            newer,
+        )
+    )
     return runs
 
 

@@ -17,6 +17,7 @@ never blocks for long); :meth:`RankPipe.drain` empties a FIFO at once, which the
 needs (World._run reads the kernel's count before the drain that starts a task and after the one
 that ends it, so every byte credited was written inside the window the count covers).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -61,8 +62,7 @@ class RankPipe:
         total = 0
         while self._read >= 0:
             try:
-                moved = os.splice(self._read, self._log, CHUNK, offset_dst=os.fstat(self._log).st_size,
-                                  flags=os.SPLICE_F_NONBLOCK)
+                moved = os.splice(self._read, self._log, CHUNK, offset_dst=os.fstat(self._log).st_size, flags=os.SPLICE_F_NONBLOCK)
             except BlockingIOError:
                 break
             if moved == 0:

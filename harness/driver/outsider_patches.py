@@ -6,6 +6,7 @@ says, else ValueError naming the diff and the hunk. ``materialise`` writes the b
 own name into a directory, world-readable (the ranks may run as another user). ``unified`` writes
 such a diff; a last line without a newline is followed by ``\\ No newline at end of file``.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -55,8 +56,7 @@ def patched(diff_path: Path) -> tuple[str, str]:
         old_len = 1 if header[2] is None else int(header[2])
         start = int(header[1]) - (1 if old_len else 0)  # 0-based; an insertion's header names the line before
         if start < at or start > len(base):
-            raise ValueError(f"{diff_path}: {hunk} starts at line {start + 1} of {base_name}, out of order or past "
-                             f"its {len(base)} lines")
+            raise ValueError(f"{diff_path}: {hunk} starts at line {start + 1} of {base_name}, out of order or past its {len(base)} lines")
         out += base[at:start]
         at = start
         old = new = 0
@@ -71,8 +71,7 @@ def patched(diff_path: Path) -> tuple[str, str]:
             if tag in " -":
                 if at >= len(base) or base[at] != line:
                     found = repr(base[at]) if at < len(base) else "the end of the file"
-                    raise ValueError(f"{diff_path}: {hunk} does not apply to {base_name}: line {at + 1} is {found}, "
-                                     f"the diff expects {line!r}")
+                    raise ValueError(f"{diff_path}: {hunk} does not apply to {base_name}: line {at + 1} is {found}, the diff expects {line!r}")
                 at += 1
                 old += 1
             if tag in " +":

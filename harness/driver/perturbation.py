@@ -9,6 +9,7 @@ the tail (TAIL says why): a failing schedule shrinks to the shortest prefix and 
 delays that still fail. The rank numbers its calls per task, so the schedule
 of rank r is rank-specific: ranks drift apart.
 """
+
 from __future__ import annotations
 
 import torch
@@ -67,13 +68,22 @@ def poisoned_reads(outputs: list, late: list, schedules: list | None) -> str | N
     """The failure's message when a rank's result holds poison, naming the call it came from, or a
     send's buffer changed while it was in flight; None when neither. ``outputs`` and ``late``: per rank, its result and its table of delayed calls."""
     calls = {(c["rank"], c["call"]): c for table in late for c in table if isinstance(c, dict)}
-    lines = [f"{_call(c)} had its buffer changed after the call and before "
-             + ("the data left: what it sent is what the buffer held then, not at the call" if c["delay"] == "long" else
-                "its wait(): the backend may send either (gloo and NCCL read a send's buffer until it completes)")
-             for c in calls.values() if c.get("changed")]
-    lines += [f"{_call(c)} had its output written by the program while the call was in flight: the result it "
-              f"delivered at completion replaced that write (a backend may as well keep either)"
-              for c in calls.values() if c.get("overwritten")]
+    lines = [
+        f"{_call(c)} had its buffer changed after the call and before "
+        + (
+            "the data left: what it sent is what the buffer held then, not at the call"
+            if c["delay"] == "long"
+            else "its wait(): the backend may send either (gloo and NCCL read a send's buffer until it completes)"
+        )
+        for c in calls.values()
+        if c.get("changed")
+    ]
+    lines += [
+        f"{_call(c)} had its output written by the program while the call was in flight: the result it "
+        f"delivered at completion replaced that write (a backend may as well keep either)"
+        for c in calls.values()
+        if c.get("overwritten")
+    ]
     for rank, output in enumerate(outputs):
         named, unnamed = set(), 0
         for tensor in _tensors(output):
@@ -84,19 +94,19 @@ def poisoned_reads(outputs: list, late: list, schedules: list | None) -> str | N
             call = calls.get((source, index))
             if call is None:  # a pattern nobody poisoned: an unrelated value that looks like one is not evidence
                 continue
-            lines.append(f"rank {rank}'s result holds the poison of {_call(call)}: its result was read before "
-                         f"it completed")
+            lines.append(f"rank {rank}'s result holds the poison of {_call(call)}: its result was read before it completed")
         if unnamed and not named:
             pending = [c for c in calls.values() if c["state"] != "completed" and c.get("outputs")]
             if pending:
-                lines.append(f"rank {rank}'s result holds {unnamed} half-precision NaN while these calls had not completed: "
-                             + "; ".join(_call(c) for c in pending))
+                lines.append(
+                    f"rank {rank}'s result holds {unnamed} half-precision NaN while these calls had not completed: "
+                    + "; ".join(_call(c) for c in pending)
+                )
     if not lines:
         return None
     if len(lines) > MAX_LINES:
         lines = [*lines[:MAX_LINES], f"and {len(lines) - MAX_LINES} more like these"]
-    return ("a race, found by --perturb-timing: " + "\n  ".join(lines)
-            + f"\n  {describe(schedules)}")
+    return "a race, found by --perturb-timing: " + "\n  ".join(lines) + f"\n  {describe(schedules)}"
 
 
 def late_note(late: list) -> str:
@@ -110,8 +120,7 @@ def late_note(late: list) -> str:
 
 def _call(call: dict) -> str:
     how = f", completed by {call['how']}" if call.get("how") else f", {call['state']} when the program returned"
-    return (f"rank {call['rank']}'s {call['op']} (call {call['call']} of the task, delayed {call['delay']}, made at "
-            f"{call['where']}{how})")
+    return f"rank {call['rank']}'s {call['op']} (call {call['call']} of the task, delayed {call['delay']}, made at {call['where']}{how})"
 
 
 def _tensors(value) -> list:

@@ -5,6 +5,7 @@ With ``attach=Attach(size, host, port)`` the world of ``size`` ranks is not star
 listens on host:port (and serves its TCPStore on port+1) and waits for ranks that a launcher
 started, on this host or others (:meth:`WorldPool.attach_command` says how). Worlds of other sizes
 still run on this host."""
+
 from __future__ import annotations
 
 import secrets
@@ -112,14 +113,16 @@ class WorldPool:
                 store_host = attach.bind  # local ranks of the smaller worlds dial the store where it listens
         self._store_address = (store_host, self._store.port)
 
-    def attach_command(self, launcher: str = "torchrun --nnodes <hosts> --nproc-per-node <ranks per host> "
-                       "--node-rank <this host> --master-addr <first host> --master-port <free port>") -> str:
+    def attach_command(
+        self,
+        launcher: str = "torchrun --nnodes <hosts> --nproc-per-node <ranks per host> "
+        "--node-rank <this host> --master-addr <first host> --master-port <free port>",
+    ) -> str:
         """The command that starts the attached ranks (run it from this repository's root on every
         host, with the implementation under test importable there)."""
         if self.attach is None:
             raise ValueError("this pool attaches no ranks")
-        env = (f"CONFORMANCE_DRIVER={self.attach.host}:{self.attach.port} "
-               f"CONFORMANCE_AUTHKEY={self._authkey.hex()}")
+        env = f"CONFORMANCE_DRIVER={self.attach.host}:{self.attach.port} CONFORMANCE_AUTHKEY={self._authkey.hex()}"
         return f"{env} {launcher} -m parallelism_conformance.harness.rank"
 
     def backend_for(self, size: int) -> str:
@@ -159,8 +162,9 @@ class WorldPool:
             self.live_ranks.used(self, size)
         return world
 
-    def run(self, size: int, program: str, args_per_rank: list[dict], *, impl: str, timeout_s: float | None = None,
-            schedules: list | None = None) -> TaskResult:
+    def run(
+        self, size: int, program: str, args_per_rank: list[dict], *, impl: str, timeout_s: float | None = None, schedules: list | None = None
+    ) -> TaskResult:
         __tracebackhide__ = True
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         cut_by_budget = False
@@ -189,12 +193,15 @@ class WorldPool:
                 if self.attach is not None and size == self.attach.size:
                     # attached ranks are not ours to restart: the next task waits for a launcher
                     # (torchrun --max-restarts) to bring them back, once, for attach.timeout_s
-                    failure.add_note(f"  the attached world of {size} ranks was torn down; the next task waits "
-                                     f"{self.attach.timeout_s:g} s for its ranks to reconnect")
+                    failure.add_note(
+                        f"  the attached world of {size} ranks was torn down; the next task waits "
+                        f"{self.attach.timeout_s:g} s for its ranks to reconnect"
+                    )
             # the run's time ran out, not the implementation's; a deadlock was found before any deadline
             if isinstance(failure, RanksHung) and not isinstance(failure, RanksDeadlocked) and cut_by_budget:
-                raise BudgetExhausted(f"not finished: the run's time budget (--time-budget) ran out during this "
-                                      f"task, {timeout_s:.3g} s after it started") from None
+                raise BudgetExhausted(
+                    f"not finished: the run's time budget (--time-budget) ran out during this task, {timeout_s:.3g} s after it started"
+                ) from None
             raise
 
     def disagreements(self, size: int) -> list[str]:

@@ -1,5 +1,6 @@
 """The driver's side of one rank process: its exit described (a signal, an OOM kill), its output read
 as it goes, and its stacks dumped when it hangs."""
+
 from __future__ import annotations
 
 import contextlib

@@ -9,6 +9,7 @@ seeking over the rest, and says how many bytes it left out; the count of bytes p
 because the communication audit subtracts it from the kernel's count of bytes the rank wrote
 (harness/driver/world.py, World._run).
 """
+
 from __future__ import annotations
 
 import os
@@ -35,8 +36,7 @@ def left_out(count: int) -> str:
     return f"\n[... {count} bytes of this rank's output left out ...]\n"
 
 
-def read_bounded(file: BinaryIO, start: int, end: int, head_bytes: int = HEAD_BYTES,
-                 tail_bytes: int = TAIL_BYTES) -> tuple[str, int]:
+def read_bounded(file: BinaryIO, start: int, end: int, head_bytes: int = HEAD_BYTES, tail_bytes: int = TAIL_BYTES) -> tuple[str, int]:
     """The bytes ``[start, end)`` of ``file`` (opened binary) as text, at most ``head_bytes`` from
     their start and ``tail_bytes`` from their end with a left_out line between, and how many bytes
     the range held. It reads no more than it keeps (it seeks over the middle), so the driver's
@@ -66,11 +66,11 @@ def shorten(text: str, head_chars: int, tail_chars: int) -> str:
     if found is None and len(text) <= head_chars + tail_chars:
         return text
     if found is None:
-        head, count, tail = text[:len(text) - tail_chars], 0, text[len(text) - tail_chars:]
+        head, count, tail = text[: len(text) - tail_chars], 0, text[len(text) - tail_chars :]
     else:
-        head, count, tail = text[:found.start()], int(found[1]), text[found.end():]
-    kept_head, kept_tail = head[:head_chars], tail[max(0, len(tail) - tail_chars):]
-    count += _utf8_length(head[head_chars:]) + _utf8_length(tail[:len(tail) - len(kept_tail)])
+        head, count, tail = text[: found.start()], int(found[1]), text[found.end() :]
+    kept_head, kept_tail = head[:head_chars], tail[max(0, len(tail) - tail_chars) :]
+    count += _utf8_length(head[head_chars:]) + _utf8_length(tail[: len(tail) - len(kept_tail)])
     return kept_head + left_out(count) + kept_tail if count else kept_head + kept_tail
 
 

@@ -10,6 +10,7 @@ refuses) leaves the maximum, it is not held against the student. A capability no
 ran is listed as "not run" and left out of the maximum. Points are counted in whole cents, so the
 values written add up exactly (apportion).
 """
+
 from __future__ import annotations
 
 import ast
@@ -69,8 +70,7 @@ def in_file_order(results: list[TestResult]) -> list[TestResult]:
     return sorted(results, key=lambda r: (r.nodeid.split("::", 1)[0], r.line, r.nodeid))
 
 
-def capability_maxima(rows: dict[str, list[TestResult]], rubric: Rubric,
-                      points_possible: float | None = None) -> dict[str, int]:
+def capability_maxima(rows: dict[str, list[TestResult]], rubric: Rubric, points_possible: float | None = None) -> dict[str, int]:
     """Each capability's maximum in cents. Unscaled: its rubric points when some test of positive
     weight ran, else 0. With ``points_possible`` N: N cents apportioned among those maxima, so
     that whatever ran adds up to exactly N (nothing scaled when nothing with points ran)."""
@@ -83,8 +83,9 @@ def capability_maxima(rows: dict[str, list[TestResult]], rubric: Rubric,
     return dict(zip(exact, apportion(cents(points_possible), list(exact.values()))))
 
 
-def graded(rows: dict[str, list[TestResult]], rubric: Rubric,
-           points_possible: float | None = None) -> tuple[list[dict], dict[str, tuple[int, int]]]:
+def graded(
+    rows: dict[str, list[TestResult]], rubric: Rubric, points_possible: float | None = None
+) -> tuple[list[dict], dict[str, tuple[int, int]]]:
     """Gradescope test entries in ``number`` order, and (score, max) in cents per capability.
     A capability's maximum is apportioned among its tests that ran by weight; a passed test
     scores its max_score, a failed one 0, a skipped one 0 of 0."""
@@ -92,8 +93,9 @@ def graded(rows: dict[str, list[TestResult]], rubric: Rubric,
     return [entry for _, entry in pairs], totals
 
 
-def _graded(rows: dict[str, list[TestResult]], rubric: Rubric,
-            points_possible: float | None) -> tuple[list[tuple[TestResult, dict]], dict[str, tuple[int, int]]]:
+def _graded(
+    rows: dict[str, list[TestResult]], rubric: Rubric, points_possible: float | None
+) -> tuple[list[tuple[TestResult, dict]], dict[str, tuple[int, int]]]:
     """``graded``, each entry with the result it was made from."""
     rubric = rubric if isinstance(rubric, Rubric) else Rubric(rubric)
     possible = rubric.points_possible if points_possible is None else points_possible
@@ -109,14 +111,26 @@ def _graded(rows: dict[str, list[TestResult]], rubric: Rubric,
             share = shares.get(result.nodeid, 0)
             value = share if result.outcome == "passed" else 0
             earned += value
-            pairs.append((result, _entry(result, value, share, f"{order[capability]}.{index}",
-                                         rubric.visibility_of(capability, result.nodeid), rubric.test_output_format)))
+            pairs.append(
+                (
+                    result,
+                    _entry(
+                        result,
+                        value,
+                        share,
+                        f"{order[capability]}.{index}",
+                        rubric.visibility_of(capability, result.nodeid),
+                        rubric.test_output_format,
+                    ),
+                )
+            )
         totals[capability] = (earned, maxima[capability])
     return pairs, totals
 
 
-def score(rows: dict[str, list[TestResult]], rubric: Rubric,
-          points_possible: float | None = None) -> tuple[list[dict], dict[str, tuple[float, float]]]:
+def score(
+    rows: dict[str, list[TestResult]], rubric: Rubric, points_possible: float | None = None
+) -> tuple[list[dict], dict[str, tuple[float, float]]]:
     """Gradescope test entries, and (score, max) in points per capability (``graded``)."""
     tests, totals = graded(rows, rubric, points_possible)
     return tests, {capability: (got / 100, out_of / 100) for capability, (got, out_of) in totals.items()}
@@ -161,8 +175,10 @@ def older_torch_warning(version: str) -> str | None:
     numbers = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
     if numbers >= OLDEST_TESTED_TORCH:
         return None
-    return (f"torch {version} is older than the oldest torch this suite is tested on "
-            f"({'.'.join(map(str, OLDEST_TESTED_TORCH))}): a failure may be the suite's, not the implementation's")
+    return (
+        f"torch {version} is older than the oldest torch this suite is tested on "
+        f"({'.'.join(map(str, OLDEST_TESTED_TORCH))}): a failure may be the suite's, not the implementation's"
+    )
 
 
 def suite_version(source: Path = VERSION_FILE) -> str:
@@ -176,8 +192,13 @@ def suite_version(source: Path = VERSION_FILE) -> str:
 
 def versions(source: Path = VERSION_FILE) -> dict[str, str]:
     """What a grade depends on besides the submission: Python, torch, Hypothesis, pytest, the suite."""
-    return {"python": platform.python_version(), "torch": torch.__version__, "hypothesis": hypothesis.__version__,
-            "pytest": pytest.__version__, "suite": suite_version(source)}
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "hypothesis": hypothesis.__version__,
+        "pytest": pytest.__version__,
+        "suite": suite_version(source),
+    }
 
 
 def hypothesis_settings(profile: str, seed) -> dict:
@@ -186,8 +207,13 @@ def hypothesis_settings(profile: str, seed) -> dict:
     every run; otherwise ``seed`` (--hypothesis-seed) does, and None means each run draws anew.
     An example database replays earlier failures first."""
     current = hypothesis.settings.default
-    return {"profile": profile, "max_examples": current.max_examples, "derandomize": current.derandomize,
-            "seed": seed, "database": current.database is not None}
+    return {
+        "profile": profile,
+        "max_examples": current.max_examples,
+        "derandomize": current.derandomize,
+        "seed": seed,
+        "database": current.database is not None,
+    }
 
 
 @dataclass
@@ -207,9 +233,16 @@ def withheld(visibility: str, output_visibility: str) -> bool:
     return visibility not in ("visible", output_visibility)
 
 
-def summarize(rows: dict[str, list[TestResult]], pairs: list[tuple[TestResult, dict]],
-              totals: dict[str, tuple[int, int]], rubric: Rubric, header: list[tuple[str, str]], *,
-              complete: bool, for_students: bool) -> Summary:
+def summarize(
+    rows: dict[str, list[TestResult]],
+    pairs: list[tuple[TestResult, dict]],
+    totals: dict[str, tuple[int, int]],
+    rubric: Rubric,
+    header: list[tuple[str, str]],
+    *,
+    complete: bool,
+    for_students: bool,
+) -> Summary:
     """The summary. For students (results.json's ``output``), the rows and failures of tests
     shown later than the summary, or never, are left out, and so is the total."""
     shown = rubric.default_visibility()
@@ -224,13 +257,11 @@ def summarize(rows: dict[str, list[TestResult]], pairs: list[tuple[TestResult, d
         table.append((capability, totals[capability], count, "" if capability in rubric else "not in the rubric: 0 points"))
     table += [(c, None, (0, 0, 0), "") for c in sorted(set(rubric) - set(totals) - hidden_rows)]
     total = None if hidden_rows else (sum(s for s, _ in totals.values()), sum(m for _, m in totals.values()))
-    notes = [] if complete else ["INCOMPLETE: the run has not finished (or was stopped from outside); what is above is "
-                                 "what had finished"]
+    notes = [] if complete else ["INCOMPLETE: the run has not finished (or was stopped from outside); what is above is what had finished"]
     if hidden_rows:
         many = "capability is" if len(hidden_rows) == 1 else "capabilities are"
         notes.append(f"{len(hidden_rows)} {many} shown later or not at all (their visibility), and so is the total")
-    lost = [(entry["name"], _headline(r.output)) for r, entry in pairs
-            if entry["status"] == "failed" and r.nodeid not in hidden]
+    lost = [(entry["name"], _headline(r.output)) for r, entry in pairs if entry["status"] == "failed" and r.nodeid not in hidden]
     return Summary(header, table, total, notes, lost)
 
 
@@ -259,8 +290,7 @@ def as_markdown(summary: Summary) -> str:
         shown = "not run" if points is None else f"{points[0] / 100:.2f}/{points[1] / 100:.2f}"
         cells = ("", "", "") if points is None else count
         lines.append(f"| {name}{f' ({note})' if note else ''} | {shown} | " + " | ".join(map(str, cells)) + " |")
-    lines += ["", f"**total: {summary.total[0] / 100:.2f}/{summary.total[1] / 100:.2f}**" if summary.total
-              else "**total: shown later**"]
+    lines += ["", f"**total: {summary.total[0] / 100:.2f}/{summary.total[1] / 100:.2f}**" if summary.total else "**total: shown later**"]
     for note in summary.notes:
         lines += ["", note]
     if summary.lost:
@@ -286,10 +316,8 @@ def rendered(summary: Summary, output_format: str) -> str:
     return as_text(summary)
 
 
-def _header(scorecard: Scorecard, rubric_path: Path, impl: str, run: dict,
-            possible: float | None) -> list[tuple[str, str]]:
-    header = [("implementation", impl), ("rubric", str(rubric_path)), ("coverage", scorecard.coverage()),
-              ("torch", torch.__version__)]
+def _header(scorecard: Scorecard, rubric_path: Path, impl: str, run: dict, possible: float | None) -> list[tuple[str, str]]:
+    header = [("implementation", impl), ("rubric", str(rubric_path)), ("coverage", scorecard.coverage()), ("torch", torch.__version__)]
     if run.get("versions"):
         header.append(("versions", ", ".join(f"{k} {v}" for k, v in run["versions"].items() if k != "torch")))
     if run.get("hypothesis"):
@@ -302,15 +330,25 @@ def _header(scorecard: Scorecard, rubric_path: Path, impl: str, run: dict,
 
 def _drawn(settings: dict) -> str:
     """How the examples were drawn, in words (hypothesis_settings)."""
-    seed = "derandomized" if settings["derandomize"] else (
-        f"seed {settings['seed']}" if settings["seed"] is not None else "a new seed each run")
+    seed = (
+        "derandomized" if settings["derandomize"] else (f"seed {settings['seed']}" if settings["seed"] is not None else "a new seed each run")
+    )
     database = "" if settings["database"] else ", no example database"
     return f"profile {settings['profile']}, {settings['max_examples']} examples, {seed}{database}"
 
 
-def write(scorecard: Scorecard, report_dir: Path, rubric: Rubric, rubric_path: Path, impl: str, *,
-          seconds: float | None = None, complete: bool = True, points_possible: float | None = None,
-          run: dict | None = None) -> Path:
+def write(
+    scorecard: Scorecard,
+    report_dir: Path,
+    rubric: Rubric,
+    rubric_path: Path,
+    impl: str,
+    *,
+    seconds: float | None = None,
+    complete: bool = True,
+    points_possible: float | None = None,
+    run: dict | None = None,
+) -> Path:
     """results.json and summary.txt. ``points_possible`` (--points-possible) overrides the
     rubric's; ``run`` holds ``versions`` and ``hypothesis`` (settings), read before any rank started."""
     rubric = rubric if isinstance(rubric, Rubric) else Rubric(rubric)
@@ -320,8 +358,7 @@ def write(scorecard: Scorecard, report_dir: Path, rubric: Rubric, rubric_path: P
     pairs, totals = _graded(rows, rubric, possible)
     header = _header(scorecard, rubric_path, impl, run, possible)
     staff = as_text(summarize(rows, pairs, totals, rubric, header, complete=complete, for_students=False))
-    students = rendered(summarize(rows, pairs, totals, rubric, header, complete=complete, for_students=True),
-                        rubric.output_format)
+    students = rendered(summarize(rows, pairs, totals, rubric, header, complete=complete, for_students=True), rubric.output_format)
     report_dir.mkdir(parents=True, exist_ok=True)
     results = {
         "score": sum(s for s, _ in totals.values()) / 100,
@@ -333,8 +370,14 @@ def write(scorecard: Scorecard, report_dir: Path, rubric: Rubric, rubric_path: P
         "stdout_visibility": rubric.stdout_visibility,
         "tests": [entry for _, entry in pairs],
         **({"execution_time": round(seconds, 1)} if seconds is not None else {}),
-        "extra_data": {"coverage": scorecard.coverage(), "implementation": impl, "complete": complete,
-                       "torch": torch.__version__, "points_possible": possible, **run},
+        "extra_data": {
+            "coverage": scorecard.coverage(),
+            "implementation": impl,
+            "complete": complete,
+            "torch": torch.__version__,
+            "points_possible": possible,
+            **run,
+        },
     }
     _replace(report_dir / "results.json", json.dumps(results, indent=2))
     _replace(report_dir / "summary.txt", staff)

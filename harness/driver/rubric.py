@@ -1,6 +1,7 @@
 """The rubric course staff edit (TOML): points per capability, test weights, Gradescope's visibility
 and output settings. Read once, before any rank starts; every key it does not know is refused with
 the file and key named, never ignored. Imports no torch: the autograder's builder reads it too."""
+
 from __future__ import annotations
 
 import math
@@ -28,9 +29,17 @@ class Rubric(dict):
     - ``stdout_visibility``, ``output_format``, ``test_output_format``: Gradescope's.
     """
 
-    def __init__(self, points: dict[str, float], weights: dict[str, float] | None = None, *,
-                 visibility: dict[str, str] | None = None, points_possible: float | None = None,
-                 stdout_visibility: str = "hidden", output_format: str = "text", test_output_format: str = "text"):
+    def __init__(
+        self,
+        points: dict[str, float],
+        weights: dict[str, float] | None = None,
+        *,
+        visibility: dict[str, str] | None = None,
+        points_possible: float | None = None,
+        stdout_visibility: str = "hidden",
+        output_format: str = "text",
+        test_output_format: str = "text",
+    ):
         super().__init__(points)
         self.weights = dict(weights or {})
         self.visibility = dict(visibility or {})
@@ -64,15 +73,20 @@ def load_rubric(path: Path) -> Rubric:
         data = tomllib.load(file)
     unknown = sorted(set(data) - set(_SCALARS) - set(_TABLES))
     if unknown:
-        raise ValueError(f"{path}: unknown key {unknown[0]!r}; a rubric has the tables "
-                         f"{', '.join(f'[{t}]' for t in _TABLES)} and the keys {', '.join(_SCALARS)}")
+        raise ValueError(
+            f"{path}: unknown key {unknown[0]!r}; a rubric has the tables "
+            f"{', '.join(f'[{t}]' for t in _TABLES)} and the keys {', '.join(_SCALARS)}"
+        )
     points = _points_table(path, data, "capabilities", required=True)
-    return Rubric(points, _points_table(path, data, "weights"),
-                  visibility=_visibility_table(path, data.get("visibility", {}), points),
-                  points_possible=_points_possible(path, data.get("points_possible")),
-                  stdout_visibility=_choice(path, "stdout_visibility", data.get("stdout_visibility", "hidden"), VISIBILITIES),
-                  output_format=_choice(path, "output_format", data.get("output_format", "text"), FORMATS),
-                  test_output_format=_choice(path, "test_output_format", data.get("test_output_format", "text"), FORMATS))
+    return Rubric(
+        points,
+        _points_table(path, data, "weights"),
+        visibility=_visibility_table(path, data.get("visibility", {}), points),
+        points_possible=_points_possible(path, data.get("points_possible")),
+        stdout_visibility=_choice(path, "stdout_visibility", data.get("stdout_visibility", "hidden"), VISIBILITIES),
+        output_format=_choice(path, "output_format", data.get("output_format", "text"), FORMATS),
+        test_output_format=_choice(path, "test_output_format", data.get("test_output_format", "text"), FORMATS),
+    )
 
 
 def _is_number(value) -> bool:
@@ -91,12 +105,12 @@ def _visibility_table(path: Path, values, points: dict[str, float]) -> dict[str,
     """[visibility]: each key is ``default``, a capability of [capabilities] or a test function
     (test_...); each value one of Gradescope's VISIBILITIES."""
     if not isinstance(values, dict):
-        raise ValueError(f"{path}: visibility = {values!r}: expected a [visibility] table (its key default sets the "
-                         "results' own visibility)")
+        raise ValueError(f"{path}: visibility = {values!r}: expected a [visibility] table (its key default sets the results' own visibility)")
     for key, value in values.items():
         if key != "default" and key not in points and not function_name(key).split("::")[-1].startswith("test"):
-            raise ValueError(f"{path}: [visibility] {key!r} is neither 'default', a capability of [capabilities] "
-                             "nor a test function (test_...)")
+            raise ValueError(
+                f"{path}: [visibility] {key!r} is neither 'default', a capability of [capabilities] nor a test function (test_...)"
+            )
         _choice(path, f"[visibility] {key}", value, VISIBILITIES)
     return dict(values)
 

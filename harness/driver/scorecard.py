@@ -1,6 +1,7 @@
 """Per-capability results of a run: collected from test reports (on the xdist controller too: the
 capability travels in each report's user_properties), printed as a scorecard at the end, and
 handed to harness.driver.reports for the grading files."""
+
 from __future__ import annotations
 
 import textwrap
@@ -10,8 +11,10 @@ from dataclasses import dataclass
 import pytest
 
 MAX_OUTPUT_CHARS = 6000
-NOT_RUN = ("not run: the run was stopped before this test reported (a platform's time limit, or the driver "
-           "was killed); the points it carries are lost, not removed from the maximum")
+NOT_RUN = (
+    "not run: the run was stopped before this test reported (a platform's time limit, or the driver "
+    "was killed); the points it carries are lost, not removed from the maximum"
+)
 # The exit status of a run whose only failures are functions or classes the implementation does not
 # provide (pytest's own: 0 passed, 1 some test failed, 2 interrupted, 3 internal error, 4 usage
 # error, 5 no tests). CI can tell "claims less than it was asked for" (name its capabilities with
@@ -46,7 +49,7 @@ def _explain(report) -> str:
     text = textwrap.dedent("\n".join(lines)) if lines else report.longreprtext
     marker = "the implementation under test is incomplete: "
     if marker in text:
-        text = "not implemented: " + text[text.index(marker) + len(marker):]
+        text = "not implemented: " + text[text.index(marker) + len(marker) :]
     return text[:MAX_OUTPUT_CHARS]
 
 
@@ -101,8 +104,7 @@ class Scorecard:
     def only_not_implemented(self) -> bool:
         """Some test failed, and every failure is a function or class the implementation lacks."""
         failed = [r for r in self.results.values() if r.outcome == "failed"]
-        return (not self.failed_elsewhere and bool(failed)
-                and all(r.output.startswith("not implemented") for r in failed))
+        return not self.failed_elsewhere and bool(failed) and all(r.output.startswith("not implemented") for r in failed)
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session, exitstatus):
@@ -133,12 +135,20 @@ class Scorecard:
         for name, results in rows.items():
             count = {k: sum(r.outcome == k for r in results) for k in ("passed", "failed", "skipped")}
             terminalreporter.write_line(
-                f"{name:<{width}}  {count['passed']:>6}  {count['failed']:>6}  {count['skipped']:>7}  {verdict(results)}")
+                f"{name:<{width}}  {count['passed']:>6}  {count['failed']:>6}  {count['skipped']:>7}  {verdict(results)}"
+            )
         verdicts = [verdict(results) for results in rows.values()]
-        terminalreporter.write_line("capabilities: " + ", ".join(
-            f"{verdicts.count(v)} {v}" for v in ("pass", "FAIL", "not implemented", "not tested") if v in verdicts)
-            + ("; --capability names what an implementation claims (unclaimed capabilities are not run)"
-               if "not implemented" in verdicts else ""))
+        terminalreporter.write_line(
+            "capabilities: "
+            + ", ".join(f"{verdicts.count(v)} {v}" for v in ("pass", "FAIL", "not implemented", "not tested") if v in verdicts)
+            + (
+                "; --capability names what an implementation claims (unclaimed capabilities are not run)"
+                if "not implemented" in verdicts
+                else ""
+            )
+        )
         if self.only_not_implemented():
-            terminalreporter.write_line(f"exit status {NOT_IMPLEMENTED_ONLY}: every failure is something the implementation "
-                                        "does not provide; nothing it provides failed")
+            terminalreporter.write_line(
+                f"exit status {NOT_IMPLEMENTED_ONLY}: every failure is something the implementation "
+                "does not provide; nothing it provides failed"
+            )

@@ -8,6 +8,7 @@ sockets of its network namespace with their statistics, so the driver reads them
 memory, where no rank reaches; a socket is found by its inode, which the rank named before the
 implementation under test loaded.
 """
+
 from __future__ import annotations
 
 import errno
@@ -62,8 +63,7 @@ class TcpCounters:
 
     def _ask(self, family: int, sockid: bytes, flags: int, inodes: set[int], found: dict[int, int]) -> None:
         request = _REQUEST.pack(family, socket.IPPROTO_TCP, 1 << (INET_DIAG_INFO - 1), 0, ALL_STATES, sockid)
-        self._socket.send(_HEADER.pack(_HEADER.size + len(request), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | flags, 1, 0)
-                          + request)
+        self._socket.send(_HEADER.pack(_HEADER.size + len(request), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | flags, 1, 0) + request)
         while True:
             data = self._socket.recv(1 << 16)
             offset = 0
@@ -79,7 +79,7 @@ class TcpCounters:
                 body = offset + _HEADER.size
                 inode = _MESSAGE.unpack_from(data, body)[-1]
                 if inode in inodes:
-                    self._ids[inode] = (family, data[body + 4:body + 52])
+                    self._ids[inode] = (family, data[body + 4 : body + 52])
                     found[inode] = _sent(data, body + _MESSAGE.size, offset + length)
                 offset += (length + 3) & ~3
             if flags == 0:

@@ -32,6 +32,7 @@ sleeps until a request or a child's exit wakes it (SIGCHLD through a wakeup pipe
 the template dies or cannot start, every run not yet answered, and every later one, runs as a plain
 subprocess instead: slower, never lost.
 """
+
 from __future__ import annotations
 
 import gc
@@ -83,15 +84,19 @@ class WarmPytest:
         self._broken = ""
         try:
             here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-            self._template = subprocess.Popen([python, "-m", "parallelism_conformance.harness.driver.warm_pytest", ",".join(forkserver_preload)],
-                                              cwd=here, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                              bufsize=1)
+            self._template = subprocess.Popen(
+                [python, "-m", "parallelism_conformance.harness.driver.warm_pytest", ",".join(forkserver_preload)],
+                cwd=here,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                bufsize=1,
+            )
             threading.Thread(target=self._read_answers, name="warm-pytest-answers", daemon=True).start()
         except OSError as error:
             self._broken = f"the template did not start: {error}"
 
-    def run(self, args: list[str], cwd: str, env: dict[str, str] | None = None,
-            timeout_s: float | None = None) -> tuple[int, str, float]:
+    def run(self, args: list[str], cwd: str, env: dict[str, str] | None = None, timeout_s: float | None = None) -> tuple[int, str, float]:
         """``env``: variables the run sees on top of this process's environment. ``timeout_s``: the
         run is killed past it (its output then says so), as subprocess.run's timeout would end it."""
         started = time.monotonic()
@@ -132,13 +137,12 @@ class WarmPytest:
     def _run_plainly(self, args, cwd, env, timeout_s, started) -> tuple[int, str, float]:
         command = [self._python, "-m", "pytest", *args]
         try:
-            done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, env={**os.environ, **(env or {})},
-                                  timeout=timeout_s)
+            done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=timeout_s)
         except subprocess.TimeoutExpired as expired:
-            text = "".join(part.decode(errors="replace") if isinstance(part, bytes) else part or ""
-                           for part in (expired.stdout, expired.stderr))
-            return -signal.SIGKILL, text + f"\n(the pytest run was killed past its {timeout_s:g} s timeout)\n", \
-                time.monotonic() - started
+            text = "".join(
+                part.decode(errors="replace") if isinstance(part, bytes) else part or "" for part in (expired.stdout, expired.stderr)
+            )
+            return -signal.SIGKILL, text + f"\n(the pytest run was killed past its {timeout_s:g} s timeout)\n", time.monotonic() - started
         return done.returncode, done.stdout + done.stderr, time.monotonic() - started
 
     def close(self) -> None:
@@ -165,8 +169,7 @@ class WarmPytest:
             self._next_id += 1
             self._pending[run_id] = run
             try:
-                self._template.stdin.write(json.dumps({"id": run_id, "args": args, "cwd": cwd, "env": env,
-                                                       "output": output_path}) + "\n")
+                self._template.stdin.write(json.dumps({"id": run_id, "args": args, "cwd": cwd, "env": env, "output": output_path}) + "\n")
                 self._template.stdin.flush()
             except (OSError, ValueError) as error:
                 self._fail_all(f"the template stopped reading: {error}")

@@ -11,6 +11,7 @@ Every task has a deadline. A rank that raises, exits or hangs fails the task wit
 that names it and shows its traceback (for a hang, every rank's Python stack) and its captured
 output; the world is then torn down and its owner starts a fresh one for the next task.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -151,10 +152,12 @@ class World:
             self._raise_if_any_exited("while connecting to the driver")
             if time.monotonic() > deadline:
                 missing = [r.rank for r in self._ranks if r.conn is None]
-                how = (f"; start them with the command the driver printed (listening on "
-                       f"{server.getsockname()[0]}:{server.getsockname()[1]})") if self._ranks[0].attached else ""
-                raise WorldStartError(f"{self.name}: only {connected}/{self.size} ranks connected in time "
-                                      f"(missing ranks {missing}){how}")
+                how = (
+                    (f"; start them with the command the driver printed (listening on {server.getsockname()[0]}:{server.getsockname()[1]})")
+                    if self._ranks[0].attached
+                    else ""
+                )
+                raise WorldStartError(f"{self.name}: only {connected}/{self.size} ranks connected in time (missing ranks {missing}){how}")
             # a rank dialling in or one dying, whichever comes first (the loop's first line reports a death)
             if server not in wait([server, *self._sentinels()], timeout=max(0.0, deadline - time.monotonic())):
                 continue
@@ -173,9 +176,11 @@ class World:
                 continue
             if kind == "hello" and world_size != self.size:
                 conn.close()
-                raise WorldStartError(f"{self.name}: a rank arrived with WORLD_SIZE={world_size}, but this world has "
-                                      f"{self.size} ranks (launch exactly {self.size}, e.g. torchrun --nnodes x "
-                                      f"--nproc-per-node with a product of {self.size})")
+                raise WorldStartError(
+                    f"{self.name}: a rank arrived with WORLD_SIZE={world_size}, but this world has "
+                    f"{self.size} ranks (launch exactly {self.size}, e.g. torchrun --nnodes x "
+                    f"--nproc-per-node with a product of {self.size})"
+                )
             if kind != "hello" or not (0 <= rank < self.size) or self._ranks[rank].conn is not None:
                 conn.close()
                 continue
@@ -198,8 +203,9 @@ class World:
                     message = wire.decode_untrusted(conn.recv_bytes())
                 except (EOFError, OSError):  # it died (or hung up) after the check above
                     rank = next(r for r in self._ranks if r.conn is conn)
-                    raise WorldStartError(f"{self.name}: rank {rank.rank} {rank.describe_exit()} while joining the "
-                                          f"process group\n{rank.read_new_output()}") from None
+                    raise WorldStartError(
+                        f"{self.name}: rank {rank.rank} {rank.describe_exit()} while joining the process group\n{rank.read_new_output()}"
+                    ) from None
                 waiting.discard(message[1])
                 self._ranks[message[1]].joined(message)
 
@@ -211,14 +217,10 @@ class World:
     def _raise_if_any_exited(self, when: str) -> None:
         for rank in self._ranks:
             if rank.has_exited():
-                raise WorldStartError(
-                    f"{self.name}: rank {rank.rank} {rank.describe_exit()} {when}\n"
-                    f"{rank.read_new_output()}"
-                )
+                raise WorldStartError(f"{self.name}: rank {rank.rank} {rank.describe_exit()} {when}\n{rank.read_new_output()}")
 
     # ------------------------------------------------------------------------------------- run
-    def run(self, program: str, args_per_rank: list[dict], *, impl: str, timeout_s: float, grace_s: float,
-            schedules=None) -> TaskResult:
+    def run(self, program: str, args_per_rank: list[dict], *, impl: str, timeout_s: float, grace_s: float, schedules=None) -> TaskResult:
         """Run ``program`` on every rank (rank r gets ``args_per_rank[r]``); return every rank's
         output, or raise RankFailure / RanksHung naming the ranks that did not finish (``schedules``:
         each rank's --perturb-timing delays). On gloo, a task every rank finished is followed by the
@@ -235,28 +237,37 @@ class World:
         __tracebackhide__ = True
         what = f"{program} on {self.size} ranks finished, but the stray-message check after it"
         try:
-            check = self._run(STRAY_CHECK, [{}] * self.size, impl=impl, timeout_s=min(timeout_s, STRAY_CHECK_TIMEOUT_S),
-                              grace_s=grace_s)
+            check = self._run(STRAY_CHECK, [{}] * self.size, impl=impl, timeout_s=min(timeout_s, STRAY_CHECK_TIMEOUT_S), grace_s=grace_s)
         except TASK_FAILURES as failure:
             self.close()
             inner = failure if isinstance(failure, RankFailure) else failure.failure
-            raise RanksCrashed(RankFailure(f"{what} failed: a receive the implementation posted and never matched takes the "
-                              f"check's message (the check then hangs), and a leftover message over 64 KiB aborts "
-                              f"it; this world is rebuilt for the next test.\n{inner.summary}", inner.ranks)) from None
+            raise RanksCrashed(
+                RankFailure(
+                    f"{what} failed: a receive the implementation posted and never matched takes the "
+                    f"check's message (the check then hangs), and a leftover message over 64 KiB aborts "
+                    f"it; this world is rebuilt for the next test.\n{inner.summary}",
+                    inner.ranks,
+                )
+            ) from None
         leftovers = {rank: out["leftovers"] for rank, out in enumerate(check.outputs) if out["leftovers"]}
         if leftovers:
             self.close()
-            found = "; ".join(f"rank {peer} -> rank {rank} (first int64 words {words})"
-                              for rank, by_peer in leftovers.items() for peer, words in by_peer.items())
+            found = "; ".join(
+                f"rank {peer} -> rank {rank} (first int64 words {words})"
+                for rank, by_peer in leftovers.items()
+                for peer, words in by_peer.items()
+            )
             named = [line for line in self.disagreements({r.rank: "ok" for r in self._ranks}) if "never received" in line]
             found += "".join(f"\n  {line}" for line in named)
-            raise RanksCrashed(RankFailure(
-                f"{what} found messages the implementation sent and nobody received (tag 0): {found}. "
-                "Each would be taken by a later test's receive; this world is rebuilt for the next test.",
-                [RankReport(r.rank, "ok", "", "") for r in self._ranks]))
+            raise RanksCrashed(
+                RankFailure(
+                    f"{what} found messages the implementation sent and nobody received (tag 0): {found}. "
+                    "Each would be taken by a later test's receive; this world is rebuilt for the next test.",
+                    [RankReport(r.rank, "ok", "", "") for r in self._ranks],
+                )
+            )
 
-    def _run(self, program: str, args_per_rank: list[dict], *, impl: str, timeout_s: float, grace_s: float,
-             schedules=None) -> TaskResult:
+    def _run(self, program: str, args_per_rank: list[dict], *, impl: str, timeout_s: float, grace_s: float, schedules=None) -> TaskResult:
         __tracebackhide__ = True
         if self._closed:
             raise RuntimeError(f"{self.name} is closed")
@@ -268,8 +279,11 @@ class World:
         for rank in self._ranks:
             rank.begin_task()  # forget output printed between tasks; note the OOM kill count
             logged_before.append(rank.log_offset)
-            rank.conn.send_bytes(wire.encode_trusted(("run", task_id, program, args_per_rank[rank.rank], impl,
-                                                      program != STRAY_CHECK, schedules and schedules[rank.rank])))
+            rank.conn.send_bytes(
+                wire.encode_trusted(
+                    ("run", task_id, program, args_per_rank[rank.rank], impl, program != STRAY_CHECK, schedules and schedules[rank.rank])
+                )
+            )
         outcome: dict[int, tuple[str, object]] = {}
         deadline = time.monotonic() + timeout_s
         owners = {}
@@ -282,8 +296,7 @@ class World:
             if remaining <= 0:
                 break
             pending = [r for r in self._ranks if r.rank not in outcome]
-            for ready in wait([w for r in pending for w in r.waitables()],
-                              timeout=remaining if watch is None else watch.timeout(remaining)):
+            for ready in wait([w for r in pending for w in r.waitables()], timeout=remaining if watch is None else watch.timeout(remaining)):
                 rank = owners[ready]
                 if rank.rank not in outcome:
                     outcome[rank.rank] = self._collect(rank, task_id)
@@ -294,24 +307,35 @@ class World:
         if len(outcome) == self.size and all(status == "ok" for status, _ in outcome.values()):
             logs = [r.read_new_output() for r in self._ranks]
             written_after = self._counters.sent(self._ranks) if self.record_communication else [None] * self.size
-            written = [None if before is None or after is None else
-                       after - before - rank.reply_bytes - (rank.log_offset - logged)
-                       for rank, before, after, logged in zip(self._ranks, written_before, written_after, logged_before)]
-            unread = [self._counters.why_unread(rank) if self.record_communication and count is None else ""
-                      for rank, count in zip(self._ranks, written)]
-            return TaskResult([outcome[r][1][0] for r in range(self.size)], logs, [outcome[r][1][1] for r in range(self.size)],
-                              written, unread, [outcome[r][1][2] for r in range(self.size)])
+            written = [
+                None if before is None or after is None else after - before - rank.reply_bytes - (rank.log_offset - logged)
+                for rank, before, after, logged in zip(self._ranks, written_before, written_after, logged_before)
+            ]
+            unread = [
+                self._counters.why_unread(rank) if self.record_communication and count is None else ""
+                for rank, count in zip(self._ranks, written)
+            ]
+            return TaskResult(
+                [outcome[r][1][0] for r in range(self.size)],
+                logs,
+                [outcome[r][1][1] for r in range(self.size)],
+                written,
+                unread,
+                [outcome[r][1][2] for r in range(self.size)],
+            )
         raise self._fail(program, outcome, timeout_s, task_id, watch)
 
     def _deadlock_watch(self, task_id: int) -> deadlock.Watch | None:
         """A watch that knows a deadlock when it happens (harness/driver/deadlock.py), or None where
         only the deadline can judge: ranks on other hosts (no /proc here), no flight recorder, or
         NCCL (a GPU's work moves none of the counters the watch reads)."""
-        if self.backend != "gloo" or not self.flight_recorder or any(r.attached or r.log_path is None
-                                                                     for r in self._ranks):
+        if self.backend != "gloo" or not self.flight_recorder or any(r.attached or r.log_path is None for r in self._ranks):
             return None
-        return deadlock.Watch([(r.rank, r.process.pid, ring_path(r.log_path)) for r in self._ranks], task_id,
-                              read_io=lambda pids: [deadlock.bytes_moved(c) for c in self._counters.read(pids)])
+        return deadlock.Watch(
+            [(r.rank, r.process.pid, ring_path(r.log_path)) for r in self._ranks],
+            task_id,
+            read_io=lambda pids: [deadlock.bytes_moved(c) for c in self._counters.read(pids)],
+        )
 
     def _collect(self, rank: RankHandle, task_id: int) -> tuple[str, object]:
         if rank.conn.poll():
@@ -321,8 +345,10 @@ class World:
                 message = wire.decode_untrusted(raw)
             except (EOFError, OSError) as error:
                 if "bad message length" in str(error):  # the connection is out of step: the world is rebuilt
-                    return "broken", (f"the rank sent a reply over the driver's limit of {self._reply_limit} bytes "
-                                      f"(harness/rank/wire.py: reply_limit, for {self.size} ranks in this memory)")
+                    return "broken", (
+                        f"the rank sent a reply over the driver's limit of {self._reply_limit} bytes "
+                        f"(harness/rank/wire.py: reply_limit, for {self.size} ranks in this memory)"
+                    )
                 return "exited", rank.describe_exit()
             except Exception as error:  # noqa: BLE001 - refused by the restricted unpickler
                 return "raised", f"the rank sent a result the driver refuses to decode: {error}"
@@ -339,27 +365,26 @@ class World:
 
     def disagreements(self, status: dict[int, str]) -> list[str]:
         """What the ranks' flight recorders say about the last task they recorded (disagreement.py)."""
-        return disagreement.from_flight_recorders({r.rank: r.log_path and ring_path(r.log_path) for r in self._ranks},
-                                                  status)
+        return disagreement.from_flight_recorders({r.rank: r.log_path and ring_path(r.log_path) for r in self._ranks}, status)
 
-    def _fail(self, program: str, outcome: dict, timeout_s: float, task_id: int,
-              watch: deadlock.Watch | None = None) -> BaseException:
+    def _fail(self, program: str, outcome: dict, timeout_s: float, task_id: int, watch: deadlock.Watch | None = None) -> BaseException:
         hung = [r for r in self._ranks if r.rank not in outcome]
         dump_stacks(hung)
         reports = []
         for rank in self._ranks:
-            hung_detail = ("an attached rank: its stacks and output are on its launcher's console" if rank.attached
-                           else "its Python stacks (faulthandler) are in its captured output below")
+            hung_detail = (
+                "an attached rank: its stacks and output are on its launcher's console"
+                if rank.attached
+                else "its Python stacks (faulthandler) are in its captured output below"
+            )
             status, detail = outcome.get(rank.rank, ("hung", hung_detail))
             reports.append(RankReport(rank.rank, status, "" if status == "ok" else str(detail), rank.read_new_output()))
         if hung or any(r.status in ("exited", "broken") for r in reports):
             self.close()  # a rank is gone, stuck or without a process group: the owner starts a fresh world
         failed = [r for r in reports if r.status != "ok"]
-        lines = [] if all(r.status in ("missing", "unloadable") for r in failed) else self.disagreements(
-            {r.rank: r.status for r in reports})
+        lines = [] if all(r.status in ("missing", "unloadable") for r in failed) else self.disagreements({r.rank: r.status for r in reports})
         deadlock_found = watch.summary() if watch is not None and watch.found is not None else None
-        return task_failure(f"{program} on {self.size} ranks", reports, lines, timeout_s, deadlock_found,
-                            world_closed=self._closed)
+        return task_failure(f"{program} on {self.size} ranks", reports, lines, timeout_s, deadlock_found, world_closed=self._closed)
 
     # ----------------------------------------------------------------------------------- close
     def close(self) -> None:

@@ -25,6 +25,7 @@ The uid is drawn at random from a high range per world, so worlds (and xdist wor
 concurrent runs) never share one; it needs no /etc/passwd entry. Driver side: :func:`new_sandbox`,
 :func:`sweep`, :func:`probe`, :class:`CounterReader`. Rank side: :func:`enter`.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -83,8 +84,7 @@ def enter(sandbox: Sandbox) -> None:
     _prctl(libc, PR_SET_DUMPABLE, 1, what="make the rank's /proc entries readable by its own uid")
     problems = leftover_privileges(_read_status(), sandbox.uid, allowed=keep)
     if problems:
-        raise ContainmentFailed("the contained rank still holds privileges, so it could become root again: "
-                                + "; ".join(problems))
+        raise ContainmentFailed("the contained rank still holds privileges, so it could become root again: " + "; ".join(problems))
     os.umask(0o077)
     sys.path[:] = [os.path.abspath(entry) for entry in sys.path]  # '' meant the directory being left
     os.chdir(sandbox.directory)
@@ -101,8 +101,9 @@ def _become(libc, uid: int, keep: int) -> None:
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
     except OSError as error:
-        raise ContainmentFailed(f"could not switch the rank to uid {uid} ({error}); run with "
-                                "--contain-ranks no where the container cannot map other uids") from error
+        raise ContainmentFailed(
+            f"could not switch the rank to uid {uid} ({error}); run with --contain-ranks no where the container cannot map other uids"
+        ) from error
     _prctl(libc, PR_SET_KEEPCAPS, 0, what="stop keeping capabilities across setuid")
     _set_capabilities(libc, keep)
 
@@ -220,9 +221,12 @@ def probe(paths: list[str]) -> str | None:
     sweep(sandbox)
     if not message:
         return None
-    hint = (" (a contained rank keeps no capability here, so what it runs must be world-readable: install "
-            "Python and the suite outside a private home such as /root, as the autograder's setup.sh does)"
-            if "Permission" in message and not _has_capability(CAP_DAC_READ_SEARCH) else "")
+    hint = (
+        " (a contained rank keeps no capability here, so what it runs must be world-readable: install "
+        "Python and the suite outside a private home such as /root, as the autograder's setup.sh does)"
+        if "Permission" in message and not _has_capability(CAP_DAC_READ_SEARCH)
+        else ""
+    )
     return message + hint
 
 
@@ -277,7 +281,7 @@ class CounterReader:
         line, self._pending = self._pending.split(b"\n", 1)
         entries = line.decode().split("\t")
         entries += ["-"] * (len(pids) - len(entries))
-        return [parse_io_counters(entry) for entry in entries[:len(pids)]]
+        return [parse_io_counters(entry) for entry in entries[: len(pids)]]
 
     def close(self) -> None:
         if self.pid is None:
@@ -345,7 +349,7 @@ def _serve_counter_requests(requests: int, answers: int) -> None:
 
 
 def parse_io_counters(line: str) -> dict[str, int] | None:
-    """"rchar 1 wchar 2 ..." (the child's one-line form of /proc/<pid>/io) -> {"rchar": 1, ...}."""
+    """ "rchar 1 wchar 2 ..." (the child's one-line form of /proc/<pid>/io) -> {"rchar": 1, ...}."""
     words = line.split()
     if len(words) < 2 or len(words) % 2:
         return None

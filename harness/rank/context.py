@@ -1,5 +1,6 @@
 """What a rank program gets besides the implementation: who it is, where its tensors live, and the
 process groups it asks for (created once per world and cached, in the same order on every rank)."""
+
 from __future__ import annotations
 
 import functools
@@ -62,9 +63,7 @@ def require(impl, name: str):
         return getattr(impl, name)
     except AttributeError:
         origin = getattr(impl, "__file__", None) or getattr(impl, "__name__", repr(impl))
-        raise MissingFunction(
-            f"the implementation under test ({origin}) has no '{name}' (CONTRACT.md lists what it must provide)"
-        ) from None
+        raise MissingFunction(f"the implementation under test ({origin}) has no '{name}' (CONTRACT.md lists what it must provide)") from None
 
 
 def on_members(program):

@@ -25,6 +25,7 @@ Slots carry the task number, so the ring is never cleared; the driver reads the 
 that failed (harness/driver/disagreement.py). Not a grading input: what a rank writes here only explains
 a failure, it cannot change a verdict.
 """
+
 from __future__ import annotations
 
 import mmap
@@ -43,13 +44,40 @@ ACTIVITY_OFFSET = HEADER.size - ACTIVITY.size
 # task, index in the task, op, state, dtype, ndim, peer, root, tag, pair/group sequence, group size,
 # members (bitmask), numel, bytes, dims[4], line, file (the tail of its path)
 SLOT = struct.Struct("<IIBBBBhhiIHQQQ4II94s")
-OPS = ("send", "recv", "broadcast", "all_reduce", "reduce", "all_gather",
-       "all_gather_into_tensor", "gather", "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
-       "all_to_all_single", "barrier")
+OPS = (
+    "send",
+    "recv",
+    "broadcast",
+    "all_reduce",
+    "reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+)
 P2P = frozenset({"send", "recv"})
 STATES = ("empty", "posted", "raised")
-DTYPES = ("", "float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
-          "complex64", "complex128", "other")
+DTYPES = (
+    "",
+    "float32",
+    "float64",
+    "float16",
+    "bfloat16",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint8",
+    "bool",
+    "complex64",
+    "complex128",
+    "other",
+)
 _OP_CODES = {name: i for i, name in enumerate(OPS)}
 _POSTED = 1
 _DTYPE_CODES = {name: i for i, name in enumerate(DTYPES)}
@@ -128,9 +156,27 @@ class Recorder:
         encoded, line = _caller()
         slot = self.calls % self.capacity
         self._index += 1
-        SLOT.pack_into(self._map, HEADER.size + slot * SLOT.size, self.task, self._index, _OP_CODES[op], _POSTED,
-                       dtype, ndim, -1 if peer is None else peer, -1 if root is None else root, tag or 0, sequence,
-                       len(members), self._mask(members), numel, nbytes, *dims, line, encoded)
+        SLOT.pack_into(
+            self._map,
+            HEADER.size + slot * SLOT.size,
+            self.task,
+            self._index,
+            _OP_CODES[op],
+            _POSTED,
+            dtype,
+            ndim,
+            -1 if peer is None else peer,
+            -1 if root is None else root,
+            tag or 0,
+            sequence,
+            len(members),
+            self._mask(members),
+            numel,
+            nbytes,
+            *dims,
+            line,
+            encoded,
+        )
         self.calls += 1
         return slot
 
@@ -190,16 +236,29 @@ def _dtype_code(dtype) -> int:
 # ------------------------------------------------------------------------ the wrapped methods
 # ProcessGroup method -> (recorded op, index of the positional argument holding the input tensors)
 METHODS = {
-    "send": ("send", 0), "recv": ("recv", 0), "recv_anysource": ("recv", 0),
-    "allreduce": ("all_reduce", 0), "allreduce_coalesced": ("all_reduce", 0), "broadcast": ("broadcast", 0),
-    "reduce": ("reduce", 0), "allgather": ("all_gather", 1), "allgather_coalesced": ("all_gather", 1),
-    "_allgather_base": ("all_gather_into_tensor", 1), "all_gather_single": ("all_gather_into_tensor", 1),
-    "allgather_into_tensor_coalesced": ("all_gather_into_tensor", 1), "gather": ("gather", 1),
-    "scatter": ("scatter", 1), "reduce_scatter": ("reduce_scatter", 1),
-    "_reduce_scatter_base": ("reduce_scatter_tensor", 1), "reduce_scatter_single": ("reduce_scatter_tensor", 1),
-    "reduce_scatter_tensor_coalesced": ("reduce_scatter_tensor", 1), "alltoall": ("all_to_all", 1),
-    "alltoall_base": ("all_to_all_single", 1), "all_to_all_single": ("all_to_all_single", 1),
-    "barrier": ("barrier", None), "monitored_barrier": ("barrier", None),
+    "send": ("send", 0),
+    "recv": ("recv", 0),
+    "recv_anysource": ("recv", 0),
+    "allreduce": ("all_reduce", 0),
+    "allreduce_coalesced": ("all_reduce", 0),
+    "broadcast": ("broadcast", 0),
+    "reduce": ("reduce", 0),
+    "allgather": ("all_gather", 1),
+    "allgather_coalesced": ("all_gather", 1),
+    "_allgather_base": ("all_gather_into_tensor", 1),
+    "all_gather_single": ("all_gather_into_tensor", 1),
+    "allgather_into_tensor_coalesced": ("all_gather_into_tensor", 1),
+    "gather": ("gather", 1),
+    "scatter": ("scatter", 1),
+    "reduce_scatter": ("reduce_scatter", 1),
+    "_reduce_scatter_base": ("reduce_scatter_tensor", 1),
+    "reduce_scatter_single": ("reduce_scatter_tensor", 1),
+    "reduce_scatter_tensor_coalesced": ("reduce_scatter_tensor", 1),
+    "alltoall": ("all_to_all", 1),
+    "alltoall_base": ("all_to_all_single", 1),
+    "all_to_all_single": ("all_to_all_single", 1),
+    "barrier": ("barrier", None),
+    "monitored_barrier": ("barrier", None),
 }
 
 
@@ -252,8 +311,7 @@ def _wrap(recorder: Recorder, op: str, position, function):
                 tag = args[2] if len(args) > 2 else kwargs.get("tag", 0)
             else:
                 options = next((a for a in args if hasattr(a, "rootRank")), None)
-                root = members[options.rootRank] if options is not None and op in ("broadcast", "reduce", "gather",
-                                                                                    "scatter") else None
+                root = members[options.rootRank] if options is not None and op in ("broadcast", "reduce", "gather", "scatter") else None
             slot = recorder.record(op, tensors, members=members, peer=peer, root=root, tag=tag)
         except Exception:  # noqa: BLE001 - the recorder never changes what the call does
             return _counted(recorder, function, group, args, kwargs)

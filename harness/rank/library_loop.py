@@ -1,6 +1,7 @@
 """The contract's training loop where a library trains through its own object (CONTRACT.md,
 "Libraries that train through their own object"): each hook is optional, and where the object
 lacks it the loop is the plain one (``loss.backward()``, the loop's own optimizer, the model itself)."""
+
 from __future__ import annotations
 
 

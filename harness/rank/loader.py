@@ -1,4 +1,5 @@
 """Loading the implementation under test. Called only inside rank processes."""
+
 from __future__ import annotations
 
 import importlib
@@ -43,7 +44,11 @@ def load_implementation(spec: str, base: str | None = None) -> ModuleType:
 
 def _dependency_message(spec: str, error: ModuleNotFoundError) -> str:
     if isinstance(error, importlib.metadata.PackageNotFoundError):
-        return (f"the implementation under test {spec!r} reads the installed version of {error.name!r} "
-                "(importlib.metadata), which is not installed here: install it (pip install -e) before testing it")
-    return (f"the implementation under test {spec!r} imports {error.name!r}, which is not installed here: install "
-            f"it where the suite runs (or into the grading image) ({error})")
+        return (
+            f"the implementation under test {spec!r} reads the installed version of {error.name!r} "
+            "(importlib.metadata), which is not installed here: install it (pip install -e) before testing it"
+        )
+    return (
+        f"the implementation under test {spec!r} imports {error.name!r}, which is not installed here: install "
+        f"it where the suite runs (or into the grading image) ({error})"
+    )

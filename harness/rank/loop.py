@@ -6,6 +6,7 @@ A rank is started by harness.driver.world (forkserver) or, for ranks on other ho
 end in ``serve(RankConfig)``. The rank never sees expected values: a task names a rank program
 (``harness.rank.programs.<module>:<function>``) and carries this rank's inputs only.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -110,15 +111,13 @@ def serve(config: RankConfig) -> None:
     _, store_prefix, backend, record_communication, perturb = (*message, False)[:5]
     config = replace(config, store_prefix=store_prefix, backend=backend, record_communication=record_communication)
     context = _join_world(config)
-    store_socket, unfiltered = (syscall_filter.counted_channels(config.store_port, config.backend)
-                                if config.sandbox is not None else (None, ""))
+    store_socket, unfiltered = syscall_filter.counted_channels(config.store_port, config.backend) if config.sandbox is not None else (None, "")
     conn.send_bytes(wire.encode_untrusted(("ready", config.rank, store_socket, unfiltered)))
     implementations: dict[str, object] = {}
     recorder = _recorder(config)
     late = _perturbation(config.rank, config.backend) if perturb else None  # before the flight recorder: it records calls as made
     if flight is not None:
-        flight_recorder.install(flight, classes=[dist_process_group(), *([recorder.RecordingProcessGroup] if recorder
-                                                                          else [])])
+        flight_recorder.install(flight, classes=[dist_process_group(), *([recorder.RecordingProcessGroup] if recorder else [])])
     settings = _GlobalSettings.read()
     while True:
         try:
@@ -143,12 +142,16 @@ def serve(config: RankConfig) -> None:
             if late is not None:
                 late.begin(schedule)
             result = _resolve(program)(context, impl, **kwargs)
-            reply = ("done", task_id, result, json.dumps(recorder.stop()) if recorder else "",
-                     late.report() if late is not None else [])
+            reply = ("done", task_id, result, json.dumps(recorder.stop()) if recorder else "", late.report() if late is not None else [])
             payload = wire.encode_untrusted(reply)  # the result as the program left it, before end() below
         except BaseException as error:  # noqa: BLE001 - everything a rank raises goes to the driver
-            status = ("unloadable" if isinstance(error, MissingDependency) else
-                      "missing" if isinstance(error, (MissingFunction, ImportError, NotImplementedError)) else "raised")
+            status = (
+                "unloadable"
+                if isinstance(error, MissingDependency)
+                else "missing"
+                if isinstance(error, (MissingFunction, ImportError, NotImplementedError))
+                else "raised"
+            )
             raised = traceback.format_exc()
             payload = wire.encode_untrusted(("error", task_id, raised, status))
         if late is not None:
@@ -197,12 +200,16 @@ def _world_damage(context: RankContext) -> str:
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        return ("the implementation under test destroyed the default process group during this task "
-                "(torch.distributed.is_initialized() is False afterwards); the world is rebuilt for the next test")
+        return (
+            "the implementation under test destroyed the default process group during this task "
+            "(torch.distributed.is_initialized() is False afterwards); the world is rebuilt for the next test"
+        )
     if (dist.get_rank(), dist.get_world_size()) != (context.rank, context.world_size):
-        return (f"the implementation under test replaced the default process group during this task (now rank "
-                f"{dist.get_rank()} of {dist.get_world_size()}, was {context.rank} of {context.world_size}); "
-                "the world is rebuilt for the next test")
+        return (
+            f"the implementation under test replaced the default process group during this task (now rank "
+            f"{dist.get_rank()} of {dist.get_world_size()}, was {context.rank} of {context.world_size}); "
+            "the world is rebuilt for the next test"
+        )
     return ""
 
 

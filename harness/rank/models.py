@@ -45,6 +45,7 @@ batch's samples, so the mean over ranks of per-rank losses on equal slices is th
   the logits and every product, sum and gradient is an integer multiple of 1/positions.
   ``reference/mixed_precision.py`` says when float16 and bfloat16 then hold every value exactly.
 """
+
 from __future__ import annotations
 
 import math
@@ -143,9 +144,19 @@ class ScaledResidual(nn.Module):
 
 
 class TiedLM(nn.Module):
-    def __init__(self, vocab: int, width: int, hidden: int, tied: bool = True, frozen: bool = True,
-                 skips: bool = True, buffers: bool = True, skips_first: bool = False, skips_in_unit: bool = False,
-                 loss: str = "mean"):
+    def __init__(
+        self,
+        vocab: int,
+        width: int,
+        hidden: int,
+        tied: bool = True,
+        frozen: bool = True,
+        skips: bool = True,
+        buffers: bool = True,
+        skips_first: bool = False,
+        skips_in_unit: bool = False,
+        loss: str = "mean",
+    ):
         super().__init__()
         if loss not in ("mean", "sum"):
             raise ValueError(f"loss must be 'mean' or 'sum' (over the valid targets), got {loss!r}")
@@ -178,8 +189,7 @@ class TiedLM(nn.Module):
             h = h + self.aux(h)
         h = h + self.mlp_out(torch.tanh(self.mlp_in(h)))
         logits = self.head(h * self.gain)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE,
-                               reduction=self.reduction)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE, reduction=self.reduction)
 
 
 class ReluLM(nn.Module):
@@ -209,9 +219,13 @@ def build(spec: dict, seed: int) -> nn.Module:
     elif kind == "gelu_mlp":
         model = GeluMLP(spec["width"], spec["hidden"], float(spec.get("dropout", 0.0)))
     elif kind == "tied_lm":
-        model = TiedLM(spec["vocab"], spec["width"], spec["hidden"],
-                       **{k: bool(spec[k]) for k in ("tied", "frozen", "skips", "buffers", "skips_first", "skips_in_unit")
-                          if k in spec}, loss=spec.get("loss", "mean"))
+        model = TiedLM(
+            spec["vocab"],
+            spec["width"],
+            spec["hidden"],
+            **{k: bool(spec[k]) for k in ("tied", "frozen", "skips", "buffers", "skips_first", "skips_in_unit") if k in spec},
+            loss=spec.get("loss", "mean"),
+        )
     elif kind == "relu_lm":
         model = ReluLM(spec["vocab"], spec["width"], spec["hidden"], bool(spec.get("tied", False)))
     else:
@@ -282,9 +296,11 @@ def tensors_held(parameters: list, optimizer: torch.optim.Optimizer) -> dict[str
     """{kind: tensors}: the trainable ``parameters``, their gradients and the optimizer's state
     tensors (not its scalar step counters)."""
     trainable = [p for p in parameters if p.requires_grad]
-    return {"parameters": trainable, "gradients": [p.grad for p in trainable if p.grad is not None],
-            "optimizer_state": [v for state in optimizer.state.values() for v in state.values()
-                                if torch.is_tensor(v) and v.dim() > 0]}
+    return {
+        "parameters": trainable,
+        "gradients": [p.grad for p in trainable if p.grad is not None],
+        "optimizer_state": [v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v) and v.dim() > 0],
+    }
 
 
 def dtypes_held(kinds: dict[str, list[torch.Tensor]]) -> dict[str, list[str]]:

@@ -37,6 +37,7 @@ An audited world's recording group overrides the methods wrapped here, so audite
 perturbed. Tensors that are not contiguous, dense and strided pass through unperturbed (the
 backend's own refusal must stay what it is).
 """
+
 from __future__ import annotations
 
 import os
@@ -53,20 +54,30 @@ SHORT, LONG = 1, 2
 NAMES = {0: "none", SHORT: "short", LONG: "long"}
 # ProcessGroup method -> (index of the argument holding the outputs, of the inputs, whether they are one)
 METHODS = {
-    "send": (None, 0, False), "recv": (0, None, False),
-    "allreduce": (0, 0, True), "allreduce_coalesced": (0, 0, True), "broadcast": (0, 0, True),
-    "reduce": (0, 0, True), "allgather": (0, 1, False), "_allgather_base": (0, 1, False),
-    "all_gather_single": (0, 1, False), "allgather_into_tensor_coalesced": (0, 1, False),
-    "reduce_scatter": (0, 1, False), "_reduce_scatter_base": (0, 1, False), "reduce_scatter_single": (0, 1, False),
-    "reduce_scatter_tensor_coalesced": (0, 1, False), "alltoall_base": (0, 1, False),
-    "all_to_all_single": (0, 1, False), "alltoall": (0, 1, False), "gather": (0, 1, False),
+    "send": (None, 0, False),
+    "recv": (0, None, False),
+    "allreduce": (0, 0, True),
+    "allreduce_coalesced": (0, 0, True),
+    "broadcast": (0, 0, True),
+    "reduce": (0, 0, True),
+    "allgather": (0, 1, False),
+    "_allgather_base": (0, 1, False),
+    "all_gather_single": (0, 1, False),
+    "allgather_into_tensor_coalesced": (0, 1, False),
+    "reduce_scatter": (0, 1, False),
+    "_reduce_scatter_base": (0, 1, False),
+    "reduce_scatter_single": (0, 1, False),
+    "reduce_scatter_tensor_coalesced": (0, 1, False),
+    "alltoall_base": (0, 1, False),
+    "all_to_all_single": (0, 1, False),
+    "alltoall": (0, 1, False),
+    "gather": (0, 1, False),
     "scatter": (0, 1, False),
 }
 PASSED_THROUGH = ("recv_anysource", "barrier", "monitored_barrier", "allgather_coalesced")  # still launch points
 # frames that are never the implementation's: torch, its decorators' helpers, the standard library
 _NOT_THE_CALLER = ("torch" + os.sep, "typing_extensions", sysconfig.get_paths()["stdlib"] + os.sep)
-_HARNESS = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
-                 for name in ("perturbation.py", "flight_recorder.py"))
+_HARNESS = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name) for name in ("perturbation.py", "flight_recorder.py"))
 
 
 class Perturbation:
@@ -160,8 +171,9 @@ class LateWork(dist.Work):
 
     def _check_sent(self) -> None:
         if self._sent:
-            self.changed = self.changed or any(not torch.equal(t.detach().reshape(-1).view(torch.uint8),
-                                                                   copy.view(torch.uint8)) for t, copy in self._sent)
+            self.changed = self.changed or any(
+                not torch.equal(t.detach().reshape(-1).view(torch.uint8), copy.view(torch.uint8)) for t, copy in self._sent
+            )
             self._sent = []
 
     def launch(self) -> None:
@@ -226,9 +238,18 @@ class LateWork(dist.Work):
                 poison.copy_back(output, private)
 
     def describe(self) -> dict:
-        return {"rank": self.owner.rank, "call": self.index, "op": self.op, "delay": NAMES[self.delay],
-                "where": self.where, "state": self.state, "how": self.how, "changed": self.changed,
-                "overwritten": self.overwritten, "outputs": bool(self._pairs)}
+        return {
+            "rank": self.owner.rank,
+            "call": self.index,
+            "op": self.op,
+            "delay": NAMES[self.delay],
+            "where": self.where,
+            "state": self.state,
+            "how": self.how,
+            "changed": self.changed,
+            "overwritten": self.overwritten,
+            "outputs": bool(self._pairs),
+        }
 
 
 def install(perturbation: Perturbation, cls=None) -> None:
@@ -309,8 +330,7 @@ def _wrap(perturbation: Perturbation, method: str, spec, function):
             poison.fill(tensor, perturbation.rank, index)
         if method == "recv" and delay == LONG:
             delay = SHORT  # a receive launched later changes nothing its poison does not already show
-        work = LateWork(perturbation, index, method, delay, _caller(), lambda: function(group, *args, **kwargs), pairs,
-                        key)
+        work = LateWork(perturbation, index, method, delay, _caller(), lambda: function(group, *args, **kwargs), pairs, key)
         if not inplace and in_at is not None:  # read until it leaves (LONG: when it leaves): watched for changes
             work.keep_inputs([t for t in _tensors(args[in_at]) if t.numel()])
         perturbation.add(work)
@@ -340,8 +360,7 @@ def _all_plain(value) -> bool:
 
 
 def _plain(tensor: torch.Tensor) -> bool:
-    return tensor.layout == torch.strided and tensor.is_contiguous() and type(tensor) in (torch.Tensor,
-                                                                                          torch.nn.Parameter)
+    return tensor.layout == torch.strided and tensor.is_contiguous() and type(tensor) in (torch.Tensor, torch.nn.Parameter)
 
 
 def _overlap(inputs, outputs) -> bool:
@@ -389,4 +408,4 @@ def _caller() -> str:
 
 def _short(path: str) -> str:
     here = os.getcwd() + os.sep
-    return path[len(here):] if path.startswith(here) else path
+    return path[len(here) :] if path.startswith(here) else path

@@ -8,6 +8,7 @@ k maps w_k features to w_{k+1}; with ``dropout`` p every layer's output is dropp
 twice that long in its backward (a stand-in for compute that does not load the CPU, for the
 timing benchmark: F = L_s * delay, B = 2 L_s * delay for a stage of L_s layers).
 """
+
 from __future__ import annotations
 
 import math
@@ -89,24 +90,21 @@ def build(spec: dict, seed: int) -> nn.Sequential:
     layers = [Layer(a, b, delay_s, float(spec.get("dropout", 0.0))) for a, b in zip(widths[:-1], widths[1:])]
     if spec.get("tied"):
         if len(layers) < 2 or widths[-1] != widths[0] or widths[-2] != widths[1]:
-            raise ValueError(f"widths {widths} cannot tie the last layer to the first (need at least two layers, "
-                             "widths w0, w1, ..., w1, w0)")
+            raise ValueError(f"widths {widths} cannot tie the last layer to the first (need at least two layers, widths w0, w1, ..., w1, w0)")
         layers[-1] = TiedLayer(layers[0].linear.weight)
     model = nn.Sequential(*layers).to(dtype)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for _, tensor in model.named_parameters():
             fan_in = tensor.shape[-1] if tensor.dim() > 1 else max(tensor.numel(), 1)
-            tensor.copy_(torch.randn(tensor.shape, generator=generator, dtype=torch.float64).to(dtype) * 1.5
-                         / math.sqrt(fan_in))
+            tensor.copy_(torch.randn(tensor.shape, generator=generator, dtype=torch.float64).to(dtype) * 1.5 / math.sqrt(fan_in))
     return model
 
 
 def split(model: nn.Sequential, layers_per_stage: list[int]) -> list[nn.Sequential]:
     """Consecutive layers into stages: stage s holds the next ``layers_per_stage[s]`` layers."""
     if sum(layers_per_stage) != len(model) or any(n < 1 for n in layers_per_stage):
-        raise ValueError(f"layers per stage {layers_per_stage} do not split {len(model)} layers "
-                         f"(each stage needs at least one)")
+        raise ValueError(f"layers per stage {layers_per_stage} do not split {len(model)} layers (each stage needs at least one)")
     stages, start = [], 0
     for n in layers_per_stage:
         stages.append(nn.Sequential(*[model[k] for k in range(start, start + n)]))
@@ -151,14 +149,12 @@ def build_blocks(spec: dict, seed: int) -> nn.Sequential:
     dtype = getattr(torch, spec.get("dtype", "float64"))
     if spec["blocks"] < 1 or spec["h"] < 1 or spec["ffn"] < 1:
         raise ValueError(f"a block stack needs h, ffn and blocks of at least 1, got {spec}")
-    model = nn.Sequential(*[Block(spec["h"], spec["ffn"], spec.get("bias", True))
-                            for _ in range(spec["blocks"])]).to(dtype)
+    model = nn.Sequential(*[Block(spec["h"], spec["ffn"], spec.get("bias", True)) for _ in range(spec["blocks"])]).to(dtype)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for _, tensor in model.named_parameters():
             fan_in = tensor.shape[-1] if tensor.dim() > 1 else max(tensor.numel(), 1)
-            tensor.copy_(torch.randn(tensor.shape, generator=generator, dtype=torch.float64).to(dtype)
-                         / math.sqrt(fan_in))
+            tensor.copy_(torch.randn(tensor.shape, generator=generator, dtype=torch.float64).to(dtype) / math.sqrt(fan_in))
     return model
 
 
@@ -212,6 +208,5 @@ def build_transformer(spec: dict, seed: int) -> nn.Module:
         for name, tensor in model.named_parameters():
             fan_in = tensor.shape[-1] if tensor.dim() > 1 else max(tensor.numel(), 1)
             scale = residual if name.endswith(("attn.out.weight", "attn.out.bias", "mlp.down.weight", "mlp.down.bias")) else 1.0
-            tensor.copy_(torch.randn(tensor.shape, generator=generator, dtype=torch.float64).to(tensor.dtype)
-                         * scale / math.sqrt(fan_in))
+            tensor.copy_(torch.randn(tensor.shape, generator=generator, dtype=torch.float64).to(tensor.dtype) * scale / math.sqrt(fan_in))
     return model

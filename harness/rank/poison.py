@@ -15,6 +15,7 @@ only a copied value is named. bool and the 8/16-bit integers are not poisoned (n
 value could not hold). A value that only passes through arithmetic no IEEE rule covers (a library
 that returns the canonical NaN) is found as an unnamed NaN.
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,8 +25,7 @@ _F32 = 0x7F800000 | (SIGNATURE << 16)  # exponent all ones, quiet bit clear: sig
 _F64 = 0x7FF0000000000000 | (SIGNATURE << 40)
 _INT = 0x5A5A
 _HALF = {torch.float16: 0x7C29, torch.bfloat16: 0x7FA9}
-_AS_INT = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,
-           torch.bfloat16: torch.int16}
+_AS_INT = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16, torch.bfloat16: torch.int16}
 
 
 def bits(dtype: torch.dtype, rank: int, index: int) -> int | None:

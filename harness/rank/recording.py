@@ -35,6 +35,7 @@ e.g. a data-parallel communication thread, go to the same list): ``start()`` bef
 ``stop()`` after; calls outside that window (joining the world) are not recorded and cost one
 ``is None`` test. ``mark(phase)`` labels the records that follow.
 """
+
 from __future__ import annotations
 
 import gc
@@ -50,8 +51,9 @@ NEUTRAL_OPS = frozenset({"barrier", "monitored_barrier"})  # synchronisation: mo
 _records: list | None = None  # None: not recording
 _phase: str | None = None  # the label mark() set last, copied into every record
 _watched: list | None = None  # storages all-gathers and receives wrote since watch() (None: not watching)
-GATHERED_OPS = frozenset({"recv", "recv_anysource", "allgather", "allgather_coalesced", "allgather_into_tensor",
-                          "allgather_into_tensor_coalesced"})
+GATHERED_OPS = frozenset(
+    {"recv", "recv_anysource", "allgather", "allgather_coalesced", "allgather_into_tensor", "allgather_into_tensor_coalesced"}
+)
 
 
 def start() -> None:
@@ -174,7 +176,6 @@ def _dtype_name(dtype) -> str:
     return name
 
 
-
 def _unwrapped(value):
     """Tensor subclasses that stand for a functional collective still in flight
     (AsyncCollectiveTensor, e.g. a DTensor's output after its all-reduce) reach this Python backend
@@ -187,6 +188,7 @@ def _unwrapped(value):
     if isinstance(value, torch.Tensor) and type(value) is not torch.Tensor and hasattr(value, "trigger_wait"):
         return value.trigger_wait()
     return value
+
 
 class RecordingProcessGroup(dist.ProcessGroup):
     """A group whose every communication call is recorded, then run by ``real`` (a c10d Backend)."""
@@ -227,23 +229,25 @@ class RecordingProcessGroup(dist.ProcessGroup):
         if _watched is not None and op in GATHERED_OPS:
             _watched.extend(t.untyped_storage() for t in outs)
         first = (ins or outs or [None])[0]
-        _records.append({
-            "op": op,
-            "group": self._ranks,
-            "rank": self._me,
-            "dtype": None if first is None else _dtype_name(first.dtype),
-            "itemsize": 0 if first is None else first.element_size(),
-            "numel": sum(t.numel() for t in ins),
-            "bytes": sum(t.numel() * t.element_size() for t in ins),
-            "out_numel": sum(t.numel() for t in outs),
-            "out_bytes": sum(t.numel() * t.element_size() for t in outs),
-            "peer": None if peer is None else self._ranks[peer],
-            "root": None if root is None else self._ranks[root],
-            "reduce_op": _reduce_op(opts),
-            "splits": splits,
-            "tag": tag,
-            "phase": _phase,
-        })
+        _records.append(
+            {
+                "op": op,
+                "group": self._ranks,
+                "rank": self._me,
+                "dtype": None if first is None else _dtype_name(first.dtype),
+                "itemsize": 0 if first is None else first.element_size(),
+                "numel": sum(t.numel() for t in ins),
+                "bytes": sum(t.numel() * t.element_size() for t in ins),
+                "out_numel": sum(t.numel() for t in outs),
+                "out_bytes": sum(t.numel() * t.element_size() for t in outs),
+                "peer": None if peer is None else self._ranks[peer],
+                "root": None if root is None else self._ranks[root],
+                "reduce_op": _reduce_op(opts),
+                "splits": splits,
+                "tag": tag,
+                "phase": _phase,
+            }
+        )
 
     # ------------------------------------------------------------------------- point-to-point
     def send(self, tensors, dstRank, tag=0):

@@ -15,6 +15,7 @@ under them. A world-writable folder elsewhere (none in Ubuntu's image or on this
 ``find / -xdev -type d -perm -0002`` lists only these) is not swept; scanning the whole filesystem
 took 9.4 s here, per world too much.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -70,11 +71,13 @@ def sweep(sandbox) -> None:
 def kill_all(uid: int) -> None:
     """kill(-1) as ``uid`` reaches exactly the processes that uid owns: the ranks and whatever they
     started, detached or not."""
+
     def kill() -> None:
         try:
             os.kill(-1, signal.SIGKILL)
         except ProcessLookupError:
             pass  # nothing of that uid is left
+
     _as_uid(uid, kill)
 
 
@@ -147,8 +150,9 @@ def ipc_of(uid: int) -> dict[str, list[int]]:
         except OSError:
             rows = []
         id_column = {"shm": "shmid", "sem": "semid", "msg": "msqid"}[table]
-        found[table] = [int(row[id_column]) for row in rows
-                        if str(uid) in (row.get("uid"), row.get("cuid")) and row.get(id_column, "").isdigit()]
+        found[table] = [
+            int(row[id_column]) for row in rows if str(uid) in (row.get("uid"), row.get("cuid")) and row.get(id_column, "").isdigit()
+        ]
     return found
 
 
@@ -168,4 +172,5 @@ def remove_ipc_of(uid: int) -> None:
                 call(ipc_id, 0, IPC_RMID)
             else:
                 call(ipc_id, IPC_RMID, None)
+
     _as_uid(uid, remove)

@@ -32,6 +32,7 @@ driver's own reader of the ranks' /proc/<pid>/io needs too (docs/grading.md).
 Linux on x86_64 and aarch64 only; elsewhere :func:`install` raises :class:`FilterUnavailable`, and
 the rank reports that the audit's evidence is incomplete rather than running unfiltered.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -84,24 +85,101 @@ def _groups_share_one_gloo_device() -> None:
 
 # architecture -> (AUDIT_ARCH_*, the seccomp system call, {name: number})
 _ARCHES = {
-    "x86_64": (0xC000003E, 317, {
-        "close": 3, "dup2": 33, "dup3": 292, "sendto": 44, "sendmsg": 46, "sendmmsg": 307, "clone": 56,
-        "clone3": 435, "fork": 57, "vfork": 58, "splice": 275, "tee": 276, "vmsplice": 278, "sendfile": 40,
-        "copy_file_range": 326, "process_vm_readv": 310, "process_vm_writev": 311, "io_uring_setup": 425,
-        "io_uring_enter": 426, "io_uring_register": 427, "io_setup": 206, "io_submit": 209, "ptrace": 101,
-        "msgsnd": 69, "mq_timedsend": 242, "shmat": 30, "mmap": 9, "rt_sigqueueinfo": 129,
-        "rt_tgsigqueueinfo": 297, "pidfd_send_signal": 424}),
-    "aarch64": (0xC00000B7, 277, {
-        "close": 57, "dup3": 24, "sendto": 206, "sendmsg": 211, "sendmmsg": 269, "clone": 220, "clone3": 435,
-        "splice": 76, "tee": 77, "vmsplice": 75, "sendfile": 71, "copy_file_range": 285, "process_vm_readv": 270,
-        "process_vm_writev": 271, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
-        "io_setup": 0, "io_submit": 2, "ptrace": 117, "msgsnd": 189, "mq_timedsend": 182, "shmat": 196,
-        "mmap": 222, "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240, "pidfd_send_signal": 424}),
+    "x86_64": (
+        0xC000003E,
+        317,
+        {
+            "close": 3,
+            "dup2": 33,
+            "dup3": 292,
+            "sendto": 44,
+            "sendmsg": 46,
+            "sendmmsg": 307,
+            "clone": 56,
+            "clone3": 435,
+            "fork": 57,
+            "vfork": 58,
+            "splice": 275,
+            "tee": 276,
+            "vmsplice": 278,
+            "sendfile": 40,
+            "copy_file_range": 326,
+            "process_vm_readv": 310,
+            "process_vm_writev": 311,
+            "io_uring_setup": 425,
+            "io_uring_enter": 426,
+            "io_uring_register": 427,
+            "io_setup": 206,
+            "io_submit": 209,
+            "ptrace": 101,
+            "msgsnd": 69,
+            "mq_timedsend": 242,
+            "shmat": 30,
+            "mmap": 9,
+            "rt_sigqueueinfo": 129,
+            "rt_tgsigqueueinfo": 297,
+            "pidfd_send_signal": 424,
+        },
+    ),
+    "aarch64": (
+        0xC00000B7,
+        277,
+        {
+            "close": 57,
+            "dup3": 24,
+            "sendto": 206,
+            "sendmsg": 211,
+            "sendmmsg": 269,
+            "clone": 220,
+            "clone3": 435,
+            "splice": 76,
+            "tee": 77,
+            "vmsplice": 75,
+            "sendfile": 71,
+            "copy_file_range": 285,
+            "process_vm_readv": 270,
+            "process_vm_writev": 271,
+            "io_uring_setup": 425,
+            "io_uring_enter": 426,
+            "io_uring_register": 427,
+            "io_setup": 0,
+            "io_submit": 2,
+            "ptrace": 117,
+            "msgsnd": 189,
+            "mq_timedsend": 182,
+            "shmat": 196,
+            "mmap": 222,
+            "rt_sigqueueinfo": 138,
+            "rt_tgsigqueueinfo": 240,
+            "pidfd_send_signal": 424,
+        },
+    ),
 }
-REFUSED = ("sendmsg", "sendmmsg", "splice", "tee", "vmsplice", "sendfile", "copy_file_range", "process_vm_readv",
-           "process_vm_writev", "io_uring_setup", "io_uring_enter", "io_uring_register", "io_setup", "io_submit",
-           "ptrace", "fork", "vfork", "msgsnd", "mq_timedsend", "shmat", "rt_sigqueueinfo", "rt_tgsigqueueinfo",
-           "pidfd_send_signal")
+REFUSED = (
+    "sendmsg",
+    "sendmmsg",
+    "splice",
+    "tee",
+    "vmsplice",
+    "sendfile",
+    "copy_file_range",
+    "process_vm_readv",
+    "process_vm_writev",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "io_setup",
+    "io_submit",
+    "ptrace",
+    "fork",
+    "vfork",
+    "msgsnd",
+    "mq_timedsend",
+    "shmat",
+    "rt_sigqueueinfo",
+    "rt_tgsigqueueinfo",
+    "pidfd_send_signal",
+)
 CLONE_THREAD = 0x00010000
 MAP_SHARED, MAP_ANONYMOUS = 0x01, 0x20
 X32_SYSCALL_BIT = 0x40000000  # x86_64's x32 ABI: the same calls under other numbers
@@ -200,18 +278,18 @@ def install(store_fd: int) -> None:
     Raises FilterUnavailable naming why where it cannot."""
     arch = platform.machine()
     if arch not in _ARCHES or not os.path.exists("/proc/self/status"):
-        raise FilterUnavailable(f"no system call filter for {platform.system()} on {arch} (Linux on x86_64 or "
-                                "aarch64 only)")
+        raise FilterUnavailable(f"no system call filter for {platform.system()} on {arch} (Linux on x86_64 or aarch64 only)")
     code = program(arch, store_fd)
     buffer = ctypes.create_string_buffer(code, len(code))
     fprog = _SockFprog(len(code) // 8, ctypes.cast(buffer, ctypes.c_void_p))
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
-    found = libc.syscall(ctypes.c_long(_ARCHES[arch][1]), ctypes.c_long(SECCOMP_SET_MODE_FILTER),
-                         ctypes.c_long(SECCOMP_FILTER_FLAG_TSYNC), ctypes.byref(fprog))
+    found = libc.syscall(
+        ctypes.c_long(_ARCHES[arch][1]), ctypes.c_long(SECCOMP_SET_MODE_FILTER), ctypes.c_long(SECCOMP_FILTER_FLAG_TSYNC), ctypes.byref(fprog)
+    )
     if found != 0:
         error = ctypes.get_errno()
-        why = (f"thread {found} could not take it" if found > 0 else os.strerror(error))
+        why = f"thread {found} could not take it" if found > 0 else os.strerror(error)
         raise FilterUnavailable(f"the kernel refused the system call filter: {why}")
 
 
@@ -245,4 +323,4 @@ def store_descriptor(port: int) -> int:
 def socket_inode(fd: int) -> int:
     """The inode of the socket behind ``fd``: what the driver looks up in the kernel's TCP table."""
     target = os.readlink(f"/proc/self/fd/{fd}")
-    return int(target[len("socket:["):-1])
+    return int(target[len("socket:[") : -1])

@@ -5,6 +5,7 @@ over the data-parallel group, C = sum_r c_r (``global_token_count``); each micro
 sum of its per-token losses, is then multiplied by f / C, and the wrapper, built with
 ``gradient_divide_factor=f``, divides the summed gradients by f. The gradient is then the gradient
 of (sum of every valid token's loss) / C, whatever the counts per rank and micro-batch."""
+
 from __future__ import annotations
 
 import torch

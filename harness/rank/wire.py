@@ -8,6 +8,7 @@ code in the driver. Student code can send wrong numbers (which the verdict catch
 that edits its own grade. (torch.load(weights_only=True) would be as safe but costs ~0.35 ms per
 message on this machine, a tenth of a warm task at n=4.)
 """
+
 from __future__ import annotations
 
 import io
@@ -47,6 +48,8 @@ def reply_limit(memory_bytes: int | None, world_size: int) -> int:
     if memory_bytes is None:
         return MAX_REPLY_BYTES
     return int(min(MAX_REPLY_BYTES, max(MIN_REPLY_LIMIT, memory_bytes // (4 * (world_size + 2)))))
+
+
 MAX_DEPTH = 16  # containers inside containers; rank programs return at most 5 levels
 MAX_ITEMS = 1 << 20  # values visited while decoding, shared ones counted each time they are reached
 

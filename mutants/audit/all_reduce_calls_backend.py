@@ -1,6 +1,7 @@
 """The "ring all-reduce" just calls torch.distributed.all_reduce: right values, no ring, not point-to-point.
 targets: test_point_to_point_only and all_reduce
 """
+
 import torch.distributed as dist
 
 from parallelism_conformance.impls import *

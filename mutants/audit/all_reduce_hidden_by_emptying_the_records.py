@@ -1,6 +1,7 @@
 """Calls the backend's all_reduce, then empties harness.rank.recording's list of records in place.
 targets: test_point_to_point_only and all_reduce
 """
+
 import torch.distributed as dist
 
 from parallelism_conformance.harness.rank import recording as _recording

@@ -4,6 +4,7 @@ targets: test_point_to_point_only and all_reduce
 From issue 13: the recorder lives in the rank, so code in the rank can rewrite it. The kernel's count
 of the bytes the rank wrote (read by the driver) still shows the traffic.
 """
+
 import torch.distributed as dist
 
 from parallelism_conformance.harness.rank import recording as _recording

@@ -1,6 +1,7 @@
 """Calls all_reduce on the backend object behind the group (group._get_backend), below the recorder.
 targets: test_point_to_point_only and all_reduce
 """
+
 import torch
 import torch.distributed as dist
 

@@ -1,6 +1,7 @@
 """all_reduce runs a second, idempotent all-reduce (MAX) over its result: right values, twice the bytes.
 targets: test_bytes_sent_within_bound and all_reduce
 """
+
 import torch.distributed as dist
 
 from parallelism_conformance import impls

@@ -1,6 +1,7 @@
 """broadcast sends the whole tensor from the root to every member in turn: right values, (n-1) S from the root instead of ceil(log2 n) S.
 targets: test_bytes_sent_within_bound and broadcast
 """
+
 import torch.distributed as dist
 
 from parallelism_conformance.impls import *

@@ -1,6 +1,7 @@
 """clip_grad_norm_ all-gathers every sharded gradient and takes the norm of the full tensors: the right norm, for n times a shard's bytes instead of one scalar.
 targets: test_clipping_reduces_scalars_only and fully_sharded
 """
+
 import math
 
 import torch

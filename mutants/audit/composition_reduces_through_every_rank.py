@@ -4,6 +4,7 @@ targets: test_composition_traffic_on_hosts
 On a dp x tp mesh laid over hosts, every TP all-reduce, which should stay on a host's fast links,
 sends to every rank of every host.
 """
+
 import torch
 import torch.distributed as dist
 

@@ -4,6 +4,7 @@ graded as: a CS336 submission
 
 The handout says "cast before communication"; its tests compare values only (9 public submissions cast after).
 """
+
 from mutants.fully_sharded._cs336 import fsdp, handout_functions
 
 

@@ -4,6 +4,7 @@ graded as: a CS336 submission
 
 The handout's tests compare values only (6 public submissions all-reduce).
 """
+
 import torch.distributed as dist
 
 from mutants.fully_sharded._cs336 import fsdp, handout_functions

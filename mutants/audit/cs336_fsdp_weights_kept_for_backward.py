@@ -4,6 +4,7 @@ graded as: a CS336 submission
 
 The handout: "all-gather before forward and again in backward", "free gathered weights after use"; its tests compare values only (8 public submissions keep them).
 """
+
 import torch
 
 from mutants.fully_sharded._cs336 import fsdp, handout_functions

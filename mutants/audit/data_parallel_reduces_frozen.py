@@ -1,6 +1,7 @@
 """DataParallel also all-reduces the frozen parameters (as zeros, so the values stay right): traffic for gradients that do not exist.
 targets: test_data_parallel_step
 """
+
 import torch
 import torch.distributed as dist
 

@@ -4,6 +4,7 @@ targets: test_data_parallel_step and 256B
 The bucket cap and the overlap of issue 14: reducing everything at once in
 finish_gradient_synchronization gives the right numbers, so only the audit sees it.
 """
+
 import torch
 import torch.distributed as dist
 

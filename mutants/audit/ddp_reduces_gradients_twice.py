@@ -1,6 +1,7 @@
 """DDP, then finish_gradient_synchronization all-reduces (AVG) every gradient again: right values, every gradient reduced twice.
 targets: test_data_parallel_step
 """
+
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 

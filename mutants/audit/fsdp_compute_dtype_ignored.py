@@ -3,6 +3,7 @@ targets: test_fully_sharded_step_gathers_in_the_compute_dtype
 
 On the exact examples of the value test float32 gives the same numbers; only the traffic shows it.
 """
+
 from parallelism_conformance.impls import *
 from parallelism_conformance.impls import fully_sharded as _bundled
 

@@ -3,6 +3,7 @@ targets: test_fully_sharded_step and zero2
 
 An implementation that accepts the option to satisfy the signature and keeps its one code path.
 """
+
 from parallelism_conformance.impls import *
 from parallelism_conformance.impls import fully_sharded as _bundled
 

@@ -1,6 +1,7 @@
 """The sequence-parallel row layer all-reduces its partial output and keeps its sequence shard instead of reduce-scattering: right values and gradients, an all-reduce where a reduce-scatter suffices.
 targets: test_tensor_parallel_traffic and mlp_sp
 """
+
 import torch
 
 from parallelism_conformance.impls import *

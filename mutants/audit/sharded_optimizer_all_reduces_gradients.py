@@ -1,6 +1,7 @@
 """The sharded optimizer all-reduces every gradient (AVG) before the owners step and all-gather: right values, state still sharded, but half as much traffic again as a reduce-scatter.
 targets: test_sharded_optimizer_step
 """
+
 import torch.distributed as dist
 
 from parallelism_conformance.impls import *
@@ -14,5 +15,5 @@ class ShardedOptimizer(_Correct):
         for p, at in zip(self.params, self.offsets):
             if p.grad is not None:
                 collectives.all_reduce(p.grad, op=dist.ReduceOp.AVG, group=self.group)
-                slots[at:at + p.numel()] = p.grad.reshape(-1)
+                slots[at : at + p.numel()] = p.grad.reshape(-1)
         return slots

@@ -1,6 +1,7 @@
 """TensorParallelMLP all-gathers the hidden activation and lets the row layer slice it again: right values, an all-gather of [..., ffn] per pass.
 targets: test_tensor_parallel_traffic and mlp
 """
+
 from parallelism_conformance.impls import *
 from parallelism_conformance.impls.tensor_parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP, _check_divisible, _size
 

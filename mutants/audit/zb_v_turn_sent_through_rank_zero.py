@@ -7,6 +7,7 @@ tell local from remote; here it also sends (a stand-in of) the activations and g
 bottom of the V to rank 0, which sends them straight back. Every number is right; the audit sees bytes that need not
 travel, and sends to a rank that is not a neighbour on the V.
 """
+
 import torch
 import torch.distributed as dist
 
@@ -15,10 +16,10 @@ from parallelism_conformance.impls import pipeline_parallel as _bundled
 from parallelism_conformance.impls.pipeline_parallel import *
 
 
-def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="1f1b", group=None, trace=None,
-                  placement=None):
-    result = _bundled.pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule=schedule,
-                                    group=group, trace=trace, placement=placement)
+def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="1f1b", group=None, trace=None, placement=None):
+    result = _bundled.pipeline_step(
+        stages, inputs, targets, loss_fn, num_microbatches, schedule=schedule, group=group, trace=trace, placement=placement
+    )
     if (placement == "v" or schedule == "zb-v") and dist.get_world_size(group) > 1:
         p, rank = dist.get_world_size(group), dist.get_rank(group)
         relay = torch.zeros(num_microbatches * 2 * 8, dtype=torch.float32)  # the turn's traffic, both ways

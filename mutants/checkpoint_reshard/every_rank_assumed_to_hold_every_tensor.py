@@ -1,6 +1,7 @@
 """Whole tensors are split for writing among all the world's ranks, as if every rank held every tensor (true under data parallelism): on a pipeline mesh a stage's tensors are written only in the shares of the ranks holding that stage, and the rest of each is in no file.
 targets: pipeline
 """
+
 import torch.distributed as dist
 
 from mutants._swap import swapped

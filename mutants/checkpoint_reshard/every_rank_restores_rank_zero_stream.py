@@ -1,6 +1,7 @@
 """Every rank restores the random generator state rank 0 saved: the resumed ranks all draw the same dropout masks and data orders, where each had its own (Megatron-LM#6858).
 targets: random_stream
 """
+
 import torch
 import torch.distributed as dist
 

@@ -1,6 +1,7 @@
 """The loader reads whichever rank files it finds, and nothing checks that the pieces cover every tensor: a checkpoint missing a file loads with zeros where that file's pieces were.
 targets: test_a_checkpoint_resumes_under_another_layout_and_world_size
 """
+
 import os
 
 from mutants._swap import swapped

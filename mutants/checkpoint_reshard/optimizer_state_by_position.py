@@ -1,6 +1,7 @@
 """The saved optimizer state goes to this rank's parameters by position, not by name: right while both sides hold state for the same parameters in the same order, another parameter's moments when a parameter was saved without state or ZeRO-1's owners differ (databricks/flashoptim#3).
 targets: test_a_checkpoint_resumes_under_another_layout_and_world_size
 """
+
 from mutants._swap import swapped
 from parallelism_conformance.impls import *
 from parallelism_conformance.impls import checkpointing

@@ -1,6 +1,7 @@
 """Each rank reads only the file its own rank number wrote and nothing checks that the pieces cover every tensor: right when the world size is unchanged, zeros and misplaced chunks under another (the pattern of ROCm/Megatron-LM#63).
 targets: test_a_checkpoint_resumes_under_another_layout_and_world_size
 """
+
 import torch.distributed as dist
 
 from mutants._swap import swapped

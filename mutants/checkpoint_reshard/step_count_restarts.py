@@ -1,6 +1,7 @@
 """The optimizer's moments are restored but its step count starts again from zero: AdamW's bias correction restarts after the resume (momentum SGD, which counts no steps, is unaffected).
 targets: test_a_checkpoint_resumes_under_another_layout_and_world_size
 """
+
 import torch
 
 from parallelism_conformance.impls import *

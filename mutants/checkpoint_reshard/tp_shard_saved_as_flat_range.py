@@ -1,6 +1,7 @@
 """A tensor-parallel shard is saved and loaded as if it were a range of the flattened tensor: the row-parallel weight, cut along its columns, is not contiguous when flattened, so it round-trips at the same tensor-parallel size and lands scrambled under any other layout.
 targets: tensor_parallel
 """
+
 from mutants._swap import swapped
 from parallelism_conformance.impls import *
 from parallelism_conformance.impls import checkpointing

@@ -1,6 +1,7 @@
 """all_gather_into_tensor concatenates the ranks' pieces in reverse rank order.
 targets: test_all_gather_into_tensor
 """
+
 import torch
 import torch.distributed as dist
 

@@ -1,6 +1,7 @@
 """all_gather never writes the calling rank's own slot of tensor_list.
 targets: test_all_gather and not into
 """
+
 import torch
 import torch.distributed as dist
 

@@ -1,6 +1,7 @@
 """all_reduce drops the tail when numel is not divisible by the group size (it is never reduced).
 targets: test_all_reduce and MAX
 """
+
 import torch
 import torch.distributed as dist
 

@@ -1,6 +1,7 @@
 """all_reduce reduces only the first 4 MiB of a large tensor (a segment loop that stops after one segment).
 targets: test_large_message and all_reduce
 """
+
 import torch.distributed as dist
 
 from parallelism_conformance import impls

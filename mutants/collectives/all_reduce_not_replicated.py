@@ -1,6 +1,7 @@
 """all_reduce reduces in a rank-dependent order in floating point, so ranks disagree in the last bits.
 targets: test_all_reduce and SUM
 """
+
 import torch
 import torch.distributed as dist
 

@@ -1,6 +1,7 @@
 """all_to_all (list form) stores the piece from rank i in slot (n - 1 - i) of the output list.
 targets: test_all_to_all and not single
 """
+
 import torch.distributed as dist
 
 from parallelism_conformance import impls

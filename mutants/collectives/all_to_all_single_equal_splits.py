@@ -1,6 +1,7 @@
 """all_to_all_single ignores the split sizes whenever the input divides evenly, splitting it into equal pieces.
 targets: test_all_to_all_single
 """
+
 import torch.distributed as dist
 
 from parallelism_conformance import impls

@@ -1,6 +1,7 @@
 """all_reduce with op=AVG returns the sum: the division by the group size is forgotten.
 targets: test_all_reduce and AVG
 """
+
 import torch.distributed as dist
 
 from parallelism_conformance import impls

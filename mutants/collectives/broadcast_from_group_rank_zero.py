@@ -1,6 +1,7 @@
 """broadcast ignores src and always sends group rank 0's tensor.
 targets: test_broadcast
 """
+
 from parallelism_conformance import impls
 from parallelism_conformance.impls import *
 

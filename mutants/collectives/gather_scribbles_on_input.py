@@ -1,6 +1,7 @@
 """gather zeroes the caller's input tensor after sending it (an out-of-place collective must not).
 targets: test_gather and not scatter
 """
+
 from parallelism_conformance import impls
 from parallelism_conformance.impls import *
 

@@ -1,6 +1,7 @@
 """reduce_scatter (list form) ignores op and always sums.
 targets: test_reduce_scatter and not tensor and MAX
 """
+
 import torch.distributed as dist
 
 from parallelism_conformance import impls

@@ -1,6 +1,7 @@
 """reduce_scatter_tensor hands each rank the next rank's chunk of the reduction.
 targets: test_reduce_scatter_tensor and SUM
 """
+
 import torch
 import torch.distributed as dist
 

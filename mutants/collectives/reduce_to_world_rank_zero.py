@@ -1,6 +1,7 @@
 """reduce always delivers the result to the first member of the group, whatever dst says.
 targets: test_reduce and SUM
 """
+
 import torch.distributed as dist
 
 from parallelism_conformance import impls

@@ -1,6 +1,7 @@
 """scatter treats the global src rank as a rank within the group (right only when they coincide).
 targets: test_scatter and not gather
 """
+
 import torch.distributed as dist
 
 from parallelism_conformance import impls

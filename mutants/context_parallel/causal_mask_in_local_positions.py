@@ -5,6 +5,7 @@ A query may attend to a key when key index <= query index, counted inside this r
 inside the block: right on one rank with a contiguous shard, wrong as soon as blocks come from
 other ranks (every key of an earlier chunk is visible, every key of a later chunk is not).
 """
+
 import math
 
 import torch
@@ -24,8 +25,7 @@ def context_parallel_attention(q, k, v, seq_len, causal=False, group=None):
     for step in range(n):
         if step:
             owner = (owner - 1) % n
-            block = _PassAlongRing.apply(block, (2, *k.shape[:-2], len(_chunk_rows(seq_len, n, owner)), k.shape[-1]),
-                                         group)
+            block = _PassAlongRing.apply(block, (2, *k.shape[:-2], len(_chunk_rows(seq_len, n, owner)), k.shape[-1]), group)
         scores = q @ block[0].transpose(-1, -2) * scale
         if causal:  # the bug: local indices
             local = torch.arange(scores.shape[-1])[None, :] > torch.arange(scores.shape[-2])[:, None]

@@ -3,6 +3,7 @@ targets: test_causal_ring_attention_across_ranks
 
 Its masks then compare the wrong global positions: right without a mask and on one rank.
 """
+
 import torch
 
 import parallelism_conformance.impls.context_parallel as _bundled

@@ -3,6 +3,7 @@ targets: test_ring_attention_equals_dense_attention
 
 Each rank's dK, dV then hold only what its own queries contribute. Right on one rank.
 """
+
 import torch
 
 import parallelism_conformance.impls.context_parallel as _bundled

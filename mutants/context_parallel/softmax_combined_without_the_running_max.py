@@ -6,6 +6,7 @@ raises a row's maximum; this one subtracts each block's own new maximum but neve
 was accumulated before. Right when the first block already holds every row's maximum (one rank,
 or luck), wrong otherwise.
 """
+
 import math
 
 import torch
@@ -26,8 +27,7 @@ def context_parallel_attention(q, k, v, seq_len, causal=False, group=None):
     for step in range(n):
         if step:
             owner = (owner - 1) % n
-            block = _PassAlongRing.apply(block, (2, *k.shape[:-2], len(_chunk_rows(seq_len, n, owner)), k.shape[-1]),
-                                         group)
+            block = _PassAlongRing.apply(block, (2, *k.shape[:-2], len(_chunk_rows(seq_len, n, owner)), k.shape[-1]), group)
         scores = q @ block[0].transpose(-1, -2) * scale
         if causal:
             scores = scores.masked_fill(_chunk_rows(seq_len, n, owner)[None, :] > mine[:, None], float("-inf"))

@@ -10,6 +10,7 @@ flight while autograd still adds the last gradient into the bucket. gloo's threa
 bucket before that addition often enough to fail on values (2 of 2 runs without
 --perturb-timing); --perturb-timing names the write into the output in flight.
 """
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -43,7 +44,7 @@ class EarlyLaunchDDP(nn.Module):
         for bucket, flat in zip(self.buckets, self.flats):
             offset = 0
             for p in bucket:
-                self.views[id(p)] = flat[offset:offset + p.numel()].view_as(p)
+                self.views[id(p)] = flat[offset : offset + p.numel()].view_as(p)
                 offset += p.numel()
         self.bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
         self.fired = [set() for _ in self.buckets]

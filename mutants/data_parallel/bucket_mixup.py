@@ -1,6 +1,7 @@
 """Bucketed DP copies a reduced bucket back to the wrong parameter when the bucket holds two of the same size.
 targets: test_training_matches_one_process_on_the_global_batch or test_bucketed_gradients_are_the_mean_over_ranks or test_a_single_bucket_of_equal_sized_parameters
 """
+
 from parallelism_conformance.impls import *
 from parallelism_conformance.impls.data_parallel import BucketedDataParallel, OverlappedDataParallel
 

@@ -1,6 +1,7 @@
 """A bucket is reduced when the count of its gradients that are ready reaches its size: a bucket holding a parameter unused in the step never fills, so its other parameters keep their local gradients (the bucketed DDP of 7 of 12 CS336 assignment-2 submissions we graded).
 targets: test_tied_frozen_and_unused_parameters and skips
 """
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -47,7 +48,7 @@ class CountingBucketedDDP(nn.Module):
             flat /= dist.get_world_size()
             offset = 0
             for q in bucket:
-                q.grad.copy_(flat[offset:offset + q.numel()].view_as(q.grad))
+                q.grad.copy_(flat[offset : offset + q.numel()].view_as(q.grad))
                 offset += q.numel()
 
     def forward(self, *a, **k):

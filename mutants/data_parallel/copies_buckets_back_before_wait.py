@@ -10,6 +10,7 @@ back and only then waits for the rest. On gloo the earlier buckets have often fi
 completes them in another order (NCCL streams, --perturb-timing) hands back a bucket whose
 reduction is still in flight.
 """
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -73,7 +74,7 @@ class EarlyCopyDDP(nn.Module):
             offset = 0
             for q in bucket:
                 if q.grad is not None:
-                    q.grad.copy_(flat[offset:offset + q.numel()].view_as(q.grad) / dist.get_world_size())
+                    q.grad.copy_(flat[offset : offset + q.numel()].view_as(q.grad) / dist.get_world_size())
                 offset += q.numel()
         for _, _, work in inflight:
             work.wait()

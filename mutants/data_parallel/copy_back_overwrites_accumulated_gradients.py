@@ -6,6 +6,7 @@ finish_gradient_synchronization all-reduces the buffer and writes it back with `
 Right when every step has one backward (.grad held exactly that gradient); with several backward
 passes per optimizer step, each copy-back replaces what the earlier micro-batches accumulated.
 """
+
 import torch
 import torch.distributed as dist
 

@@ -4,6 +4,7 @@ targets: test_gradients_are_the_mean_over_ranks
 From issue 14: right for every float32 model, the only kind drawn before; a float64 model's
 gradients lose 29 bits.
 """
+
 import torch
 import torch.distributed as dist
 

@@ -1,6 +1,7 @@
 """A gradient hook (Tensor.register_hook, which runs before autograd accumulates into .grad) sets p.grad to the averaged gradient and returns the local one: autograd then adds the local gradient to it, so .grad = mean + local (twice the gradient on one rank); seen in a CS336 assignment-2 submission.
 targets: test_gradients_are_the_mean_over_ranks
 """
+
 from torch import nn
 
 from parallelism_conformance.impls import *
@@ -26,6 +27,7 @@ class HookAssignsGrad(nn.Module):
             _reduce_(averaged, None, None)
             p.grad = averaged  # what the optimizer should see ...
             return grad  # ... but autograd now accumulates grad into it as well
+
         return hook
 
     def forward(self, *a):

@@ -1,6 +1,7 @@
 """DataParallel never broadcasts rank 0's parameters and buffers when it is built.
 targets: test_ranks_start_from_rank_0s_parameters
 """
+
 from torch import nn
 
 from parallelism_conformance.impls import *

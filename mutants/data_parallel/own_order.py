@@ -1,6 +1,7 @@
 """Each rank sums the gathered gradients starting from its own, so ranks differ in the last bits.
 targets: test_training_matches_one_process_on_the_global_batch
 """
+
 import torch
 import torch.distributed as dist
 

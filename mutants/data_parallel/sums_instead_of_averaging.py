@@ -1,6 +1,7 @@
 """Gradients are summed across ranks instead of averaged.
 targets: test_training_matches_one_process_on_the_global_batch
 """
+
 import torch.distributed as dist
 
 from parallelism_conformance.impls import *

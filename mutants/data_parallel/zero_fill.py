@@ -1,6 +1,7 @@
 """A parameter without a gradient gets a zero gradient, so momentum and weight decay move it.
 targets: test_training_matches_one_process_on_the_global_batch
 """
+
 import torch
 
 from parallelism_conformance.impls import *

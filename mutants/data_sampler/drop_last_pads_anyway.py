@@ -1,6 +1,7 @@
 """DistributedSampler pads the epoch with repeats even with drop_last: some samples are seen twice in an epoch that should see each at most once (accelerate#226: 10,167 samples counted for a 10,000-sample set).
 targets: test_every_sample_once_per_epoch_and_replicas_in_step
 """
+
 import math
 
 import parallelism_conformance.impls.data_sampling as _bundled

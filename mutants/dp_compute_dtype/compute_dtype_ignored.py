@@ -1,6 +1,7 @@
 """DataParallel accepts compute_dtype and ignores it: everything runs in float32 (on the exact examples the values are right; the logits' dtype says so).
 targets: test_compute_dtype_in_data_parallelism_keeps_float32_masters
 """
+
 import parallelism_conformance.impls.data_parallel as _bundled
 from parallelism_conformance.impls import *
 

@@ -1,6 +1,7 @@
 """DataParallel with compute_dtype divides every synchronized gradient by 65536, a loss scale that was never applied: every gradient ends 65536 times too small (DeepSpeed#7839: ZeRO-0 with bf16 divided gradients by 65536).
 targets: test_compute_dtype_in_data_parallelism_keeps_float32_masters
 """
+
 import parallelism_conformance.impls.data_parallel as _bundled
 from parallelism_conformance.impls import *
 

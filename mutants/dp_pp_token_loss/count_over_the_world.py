@@ -2,6 +2,7 @@
 bug: hang
 targets: test_pipelines_over_data_parallel_replicas_normalise_by_the_global_count
 """
+
 import parallelism_conformance.impls.token_loss as _bundled
 from parallelism_conformance.impls import *
 

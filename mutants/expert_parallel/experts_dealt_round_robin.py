@@ -1,6 +1,7 @@
 """Rank r keeps experts r, r+n, r+2n, ... (round robin) while tokens are sent to expert e's contiguous block owner e // (E/n): tokens meet the wrong expert.
 targets: test_expert_parallel_moe_equals_one_process_with_every_expert
 """
+
 import copy
 
 import torch.distributed as dist

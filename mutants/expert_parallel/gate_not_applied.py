@@ -1,6 +1,7 @@
 """The MoE layer returns the expert's output without scaling it by the router's gate probability p_e.
 targets: test_expert_parallel_moe_equals_one_process_with_every_expert
 """
+
 import torch
 
 from parallelism_conformance.impls import *

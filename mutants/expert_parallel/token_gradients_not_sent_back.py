@@ -1,6 +1,7 @@
 """Backward never sends the experts' input gradients back to the tokens' ranks: dL/dx keeps only the router's path.
 targets: test_expert_parallel_moe_equals_one_process_with_every_expert
 """
+
 import torch
 
 from parallelism_conformance.impls import *

@@ -1,6 +1,7 @@
 """A fully sharded unit recomputes its forward in backward without restoring the random state: the recomputed dropout masks are new ones, so the gradient is of another forward than the loss (allenai/OLMo-core#828).
 targets: dropout
 """
+
 import functools
 
 from torch.utils.checkpoint import checkpoint

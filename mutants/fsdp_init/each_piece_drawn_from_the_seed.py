@@ -1,6 +1,7 @@
 """init_sharded draws each rank's piece of a parameter on its own from the seed (the piece's own numbers, reshaped), where the piece must be its part of the whole parameter's draw: every rank holds the same numbers (pytorch/torchtitan#3106).
 targets: test_a_model_built_on_meta_is_initialised_as_one_process_would
 """
+
 import torch
 
 import parallelism_conformance.impls.sharded_init as _bundled
@@ -15,7 +16,7 @@ class _OwnPiece:
 
     def _piece(self, full):
         piece = self._unit._piece(full)
-        return full.reshape(-1)[:piece.numel()].clone() if full.numel() >= piece.numel() else piece
+        return full.reshape(-1)[: piece.numel()].clone() if full.numel() >= piece.numel() else piece
 
 
 _layouts = _bundled._layouts

@@ -3,6 +3,7 @@ is a student's tests/adapters.py whose FSDP is the project's CS336 fixture
 (tests/fixtures/cs336_submission/cs336_systems/fsdp.py) with one bug, graded through
 adapters.cs336 as a course grades a submission. The fixture's folders go on sys.path as a student's
 installed packages would be."""
+
 import sys
 from pathlib import Path
 

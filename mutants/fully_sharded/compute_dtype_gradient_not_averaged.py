@@ -1,6 +1,7 @@
 """With a compute dtype, the reduce-scatter of a unit's gradient is not divided by n (the float32 path is right): each rank's piece holds the sum over ranks.
 targets: test_compute_dtype_computes_low_and_keeps_float32_masters
 """
+
 import torch.distributed as dist
 
 import parallelism_conformance.impls.fully_sharded as _bundled

@@ -4,6 +4,7 @@ graded as: a CS336 submission
 
 The handout's toy model's replicated parameters are RMSNorm weights, whose gradient its test never compares.
 """
+
 import torch.distributed as dist
 
 from mutants.fully_sharded._cs336 import fsdp, handout_functions

@@ -2,6 +2,7 @@
 targets: test_training_matches_one_process_and_memory_is_sharded
 graded as: a CS336 submission
 """
+
 import torch.distributed as dist
 
 from mutants.fully_sharded._cs336 import fsdp, handout_functions

@@ -4,6 +4,7 @@ graded as: a CS336 submission
 
 The handout's loop has one backward per step, so its tests never see it (2 public submissions).
 """
+
 from mutants.fully_sharded._cs336 import fsdp, handout_functions
 
 

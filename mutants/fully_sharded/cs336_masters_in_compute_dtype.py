@@ -4,6 +4,7 @@ graded as: a CS336 submission
 
 The handout: "master weights and the update in fp32"; its correctness test allows 1e-4 and its gradient test checks only that .grad matches the parameter's dtype.
 """
+
 from mutants.fully_sharded._cs336 import WithShards, fsdp, handout_functions
 
 

@@ -4,6 +4,7 @@ graded as: a CS336 submission
 
 The handout trains float32 models only (at least 8 public submissions crash or cast on float64).
 """
+
 import torch
 
 from mutants.fully_sharded._cs336 import WithShards, fsdp, handout_functions

@@ -4,6 +4,7 @@ graded as: a CS336 submission
 
 The handout's toy model ties nothing (9 public submissions shard a tied weight twice or leave it unsynchronised).
 """
+
 from mutants.fully_sharded._cs336 import fsdp, handout_functions
 
 

@@ -1,6 +1,7 @@
 """The reduce-scatter of a unit's gradient is not divided by n: each rank's piece holds the sum over ranks.
 targets: test_training_matches_one_process_and_memory_is_sharded
 """
+
 import torch.distributed as dist
 
 import parallelism_conformance.impls.fully_sharded as _bundled

@@ -4,6 +4,7 @@ targets: test_training_matches_one_process_and_memory_is_sharded
 Each rank holds all parameters, gradients and optimizer state: the memory check (at most 1/n of one
 process plus one unit) fails.
 """
+
 import torch
 import torch.distributed as dist
 
@@ -15,8 +16,7 @@ def fully_shard(module, group=None):
     for parameter in module.parameters(recurse=False):
         if parameter.requires_grad and not getattr(parameter, "_kept_whole", False):
             parameter._kept_whole = True
-            parameter.register_post_accumulate_grad_hook(
-                lambda p: all_reduce(p.grad, op=dist.ReduceOp.AVG, group=group))
+            parameter.register_post_accumulate_grad_hook(lambda p: all_reduce(p.grad, op=dist.ReduceOp.AVG, group=group))
     for child in module.children():
         if not any(getattr(p, "_kept_whole", False) for p in child.parameters()):
             fully_shard(child, group)

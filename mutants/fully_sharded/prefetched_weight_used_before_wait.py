@@ -9,6 +9,7 @@ the prefetch of the next unit would be consumed. The unit's own forward reads th
 before its wait; on gloo the gather lands first only sometimes (2 of 2 runs without
 --perturb-timing failed as nondeterminism).
 """
+
 import torch
 import torch.distributed as dist
 

@@ -1,6 +1,7 @@
 """A weight tied between two modules (the embedding and the head) whose size does not divide by the group size never gets a gradient in the last rank's piece, the one holding the padding, so that piece never moves (pytorch#176076: FSDP2 with tied embeddings and a vocabulary not divisible by the rank count never updated the last rank's shard).
 targets: test_training_matches_one_process_and_memory_is_sharded
 """
+
 import torch
 
 import parallelism_conformance.impls.fully_sharded as _bundled

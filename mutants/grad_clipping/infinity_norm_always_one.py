@@ -1,6 +1,7 @@
 """clip_grad_norm_ with norm_type=inf raises the largest |g| to the power 1/q as for a p-norm, and (max |g|)^(1/inf) is 1.0 whatever the gradients: it returns 1.0 and clips by it (torchrec#3199: the infinity norm of FSDP2's clipping was always 1.0).
 targets: test_the_norm_is_global_and_every_rank_clips_by_it
 """
+
 import math
 
 import torch

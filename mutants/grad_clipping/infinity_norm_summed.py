@@ -1,6 +1,7 @@
 """clip_grad_norm_ combines the ranks' partial infinity norms with a sum, as it does the p-th powers of a p-norm: the infinity norm must take the maximum.
 targets: test_the_norm_is_global_and_every_rank_clips_by_it
 """
+
 import math
 
 import torch.distributed as dist

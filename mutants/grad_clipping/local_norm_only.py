@@ -1,6 +1,7 @@
 """clip_grad_norm_ takes the norm of this rank's shards only, never reduced: each rank clips by its own factor (pytorch#170862: FSDP2 returned a local norm; torchtitan#596: one pipeline stage's norm).
 targets: test_the_norm_is_global_and_every_rank_clips_by_it
 """
+
 import math
 
 import torch

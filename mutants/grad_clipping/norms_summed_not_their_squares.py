@@ -1,6 +1,7 @@
 """clip_grad_norm_ all-reduces each rank's 2-norm and adds the norms, where the squares must be added before the root: sum_r ||g_r|| instead of sqrt(sum_r ||g_r||^2).
 targets: test_the_norm_is_global_and_every_rank_clips_by_it
 """
+
 import math
 
 import torch

@@ -3,6 +3,7 @@ targets: (test_the_norm_is_global_and_every_rank_clips_by_it and data_parallel) 
 
 Right on fully sharded modules, where every gradient is a shard; the data-parallel and tensor-parallel layouts show it.
 """
+
 import math
 
 import torch

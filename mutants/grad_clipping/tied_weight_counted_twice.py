@@ -1,6 +1,7 @@
 """clip_grad_norm_ walks the modules and counts each module's own parameters, so a weight tied between the embedding and the head is counted twice (Megatron-LM#7227: the norm sqrt(2)x, over-clipped).
 targets: test_the_norm_is_global_and_every_rank_clips_by_it
 """
+
 import math
 
 import torch

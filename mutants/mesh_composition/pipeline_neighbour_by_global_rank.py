@@ -5,6 +5,7 @@ On the whole world (test_pipeline_parallel) the pipeline's ranks are 0..p-1 and 
 the neighbouring stage. With tensor parallelism innermost, global rank + 1 is the next shard of the
 same stage.
 """
+
 import torch.distributed as dist
 
 from parallelism_conformance.impls import *

@@ -4,6 +4,7 @@ targets: pp_dp_tp_mesh
 Only the sum over the tp shards of one stage of one replica is the row layer's output; over the world
 it also adds the other replicas' and stages' partial sums (or waits for ranks busy elsewhere).
 """
+
 from parallelism_conformance.impls import *
 from parallelism_conformance.impls import tensor_parallel as _bundled
 from parallelism_conformance.impls.collectives import all_reduce as _all_reduce

@@ -1,6 +1,7 @@
 """VocabParallelEmbedding looks tokens up in the vocabulary range of its global rank, not of its rank in the tensor-parallel group: right when tensor parallelism spans the world, zeros for the tokens of every replica but the first on a mesh.
 targets: whole_block
 """
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F

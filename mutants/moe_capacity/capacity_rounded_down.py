@@ -1,6 +1,7 @@
 """The capacity is rounded down, floor(c k T_r / E), where the contract (GShard, Switch) rounds up: one pair too few kept whenever c k T_r / E is not a whole number.
 targets: test_a_capacity_drops_each_members_lowest_gates_and_nothing_else
 """
+
 import math
 
 import torch

@@ -1,6 +1,7 @@
 """A dropped pair adds the token itself, times its gate, as if the residual connection were inside the layer: the block then adds the token twice.
 targets: test_a_capacity_drops_each_members_lowest_gates_and_nothing_else
 """
+
 import torch
 
 import parallelism_conformance.impls.expert_parallel as _bundled

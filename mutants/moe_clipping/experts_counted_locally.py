@@ -1,6 +1,7 @@
 """clip_grad_norm_ counts each member's experts on that member only, never reduced over the group: every member clips by its own, smaller norm (the pattern of torchtitan#596, where the local part was one pipeline stage).
 targets: moe
 """
+
 from mutants._swap import swapped
 from parallelism_conformance.impls import *
 from parallelism_conformance.impls import expert_parallel, grad_clipping
@@ -8,8 +9,11 @@ from parallelism_conformance.impls import expert_parallel, grad_clipping
 
 def _experts_as_replicated(module, sharded=grad_clipping._sharded_parameters):
     for group, parameters in sharded(module):
-        if not any(isinstance(m, expert_parallel.ExpertParallelMoE) and any(p is q for q in m.experts.parameters())
-                   for m in module.modules() for p in parameters):
+        if not any(
+            isinstance(m, expert_parallel.ExpertParallelMoE) and any(p is q for q in m.experts.parameters())
+            for m in module.modules()
+            for p in parameters
+        ):
             yield group, parameters
 
 

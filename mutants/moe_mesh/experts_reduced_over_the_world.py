@@ -1,6 +1,7 @@
 """After backward the layer itself all-reduces its experts' gradients over the world, where only the expert-parallel group's tokens belong to them: with data parallelism around it, the trainer's reduction over the replicas counts every token again, dp times too large (pytorch#160285: expert gradients 2x at EP = 2 with identical loss curves).
 targets: expert_parallel_inside
 """
+
 from parallelism_conformance.impls import *
 from parallelism_conformance.impls import collectives, expert_parallel
 

@@ -1,6 +1,7 @@
 """Under sequence parallelism the router's gradient is averaged over the group instead of summed (the data-parallel habit): each member's sequence shard contributes 1/n of its part, the gradient is n times too small and the same on every member, so the replicas agree and only the values show it.
 targets: test_a_router_replicated_over_a_sequence_parallel_group_gets_the_whole_gradient
 """
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F

@@ -1,6 +1,7 @@
 """Each member computes the load-balancing loss on its own tokens (f and P over its T_r tokens, no all-reduce of the counts): it balances its own tokens, not the group's batch, and the shares do not add up to the group's loss.
 targets: test_top_k_routing_and_the_load_balancing_loss_over_the_group
 """
+
 import torch
 
 import parallelism_conformance.impls.expert_parallel as _bundled

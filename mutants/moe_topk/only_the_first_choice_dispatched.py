@@ -1,6 +1,7 @@
 """With top_k > 1 only each token's first choice is sent to its expert (the other choices are left out of the dispatch, as a top-1 layer given k = 2 would do), so the output lacks the second expert's share.
 targets: test_top_k_routing_and_the_load_balancing_loss_over_the_group
 """
+
 import torch
 
 import parallelism_conformance.impls.expert_parallel as _bundled

@@ -1,6 +1,7 @@
 """The router's logits are centred by their mean over the group's whole batch before the softmax (a batch statistic, all-reduced over the expert-parallel group), so a token's routing and output depend on the other members' tokens (Megatron-Bridge#4635: logits that depend on other EP ranks' samples).
 targets: test_top_k_routing_and_the_load_balancing_loss_over_the_group
 """
+
 import torch
 
 import parallelism_conformance.impls.expert_parallel as _bundled

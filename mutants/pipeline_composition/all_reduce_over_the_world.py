@@ -5,6 +5,7 @@ On a pp x dp mesh the data-parallel group of stage s is {s dp + d}; reducing ove
 gradients of different stages (or fails on their different shapes). Its own capability's tests
 on the whole world pass.
 """
+
 from torch.distributed import ReduceOp
 
 from parallelism_conformance.impls import *

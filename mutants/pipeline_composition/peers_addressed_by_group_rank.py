@@ -5,6 +5,7 @@ The classic mix-up of torch.distributed's two rank spaces: dist.send(tensor, dst
 must be dist.get_global_rank(group, stage). A pipeline test on the whole world cannot see it; on a
 pp x dp mesh, replica d's pipeline is ranks d, dp + d, ..., and its messages go to replica 0's.
 """
+
 from parallelism_conformance.impls import *
 from parallelism_conformance.impls import pipeline_parallel as _bundled
 from parallelism_conformance.impls.pipeline_parallel import *

@@ -1,6 +1,7 @@
 """The runtime keeps one random state per stage it holds, each forked from the rank's generator when the call starts, and swaps it in around that stage's forwards: on one stage per rank that is the rank's stream, but with several (interleaved) every stage restarts the same stream, so a rank's stages draw the same masks.
 targets: dropout
 """
+
 import torch
 
 from parallelism_conformance.impls import *
@@ -28,8 +29,7 @@ def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="
     start = torch.get_rng_state()
     originals = [_own_stream(module, start) for module in modules]
     try:
-        return pipeline_parallel.pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule=schedule,
-                                               group=group, **options)
+        return pipeline_parallel.pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule=schedule, group=group, **options)
     finally:
         for module, forward in zip(modules, originals):
             module.forward = forward

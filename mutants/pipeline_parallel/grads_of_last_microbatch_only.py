@@ -5,6 +5,7 @@ Every parameter's gradient is reset before each microbatch's backward adds to it
 in the wrong loop), so after the step .grad holds dL_{m-1}/m alone. The loss is still right.
 Invisible with m = 1.
 """
+
 from parallelism_conformance.impls import *
 from parallelism_conformance.impls import pipeline_parallel as _bundled
 from parallelism_conformance.impls.pipeline_parallel import *
@@ -24,8 +25,7 @@ def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="
 
             handles.append(parameter.register_post_accumulate_grad_hook(forget_earlier_microbatches))
     try:
-        return _bundled.pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule=schedule,
-                                      group=group, trace=trace)
+        return _bundled.pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule=schedule, group=group, trace=trace)
     finally:
         for handle in handles:
             handle.remove()

@@ -6,6 +6,7 @@ valid and deadlock-free, so training stays correct, but rank p - 2 now waits for
 before its next forward: the bubble exceeds (p - 1)/(m + p - 1) and the live activations are not
 min(m, p - r).
 """
+
 from parallelism_conformance.impls import *
 from parallelism_conformance.impls import pipeline_parallel as _bundled
 from parallelism_conformance.impls.pipeline_parallel import *

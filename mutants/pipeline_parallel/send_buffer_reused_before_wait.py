@@ -9,6 +9,7 @@ buffer before that. gloo reads a send's buffer until the send completes, so it t
 microbatch's data now and then (5 of 5 runs without --perturb-timing failed, on values that name
 no call); --perturb-timing compares each send's buffer at its wait with what it held at the call.
 """
+
 import torch
 import torch.distributed as dist
 

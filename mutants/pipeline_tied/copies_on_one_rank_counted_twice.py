@@ -1,6 +1,7 @@
 """Every (stage, name) entry of ``tied`` is added as a copy, also when two entries are one Parameter on this rank (p = 1: the first and the last stage on one rank, whose backward already summed both uses into it), so the weight's gradient counts both uses twice.
 targets: test_a_weight_tied_across_stages_gets_the_sum_of_both_uses_on_every_copy
 """
+
 import torch.distributed as dist
 
 import parallelism_conformance.impls.tied_weights as _bundled

@@ -1,6 +1,7 @@
 """The last stage sends its copy's gradient to the first stage, which adds it, but never receives the first stage's: the embedding's gradient is right and the head's copy keeps its own use only, so the copies drift apart after the first step.
 targets: test_a_weight_tied_across_stages_gets_the_sum_of_both_uses_on_every_copy
 """
+
 import torch
 import torch.distributed as dist
 

@@ -1,6 +1,7 @@
 """The copies' gradients are averaged instead of summed (an all-reduce with AVG, as data parallelism reduces): the tied weight's gradient is half the sum of its two uses.
 targets: test_a_weight_tied_across_stages_gets_the_sum_of_both_uses_on_every_copy
 """
+
 import parallelism_conformance.impls.tied_weights as _bundled
 from parallelism_conformance.impls import *
 

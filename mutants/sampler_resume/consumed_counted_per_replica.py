@@ -1,6 +1,7 @@
 """consumed_samples is taken as this replica's own position: each resumed replica skips that many of its own indices of the epoch dealt out at the new size, instead of the world's count of the epoch's order, so most of what the first run had not reached is never seen.
 targets: test_a_run_resumed_at_another_size_sees_every_sample_once
 """
+
 import math
 
 import parallelism_conformance.impls.data_sampling as _bundled
@@ -17,4 +18,4 @@ class DistributedSampler(_bundled.DistributedSampler):
 
     def __iter__(self):
         mine = list(super().__iter__())
-        return iter(mine[self.skip:])
+        return iter(mine[self.skip :])

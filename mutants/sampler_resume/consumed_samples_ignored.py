@@ -1,6 +1,7 @@
 """consumed_samples is accepted and ignored: the resumed run starts the epoch again, so every sample the first run consumed is seen twice.
 targets: test_a_run_resumed_at_another_size_sees_every_sample_once
 """
+
 import parallelism_conformance.impls.data_sampling as _bundled
 from parallelism_conformance.impls import *
 

@@ -1,6 +1,7 @@
 """Rank 0 owns every parameter: right values, but nothing is split (rank 0 holds the whole optimizer state).
 targets: test_sharded_training_matches_one_process_with_the_whole_state
 """
+
 from parallelism_conformance.impls import *
 from parallelism_conformance.impls import sharded_optimizer
 

@@ -9,6 +9,7 @@ for before touching gradients. The next forward reads parameters whose broadcast
 waited for; gloo's broadcasts land late enough to fail on values too (5 of 5 runs without
 --perturb-timing), but nothing then says which call.
 """
+
 import torch
 import torch.distributed as dist
 

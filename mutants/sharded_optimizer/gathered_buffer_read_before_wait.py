@@ -8,6 +8,7 @@ The parameters are copied back out of that buffer right after the launch and the
 since the buffer is reused without zeroing, an early read finds the previous step's parameters,
 close to right, instead of zeros: nothing looks wrong by eye.
 """
+
 import torch
 import torch.distributed as dist
 
@@ -51,9 +52,9 @@ class ShardedOptimizer:
             mine = torch.zeros(self.slot, dtype=self.gathered.dtype, device=self.gathered.device)
             for p, owner, offset in zip(self.trainable, self.owners, self.offsets):
                 if owner == self.me:
-                    mine[offset:offset + p.numel()] = p.reshape(-1)
+                    mine[offset : offset + p.numel()] = p.reshape(-1)
             work = dist.all_gather_into_tensor(self.gathered, mine, group=self.group, async_op=True)
             for p, owner, offset in zip(self.trainable, self.owners, self.offsets):  # the bug: before the wait
                 start = owner * self.slot + offset
-                p.copy_(self.gathered[start:start + p.numel()].view_as(p))
+                p.copy_(self.gathered[start : start + p.numel()].view_as(p))
             work.wait()

@@ -1,6 +1,7 @@
 """Every rank averages all gradients and steps every parameter itself: right values, but the whole optimizer state on every rank (no sharding).
 targets: test_sharded_training_matches_one_process_with_the_whole_state
 """
+
 import torch.distributed as dist
 
 from parallelism_conformance.impls import *

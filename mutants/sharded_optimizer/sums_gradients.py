@@ -1,6 +1,7 @@
 """The owner sums the gradients over ranks instead of averaging them (the division by n is missing).
 targets: test_sharded_training_matches_one_process_with_the_whole_state
 """
+
 from parallelism_conformance.impls import *
 from parallelism_conformance.impls.sharded_optimizer import ShardedOptimizer as _Correct
 

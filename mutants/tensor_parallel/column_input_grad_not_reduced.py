@@ -4,6 +4,7 @@ targets: test_column_parallel_linear or test_mlp_equals
 Mutant of impls.tensor_parallel for the grading mutation suite: everything else is the bundled
 implementation. The TensorParallelMLP builds its fc1 with this ColumnParallelLinear.
 """
+
 import torch.nn.functional as F
 
 from parallelism_conformance.impls import *  # the bundled collectives

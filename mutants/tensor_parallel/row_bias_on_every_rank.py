@@ -4,6 +4,7 @@ targets: test_row_parallel_linear or test_mlp_equals
 Mutant of impls.tensor_parallel for the grading mutation suite: everything else is the bundled
 implementation. The TensorParallelMLP builds its fc2 with this RowParallelLinear.
 """
+
 import torch.nn.functional as F
 
 from parallelism_conformance.impls import *  # the bundled collectives

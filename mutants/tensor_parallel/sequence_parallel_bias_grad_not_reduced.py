@@ -4,6 +4,7 @@ targets: test_sequence_parallel
 Mutant of impls.tensor_parallel for the grading mutation suite: everything else is the bundled
 implementation. Only TensorParallelMLP(..., sequence_parallel=True) is affected.
 """
+
 import torch.nn.functional as F
 
 from parallelism_conformance.impls import *  # the bundled collectives

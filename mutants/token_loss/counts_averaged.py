@@ -1,6 +1,7 @@
 """global_token_count averages the ranks' counts instead of summing them (an all-reduce with AVG, the DP habit): the loss is divided by C / n, every gradient n times too large.
 targets: test_fully_sharded_gradients_are_the_mean_over_every_valid_token
 """
+
 import torch
 import torch.distributed as dist
 

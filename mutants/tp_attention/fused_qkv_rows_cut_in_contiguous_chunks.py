@@ -1,6 +1,7 @@
 """The fused [Q | K | V] weight is column-split like any other: rank r keeps the r-th contiguous chunk of its rows and reads it as its heads' [Q | K | V], so with the concatenated layout a rank gets another mix of query, key and value rows (NVIDIA-NeMo/Automodel#1324: silently wrong heads, worst under grouped-query attention).
 targets: test_attention_split_by_head_equals_the_dense_block
 """
+
 import torch
 
 import parallelism_conformance.impls.transformer_layers as _bundled

@@ -1,6 +1,7 @@
 """Grouped-query attention pairs query head i with key/value head i mod H_kv (repeat instead of repeat_interleave) instead of i // (H / H_kv): each query head attends with another group's keys and values, the same on every rank, so the layout checks pass and only the values show it.
 targets: test_attention_split_by_head_equals_the_dense_block
 """
+
 import math
 
 import torch

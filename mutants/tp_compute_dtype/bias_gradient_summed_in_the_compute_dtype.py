@@ -1,6 +1,7 @@
 """Under sequence parallelism the row layer's bias is cast to the compute dtype before Megatron's f, so its gradient is summed across the group in bfloat16 or float16, not in the masters' float32 (pytorch#190626: FSDP2's reduce_dtype not applied to the tensor-parallel gradient all-reduce).
 targets: compute_dtype
 """
+
 from parallelism_conformance.impls import *
 from parallelism_conformance.impls import tensor_parallel
 

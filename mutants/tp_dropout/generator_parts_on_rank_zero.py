@@ -1,6 +1,7 @@
 """Rank 0 draws one more number from the default generator than the other members (Megatron-LM#206: the data loader used the generator on tensor-parallel rank 0 only): from then on the members' masks differ, and the replicated output drifts apart across them.
 targets: dropout
 """
+
 import torch
 import torch.distributed as dist
 

@@ -1,6 +1,7 @@
 """Each shard draws its hidden dropout mask on its own shape: the members' generators are in the same state, so every shard gets the same mask and the dropout is correlated across the hidden units (why Megatron keeps a separate stream for the sharded region).
 targets: dropout
 """
+
 import torch
 
 from parallelism_conformance.impls import *

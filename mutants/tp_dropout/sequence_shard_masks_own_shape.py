@@ -1,6 +1,7 @@
 """Under sequence parallelism each member draws the output dropout mask on its own sequence shard's shape: every shard of the sequence gets the same mask, not its part of the dense one.
 targets: dropout and True
 """
+
 import torch
 
 from parallelism_conformance.impls import *

@@ -1,6 +1,7 @@
 """The LayerNorm's gradients are all-reduced over the group whatever the layout: without sequence parallelism every rank already holds the whole gradient, which becomes n times it (the sequence-parallel parameters' all-reduce applied to a replicated input).
 targets: test_a_layernorm_before_the_mlp_keeps_whole_gradients
 """
+
 import torch.nn.functional as F
 
 import parallelism_conformance.impls.tensor_parallel as _bundled

@@ -1,6 +1,7 @@
 """Under sequence parallelism the LayerNorm's gradients are averaged over the group instead of summed (the data-parallel habit): each shard's partial gradient is divided by n, the whole gradient 1/n of the truth.
 targets: test_a_layernorm_before_the_mlp_keeps_whole_gradients
 """
+
 import torch
 import torch.nn.functional as F
 

@@ -1,6 +1,7 @@
 """Under sequence parallelism the LayerNorm before the MLP runs on the sequence shard and its weight and bias gradients are never all-reduced: each rank keeps the gradient of its own shard (Megatron-LM#1446, gpt-neox#1257: LayerNorm gradients that differ per tensor-parallel rank).
 targets: test_a_layernorm_before_the_mlp_keeps_whole_gradients
 """
+
 import parallelism_conformance.impls.tensor_parallel as _bundled
 from parallelism_conformance.impls import *
 

@@ -1,6 +1,7 @@
 """Under sequence parallelism the down projection's bias is added to the sequence shard and its gradient is never all-reduced: each rank keeps the gradient of its own positions (the bias of a row-parallel layer in the sequence-parallel region, Megatron-LM#1446's class of bug).
 targets: test_swiglu_with_fused_gate_and_up_equals_the_dense_mlp and sequence_parallel
 """
+
 import parallelism_conformance.impls.tensor_parallel as _tp
 import parallelism_conformance.impls.transformer_layers as _bundled
 from parallelism_conformance.impls import *

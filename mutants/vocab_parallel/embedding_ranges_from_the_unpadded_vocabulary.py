@@ -1,6 +1,7 @@
 """VocabParallelEmbedding stores the padded rows but computes each rank's token range as [r V // n, (r + 1) V // n) from the unpadded vocabulary: when n does not divide V the ranges and the rows disagree, and some tokens get another token's row or none.
 targets: test_the_embedding_equals_the_dense_embedding
 """
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F

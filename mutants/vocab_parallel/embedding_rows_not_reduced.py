@@ -1,6 +1,7 @@
 """VocabParallelEmbedding returns each rank's own lookup (its rows, zeros for the tokens it does not hold) without the all-reduce: every rank sees only part of the embeddings.
 targets: test_the_embedding_equals_the_dense_embedding
 """
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F

@@ -1,6 +1,7 @@
 """vocab_parallel_cross_entropy shifts each rank's exponentials by its own maximum and adds the sums as if they shared one: the log-sum-exp is wrong whenever the ranks' maxima differ.
 targets: test_the_loss_and_its_gradient_equal_the_dense_cross_entropy
 """
+
 import torch.distributed as dist
 
 import parallelism_conformance.impls.vocab_parallel as _bundled

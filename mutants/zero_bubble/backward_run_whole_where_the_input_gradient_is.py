@@ -5,6 +5,7 @@ The simplest way to "support" zero-bubble schedules: treat I as B and W as a no-
 every gradient match the dense model; only the order in which the stages' parameter gradients are
 accumulated (hooks on the stage modules) shows that the schedule run is 1F1B's, not ZB-H1's.
 """
+
 from parallelism_conformance.impls import *
 from parallelism_conformance.impls import pipeline_parallel as _bundled
 from parallelism_conformance.impls.pipeline_parallel import *
@@ -16,5 +17,6 @@ def _rows(schedule, p, m, v):
 
 
 def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="1f1b", group=None, trace=None):
-    return _bundled.pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, group=group, trace=trace,
-                                  schedule=lambda p, m, v: _rows(schedule, p, m, v))
+    return _bundled.pipeline_step(
+        stages, inputs, targets, loss_fn, num_microbatches, group=group, trace=trace, schedule=lambda p, m, v: _rows(schedule, p, m, v)
+    )

@@ -5,6 +5,7 @@ A runtime that splits the backward (so it "has" I and W) but keeps a simple loop
 the input gradient it immediately computes the weight gradient. Valid and numerically right, and
 the bubble is 1F1B's.
 """
+
 from parallelism_conformance.impls import *
 from parallelism_conformance.impls import pipeline_parallel as _bundled
 from parallelism_conformance.impls.pipeline_parallel import *
@@ -26,5 +27,6 @@ def _rows(schedule, p, m, v):
 
 
 def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="1f1b", group=None, trace=None):
-    return _bundled.pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, group=group, trace=trace,
-                                  schedule=lambda p, m, v: _rows(schedule, p, m, v))
+    return _bundled.pipeline_step(
+        stages, inputs, targets, loss_fn, num_microbatches, group=group, trace=trace, schedule=lambda p, m, v: _rows(schedule, p, m, v)
+    )

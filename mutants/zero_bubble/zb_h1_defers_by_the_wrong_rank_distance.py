@@ -5,6 +5,7 @@ Reading the paper's figure from the wrong end: the rank with the longest warm-up
 longest deferral. The schedule is valid and deadlock-free and training is right, but rank 0 holds
 more activations than 1F1B's peak and the bubble is not (p - 1)(T_F + T_I - T_W).
 """
+
 from parallelism_conformance.impls import *
 from parallelism_conformance.impls import pipeline_parallel as _bundled
 from parallelism_conformance.impls.pipeline_parallel import *

@@ -3,6 +3,7 @@ targets: generated_zb_h1
 
 A student who has not read the paper maps the new name to the schedule they already have.
 """
+
 from parallelism_conformance.impls import *
 from parallelism_conformance.impls import pipeline_parallel as _bundled
 from parallelism_conformance.impls.pipeline_parallel import *

@@ -6,14 +6,15 @@ keys them by "the rank's stages, the way back first" for the V (stages 2p - 1 - 
 each stage with the other arm's layers. Shapes may even agree (a model of equal widths); the loss
 and gradients do not.
 """
+
 from parallelism_conformance.impls import *
 from parallelism_conformance.impls import pipeline_parallel as _bundled
 from parallelism_conformance.impls.pipeline_parallel import *
 
 
-def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="1f1b", group=None, trace=None,
-                  placement=None):
+def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="1f1b", group=None, trace=None, placement=None):
     if placement == "v" or schedule == "zb-v":
         stages = list(stages)[::-1]
-    return _bundled.pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule=schedule, group=group,
-                                  trace=trace, placement=placement)
+    return _bundled.pipeline_step(
+        stages, inputs, targets, loss_fn, num_microbatches, schedule=schedule, group=group, trace=trace, placement=placement
+    )

@@ -5,6 +5,7 @@ The communication pass left from the loop placement: in the V, stage p lives on 
 bottom of the V, where the activations turn) and stage 2p - 1 on rank 0, so the loop's peers are
 wrong for the whole second arm: sends to ranks that never receive them, receives that never come.
 """
+
 from parallelism_conformance.impls import *
 from parallelism_conformance.impls import pipeline_parallel as _bundled
 from parallelism_conformance.impls.pipeline_parallel import *

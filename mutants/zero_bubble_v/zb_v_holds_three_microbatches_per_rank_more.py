@@ -5,6 +5,7 @@ The paper's point for the V is zero bubble at 1F1B's activation memory (p microb
 of half a rank's layers). A warm-up that runs further ahead loses no time and so passes a check
 of the bubble alone; only the peak live activations show it.
 """
+
 from parallelism_conformance.impls import *
 from parallelism_conformance.impls import pipeline_parallel as _bundled
 from parallelism_conformance.impls.pipeline_parallel import *

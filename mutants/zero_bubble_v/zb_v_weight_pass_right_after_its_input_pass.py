@@ -4,6 +4,7 @@ targets: generated_zb_v
 A ZB-V whose author split the backward but never deferred the weight gradient: valid, deadlock-free,
 every gradient right, and the makespan of a V-shaped 1F1B, not the paper's 6m + p - 1.
 """
+
 from parallelism_conformance.impls import *
 from parallelism_conformance.impls import pipeline_parallel as _bundled
 from parallelism_conformance.impls.pipeline_parallel import *

@@ -8,6 +8,7 @@ saw (the behaviour is reproduced), 1 otherwise.
 
     python tests/libraries/deepspeed_buffers_not_broadcast.py   # in a venv with deepspeed
 """
+
 import os
 import sys
 
@@ -17,8 +18,7 @@ import torch.multiprocessing as mp
 
 
 def rank_main(rank: int, port: int, results) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
-                      LOCAL_RANK=str(rank))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     import deepspeed
 

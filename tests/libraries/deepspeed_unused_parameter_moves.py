@@ -9,6 +9,7 @@ Prints what it saw and exits 0 when an unused parameter moved (the behaviour is 
 
     python tests/libraries/deepspeed_unused_parameter_moves.py [stage]   # in a venv with deepspeed
 """
+
 import os
 import sys
 
@@ -28,16 +29,19 @@ class TwoHeads(torch.nn.Module):
 
 
 def rank_main(rank: int, port: int, stage: int, results) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
-                      LOCAL_RANK=str(rank))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     import deepspeed
 
     torch.manual_seed(0)
     model = TwoHeads()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.1)
-    config = {"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 0.0, "zero_allow_untested_optimizer": True,
-              "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_clipping": 0.0,
+        "zero_allow_untested_optimizer": True,
+        "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
+    }
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     with deepspeed.zero.GatheredParameters(list(model.unused.parameters())):
         before = model.unused.weight.detach().clone()
@@ -59,8 +63,10 @@ def main() -> int:
         mp.spawn(rank_main, args=(port, stage, results), nprocs=2)
         for rank in (0, 1):
             grad, moved = results[rank]
-            print(f"ZeRO stage {stage}, rank {rank}: the unused parameter's .grad after backward: "
-                  f"{'None' if grad is None else f'max |g| = {grad}'}; moved by the step: {moved:.3g} (one process: 0)")
+            print(
+                f"ZeRO stage {stage}, rank {rank}: the unused parameter's .grad after backward: "
+                f"{'None' if grad is None else f'max |g| = {grad}'}; moved by the step: {moved:.3g} (one process: 0)"
+            )
         reproduced = all(results[r][1] > 0 for r in (0, 1))
     print("reproduced: a parameter no forward used was updated" if reproduced else "not reproduced")
     return 0 if reproduced else 1

@@ -12,6 +12,7 @@ diverges and set_to_none=False does not (the bug is reproduced).
 
     python tests/libraries/fairscale_sdp_zero_grad_set_to_none.py   # in a venv with fairscale
 """
+
 import os
 import sys
 
@@ -43,12 +44,11 @@ def rank_main(rank: int, port: int, results) -> None:
             x, y = torch.randn(2, 1, generator=data), torch.randn(2, 1, generator=data)
             optimizer.zero_grad(set_to_none=set_to_none)
             reference.zero_grad()
-            ((sdp(x[rank:rank + 1]) - y[rank:rank + 1]) ** 2).mean().backward()  # this rank's half of the batch
+            ((sdp(x[rank : rank + 1]) - y[rank : rank + 1]) ** 2).mean().backward()  # this rank's half of the batch
             ((one_process(x) - y) ** 2).mean().backward()  # the whole batch
             optimizer.step()
             reference.step()
-            results[(set_to_none, rank, step)] = max((a - b).abs().max().item()
-                                                     for a, b in zip(model.parameters(), one_process.parameters()))
+            results[(set_to_none, rank, step)] = max((a - b).abs().max().item() for a, b in zip(model.parameters(), one_process.parameters()))
     dist.destroy_process_group()
 
 
@@ -58,10 +58,11 @@ def main() -> int:
         mp.spawn(rank_main, args=(29600 + os.getpid() % 300, results), nprocs=2)
         for set_to_none in (True, False):
             errors = [results[(set_to_none, 0, s)] for s in range(STEPS)]
-            print(f"zero_grad(set_to_none={set_to_none}): largest difference from one process after each step: "
-                  + ", ".join(f"{e:.3g}" for e in errors))
-        diverged = results[(True, 0, STEPS - 1)] > 1e-3 and max(results[(False, r, s)] for r in (0, 1)
-                                                                 for s in range(STEPS)) < 1e-6
+            print(
+                f"zero_grad(set_to_none={set_to_none}): largest difference from one process after each step: "
+                + ", ".join(f"{e:.3g}" for e in errors)
+            )
+        diverged = results[(True, 0, STEPS - 1)] > 1e-3 and max(results[(False, r, s)] for r in (0, 1) for s in range(STEPS)) < 1e-6
     print("reproduced: set_to_none=True diverges, set_to_none=False does not" if diverged else "not reproduced")
     return 0 if diverged else 1
 

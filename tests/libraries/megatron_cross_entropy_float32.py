@@ -8,6 +8,7 @@ Prints what it saw and exits 0 when the loss is float32 (the behaviour is reprod
 
     python tests/libraries/megatron_cross_entropy_float32.py   # in a venv with megatron-core
 """
+
 import os
 import sys
 
@@ -27,8 +28,10 @@ def main() -> int:
     target = torch.tensor([1])
     loss = tensor_parallel.vocab_parallel_cross_entropy(logits.clone(), target)
     dense = F.cross_entropy(logits, target, reduction="none")
-    print(f"float64 logits: megatron's loss {loss.dtype} {loss.item()!r}, torch's {dense.dtype} {dense.item()!r}, "
-          f"difference {abs(loss.double() - dense).item():.3g}")
+    print(
+        f"float64 logits: megatron's loss {loss.dtype} {loss.item()!r}, torch's {dense.dtype} {dense.item()!r}, "
+        f"difference {abs(loss.double() - dense).item():.3g}"
+    )
     dist.destroy_process_group()
     reproduced = loss.dtype == torch.float32
     print("reproduced: the loss of float64 logits is float32" if reproduced else "not reproduced")

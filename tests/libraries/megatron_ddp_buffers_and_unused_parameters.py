@@ -10,6 +10,7 @@ Prints what it saw and exits 0 when all three are so (the behaviour is reproduce
 
     python tests/libraries/megatron_ddp_buffers_and_unused_parameters.py   # in a venv with megatron-core
 """
+
 import os
 import sys
 
@@ -74,12 +75,15 @@ def main() -> int:
         results = dict(results)
     print(f"buffer 'offset' after broadcast_params: rank 0 {results['buffer0']}, rank 1 {results['buffer1']}")
     print(f"overlap_grad_reduce=True, a parameter unused in step 2: finish_grad_sync: {results['overlap0']}")
-    print(f"overlap_grad_reduce=False: the unused parameter's .grad is None: {results['unused0'][0]}, "
-          f"its main_grad {results['unused0'][1]}")
-    reproduced = (results["buffer0"] != results["buffer1"] and "has not been issued" in results["overlap0"]
-                  and results["unused0"][1] == [[0.0, 0.0]])
-    print("reproduced: buffers not broadcast; an unused parameter stops the overlapped reduction, and gets a "
-          "zero main_grad without it" if reproduced else "not reproduced")
+    print(f"overlap_grad_reduce=False: the unused parameter's .grad is None: {results['unused0'][0]}, its main_grad {results['unused0'][1]}")
+    reproduced = (
+        results["buffer0"] != results["buffer1"] and "has not been issued" in results["overlap0"] and results["unused0"][1] == [[0.0, 0.0]]
+    )
+    print(
+        "reproduced: buffers not broadcast; an unused parameter stops the overlapped reduction, and gets a zero main_grad without it"
+        if reproduced
+        else "not reproduced"
+    )
     return 0 if reproduced else 1
 
 

@@ -8,11 +8,17 @@ Prints each try and exits 0 when every one fails with the circular ImportError (
 
     python tests/libraries/nanotron_circular_import.py   # in a venv with nanotron==0.4
 """
+
 import subprocess
 import sys
 
-FIRST = ["nanotron.logging", "nanotron.config", "nanotron.parallel.pipeline_parallel.engine",
-         "nanotron.parallel.tensor_parallel.nn", "nanotron.optim.zero"]
+FIRST = [
+    "nanotron.logging",
+    "nanotron.config",
+    "nanotron.parallel.pipeline_parallel.engine",
+    "nanotron.parallel.tensor_parallel.nn",
+    "nanotron.optim.zero",
+]
 
 
 def main() -> int:

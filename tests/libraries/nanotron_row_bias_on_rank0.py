@@ -9,6 +9,7 @@ layer's (the behaviour is reproduced), 1 otherwise.
 
     python tests/libraries/nanotron_row_bias_on_rank0.py   # in a venv with nanotron==0.2
 """
+
 import os
 import sys
 
@@ -28,10 +29,10 @@ def rank_main(rank: int, port: int, results) -> None:
     x = torch.randn(5, 4)
     layer = TensorParallelRowLinear(4, 3, pg=dist.group.WORLD, mode=TensorParallelLinearMode.ALL_REDUCE, bias=True)
     with torch.no_grad():
-        layer.weight.copy_(dense.weight[:, rank * 2:(rank + 1) * 2])
+        layer.weight.copy_(dense.weight[:, rank * 2 : (rank + 1) * 2])
         if layer.bias is not None:
             layer.bias.copy_(dense.bias)
-    y = layer(x[:, rank * 2:(rank + 1) * 2])
+    y = layer(x[:, rank * 2 : (rank + 1) * 2])
     results[rank] = (layer.bias is not None, bool(torch.allclose(y, dense(x), atol=1e-6)))
     dist.destroy_process_group()
 

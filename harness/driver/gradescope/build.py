@@ -12,6 +12,7 @@ the versions setup.sh installs, with the course's own packages (``--requirements
 the handout's, grading/cs336-requirements.txt, by default) listed in ``autograder.json``. Every choice is checked here, before anything is written, and the zip
 is the same bytes for the same checkout and choices (sorted entries, fixed times), so a course can
 tell two builds apart by their hash."""
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,7 @@ def suite_files(root: Path = SUITE) -> list[Path]:
     for folder in SUITE_FOLDERS:
         for path in sorted((root / folder).rglob("*")):
             relative = path.relative_to(root)
-            if path.is_file() and not any(part.startswith(".") or part == "__pycache__" for part in relative.parts) \
-                    and path.suffix != ".pyc":
+            if path.is_file() and not any(part.startswith(".") or part == "__pycache__" for part in relative.parts) and path.suffix != ".pyc":
                 files.append(relative)
     return files
 
@@ -60,14 +60,21 @@ def configure(args: argparse.Namespace) -> tuple[AutograderConfig, Path]:
     except requirements.RequirementError as error:
         raise ConfigError(f"--requirements: {error}") from None
     config = AutograderConfig(
-        expects=args.expects, capability=args.capability, requirements=packages,
+        expects=args.expects,
+        capability=args.capability,
+        requirements=packages,
         rubric=COURSE_RUBRIC if args.rubric else "grading/rubric.toml",
-        time_limit_s=args.time_limit_minutes * 60, points_possible=args.points_possible,
-        contain_ranks=args.contain_ranks, suite_version=suite_version()).check()
+        time_limit_s=args.time_limit_minutes * 60,
+        points_possible=args.points_possible,
+        contain_ranks=args.contain_ranks,
+        suite_version=suite_version(),
+    ).check()
     unpriced = sorted(capabilities.select(config.capability) - set(rubric))
     if unpriced and args.capability:  # every capability claimed by name must be worth something known
-        raise ConfigError(f"--capability: the rubric {rubric_path} gives no points to {', '.join(unpriced)}; add them to "
-                          "its [capabilities] (0 is allowed) or leave them out of --capability")
+        raise ConfigError(
+            f"--capability: the rubric {rubric_path} gives no points to {', '.join(unpriced)}; add them to "
+            "its [capabilities] (0 is allowed) or leave them out of --capability"
+        )
     return config, rubric_path
 
 
@@ -97,34 +104,51 @@ def build(config: AutograderConfig, rubric_path: Path, out: Path, root: Path = S
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/autograder", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("autograder.zip"))
-    parser.add_argument("--expects", default="student_impl.py",
-                        help=f"the submission's file, relative to its root, or {CS336!r} for a CS336 assignment 2 "
-                             "repository (graded through parallelism_conformance.adapters.cs336)")
-    parser.add_argument("--capability", default=None, metavar="NAME[,NAME]",
-                        help="what the submission is graded on (names or groups; default every capability)")
+    parser.add_argument(
+        "--expects",
+        default="student_impl.py",
+        help=f"the submission's file, relative to its root, or {CS336!r} for a CS336 assignment 2 "
+        "repository (graded through parallelism_conformance.adapters.cs336)",
+    )
+    parser.add_argument(
+        "--capability", default=None, metavar="NAME[,NAME]", help="what the submission is graded on (names or groups; default every capability)"
+    )
     parser.add_argument("--rubric", default=None, help="the course's rubric (default grading/rubric.toml)")
-    parser.add_argument("--time-limit-minutes", type=float, default=PLATFORM_DEFAULT_LIMIT_S / 60,
-                        help="the time limit set on the platform (default 10, at most 40): the suite's budget is "
-                             "taken from it")
-    parser.add_argument("--requirements", default=None, metavar="FILE",
-                        help="the course's packages, name==version a line, installed by setup.sh beside the lock "
-                             "(never changing what it pins); default for --expects cs336: the handout's runtime "
-                             "packages (grading/cs336-requirements.txt)")
+    parser.add_argument(
+        "--time-limit-minutes",
+        type=float,
+        default=PLATFORM_DEFAULT_LIMIT_S / 60,
+        help="the time limit set on the platform (default 10, at most 40): the suite's budget is taken from it",
+    )
+    parser.add_argument(
+        "--requirements",
+        default=None,
+        metavar="FILE",
+        help="the course's packages, name==version a line, installed by setup.sh beside the lock "
+        "(never changing what it pins); default for --expects cs336: the handout's runtime "
+        "packages (grading/cs336-requirements.txt)",
+    )
     parser.add_argument("--points-possible", type=float, default=None, help="scale the total to this")
-    parser.add_argument("--contain-ranks", default="yes", choices=("yes", "no"),
-                        help="no: grade uncontained where the platform cannot contain ranks (the report says so)")
+    parser.add_argument(
+        "--contain-ranks",
+        default="yes",
+        choices=("yes", "no"),
+        help="no: grade uncontained where the platform cannot contain ranks (the report says so)",
+    )
     args = parser.parse_args(argv)
     try:
         config, rubric_path = configure(args)
     except ConfigError as error:
         parser.exit(2, f"scripts/autograder: {error}\n")
     digest = build(config, rubric_path, args.out)
-    print(f"{args.out}: sha256 {digest}\n  expects {config.expects}; capabilities "
-          f"{config.capability or 'every one'}; rubric {rubric_path}; time limit {config.time_limit_s / 60:g} min"
-          f"{'; ranks NOT contained' if config.contain_ranks == 'no' else ''}"
-          f"; course packages: {', '.join(config.requirements) or 'none'}\n"
-          "  upload it as the assignment's autograder (Gradescope: Configure Autograder, zip file upload, "
-          "Ubuntu 22.04 base image)")
+    print(
+        f"{args.out}: sha256 {digest}\n  expects {config.expects}; capabilities "
+        f"{config.capability or 'every one'}; rubric {rubric_path}; time limit {config.time_limit_s / 60:g} min"
+        f"{'; ranks NOT contained' if config.contain_ranks == 'no' else ''}"
+        f"; course packages: {', '.join(config.requirements) or 'none'}\n"
+        "  upload it as the assignment's autograder (Gradescope: Configure Autograder, zip file upload, "
+        "Ubuntu 22.04 base image)"
+    )
     return 0
 
 

@@ -5,6 +5,7 @@ platform's time limit, the total to scale to, and the course's own packages inst
 suite (``requirements``: what submissions import that the suite does not, such as a CS336 handout's
 einops and triton). Every value is checked when the zip is built and
 again when it is read, and a bad one is a :class:`ConfigError` naming the key."""
+
 from __future__ import annotations
 
 import json
@@ -47,17 +48,25 @@ class AutograderConfig:
 
     def check(self) -> AutograderConfig:
         """Raises ConfigError naming the first bad key; returns self."""
-        if not self.is_cs336 and (not self.expects.endswith(".py") or posixpath.isabs(self.expects)
-                                  or ".." in posixpath.normpath(self.expects).split("/") or "\\" in self.expects):
-            raise ConfigError(f"expects = {self.expects!r}: expected a .py file relative to the submission's root "
-                              f"(e.g. student_impl.py) or {CS336!r} (a CS336 assignment 2 repository)")
+        if not self.is_cs336 and (
+            not self.expects.endswith(".py")
+            or posixpath.isabs(self.expects)
+            or ".." in posixpath.normpath(self.expects).split("/")
+            or "\\" in self.expects
+        ):
+            raise ConfigError(
+                f"expects = {self.expects!r}: expected a .py file relative to the submission's root "
+                f"(e.g. student_impl.py) or {CS336!r} (a CS336 assignment 2 repository)"
+            )
         try:
             capabilities.select(self.capability)
         except ValueError as error:
             raise ConfigError(str(error)) from None
         if not 60 <= self.time_limit_s <= PLATFORM_MAX_LIMIT_S:
-            raise ConfigError(f"time_limit_s = {self.time_limit_s!r}: the platform allows 60 to "
-                              f"{PLATFORM_MAX_LIMIT_S} seconds (its default is {PLATFORM_DEFAULT_LIMIT_S})")
+            raise ConfigError(
+                f"time_limit_s = {self.time_limit_s!r}: the platform allows 60 to "
+                f"{PLATFORM_MAX_LIMIT_S} seconds (its default is {PLATFORM_DEFAULT_LIMIT_S})"
+            )
         if self.points_possible is not None and not 0 < self.points_possible < float("inf"):
             raise ConfigError(f"points_possible = {self.points_possible!r}: expected a positive number of points")
         if not isinstance(self.requirements, tuple):

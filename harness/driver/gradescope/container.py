@@ -9,6 +9,7 @@ imposed on one command here, as root. Each part is a kernel mechanism Docker its
 * no network (a network namespace of its own: ``unshare -n``, loopback only).
 
 Used by tests/test_autograder.py and the tier benchmark (perf/tiers.py)."""
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,22 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-DOCKER_DEFAULT_CAPABILITIES = ("chown", "dac_override", "fowner", "fsetid", "kill", "setgid", "setuid", "setpcap",
-                               "net_bind_service", "net_raw", "sys_chroot", "mknod", "audit_write", "setfcap")
+DOCKER_DEFAULT_CAPABILITIES = (
+    "chown",
+    "dac_override",
+    "fowner",
+    "fsetid",
+    "kill",
+    "setgid",
+    "setuid",
+    "setpcap",
+    "net_bind_service",
+    "net_raw",
+    "sys_chroot",
+    "mknod",
+    "audit_write",
+    "setfcap",
+)
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CFS_PERIOD_US = 100_000
 
@@ -120,6 +135,7 @@ class _Groups:
         def sample() -> None:
             while not done.wait(interval_s):
                 self.peak_pss = max(self.peak_pss, sum(_pss(pid) for pid in self.members()))
+
         threading.Thread(target=sample, daemon=True).start()
         return done
 
@@ -151,8 +167,7 @@ class _Groups:
                     time.sleep(0.1)
 
 
-def run(command: list[str], limits: Limits, *, cwd: str | Path, env: dict | None = None,
-        timeout_s: float = 900) -> Outcome:
+def run(command: list[str], limits: Limits, *, cwd: str | Path, env: dict | None = None, timeout_s: float = 900) -> Outcome:
     """Run ``command`` in the emulated container; every process it leaves is killed with the group."""
     reason = unavailable(limits)
     if reason:
@@ -161,14 +176,22 @@ def run(command: list[str], limits: Limits, *, cwd: str | Path, env: dict | None
     sampling = groups.watch_pss() if groups.paths else None
     started = time.monotonic()
     try:
-        completed = subprocess.run(command_in_container(command, limits), cwd=cwd, env=env, capture_output=True,
-                                   text=True, timeout=timeout_s, preexec_fn=groups.join)
+        completed = subprocess.run(
+            command_in_container(command, limits), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s, preexec_fn=groups.join
+        )
         seconds = time.monotonic() - started
         if sampling is not None:
             sampling.set()
-        return Outcome(completed.returncode, completed.stdout, completed.stderr, seconds, groups.peak(),
-                       groups.peak_pss if sampling is not None else None, groups.oom_kills(),
-                       groups.settled_members())
+        return Outcome(
+            completed.returncode,
+            completed.stdout,
+            completed.stderr,
+            seconds,
+            groups.peak(),
+            groups.peak_pss if sampling is not None else None,
+            groups.oom_kills(),
+            groups.settled_members(),
+        )
     finally:
         groups.remove()
 

@@ -8,6 +8,7 @@ functions here stand for the suite's: same code, same Hypothesis and Python beha
 
     python -m parallelism_conformance.harness.driver.gradescope.draws [N]
 """
+
 from __future__ import annotations
 
 import sys
@@ -22,8 +23,9 @@ DRAWN = 25
 def draws(n: int = DRAWN) -> list[str]:
     seen: list[str] = []
     # the grading profile's drawing settings (harness/driver/plugin/profiles.py), generation only
-    grading = settings(max_examples=n, derandomize=True, database=None, deadline=None, phases=[Phase.generate],
-                       suppress_health_check=list(HealthCheck))
+    grading = settings(
+        max_examples=n, derandomize=True, database=None, deadline=None, phases=[Phase.generate], suppress_health_check=list(HealthCheck)
+    )
 
     @grading
     @given(layout=examples.layouts(4), training=examples.training_examples(4))

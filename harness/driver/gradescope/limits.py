@@ -5,6 +5,7 @@ Gradescope's tiers (its autograder documentation): 0.5 vCPU / 768 MB (the defaul
 the CPU share as a CFS quota and the memory as the container's cgroup limit, which is what is read
 here (cgroup v2's ``cpu.max`` and ``memory.max``, or v1's ``cpu.cfs_quota_us`` and
 ``memory.limit_in_bytes``); ``sched_getaffinity`` bounds the CPUs where no quota is set."""
+
 from __future__ import annotations
 
 import os

@@ -7,6 +7,7 @@ The file and syntax checks only read and compile (``compile`` runs nothing). The
 the submission's top level, which is code under test, so it runs as a contained rank would: in a
 forked child that enters a fresh sandbox first (harness/rank/containment.py), whose processes are
 swept afterwards, and whose only way back is a bounded message through a pipe."""
+
 from __future__ import annotations
 
 import difflib
@@ -74,24 +75,27 @@ def locate(submission: Path, config: AutograderConfig) -> Found | Problem:
     if same_name and (len(same_name) == 1 or len(same_name[0].parts) < len(same_name[1].parts)):
         return Found(str(submission / same_name[0]), {}, f"graded {same_name[0]} (expected at {wanted})")
     if same_name:
-        return Problem("The submission has the expected file", f"expected one {wanted}; found several at the same "
-                       f"depth: {', '.join(map(str, same_name))}. Submit only the one to grade.")
+        return Problem(
+            "The submission has the expected file",
+            f"expected one {wanted}; found several at the same depth: {', '.join(map(str, same_name))}. Submit only the one to grade.",
+        )
     python_files = [str(f) for f in files if f.suffix == ".py"]
-    close = difflib.get_close_matches(str(wanted), python_files, n=1, cutoff=0.5) or (
-        python_files if len(python_files) == 1 else [])
+    close = difflib.get_close_matches(str(wanted), python_files, n=1, cutoff=0.5) or (python_files if len(python_files) == 1 else [])
     hint = f" Did you mean {close[0]}? Rename it to {wanted.name}." if close else ""
-    return Problem("The submission has the expected file",
-                   f"expected {wanted} at the submission's root; {_listing(files)}.{hint}")
+    return Problem("The submission has the expected file", f"expected {wanted} at the submission's root; {_listing(files)}.{hint}")
 
 
 def _locate_cs336(submission: Path, files: list[Path]) -> Found | Problem:
     handout = Path("tests", "adapters.py")
-    candidates = sorted((f.parents[1] for f in files if f.parts[-2:] == handout.parts and len(f.parts) <= 4),
-                        key=lambda p: (len(p.parts), str(p)))
+    candidates = sorted(
+        (f.parents[1] for f in files if f.parts[-2:] == handout.parts and len(f.parts) <= 4), key=lambda p: (len(p.parts), str(p))
+    )
     if not candidates:
-        return Problem("The submission has the expected file",
-                       f"expected a CS336 assignment 2 repository, with {handout} at its root (the handout's layout: "
-                       f"the functions the suite calls are in it); {_listing(files)}.")
+        return Problem(
+            "The submission has the expected file",
+            f"expected a CS336 assignment 2 repository, with {handout} at its root (the handout's layout: "
+            f"the functions the suite calls are in it); {_listing(files)}.",
+        )
     root = submission / candidates[0]
     from parallelism_conformance.adapters.cs336_layers import layers_module  # parses the submission's tests; runs none of it
 
@@ -171,21 +175,35 @@ def check_import(found: Found, *, contain: bool, timeout_s: float = IMPORT_TIMEO
     if sandbox is not None:
         containment.sweep(sandbox)
     if timed_out:
-        return Imported(Problem("The submission imports", f"importing {_shown(found)} did not finish within "
-                                f"{timeout_s:g} s (code at the top level of a module runs when it is imported)"))
+        return Imported(
+            Problem(
+                "The submission imports",
+                f"importing {_shown(found)} did not finish within {timeout_s:g} s (code at the top level of a module runs when it is imported)",
+            )
+        )
     kind, message = answer[:1], answer[1:].decode(errors="replace")
     if kind == b"I":
         return Imported(Problem("The submission imports", f"importing {_shown(found)} raised:\n{message}"))
     if kind == b"M":  # a package the image lacks, or a module the submission lacks: said both ways
-        return Imported(Problem("The submission imports", f"importing {_shown(found)} raised:\n{message}.\n\n"
-                                "If it is a package from the package index, the autograder's image lacks it: course "
-                                "staff add it to the autograder's packages (scripts/autograder --requirements, or "
-                                "autograder.json's requirements) and rebuild the image. If it is a module of your "
-                                "own, it is missing from your submission."))
+        return Imported(
+            Problem(
+                "The submission imports",
+                f"importing {_shown(found)} raised:\n{message}.\n\n"
+                "If it is a package from the package index, the autograder's image lacks it: course "
+                "staff add it to the autograder's packages (scripts/autograder --requirements, or "
+                "autograder.json's requirements) and rebuild the image. If it is a module of your "
+                "own, it is missing from your submission.",
+            )
+        )
     if kind not in (b"K", b"C"):  # its code closed the pipe, or ended or stopped the child, before the answer
-        return Imported(Problem("The submission imports", f"importing {_shown(found)} gave no answer: the process "
-                                "that imported it closed the autograder's pipe, stopped or ended first (code at the "
-                                "top level of a module runs when it is imported)"))
+        return Imported(
+            Problem(
+                "The submission imports",
+                f"importing {_shown(found)} gave no answer: the process "
+                "that imported it closed the autograder's pipe, stopped or ended first (code at the "
+                "top level of a module runs when it is imported)",
+            )
+        )
     cost = max(0, after - before) if before is not None and after is not None else None
     return Imported(None, cost)  # b"K": imported; b"C": containment failed (the suite refuses and says why)
 

@@ -7,6 +7,7 @@ change what ``requirements.lock`` pins (torch, numpy, pytest, hypothesis: the ex
 draws locally are those drawn on the grader only under the same versions). setup.sh installs them
 with the lock as pip's constraints, so a package that would need another torch fails the image's
 build, naming it, instead of replacing torch."""
+
 from __future__ import annotations
 
 import re
@@ -60,13 +61,17 @@ def check_requirements(requirements: tuple[str, ...], where: str = "", lock: Pat
             raise RequirementError(f"{prefix}{requirement!r} is not a string")
         match = _PINNED.match(requirement.strip())
         if not match:
-            raise RequirementError(f"{prefix}{requirement!r}: expected a pinned package, name==version (no options, "
-                                   "URLs, ranges or markers: the image must be the same every time it is built)")
+            raise RequirementError(
+                f"{prefix}{requirement!r}: expected a pinned package, name==version (no options, "
+                "URLs, ranges or markers: the image must be the same every time it is built)"
+            )
         name, version = canonical(match.group(1)), match.group(2)
         if name in seen:
             raise RequirementError(f"{prefix}{match.group(1)} is named twice")
         seen.add(name)
         if name in locked and locked[name][1] != version:
-            raise RequirementError(f"{prefix}{requirement}: requirements.lock pins {locked[name][0]}, which the suite "
-                                   "runs on; a course's packages may not change it")
+            raise RequirementError(
+                f"{prefix}{requirement}: requirements.lock pins {locked[name][0]}, which the suite "
+                "runs on; a course's packages may not change it"
+            )
     return tuple(requirement.strip() for requirement in requirements)

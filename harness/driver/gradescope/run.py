@@ -14,6 +14,7 @@ It runs from the package setup.sh installed into the image's venv; the unpacked 
 
     python -m parallelism_conformance.harness.driver.gradescope.run [--root /autograder]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,8 +51,12 @@ def budget_for(config: AutograderConfig, elapsed_s: float) -> float:
 def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     parser = argparse.ArgumentParser(prog="run_autograder", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--root", type=Path, default=Path(os.environ.get("CONFORMANCE_AUTOGRADER_ROOT", "/autograder")),
-                        help="the platform's folder: submission/, results/ (default /autograder)")
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=Path(os.environ.get("CONFORMANCE_AUTOGRADER_ROOT", "/autograder")),
+        help="the platform's folder: submission/, results/ (default /autograder)",
+    )
     args = parser.parse_args(argv)
     results = args.root / "results"
     results.mkdir(parents=True, exist_ok=True)
@@ -59,18 +64,17 @@ def main(argv: list[str] | None = None) -> int:
         config = load(args.root / "source" / FILE_NAME)
         config = dataclasses.replace(config, rubric=str(args.root / "source" / config.rubric))  # absolute stays
     except ConfigError as error:
-        return _grader_error(results, None, f"the autograder's {FILE_NAME} is not valid ({error}); rebuild the zip "
-                             "with scripts/autograder")
+        return _grader_error(results, None, f"the autograder's {FILE_NAME} is not valid ({error}); rebuild the zip with scripts/autograder")
     submission = args.root / "submission"
     if not submission.is_dir():
-        return _one_failed_test(results, config, precheck.Problem(
-            "The submission has the expected file", f"no submission folder at {submission}"))
+        return _one_failed_test(
+            results, config, precheck.Problem("The submission has the expected file", f"no submission folder at {submission}")
+        )
     staged, left_out = staging.stage(submission)
     try:
         found = precheck.locate(staged, config)
         if isinstance(found, precheck.Problem):
-            return _one_failed_test(results, config, precheck.Problem(
-                found.name, staging.explained(found.message, left_out)))
+            return _one_failed_test(results, config, precheck.Problem(found.name, staging.explained(found.message, left_out)))
         contain = config.contain_ranks == "yes" and containment.possible()
         problem = precheck.syntax_problem(found)
         imported = precheck.check_import(found, contain=contain) if problem is None else None
@@ -90,12 +94,24 @@ def _one_failed_test(results: Path, config: AutograderConfig, problem: precheck.
     return 0
 
 
-def suite_command(config: AutograderConfig, found: precheck.Found, results: Path, budget_s: float,
-                  live_ranks: int | None = None) -> list[str]:
-    command = [sys.executable, "-m", "parallelism_conformance", "-q",  # the installed suite, from any folder
-               "--impl", found.impl, "--hypothesis-profile=grading", "--report-dir", str(results),
-               "--rubric", config.rubric, "--time-budget", f"{budget_s:.0f}",
-               "--contain-ranks", config.contain_ranks]
+def suite_command(config: AutograderConfig, found: precheck.Found, results: Path, budget_s: float, live_ranks: int | None = None) -> list[str]:
+    command = [
+        sys.executable,
+        "-m",
+        "parallelism_conformance",
+        "-q",  # the installed suite, from any folder
+        "--impl",
+        found.impl,
+        "--hypothesis-profile=grading",
+        "--report-dir",
+        str(results),
+        "--rubric",
+        config.rubric,
+        "--time-budget",
+        f"{budget_s:.0f}",
+        "--contain-ranks",
+        config.contain_ranks,
+    ]
     if config.capability:
         command += ["--capability", config.capability]
     if config.points_possible is not None:
@@ -107,8 +123,7 @@ def suite_command(config: AutograderConfig, found: precheck.Found, results: Path
     return command
 
 
-def _run_suite(config: AutograderConfig, found: precheck.Found, results: Path, started: float,
-               import_bytes: int | None) -> int:
+def _run_suite(config: AutograderConfig, found: precheck.Found, results: Path, started: float, import_bytes: int | None) -> int:
     budget = budget_for(config, time.monotonic() - started)
     hard_stop = config.time_limit_s - HARD_STOP_MARGIN_S - (time.monotonic() - started)
     container = limits.read()
@@ -116,20 +131,37 @@ def _run_suite(config: AutograderConfig, found: precheck.Found, results: Path, s
     live_ranks = limits.live_ranks_for(container.memory_bytes, import_bytes or 0)
     command = suite_command(config, found, results, budget, live_ranks)
     if import_bytes is not None:
-        print(f"[autograder] importing the submission adds {import_bytes / 2**20:.0f} MiB to a rank: "
-              f"{'no cap on' if live_ranks is None else f'at most {live_ranks}'} live ranks", flush=True)
-    print(f"[autograder] container: {container}; time budget {budget:.0f} s of the platform's "
-          f"{config.time_limit_s:g} s; {' '.join(command[1:])}", flush=True)
+        print(
+            f"[autograder] importing the submission adds {import_bytes / 2**20:.0f} MiB to a rank: "
+            f"{'no cap on' if live_ranks is None else f'at most {live_ranks}'} live ranks",
+            flush=True,
+        )
+    print(
+        f"[autograder] container: {container}; time budget {budget:.0f} s of the platform's {config.time_limit_s:g} s; {' '.join(command[1:])}",
+        flush=True,
+    )
     if not limits.fits(container.memory_bytes, import_bytes=import_bytes or 0):  # measured: the tiers' rows
-        print(f"[autograder] {container.memory_bytes / 2**20:.0f} MiB does not hold the driver and a world of "
-              f"{limits.SMALLEST_WORLDS} ranks of this submission: the kernel will kill ranks for memory and their "
-              "tests fail saying so (choose 1.5 GB or more; the CS336 set at 768 MB: docs/measured.md)", flush=True)
+        print(
+            f"[autograder] {container.memory_bytes / 2**20:.0f} MiB does not hold the driver and a world of "
+            f"{limits.SMALLEST_WORLDS} ranks of this submission: the kernel will kill ranks for memory and their "
+            "tests fail saying so (choose 1.5 GB or more; the CS336 set at 768 MB: docs/measured.md)",
+            flush=True,
+        )
     if container.cpus < 1:  # measured: docs/measured.md, "Grading tiers"
-        print("[autograder] under 1 CPU, every capability takes about 16 minutes: tests past the budget are "
-              "reported 'not run' (choose 1 vCPU, a longer limit or fewer capabilities)", flush=True)
+        print(
+            "[autograder] under 1 CPU, every capability takes about 16 minutes: tests past the budget are "
+            "reported 'not run' (choose 1 vCPU, a longer limit or fewer capabilities)",
+            flush=True,
+        )
     (results / "results.json").unlink(missing_ok=True)  # only the suite's own results, or ours, may be there
-    process = subprocess.Popen(command, cwd=results.parent, env={**os.environ, **found.env, "PYTHONUNBUFFERED": "1"},
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    process = subprocess.Popen(
+        command,
+        cwd=results.parent,
+        env={**os.environ, **found.env, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     reader = threading.Thread(target=_forward, args=(process.stdout, tail), daemon=True)
     reader.start()
@@ -141,10 +173,21 @@ def _run_suite(config: AutograderConfig, found: precheck.Found, results: Path, s
         os.killpg(process.pid, signal.SIGKILL)
         code = process.wait()
     reader.join(timeout=5)
-    return _settle(config, results, code, stopped, list(tail),
-                   {"time_limit_s": config.time_limit_s, "budget_s": round(budget), "container": str(container),
-                    "submission": found.note, "import_mib": None if import_bytes is None else round(import_bytes / 2**20),
-                    "max_live_ranks": live_ranks})
+    return _settle(
+        config,
+        results,
+        code,
+        stopped,
+        list(tail),
+        {
+            "time_limit_s": config.time_limit_s,
+            "budget_s": round(budget),
+            "container": str(container),
+            "submission": found.note,
+            "import_mib": None if import_bytes is None else round(import_bytes / 2**20),
+            "max_live_ranks": live_ranks,
+        },
+    )
 
 
 def _forward(stream, tail: collections.deque) -> None:
@@ -155,8 +198,7 @@ def _forward(stream, tail: collections.deque) -> None:
         print(line, flush=True)
 
 
-def _settle(config: AutograderConfig, results: Path, code: int, stopped: bool, tail: list[str],
-            platform: dict) -> int:
+def _settle(config: AutograderConfig, results: Path, code: int, stopped: bool, tail: list[str], platform: dict) -> int:
     """results.json says what happened: the suite's own when it wrote one, with the platform's limits
     it ran under, and a note when it was cut."""
     path = results / "results.json"
@@ -165,14 +207,19 @@ def _settle(config: AutograderConfig, results: Path, code: int, stopped: bool, t
     except (OSError, ValueError):
         written = None
     if written is None or not written.get("tests"):
-        reason = ("the suite was stopped at the platform's time limit before it wrote a report" if stopped
-                  else f"the suite ended (exit code {code}) before it wrote a report")
+        reason = (
+            "the suite was stopped at the platform's time limit before it wrote a report"
+            if stopped
+            else f"the suite ended (exit code {code}) before it wrote a report"
+        )
         return _grader_error(results, config, reason + ":\n" + "\n".join(tail[-25:]))
     if stopped or not written.get("extra_data", {}).get("complete", False):
-        note = (f"\n\nThe run was stopped {HARD_STOP_MARGIN_S:g} s before the platform's limit of "
-                f"{config.time_limit_s:g} s; tests that had not reported are listed as not run." if stopped else
-                f"\n\nThe suite ended (exit code {code}) before its report was complete; tests that had not reported "
-                "are listed as not run.")
+        note = (
+            f"\n\nThe run was stopped {HARD_STOP_MARGIN_S:g} s before the platform's limit of "
+            f"{config.time_limit_s:g} s; tests that had not reported are listed as not run."
+            if stopped
+            else f"\n\nThe suite ended (exit code {code}) before its report was complete; tests that had not reported are listed as not run."
+        )
         written["output"] = written.get("output", "") + note
     written.setdefault("extra_data", {})["autograder"] = platform
     _write_json(path, written)
@@ -182,8 +229,9 @@ def _settle(config: AutograderConfig, results: Path, code: int, stopped: bool, t
 def _grader_error(results: Path, config: AutograderConfig | None, message: str) -> int:
     """A report when the suite could not grade: visible, score 0, the cause for course staff."""
     print(f"[autograder] could not grade: {message}", flush=True)
-    _write_one_test(results, config, "The autograder ran", "The autograder could not grade this submission; "
-                    f"course staff have been shown why.\n\n{message}")
+    _write_one_test(
+        results, config, "The autograder ran", f"The autograder could not grade this submission; course staff have been shown why.\n\n{message}"
+    )
     return 1
 
 
@@ -191,16 +239,28 @@ def _write_one_test(results: Path, config: AutograderConfig | None, name: str, m
     """results.json with a single test: what a submission the suite cannot grade gets (score 0 of the
     maximum it would have had, so the course's total stays the same)."""
     maximum = _maximum(config)
-    _write_json(results / "results.json", {
-        "score": 0.0,
-        "max_score": maximum,
-        "output": message,
-        "visibility": "visible",
-        "stdout_visibility": "visible",
-        "tests": [{"name": name, "number": "0.1", "score": 0.0, "max_score": maximum,
-                   "status": "failed", "output": message, "visibility": "visible"}],
-        "extra_data": {"complete": True, "precheck": name, "expects": config.expects if config else None},
-    })
+    _write_json(
+        results / "results.json",
+        {
+            "score": 0.0,
+            "max_score": maximum,
+            "output": message,
+            "visibility": "visible",
+            "stdout_visibility": "visible",
+            "tests": [
+                {
+                    "name": name,
+                    "number": "0.1",
+                    "score": 0.0,
+                    "max_score": maximum,
+                    "status": "failed",
+                    "output": message,
+                    "visibility": "visible",
+                }
+            ],
+            "extra_data": {"complete": True, "precheck": name, "expects": config.expects if config else None},
+        },
+    )
 
 
 def _maximum(config: AutograderConfig | None) -> float:

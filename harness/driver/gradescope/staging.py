@@ -8,6 +8,7 @@ failure. So only regular files and folders are staged, each opened without follo
 (O_NOFOLLOW; folders listed with lstat), and a regular file with more than one name (a hard link,
 which may share a root-only file's inode) is left out as well. What was left out is said, by name,
 to the student."""
+
 from __future__ import annotations
 
 import os

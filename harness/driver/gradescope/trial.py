@@ -2,6 +2,7 @@
 as Gradescope unpacks it into ``<base>/source``, installed by its own setup.sh, and its
 run_autograder run on a submission in an emulated container (container.py). Used by
 tests/test_autograder.py and the tier benchmark (perf/test_grading_tiers.py)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -65,15 +66,27 @@ def install(config: AutograderConfig, venv: Path | None = None) -> Installed:
         # seeded from the lock's venv of earlier trials (a venv moved whole still runs by its own
         # bin/python): setup.sh then adds only the course's packages, not torch again
         subprocess.run(["cp", "-a", str(plain), str(venv)], check=True, timeout=600)
-    setup = subprocess.run(["bash", str(source / "setup.sh")], capture_output=True, text=True, timeout=1800,
-                           env={**os.environ, "CONFORMANCE_AUTOGRADER_VENV": str(venv), "CONFORMANCE_TORCH_INDEX": ""})
+    setup = subprocess.run(
+        ["bash", str(source / "setup.sh")],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env={**os.environ, "CONFORMANCE_AUTOGRADER_VENV": str(venv), "CONFORMANCE_TORCH_INDEX": ""},
+    )
     if setup.returncode != 0 or "[setup] ready: torch" not in setup.stdout:
         raise RuntimeError(f"setup.sh failed (exit {setup.returncode}):\n{setup.stdout[-3000:]}\n{setup.stderr[-3000:]}")
     return Installed(base, venv)
 
 
-def grade(installed: Installed, files: dict[str, str | Path | Symlink], limits: container.Limits, *,
-          env: dict[str, str] | None = None, settings: dict | None = None, timeout_s: float = 3000) -> Graded:
+def grade(
+    installed: Installed,
+    files: dict[str, str | Path | Symlink],
+    limits: container.Limits,
+    *,
+    env: dict[str, str] | None = None,
+    settings: dict | None = None,
+    timeout_s: float = 3000,
+) -> Graded:
     """run_autograder on a submission of ``files`` (name: text, a file to copy, or a Symlink) in a fresh
     /autograder-like root with its own copy of run_autograder, in the emulated container. ``{root}``
     in a value of ``env`` is that root; ``settings`` changes the course's choices (autograder.json)
@@ -97,15 +110,25 @@ def grade(installed: Installed, files: dict[str, str | Path | Symlink], limits: 
         else:
             (submission / name).write_text(content)
     shutil.copy(installed.base / "source" / "run_autograder", root / "run_autograder")
-    outcome = container.run([str(root / "run_autograder")], limits, cwd=root, timeout_s=timeout_s,
-                            env={**os.environ, "CONFORMANCE_AUTOGRADER_ROOT": str(root),
-                                 "CONFORMANCE_AUTOGRADER_VENV": str(installed.venv),
-                                 **{k: v.format(root=root) for k, v in (env or {}).items()}})
+    outcome = container.run(
+        [str(root / "run_autograder")],
+        limits,
+        cwd=root,
+        timeout_s=timeout_s,
+        env={
+            **os.environ,
+            "CONFORMANCE_AUTOGRADER_ROOT": str(root),
+            "CONFORMANCE_AUTOGRADER_VENV": str(installed.venv),
+            **{k: v.format(root=root) for k, v in (env or {}).items()},
+        },
+    )
     try:
         results = json.loads((root / "results" / "results.json").read_text())
     except (OSError, ValueError) as error:
-        raise RuntimeError(f"run_autograder left no readable results.json ({error}); exit {outcome.returncode}:\n"
-                           f"{outcome.stdout[-3000:]}\n{outcome.stderr[-3000:]}") from None
+        raise RuntimeError(
+            f"run_autograder left no readable results.json ({error}); exit {outcome.returncode}:\n"
+            f"{outcome.stdout[-3000:]}\n{outcome.stderr[-3000:]}"
+        ) from None
     return Graded(outcome, results, root)
 
 
@@ -116,8 +139,11 @@ def cs336_repository(adapters: str = "adapters_newer.py") -> dict[str, Path]:
     """The project's CS336 submission as a 2026 student hands it in, for :func:`grade`: the
     repository with its tests/adapters.py (the 2026 names), its cs336_basics on einops, einx and
     jaxtyping, and its flash attention on triton."""
-    files = {str(p.relative_to(CS336_FIXTURE)): p for p in CS336_FIXTURE.rglob("*")
-             if p.is_file() and "__pycache__" not in p.parts and p.name not in ("adapters.py", "adapters_newer.py")}
+    files = {
+        str(p.relative_to(CS336_FIXTURE)): p
+        for p in CS336_FIXTURE.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.name not in ("adapters.py", "adapters_newer.py")
+    }
     return {**files, "tests/adapters.py": CS336_FIXTURE / "tests" / adapters}
 
 

@@ -5,6 +5,7 @@ and its older ones, and docs/libraries.md written from the verdicts. A library==
 be installed or imported is one line, and the rest go on. ``--document`` writes docs/libraries.md
 from the JUnit XML earlier runs left in reports/libraries/, running nothing. Exit 0 when the matrix
 was made (its verdicts are findings, not the command's failure); 2 on a bad argument."""
+
 from __future__ import annotations
 
 import sys
@@ -37,8 +38,12 @@ def parse(arguments: list[str]) -> tuple[list[tuple[str, str]], list[str], bool]
 
 def main(arguments: list[str]) -> int:
     if arguments[:1] == ["--document"]:
-        verdicts = [v for name, library in LIBRARIES.items() for version in (library.pinned, *library.older)
-                    for v in from_reports(library, version, REPORT)]
+        verdicts = [
+            v
+            for name, library in LIBRARIES.items()
+            for version in (library.pinned, *library.older)
+            for v in from_reports(library, version, REPORT)
+        ]
         write(verdicts, DOC, " ".join(arguments[1:]))
         print(f"[libraries] wrote {Path(DOC).relative_to(ROOT)} from {Path(REPORT).relative_to(ROOT)}")
         return 0

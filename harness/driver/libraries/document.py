@@ -2,6 +2,7 @@
 verdict (pass; fail with the first failing test and why; refused with the library's reason; not
 installed with pip's or the import's line), then every shim the adapters apply and what each
 failure is, from harness/driver/libraries/table.py."""
+
 from __future__ import annotations
 
 import datetime
@@ -35,18 +36,27 @@ def _cell(text: str) -> str:
 
 
 def write(verdicts: list[Verdict], path: Path, options: str, libraries: dict = LIBRARIES) -> None:
-    lines = [HEAD, f"Last run: {datetime.date.today().isoformat()}"
-             + (f", with pytest options `{options}`" if options else ", Hypothesis profile `quick`") + ".\n",
-             "| library | version | run | capability | verdict | detail | why |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        HEAD,
+        f"Last run: {datetime.date.today().isoformat()}"
+        + (f", with pytest options `{options}`" if options else ", Hypothesis profile `quick`")
+        + ".\n",
+        "| library | version | run | capability | verdict | detail | why |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for v in verdicts:
-        lines.append(f"| {v.library} | {v.version} | {_cell(v.run)} | {v.capability} | **{v.verdict}** | "
-                     f"{_cell(v.detail[:500])} | {_cell(v.why)} |")
+        lines.append(
+            f"| {v.library} | {v.version} | {_cell(v.run)} | {v.capability} | **{v.verdict}** | {_cell(v.detail[:500])} | {_cell(v.why)} |"
+        )
     for name in dict.fromkeys(v.library for v in verdicts if v.library in libraries):
         library = libraries[name]
         lines += ["", f"## {name}", ""]
         if library.system_packages:
-            lines.append("Needs (Debian packages, installed by `scripts/libraries` where the command is missing): "
-                         + ", ".join(f"`{p}` (`{c}`)" for c, p in library.system_packages.items()) + ".")
+            lines.append(
+                "Needs (Debian packages, installed by `scripts/libraries` where the command is missing): "
+                + ", ".join(f"`{p}` (`{c}`)" for c, p in library.system_packages.items())
+                + "."
+            )
         if library.environment:
             lines.append("Ranks run with " + ", ".join(f"`{k}={v}`" for k, v in library.environment.items()) + ".")
         lines += ["", "Shims (each stands in for one library line, never for its arithmetic or communication):", ""]

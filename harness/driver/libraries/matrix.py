@@ -4,6 +4,7 @@ venv, its JUnit XML read back per capability (each test's ``capability`` propert
 every test of it passed (notes of what the library refused included); failed with the first
 failing test and its first line; refused when none ran, with the reasons. The verdicts go into
 docs/libraries.md with the table's explanations and shims."""
+
 from __future__ import annotations
 
 import os
@@ -48,7 +49,7 @@ def verdicts_of(junit: Path, library: Library, version: str, run: Run) -> list[V
     for case in ET.parse(junit).getroot().iter("testcase"):
         properties = {p.get("name"): p.get("value") for p in case.iter("property")}
         capability = properties.get("capability", "?")
-        module = (case.get("file") or case.get("classname", "").replace(".", "/") + ".py")
+        module = case.get("file") or case.get("classname", "").replace(".", "/") + ".py"
         test = f"{Path(module).name}::{case.get('name')}"
         failure = case.find("failure") if case.find("failure") is not None else case.find("error")
         skipped = case.find("skipped")
@@ -68,8 +69,9 @@ def verdicts_of(junit: Path, library: Library, version: str, run: Run) -> list[V
             verdict, detail = "fail", f"{failed[0][0]}: {failed[0][1]}"
         elif counts["passed"]:
             verdict = "pass"
-            detail = f"{counts['passed']} passed" + (f"; {counts['skipped']} refused or skipped: {skipped[0][0]}: "
-                                                      f"{skipped[0][1][:300]}" if skipped else "")
+            detail = f"{counts['passed']} passed" + (
+                f"; {counts['skipped']} refused or skipped: {skipped[0][0]}: {skipped[0][1][:300]}" if skipped else ""
+            )
         elif rows:
             verdict, detail = "refused", f"{skipped[0][0]}: {skipped[0][1][:400]}"
         else:
@@ -99,27 +101,56 @@ def from_reports(library: Library, version: str, report: Path) -> list[Verdict]:
     """The verdicts of the runs' JUnit XML that an earlier run left in ``report`` (none where a
     run's is missing): docs/libraries.md rewritten without running the suite again."""
     venv = venv_of(library, version)
-    return [v for run in library.runs if junit_of(report, venv, run).exists()
-            for v in verdicts_of(junit_of(report, venv, run), library, version, run)]
+    return [
+        v
+        for run in library.runs
+        if junit_of(report, venv, run).exists()
+        for v in verdicts_of(junit_of(report, venv, run), library, version, run)
+    ]
 
 
 def run_suite(venv: Venv, run: Run, pytest_options: list[str], report: Path, log=print) -> list[Verdict]:
     """pytest on the run's adapter in the library's venv; the verdicts per capability."""
     capabilities = ",".join((*run.capabilities, *(("audit",) if run.audit else ())))
     junit = junit_of(report, venv, run)
-    command = [str(venv.python), "-m", "pytest", "conformance", "-p", "no:randomly", "-p", "no:cacheprovider",
-               "--impl", run.adapter, "--capability", capabilities, f"--junitxml={junit}", *pytest_options]
+    command = [
+        str(venv.python),
+        "-m",
+        "pytest",
+        "conformance",
+        "-p",
+        "no:randomly",
+        "-p",
+        "no:cacheprovider",
+        "--impl",
+        run.adapter,
+        "--capability",
+        capabilities,
+        f"--junitxml={junit}",
+        *pytest_options,
+    ]
     env = venv.environment({**os.environ, "PYTHONUNBUFFERED": "1"})
     log(f"[libraries] {venv.library.name}=={venv.version} {run.label}: --impl {run.adapter} --capability {capabilities}")
     started = time.monotonic()
     done = subprocess.run(command, cwd=ROOT, env=env, text=True, capture_output=True)
-    log(done.stdout[done.stdout.find("conformance scorecard") - 20:] if "conformance scorecard" in done.stdout
-        else done.stdout[-3000:] + done.stderr[-2000:])
+    log(
+        done.stdout[done.stdout.find("conformance scorecard") - 20 :]
+        if "conformance scorecard" in done.stdout
+        else done.stdout[-3000:] + done.stderr[-2000:]
+    )
     log(f"[libraries] {time.monotonic() - started:.0f} s")
     if not junit.exists():
-        return [Verdict(venv.library.name, venv.version, run.label, c, "fail",
-                        f"pytest wrote no report (exit {done.returncode}): {_first_line(done.stderr[-2000:])}")
-                for c in run.capabilities]
+        return [
+            Verdict(
+                venv.library.name,
+                venv.version,
+                run.label,
+                c,
+                "fail",
+                f"pytest wrote no report (exit {done.returncode}): {_first_line(done.stderr[-2000:])}",
+            )
+            for c in run.capabilities
+        ]
     return verdicts_of(junit, venv.library, venv.version, run)
 
 

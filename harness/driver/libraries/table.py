@@ -9,6 +9,7 @@ it). ``explained`` says, per failing or refused test, why: a bug of the library 
 standalone reproduction in tests/libraries/ that shows it, or the contract question it raises.
 
 Adding a library is one entry here and its adapter under adapters/."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -47,7 +48,9 @@ class Library:
 
 
 DEEPSPEED = Library(
-    name="deepspeed", pinned="0.19.8", older=("0.18.3",),
+    name="deepspeed",
+    pinned="0.19.8",
+    older=("0.18.3",),
     # deepspeed.init_distributed JIT-builds its deepspeed_shm_comm op on every machine (about 100 s
     # the first time, cached in ~/.cache/torch_extensions); a compiler that fails is an error there
     system_packages={"g++": "g++", "ninja": "ninja-build"},
@@ -64,63 +67,55 @@ DEEPSPEED = Library(
         Run("ZeRO-3 + offload_optimizer cpu", "parallelism_conformance.adapters.deepspeed_offload", ("fully_sharded", "zero2")),
     ),
     explained={
-        "test_data_parallel.py::test_buffers_start_from_rank_0s":
-            "DeepSpeed's engine broadcasts rank 0's parameters at initialize and never its buffers "
-            "(engine._broadcast_model iterates self.module.named_parameters() only); the contract, as torch's DDP, makes "
-            "every rank hold rank 0's buffers. Shown without the suite by tests/libraries/"
-            "deepspeed_buffers_not_broadcast.py. A contract question (DeepSpeed documents no buffer broadcast); no "
-            "upstream issue found",
-        "test_data_parallel.py::test_ranks_start_from_rank_0s_parameters":
-            "the buffers, as in test_buffers_start_from_rank_0s (the example seeds each rank's buffers apart)",
-        "test_data_parallel.py::test_training_matches_one_process_on_the_global_batch":
-            "the buffers, as in test_buffers_start_from_rank_0s, or the unused parameter, as in "
-            "test_tied_frozen_and_unused_parameters (the first failing example says which)",
-        "test_data_parallel.py::test_tied_frozen_and_unused_parameters":
-            "DeepSpeed gives every trainable parameter without a gradient a zero one before reducing "
-            "(engine._get_gradients_for_reduction: 'we must create empty grads'), so a parameter no forward used has "
-            ".grad zeros and AdamW's weight decay or momentum moves it, where one process and torch's DDP leave it "
-            "None (pytorch/pytorch#28294 is the same question for DDP). Shown by tests/libraries/"
-            "deepspeed_unused_parameter_moves.py 0. A contract question: DeepSpeed chose it deliberately",
-        "test_fully_sharded.py::test_training_matches_one_process_and_memory_is_sharded":
-            "the unused parameter inside a unit (aux.weight of skips_in_unit) moves: ZeRO-3 reduces a zero gradient "
-            "for it and the optimizer steps it (tests/libraries/deepspeed_unused_parameter_moves.py 3)",
-        "test_sharded_optimizer.py::test_sharded_training_matches_one_process_with_the_whole_state":
-            "the values matched; the state count did not: ZeRO-1/2 pads each flat fp32 partition group to a multiple "
-            "of 2n elements (stage_1_and_2.py: alignment = nccl_start_alignment_factor * world size, '4-byte "
-            "alignment/sizeof(fp16) = 2') and its optimizer holds state for the padding, where the contract allows "
-            "n - 1 elements per state tensor (a flat split's padding). A contract question: alignment padding is "
-            "not replicated state, but the contract's bound does not allow it (not widened here)",
-        "test_fully_sharded.py::test_a_parameter_unused_inside_a_unit_that_ran_keeps_no_gradient":
-            "the unused parameter inside a unit, as in test_training_matches_one_process_and_memory_is_sharded",
-        "ZeRO-0: test_data_parallel.py::test_data_parallel_step":
-            "a false failure of the suite's library runner, fixed in harness/driver/libraries/venvs.py: the warm-up "
-            "built deepspeed_shm_comm with Debian's ninja (1.11) and the ranks, with the venv's own ninja (1.13) first "
-            "on PATH, took that build for out of date and rebuilt the op inside the first audited task, so the kernel "
-            "counted about 3 MB of compiler output (3,113,772 B at n=2) as communication. The warm-up and the ranks "
-            "now share one PATH, and ZeRO-0's audit passes on 0.19.8 (smoke profile, max world 2: 2 passed); a fail "
-            "row here was measured before the fix",
-        "test_sharded_optimizer.py::test_sharded_optimizer_step":
-            "ZeRO-1 and ZeRO-2 (with or without offload) all-reduce the gradients (allreduce x2, 1460 B in at n=2 on "
-            "tied_lm) and then all-gather the updated partitions (728 B): 2192 B against the 1472 B of a "
-            "reduce-scatter and an all-gather (1.49x). DeepSpeed's documented default does it: "
-            "zero_optimization.use_multi_rank_bucket_allreduce is true (runtime/zero/config.py: 'Combine the reduce "
-            "buckets of the different ranks and do an All-Reduce instead of multiple Reduce ops', meant for small "
-            "models on many GPUs), so stage_1_and_2.py's average_tensor all-reduces each bucket "
-            "(allreduce_and_scatter) and every rank keeps its slice: 3 parameter volumes of traffic where the ZeRO "
-            "paper's reduce-scatter and all-gather move 2 (1.5x). Read in 0.18.3's and 0.19.6's source. A contract "
-            "question: the contract holds ZeRO-1/2 to the paper's volume and is not widened for this option",
-        "test_fully_sharded.py::test_fully_sharded_step":
-            "ZeRO-3's traffic goes through torch.distributed, so it is audited: its optimizer step all-reduces one "
-            "scalar (8 B: the overflow / norm check of DeepSpeed's step, which the contract's 'the step sends "
-            "nothing' does not allow), and the step's forward and backward add two 4-byte broadcasts "
-            "(zero/utils.py assert_ints_same_as_other_ranks: ZeRO-3 checks that every rank recorded the same module "
-            "trace) and, on the MLP, gathers beyond two per unit (1.14x the bound: the first step has no recorded "
-            "trace to prefetch and release by)",
+        "test_data_parallel.py::test_buffers_start_from_rank_0s": "DeepSpeed's engine broadcasts rank 0's parameters at initialize and never its buffers "
+        "(engine._broadcast_model iterates self.module.named_parameters() only); the contract, as torch's DDP, makes "
+        "every rank hold rank 0's buffers. Shown without the suite by tests/libraries/"
+        "deepspeed_buffers_not_broadcast.py. A contract question (DeepSpeed documents no buffer broadcast); no "
+        "upstream issue found",
+        "test_data_parallel.py::test_ranks_start_from_rank_0s_parameters": "the buffers, as in test_buffers_start_from_rank_0s (the example seeds each rank's buffers apart)",
+        "test_data_parallel.py::test_training_matches_one_process_on_the_global_batch": "the buffers, as in test_buffers_start_from_rank_0s, or the unused parameter, as in "
+        "test_tied_frozen_and_unused_parameters (the first failing example says which)",
+        "test_data_parallel.py::test_tied_frozen_and_unused_parameters": "DeepSpeed gives every trainable parameter without a gradient a zero one before reducing "
+        "(engine._get_gradients_for_reduction: 'we must create empty grads'), so a parameter no forward used has "
+        ".grad zeros and AdamW's weight decay or momentum moves it, where one process and torch's DDP leave it "
+        "None (pytorch/pytorch#28294 is the same question for DDP). Shown by tests/libraries/"
+        "deepspeed_unused_parameter_moves.py 0. A contract question: DeepSpeed chose it deliberately",
+        "test_fully_sharded.py::test_training_matches_one_process_and_memory_is_sharded": "the unused parameter inside a unit (aux.weight of skips_in_unit) moves: ZeRO-3 reduces a zero gradient "
+        "for it and the optimizer steps it (tests/libraries/deepspeed_unused_parameter_moves.py 3)",
+        "test_sharded_optimizer.py::test_sharded_training_matches_one_process_with_the_whole_state": "the values matched; the state count did not: ZeRO-1/2 pads each flat fp32 partition group to a multiple "
+        "of 2n elements (stage_1_and_2.py: alignment = nccl_start_alignment_factor * world size, '4-byte "
+        "alignment/sizeof(fp16) = 2') and its optimizer holds state for the padding, where the contract allows "
+        "n - 1 elements per state tensor (a flat split's padding). A contract question: alignment padding is "
+        "not replicated state, but the contract's bound does not allow it (not widened here)",
+        "test_fully_sharded.py::test_a_parameter_unused_inside_a_unit_that_ran_keeps_no_gradient": "the unused parameter inside a unit, as in test_training_matches_one_process_and_memory_is_sharded",
+        "ZeRO-0: test_data_parallel.py::test_data_parallel_step": "a false failure of the suite's library runner, fixed in harness/driver/libraries/venvs.py: the warm-up "
+        "built deepspeed_shm_comm with Debian's ninja (1.11) and the ranks, with the venv's own ninja (1.13) first "
+        "on PATH, took that build for out of date and rebuilt the op inside the first audited task, so the kernel "
+        "counted about 3 MB of compiler output (3,113,772 B at n=2) as communication. The warm-up and the ranks "
+        "now share one PATH, and ZeRO-0's audit passes on 0.19.8 (smoke profile, max world 2: 2 passed); a fail "
+        "row here was measured before the fix",
+        "test_sharded_optimizer.py::test_sharded_optimizer_step": "ZeRO-1 and ZeRO-2 (with or without offload) all-reduce the gradients (allreduce x2, 1460 B in at n=2 on "
+        "tied_lm) and then all-gather the updated partitions (728 B): 2192 B against the 1472 B of a "
+        "reduce-scatter and an all-gather (1.49x). DeepSpeed's documented default does it: "
+        "zero_optimization.use_multi_rank_bucket_allreduce is true (runtime/zero/config.py: 'Combine the reduce "
+        "buckets of the different ranks and do an All-Reduce instead of multiple Reduce ops', meant for small "
+        "models on many GPUs), so stage_1_and_2.py's average_tensor all-reduces each bucket "
+        "(allreduce_and_scatter) and every rank keeps its slice: 3 parameter volumes of traffic where the ZeRO "
+        "paper's reduce-scatter and all-gather move 2 (1.5x). Read in 0.18.3's and 0.19.6's source. A contract "
+        "question: the contract holds ZeRO-1/2 to the paper's volume and is not widened for this option",
+        "test_fully_sharded.py::test_fully_sharded_step": "ZeRO-3's traffic goes through torch.distributed, so it is audited: its optimizer step all-reduces one "
+        "scalar (8 B: the overflow / norm check of DeepSpeed's step, which the contract's 'the step sends "
+        "nothing' does not allow), and the step's forward and backward add two 4-byte broadcasts "
+        "(zero/utils.py assert_ints_same_as_other_ranks: ZeRO-3 checks that every rank recorded the same module "
+        "trace) and, on the MLP, gathers beyond two per unit (1.14x the bound: the first step has no recorded "
+        "trace to prefetch and release by)",
     },
 )
 
 FAIRSCALE = Library(
-    name="fairscale", pinned="0.4.13", older=("0.4.12",),
+    name="fairscale",
+    pinned="0.4.13",
+    older=("0.4.12",),
     environment={"ENABLE_NCCL_BASE_COLLECTIVES": "0"},  # fairscale's own switch off NCCL's _base collectives
     runs=(
         Run("OSS + ShardedDataParallel", "parallelism_conformance.adapters.fairscale", ("sharded_optimizer",)),
@@ -128,156 +123,174 @@ FAIRSCALE = Library(
         Run("FullyShardedDataParallel", "parallelism_conformance.adapters.fairscale", ("fully_sharded", "zero2")),
     ),
     shims=(
-        ("torch.cuda.current_stream() and torch.cuda.Stream() give a stream that waits for nothing, inside "
-         "fairscale's FSDP module only (adapters/fairscale_cpu.py)",
-         "fully_sharded_data_parallel.py: self._streams[...].wait_stream(torch.cuda.current_stream()), "
-         "torch.cuda.current_stream().wait_stream(...)"),
-        ("torch.cuda.stream(s) is a context that does nothing, inside fairscale's FSDP module only",
-         "fully_sharded_data_parallel.py: with torch.cuda.stream(self._streams[\"post_backward\"]) / "
-         "[\"all_gather\"]"),
-        ("each FSDP instance's _streams dict gives the stand-in stream for any name (FSDP fills it only where "
-         "torch.cuda.is_available())", "fully_sharded_data_parallel.py, _setup_streams: "
-         "self._streams[\"all_gather\"] = torch.cuda.Stream()"),
-        ("Tensor.record_stream(stand-in stream) on a CPU tensor does nothing (any other call is torch's)",
-         "fully_sharded_data_parallel.py, _free_full_params: p._full_param_padded.record_stream(current_stream)"),
-        ("torch.cuda.synchronize() does nothing, inside fairscale's FSDP module only",
-         "fully_sharded_data_parallel.py, summon_full_params: torch.cuda.synchronize()"),
+        (
+            "torch.cuda.current_stream() and torch.cuda.Stream() give a stream that waits for nothing, inside "
+            "fairscale's FSDP module only (adapters/fairscale_cpu.py)",
+            "fully_sharded_data_parallel.py: self._streams[...].wait_stream(torch.cuda.current_stream()), "
+            "torch.cuda.current_stream().wait_stream(...)",
+        ),
+        (
+            "torch.cuda.stream(s) is a context that does nothing, inside fairscale's FSDP module only",
+            'fully_sharded_data_parallel.py: with torch.cuda.stream(self._streams["post_backward"]) / ["all_gather"]',
+        ),
+        (
+            "each FSDP instance's _streams dict gives the stand-in stream for any name (FSDP fills it only where torch.cuda.is_available())",
+            'fully_sharded_data_parallel.py, _setup_streams: self._streams["all_gather"] = torch.cuda.Stream()',
+        ),
+        (
+            "Tensor.record_stream(stand-in stream) on a CPU tensor does nothing (any other call is torch's)",
+            "fully_sharded_data_parallel.py, _free_full_params: p._full_param_padded.record_stream(current_stream)",
+        ),
+        (
+            "torch.cuda.synchronize() does nothing, inside fairscale's FSDP module only",
+            "fully_sharded_data_parallel.py, summon_full_params: torch.cuda.synchronize()",
+        ),
     ),
     explained={
-        "OSS + ShardedDataParallel: test_sharded_optimizer.py::test_sharded_training_matches_one_process":
-            "a bug of fairscale: after OSS.zero_grad(set_to_none=True) (torch 2's default, the contract's call) "
-            "ShardedDataParallel reduces its bucket, no longer the parameters' fresh .grad, and training leaves one "
-            "process's from the second step on. Shown without the suite by tests/libraries/"
-            "fairscale_sdp_zero_grad_set_to_none.py; upstream facebookresearch/fairscale#354 ('[ShardedDDP] "
-            "Intercept zero_grad()'), closed, still there in 0.4.13",
-        "OSS + ShardedDataParallel: test_sharded_optimizer.py::test_sharded_optimizer_step":
-            "SDP reduces every gradient to the rank that owns it and OSS broadcasts every parameter from its owner: "
-            "measured at n=2 on the MLP, reduce 3596 B and broadcast 3596 B per rank as the audit charges them, 7192 B "
-            "against the 6144 B of a reduce-scatter and an all-gather of balanced shards (1.17x): whole parameters "
-            "per owner, as the contract allows, moved by per-tensor reduce and broadcast, which the cost model "
-            "charges at the tensor's size. A cost question, not a bug",
-        "OSS + torch DDP: test_sharded_optimizer.py::test_sharded_optimizer_step":
-            "DDP all-reduces every gradient in backward and OSS broadcasts every parameter from its owner after its "
-            "step: 7212 B against 6144 B at n=2 on the MLP (1.17x), torch's ZeroRedundancyOptimizer-after-DDP "
-            "pattern; OSS alone expects its gradients averaged already",
+        "OSS + ShardedDataParallel: test_sharded_optimizer.py::test_sharded_training_matches_one_process": "a bug of fairscale: after OSS.zero_grad(set_to_none=True) (torch 2's default, the contract's call) "
+        "ShardedDataParallel reduces its bucket, no longer the parameters' fresh .grad, and training leaves one "
+        "process's from the second step on. Shown without the suite by tests/libraries/"
+        "fairscale_sdp_zero_grad_set_to_none.py; upstream facebookresearch/fairscale#354 ('[ShardedDDP] "
+        "Intercept zero_grad()'), closed, still there in 0.4.13",
+        "OSS + ShardedDataParallel: test_sharded_optimizer.py::test_sharded_optimizer_step": "SDP reduces every gradient to the rank that owns it and OSS broadcasts every parameter from its owner: "
+        "measured at n=2 on the MLP, reduce 3596 B and broadcast 3596 B per rank as the audit charges them, 7192 B "
+        "against the 6144 B of a reduce-scatter and an all-gather of balanced shards (1.17x): whole parameters "
+        "per owner, as the contract allows, moved by per-tensor reduce and broadcast, which the cost model "
+        "charges at the tensor's size. A cost question, not a bug",
+        "OSS + torch DDP: test_sharded_optimizer.py::test_sharded_optimizer_step": "DDP all-reduces every gradient in backward and OSS broadcasts every parameter from its owner after its "
+        "step: 7212 B against 6144 B at n=2 on the MLP (1.17x), torch's ZeroRedundancyOptimizer-after-DDP "
+        "pattern; OSS alone expects its gradients averaged already",
     },
 )
 
 MEGATRON_CORE = Library(
-    name="megatron-core", pinned="0.16.1", older=("0.15.3",), import_name="megatron.core",
+    name="megatron-core",
+    pinned="0.16.1",
+    older=("0.15.3",),
+    import_name="megatron.core",
     runs=(
-        Run("tensor_parallel layers, MLP (sequence parallelism), vocabulary", "parallelism_conformance.adapters.megatron_core",
-            ("tensor_parallel", "tp_norm", "vocab_parallel", "tp_dropout", "tp_compute_dtype")),
+        Run(
+            "tensor_parallel layers, MLP (sequence parallelism), vocabulary",
+            "parallelism_conformance.adapters.megatron_core",
+            ("tensor_parallel", "tp_norm", "vocab_parallel", "tp_dropout", "tp_compute_dtype"),
+        ),
         Run("DistributedDataParallel (overlap_grad_reduce, buckets)", "parallelism_conformance.adapters.megatron_core", ("data_parallel",)),
         Run("DistributedOptimizer (ZeRO-1)", "parallelism_conformance.adapters.megatron_core", ("sharded_optimizer",), audit=False),
-        Run("pipeline schedules (get_forward_backward_func)", "parallelism_conformance.adapters.megatron_core", ("pipeline_parallel",),
-            audit=False),
+        Run(
+            "pipeline schedules (get_forward_backward_func)",
+            "parallelism_conformance.adapters.megatron_core",
+            ("pipeline_parallel",),
+            audit=False,
+        ),
     ),
     shims=(
-        ("torch.cuda.current_device() returns torch.device('cpu') on a rank without CUDA (adapters/megatron_core.py, "
-         "_cpu_shims): only where Megatron allocates a tensor on 'the current device'",
-         "tensor_parallel/layers.py, LinearWithGradAccumulationAndAsyncCommunication.backward: sub_grad_input = "
-         "torch.empty(dim_size, ..., device=torch.cuda.current_device()); distributed/param_and_grad_buffer.py: "
-         "the grad buffers' torch.zeros(..., device=torch.cuda.current_device())"),
-        ("parallel_state._set_global_memory_buffer() where no buffer exists yet (the layers take their group as "
-         "tp_group, so initialize_model_parallel, a collective over the world, is not called for them)",
-         "parallel_state.py, initialize_model_parallel: _set_global_memory_buffer()"),
-        ("parallel_state._TENSOR_MODEL_PARALLEL_GROUP is the caller's group for the duration of "
-         "vocab_parallel_cross_entropy (it takes no group argument)",
-         "tensor_parallel/cross_entropy.py: group=get_tensor_model_parallel_group()"),
-        ("the LayerNorm before the MLP is torch.nn.LayerNorm with Megatron's sequence_parallel attribute on its "
-         "weight and bias (WrappedTorchNorm asserts 'sequence parallel not supported by torch LayerNorm'; "
-         "FusedLayerNorm needs Apex)",
-         "fusions/fused_layer_norm.py: setattr(self.weight, 'sequence_parallel', self.sequence_parallel)"),
+        (
+            "torch.cuda.current_device() returns torch.device('cpu') on a rank without CUDA (adapters/megatron_core.py, "
+            "_cpu_shims): only where Megatron allocates a tensor on 'the current device'",
+            "tensor_parallel/layers.py, LinearWithGradAccumulationAndAsyncCommunication.backward: sub_grad_input = "
+            "torch.empty(dim_size, ..., device=torch.cuda.current_device()); distributed/param_and_grad_buffer.py: "
+            "the grad buffers' torch.zeros(..., device=torch.cuda.current_device())",
+        ),
+        (
+            "parallel_state._set_global_memory_buffer() where no buffer exists yet (the layers take their group as "
+            "tp_group, so initialize_model_parallel, a collective over the world, is not called for them)",
+            "parallel_state.py, initialize_model_parallel: _set_global_memory_buffer()",
+        ),
+        (
+            "parallel_state._TENSOR_MODEL_PARALLEL_GROUP is the caller's group for the duration of "
+            "vocab_parallel_cross_entropy (it takes no group argument)",
+            "tensor_parallel/cross_entropy.py: group=get_tensor_model_parallel_group()",
+        ),
+        (
+            "the LayerNorm before the MLP is torch.nn.LayerNorm with Megatron's sequence_parallel attribute on its "
+            "weight and bias (WrappedTorchNorm asserts 'sequence parallel not supported by torch LayerNorm'; "
+            "FusedLayerNorm needs Apex)",
+            "fusions/fused_layer_norm.py: setattr(self.weight, 'sequence_parallel', self.sequence_parallel)",
+        ),
     ),
     explained={
-        "test_vocab_parallel.py::test_the_loss_and_its_gradient_equal_the_dense_cross_entropy":
-            "megatron-core computes the vocab-parallel loss in float32 whatever the logits' dtype "
-            "(cross_entropy.py, calculate_logits_max: vocab_parallel_logits.float()), so float64 logits get a float32 "
-            "loss, where the contract wants the logits' dtype and float64's rounding. Shown without the suite by "
-            "tests/libraries/megatron_cross_entropy_float32.py. By design for bf16/fp16 logits; a downcast for "
-            "float64; no upstream issue found",
-        "test_data_parallel.py::test_buffers_start_from_rank_0s":
-            "megatron-core's DistributedDataParallel broadcasts parameters only (broadcast_params iterates "
-            "self.module.parameters()); buffers stay each rank's own, where the contract, as torch's DDP, makes them "
-            "rank 0's. Shown by tests/libraries/megatron_ddp_buffers_and_unused_parameters.py. A contract question "
-            "(Megatron's models keep no buffers that differ across ranks)",
-        "test_data_parallel.py::test_ranks_start_from_rank_0s_parameters":
-            "the buffers, as in test_buffers_start_from_rank_0s (the example seeds each rank's buffers apart)",
-        "test_data_parallel.py::test_tied_frozen_and_unused_parameters":
-            "megatron-core gives every trainable parameter a gradient every step: its main_grad buffer holds zeros "
-            "for one no forward used, which its optimizer steps as .grad (FP32Optimizer: param.grad = "
-            "param.main_grad), and with overlap_grad_reduce a parameter unused after the first step leaves its "
-            "bucket's reduction unlaunched: finish_grad_sync raises 'Communication call has not been issued for this "
-            "bucket'. Shown by tests/libraries/megatron_ddp_buffers_and_unused_parameters.py. A contract question: "
-            "Megatron requires every parameter to be used every step",
-        "test_data_parallel.py::test_training_matches_one_process_on_the_global_batch":
-            "the buffers or the unused parameter, as in test_buffers_start_from_rank_0s and "
-            "test_tied_frozen_and_unused_parameters (the first failing example says which)",
-        "test_data_parallel.py::test_gradient_accumulation_and_both_zero_grad_modes":
-            "the unused parameter, as in test_tied_frozen_and_unused_parameters",
-        "test_data_parallel.py::test_bucketed_gradients_are_the_mean_over_ranks":
-            "the unused parameter, as in test_tied_frozen_and_unused_parameters",
-        "test_tensor_parallel.py::test_tensor_parallel_traffic":
-            "the values pass (tensor_parallel, tp_norm); the audit's bound for the sequence-parallel MLP's backward "
-            "counts one all-gather, and megatron-core does two: fc2's all-gather of the output gradient and fc1's "
-            "all-gather of its input again (layers.py, LinearWithGradAccumulationAndAsyncCommunication.backward: "
-            "dist_all_gather_func(all_gather_buffer, input, ...) under sequence_parallel), because it saves only the "
-            "input's shard for backward, as Korthikanti et al. 2022 sec. 4.2.2 prescribe to save memory (measured on 2 "
-            "ranks, h=1, ffn=2: 20 B sent in backward against the bound's 16 B, its calls two all-gathers, one "
-            "reduce-scatter and the finalize step's all-reduce of dL/db2). A contract question: the bound assumes "
-            "the gathered input is kept",
-        "test_data_parallel.py::test_data_parallel_step":
-            "the audit's one step is the first, and in its first step megatron-core's DDP launches no bucket from "
-            "backward: it records the order in which gradients arrive and reduces every bucket in finish_grad_sync "
-            "(param_and_grad_buffer.py: register_grad_ready launches only 'if not self.is_first_batch'; "
-            "finish_grad_sync: 'If first batch, start asynchronous communication here'). From the second step on "
-            "the buckets launch from backward's hooks (read in the code; not measured here). A contract question",
+        "test_vocab_parallel.py::test_the_loss_and_its_gradient_equal_the_dense_cross_entropy": "megatron-core computes the vocab-parallel loss in float32 whatever the logits' dtype "
+        "(cross_entropy.py, calculate_logits_max: vocab_parallel_logits.float()), so float64 logits get a float32 "
+        "loss, where the contract wants the logits' dtype and float64's rounding. Shown without the suite by "
+        "tests/libraries/megatron_cross_entropy_float32.py. By design for bf16/fp16 logits; a downcast for "
+        "float64; no upstream issue found",
+        "test_data_parallel.py::test_buffers_start_from_rank_0s": "megatron-core's DistributedDataParallel broadcasts parameters only (broadcast_params iterates "
+        "self.module.parameters()); buffers stay each rank's own, where the contract, as torch's DDP, makes them "
+        "rank 0's. Shown by tests/libraries/megatron_ddp_buffers_and_unused_parameters.py. A contract question "
+        "(Megatron's models keep no buffers that differ across ranks)",
+        "test_data_parallel.py::test_ranks_start_from_rank_0s_parameters": "the buffers, as in test_buffers_start_from_rank_0s (the example seeds each rank's buffers apart)",
+        "test_data_parallel.py::test_tied_frozen_and_unused_parameters": "megatron-core gives every trainable parameter a gradient every step: its main_grad buffer holds zeros "
+        "for one no forward used, which its optimizer steps as .grad (FP32Optimizer: param.grad = "
+        "param.main_grad), and with overlap_grad_reduce a parameter unused after the first step leaves its "
+        "bucket's reduction unlaunched: finish_grad_sync raises 'Communication call has not been issued for this "
+        "bucket'. Shown by tests/libraries/megatron_ddp_buffers_and_unused_parameters.py. A contract question: "
+        "Megatron requires every parameter to be used every step",
+        "test_data_parallel.py::test_training_matches_one_process_on_the_global_batch": "the buffers or the unused parameter, as in test_buffers_start_from_rank_0s and "
+        "test_tied_frozen_and_unused_parameters (the first failing example says which)",
+        "test_data_parallel.py::test_gradient_accumulation_and_both_zero_grad_modes": "the unused parameter, as in test_tied_frozen_and_unused_parameters",
+        "test_data_parallel.py::test_bucketed_gradients_are_the_mean_over_ranks": "the unused parameter, as in test_tied_frozen_and_unused_parameters",
+        "test_tensor_parallel.py::test_tensor_parallel_traffic": "the values pass (tensor_parallel, tp_norm); the audit's bound for the sequence-parallel MLP's backward "
+        "counts one all-gather, and megatron-core does two: fc2's all-gather of the output gradient and fc1's "
+        "all-gather of its input again (layers.py, LinearWithGradAccumulationAndAsyncCommunication.backward: "
+        "dist_all_gather_func(all_gather_buffer, input, ...) under sequence_parallel), because it saves only the "
+        "input's shard for backward, as Korthikanti et al. 2022 sec. 4.2.2 prescribe to save memory (measured on 2 "
+        "ranks, h=1, ffn=2: 20 B sent in backward against the bound's 16 B, its calls two all-gathers, one "
+        "reduce-scatter and the finalize step's all-reduce of dL/db2). A contract question: the bound assumes "
+        "the gathered input is kept",
+        "test_data_parallel.py::test_data_parallel_step": "the audit's one step is the first, and in its first step megatron-core's DDP launches no bucket from "
+        "backward: it records the order in which gradients arrive and reduces every bucket in finish_grad_sync "
+        "(param_and_grad_buffer.py: register_grad_ready launches only 'if not self.is_first_batch'; "
+        "finish_grad_sync: 'If first batch, start asynchronous communication here'). From the second step on "
+        "the buckets launch from backward's hooks (read in the code; not measured here). A contract question",
     },
 )
 
 NANOTRON = Library(
-    name="nanotron", pinned="0.4", older=("0.2",),
+    name="nanotron",
+    pinned="0.4",
+    older=("0.2",),
     # what its users import for tensor parallelism (a bare ``import nanotron`` runs only __version__ = ...)
     import_name="nanotron.parallel.tensor_parallel.nn",
     # 0.4 does not import (below); 0.2 does, and runs this (scripts/libraries nanotron==0.2)
-    runs=(Run("TensorParallelColumnLinear / RowLinear (ALL_REDUCE, REDUCE_SCATTER)", "parallelism_conformance.adapters.nanotron",
-              ("tensor_parallel",)),
-          # its step's all-reduce is the adapter's (nanotron's trainer leaves it to torch's DDP): not audited
-          Run("ZeroDistributedOptimizer (ZeRO-1)", "parallelism_conformance.adapters.nanotron", ("sharded_optimizer",), audit=False)),
+    runs=(
+        Run(
+            "TensorParallelColumnLinear / RowLinear (ALL_REDUCE, REDUCE_SCATTER)",
+            "parallelism_conformance.adapters.nanotron",
+            ("tensor_parallel",),
+        ),
+        # its step's all-reduce is the adapter's (nanotron's trainer leaves it to torch's DDP): not audited
+        Run("ZeroDistributedOptimizer (ZeRO-1)", "parallelism_conformance.adapters.nanotron", ("sharded_optimizer",), audit=False),
+    ),
     explained={
         "nanotron": "nanotron 0.4 from the package index does not import: nanotron/logging.py imports "
-                    "nanotron.config.config (LoggingArgs), whose imports reach parallel/pipeline_parallel/engine.py, "
-                    "which imports log_rank from the half-initialised nanotron.logging; each module of the cycle "
-                    "imported first fails (tests/libraries/nanotron_circular_import.py), so no import order works "
-                    "around it. Upstream huggingface/nanotron#191 and #235",
-        "test_tensor_parallel.py::test_row_parallel_linear":
-            "nanotron's TensorParallelRowLinear keeps its bias on the group's rank 0 only (nn.py: 'No need to shard "
-            "the bias term, only rank 0 would have it') and adds it there before the all-reduce: the output is right, "
-            "but the other ranks hold no bias and no bias gradient, where the contract (as Megatron's and torch's row "
-            "layers) holds the whole bias on every member. Shown by tests/libraries/nanotron_row_bias_on_rank0.py. "
-            "A contract question; with input_is_parallel=False the adapter refuses (no scatter of a full input)",
-        "test_tensor_parallel.py::test_mlp_equals_the_dense_mlp":
-            "fc2's bias on rank 0 only, as in test_row_parallel_linear",
-        "test_tensor_parallel.py::test_sequence_parallel_mlp_equals_the_dense_mlp":
-            "fc2's bias on rank 0 only, as in test_row_parallel_linear",
-        "test_tensor_parallel.py::test_the_bias_enters_once_in_low_precision":
-            "the row layer's bias on rank 0 only, as in test_row_parallel_linear",
-        "test_tensor_parallel.py::test_column_parallel_linear":
-            "nanotron's TensorParallelColumnLinear has no gather_output: the adapter raises 'nanotron cannot gather', "
-            "which this test (not a refusing one) counts as not implemented; gather_output=False runs",
+        "nanotron.config.config (LoggingArgs), whose imports reach parallel/pipeline_parallel/engine.py, "
+        "which imports log_rank from the half-initialised nanotron.logging; each module of the cycle "
+        "imported first fails (tests/libraries/nanotron_circular_import.py), so no import order works "
+        "around it. Upstream huggingface/nanotron#191 and #235",
+        "test_tensor_parallel.py::test_row_parallel_linear": "nanotron's TensorParallelRowLinear keeps its bias on the group's rank 0 only (nn.py: 'No need to shard "
+        "the bias term, only rank 0 would have it') and adds it there before the all-reduce: the output is right, "
+        "but the other ranks hold no bias and no bias gradient, where the contract (as Megatron's and torch's row "
+        "layers) holds the whole bias on every member. Shown by tests/libraries/nanotron_row_bias_on_rank0.py. "
+        "A contract question; with input_is_parallel=False the adapter refuses (no scatter of a full input)",
+        "test_tensor_parallel.py::test_mlp_equals_the_dense_mlp": "fc2's bias on rank 0 only, as in test_row_parallel_linear",
+        "test_tensor_parallel.py::test_sequence_parallel_mlp_equals_the_dense_mlp": "fc2's bias on rank 0 only, as in test_row_parallel_linear",
+        "test_tensor_parallel.py::test_the_bias_enters_once_in_low_precision": "the row layer's bias on rank 0 only, as in test_row_parallel_linear",
+        "test_tensor_parallel.py::test_column_parallel_linear": "nanotron's TensorParallelColumnLinear has no gather_output: the adapter raises 'nanotron cannot gather', "
+        "which this test (not a refusing one) counts as not implemented; gather_output=False runs",
     },
 )
 
 TORCHTITAN = Library(
-    name="torchtitan", pinned="0.3.0", older=("0.2.2",),
+    name="torchtitan",
+    pinned="0.3.0",
+    older=("0.2.2",),
     # no run yet (see explained): parallelize_llama (FSDP2, TP) and pipeline_llm (PP) are not adapted
     runs=(),
     explained={
         "torchtitan": "torchtitan 0.3.0 does not install beside requirements.lock: it needs datasets, every release "
-                      "of which pins fsspec[http] <= 2026.2.0, and the lock pins fsspec==2026.9.0 (a dependency of "
-                      "torch's, not torch itself); pip reports ResolutionImpossible. It installs with the lock's "
-                      "fsspec line left out of the constraints (torch stays 2.13.0)",
+        "of which pins fsspec[http] <= 2026.2.0, and the lock pins fsspec==2026.9.0 (a dependency of "
+        "torch's, not torch itself); pip reports ResolutionImpossible. It installs with the lock's "
+        "fsspec line left out of the constraints (torch stays 2.13.0)",
     },
 )
 

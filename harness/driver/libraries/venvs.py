@@ -4,6 +4,7 @@ lock as pip's constraints so that the library can change no pinned version (torc
 CPU torch==2.13.0 the suite runs on stays; a library that asks for another torch fails to install,
 and says so). Made once, then reused while the lock and the requirement are unchanged (a stamp).
 The Debian packages a library needs come from apt where a command is missing."""
+
 from __future__ import annotations
 
 import hashlib
@@ -40,8 +41,12 @@ class Venv:
         installs there (1.13) and Debian's (1.11) each take the other's build for out of date, so a
         warm-up with the one made the ranks rebuild DeepSpeed's op with the other inside the first
         audited task, and the audit counted its 3 MB of compiler output as communication."""
-        return {**base, **self.library.environment, "TORCH_EXTENSIONS_DIR": str(self.path / "torch_extensions"),
-                "PATH": f"{self.path / 'bin'}{os.pathsep}{base.get('PATH', '')}"}
+        return {
+            **base,
+            **self.library.environment,
+            "TORCH_EXTENSIONS_DIR": str(self.path / "torch_extensions"),
+            "PATH": f"{self.path / 'bin'}{os.pathsep}{base.get('PATH', '')}",
+        }
 
 
 class InstallFailed(Exception):
@@ -68,8 +73,9 @@ def system_packages(library: Library, log=print) -> None:
     if not missing:
         return
     if shutil.which("apt-get") is None or os.geteuid() != 0:
-        raise InstallFailed(f"{library.name} needs {', '.join(missing)} (Debian packages) and this machine has no "
-                            "apt-get run as root to install them")
+        raise InstallFailed(
+            f"{library.name} needs {', '.join(missing)} (Debian packages) and this machine has no apt-get run as root to install them"
+        )
     log(f"[libraries] apt-get install {' '.join(missing)} (for {library.name})")
     for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *missing]):
         done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
@@ -96,8 +102,9 @@ def ensure(venv: Venv, log=print) -> Venv:
     check(venv)
     if venv.library.warm_up and not stamp.exists():
         log(f"[libraries] {venv.library.name}=={venv.version}: warming up ({venv.library.warm_up})")
-        done = subprocess.run([str(venv.python), "-c", venv.library.warm_up], capture_output=True, text=True, cwd=ROOT,
-                              env=venv.environment(dict(os.environ)))
+        done = subprocess.run(
+            [str(venv.python), "-c", venv.library.warm_up], capture_output=True, text=True, cwd=ROOT, env=venv.environment(dict(os.environ))
+        )
         if done.returncode:
             raise InstallFailed(f"{venv.library.name}=={venv.version}'s warm-up failed: {_tail(done.stderr)}")
     stamp.touch()
@@ -107,8 +114,11 @@ def ensure(venv: Venv, log=print) -> Venv:
 def check(venv: Venv) -> None:
     """The library imports, at the version asked, on the lock's torch (CPU or CUDA as the lock's is)."""
     want_torch = next(line.split("==")[1].strip() for line in LOCK.read_text().splitlines() if line.startswith("torch=="))
-    probe = ("import importlib.metadata as m, torch; import " + venv.library.module +
-             f"; print(torch.__version__.split('+')[0], m.version({venv.library.name!r}))")
+    probe = (
+        "import importlib.metadata as m, torch; import "
+        + venv.library.module
+        + f"; print(torch.__version__.split('+')[0], m.version({venv.library.name!r}))"
+    )
     done = subprocess.run([str(venv.python), "-c", probe], capture_output=True, text=True, cwd=ROOT)
     if done.returncode:
         raise InstallFailed(f"{venv.library.name}=={venv.version} does not import: {_tail(done.stderr)}")

@@ -10,4 +10,5 @@
 * fixtures.py: the world pools and the ``ranks`` and ``target`` fixtures (``backend_refusals`` is
   conformance/conftest.py's: it calls the collectives from conformance/collective_table.py).
 """
+
 PLUGINS = [f"parallelism_conformance.harness.driver.plugin.{name}" for name in ("options", "hooks", "fixtures")]

@@ -1,5 +1,6 @@
 """Whether this session's ranks run contained (harness/rank/containment.py), decided once before
 any rank starts, and what the coverage line says about it."""
+
 from __future__ import annotations
 
 import os
@@ -29,13 +30,16 @@ def decide_containment(config) -> bool:
         return False
     asked = "--contain-ranks yes" if option == "yes" else "the grading profile"
     if not containment.possible():
-        raise pytest.UsageError(f"{asked} runs each world's ranks as a user of its own, which needs root, and this "
-                                "run is not root; pass --contain-ranks no to run the implementation with this "
-                                "user's rights (the report then says the ranks were not contained)")
+        raise pytest.UsageError(
+            f"{asked} runs each world's ranks as a user of its own, which needs root, and this "
+            "run is not root; pass --contain-ranks no to run the implementation with this "
+            "user's rights (the report then says the ranks were not contained)"
+        )
     reason = containment.probe(paths_a_rank_reads(config))
     if reason:
-        raise pytest.UsageError(f"{asked}: ranks cannot be contained here: {reason}. Pass --contain-ranks no to run "
-                                "them uncontained (the report then says so)")
+        raise pytest.UsageError(
+            f"{asked}: ranks cannot be contained here: {reason}. Pass --contain-ranks no to run them uncontained (the report then says so)"
+        )
     return True
 
 
@@ -60,4 +64,3 @@ def containment_note(config) -> str:
     if getattr(config.option, "hypothesis_profile", None) == "grading":
         return "; ranks NOT contained (--contain-ranks no): the implementation ran with the grader's rights"
     return ""
-

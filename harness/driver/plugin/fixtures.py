@@ -1,6 +1,7 @@
 """The session's fixtures: the world pools (plain and audited), ``target`` and ``ranks`` (a rank
 program run on a group's members). What the backend's own collectives refuse is probed by
 conformance/conftest.py, which calls them as conformance/collective_table.py says."""
+
 from __future__ import annotations
 
 import os
@@ -20,10 +21,13 @@ from parallelism_conformance.harness.driver.pool import WorldPool
 def pool_options(config) -> dict:
     """What every pool of the session shares: deadlines, containment, the coverage record."""
     state = config.stash[STATE]
-    return dict(timeout_s=config.getoption("--rank-timeout"), on_run=state.world_sizes.add, contain=contained(config),
-                live_ranks=state.live_ranks,
-                time_left=state.budget.left if state.budget.deadline is not None else None)
-
+    return dict(
+        timeout_s=config.getoption("--rank-timeout"),
+        on_run=state.world_sizes.add,
+        contain=contained(config),
+        live_ranks=state.live_ranks,
+        time_left=state.budget.left if state.budget.deadline is not None else None,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -33,9 +37,16 @@ def target(pytestconfig) -> Target:
     attach, attach_options = attached_world(pytestconfig), ""
     if attach is not None:
         attach_options = f" --attach {attach.size} --attach-address {attach.host}:{attach.port}"
-    return Target(pytestconfig.getoption("--impl"), pytestconfig.getoption("--backend"), plan.max_world_size, profile,
-                  attach_options, plan, pytestconfig.getoption("--scope"), perturb_timing(pytestconfig))
-
+    return Target(
+        pytestconfig.getoption("--impl"),
+        pytestconfig.getoption("--backend"),
+        plan.max_world_size,
+        profile,
+        attach_options,
+        plan,
+        pytestconfig.getoption("--scope"),
+        perturb_timing(pytestconfig),
+    )
 
 
 @pytest.fixture
@@ -48,14 +59,19 @@ def reproduce(target, request) -> str:
 def world_pool(target, pytestconfig):
     attach = attached_world(pytestconfig)
     key = os.environ.get("CONFORMANCE_AUTHKEY")
-    pool = WorldPool(target.plan, attach=attach, authkey=bytes.fromhex(key) if key else None,
-                     perturb=target.perturb, **pool_options(pytestconfig))
+    pool = WorldPool(
+        target.plan, attach=attach, authkey=bytes.fromhex(key) if key else None, perturb=target.perturb, **pool_options(pytestconfig)
+    )
     if attach is not None:
         capture = pytestconfig.pluginmanager.getplugin("capturemanager")
         with capture.global_and_fixture_disabled():
-            print(f"\n[conformance] worlds of {attach.size} ranks run on attached ranks; waiting up to "
-                  f"{attach.timeout_s:g} s for them. On each host, from this repository's root:\n  "
-                  f"{pool.attach_command()}\n", file=sys.stderr, flush=True)
+            print(
+                f"\n[conformance] worlds of {attach.size} ranks run on attached ranks; waiting up to "
+                f"{attach.timeout_s:g} s for them. On each host, from this repository's root:\n  "
+                f"{pool.attach_command()}\n",
+                file=sys.stderr,
+                flush=True,
+            )
     yield pool
     pool.close()
 
@@ -76,7 +92,6 @@ def _per_test_records(request):
     state.world_sizes.clear()
     state.refusals.clear()
     state.refusals.watch_failures(request.function)
-
 
 
 class Ranks:
@@ -101,8 +116,7 @@ class Ranks:
             program = f"parallelism_conformance.harness.rank.programs.{program}"
         schedules = perturbation.draw(world_size) if self.pool.perturb else None
         self._late = []
-        result = self.pool.run(world_size, program, args, impl=self.target.impl, timeout_s=timeout_s,
-                               schedules=schedules)
+        result = self.pool.run(world_size, program, args, impl=self.target.impl, timeout_s=timeout_s, schedules=schedules)
         self._last_world, self._late = world_size, result.late
         if schedules is not None:
             read_early = perturbation.poisoned_reads(result.outputs, result.late, schedules)

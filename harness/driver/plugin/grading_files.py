@@ -1,4 +1,5 @@
 """The grading files of a run with --report-dir: results.json, junit.xml and summary.txt."""
+
 from __future__ import annotations
 
 import time
@@ -35,10 +36,17 @@ class GradingFiles:
         self.run = {"versions": run_versions()}
 
     def write(self, complete: bool) -> None:
-        write_reports(self.scorecard, Path(self.config.getoption("--report-dir")), self.rubric,
-                      Path(self.config.getoption("--rubric")), self.config.getoption("--impl"),
-                      seconds=time.monotonic() - self.started, complete=complete,
-                      points_possible=self.config.getoption("--points-possible"), run=self.run)
+        write_reports(
+            self.scorecard,
+            Path(self.config.getoption("--report-dir")),
+            self.rubric,
+            Path(self.config.getoption("--rubric")),
+            self.config.getoption("--impl"),
+            seconds=time.monotonic() - self.started,
+            complete=complete,
+            points_possible=self.config.getoption("--points-possible"),
+            run=self.run,
+        )
 
     def pytest_sessionstart(self, session):
         # after Hypothesis's own pytest_configure has loaded --hypothesis-profile and --hypothesis-seed
@@ -52,4 +60,3 @@ class GradingFiles:
 
     def pytest_unconfigure(self, config):
         self.write(complete=True)
-

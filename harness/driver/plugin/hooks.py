@@ -1,6 +1,7 @@
 """The session's hooks: the scorecard and grading files set up, tests of unclaimed capabilities
 deselected, a test not started once the budget is spent or its capability hung, and outcomes
 rewritten where a pass would say more than was tested."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,7 +29,6 @@ def pytest_report_header(config):
     return [f"WARNING: {warning}"] if warning else []
 
 
-
 # torch's own FutureWarnings (deprecations the code under test triggers are not the suite's findings),
 # and the one NumPy prints where it is absent: set here, not in an ini file, so every run has them
 WARNINGS_IGNORED = ("ignore::FutureWarning", "ignore:Failed to initialize NumPy")
@@ -45,9 +45,11 @@ def pytest_configure(config):
     import torch
 
     config.stash[CONTAINED] = decide_containment(config)
-    scorecard = Scorecard(config, coverage=lambda: (backend_plan(config).coverage() + SCOPES[config.getoption("--scope")]
-                                                    + containment_note(config)),
-                          warning=older_torch_warning(torch.__version__))
+    scorecard = Scorecard(
+        config,
+        coverage=lambda: backend_plan(config).coverage() + SCOPES[config.getoption("--scope")] + containment_note(config),
+        warning=older_torch_warning(torch.__version__),
+    )
     config.pluginmanager.register(scorecard, "conformance-scorecard")
     if report_dir:
         try:  # read once, now: nothing a rank does later can change the points
@@ -58,7 +60,6 @@ def pytest_configure(config):
             config.option.xmlpath = str(Path(report_dir) / "junit.xml")
         if not hasattr(config, "workerinput"):  # the xdist controller (or the only process) writes them
             config.pluginmanager.register(GradingFiles(config, scorecard, rubric), "conformance-grading-files")
-
 
 
 def pytest_collection_modifyitems(config, items):
@@ -96,7 +97,6 @@ def pytest_sessionstart(session):
         xml.add_global_property("implementation", session.config.getoption("--impl"))
 
 
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     """Before any of its fixtures runs (a session fixture may start worlds): skips a test that needs
@@ -105,19 +105,23 @@ def pytest_runtest_setup(item):
     fewest = item.get_closest_marker("min_ranks")
     largest = backend_plan(item.config).max_world_size
     if fewest is not None and largest < fewest.args[0]:
-        pytest.skip(f"needs a world of at least {fewest.args[0]} ranks; this run draws at most {largest} "
-                    "(--max-world-size, or the GPUs visible under --backend nccl)")
+        pytest.skip(
+            f"needs a world of at least {fewest.args[0]} ranks; this run draws at most {largest} "
+            "(--max-world-size, or the GPUs visible under --backend nccl)"
+        )
     marker = item.get_closest_marker("capability")
     state = item.config.stash.get(STATE, None)
     if marker is None or state is None:
         return
     capability = marker.args[0]
     if state.budget.spent():
-        pytest.fail(f"not run: the time budget of {state.budget.seconds:g} s (--time-budget) was spent before this "
-                    "test started", pytrace=False)
+        pytest.fail(f"not run: the time budget of {state.budget.seconds:g} s (--time-budget) was spent before this test started", pytrace=False)
     if capability in state.hung:
-        pytest.fail(f"not run: {capability} already hung in {state.hung[capability]} (that test shows every "
-                    "rank's stack); the rest of its tests are not run, each would wait out a deadline", pytrace=False)
+        pytest.fail(
+            f"not run: {capability} already hung in {state.hung[capability]} (that test shows every "
+            "rank's stack); the rest of its tests are not run, each would wait out a deadline",
+            pytrace=False,
+        )
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -145,6 +149,4 @@ def pytest_runtest_makereport(item, call):
     plan = item.config.stash.get(PLAN, None)
     if report.passed and sizes and max(sizes) < 2 and plan is not None and not plan.multi_rank():
         report.outcome = "skipped"
-        report.longrepr = (str(item.path), item.location[1] or 0,
-                           f"not tested: only 1-rank worlds ran ({plan.coverage()})")
-
+        report.longrepr = (str(item.path), item.location[1] or 0, f"not tested: only 1-rank worlds ran ({plan.coverage()})")

@@ -8,6 +8,7 @@ from inside the ranks: a race between a thread or the backend and the program (a
 before its communication completed, a buffer changed before its send left), or memory read before
 it was written.
 """
+
 from __future__ import annotations
 
 from hypothesis.errors import Flaky, FlakyStrategyDefinition
@@ -28,10 +29,12 @@ def nondeterminism_report(error: BaseException, item) -> str:
     replay = str(error).strip().splitlines()[0] if str(error).strip() else "it did not fail again"
     target = getattr(item, "funcargs", {}).get("target")
     command = target.reproduce(item.nodeid) if target is not None else f"pytest {item.nodeid}"
-    return (f"nondeterminism: this example failed once and did not fail the same way when it was replayed with the "
-            f"same inputs (and the same --perturb-timing schedule): a race in the code under test (a result read "
-            f"before its communication completed, a buffer changed before its send left, threads racing) or memory "
-            f"read before it was written.\n"
-            f"  first outcome: {first}\n"
-            f"  replayed: {replay}\n"
-            f"  reproduce (it may pass; run it a few times): {command}")
+    return (
+        f"nondeterminism: this example failed once and did not fail the same way when it was replayed with the "
+        f"same inputs (and the same --perturb-timing schedule): a race in the code under test (a result read "
+        f"before its communication completed, a buffer changed before its send left, threads racing) or memory "
+        f"read before it was written.\n"
+        f"  first outcome: {first}\n"
+        f"  replayed: {replay}\n"
+        f"  reproduce (it may pass; run it a few times): {command}"
+    )

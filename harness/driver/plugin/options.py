@@ -1,5 +1,6 @@
 """The suite's command-line options: declared, checked once before any test runs (every bad option
 is one clear usage error), and what they select (the claimed capabilities, the attached world)."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,69 +19,115 @@ GRADING_BUDGET_S = 480.0  # the grading profile's default --time-budget: within 
 
 
 # --scope: what the implementation is held to, and what the coverage line adds for it
-SCOPES = {"contract": "",
-          "cs336": "; scope: the CS336 handout (one backward per step, set_to_none=True, every parameter used, "
-                   "float32 models, weights broadcast, not buffers; ZeRO-1 balanced in parameters or elements; FSDP on "
-                   "untied models whose weights' rows divide by the world size): tests beyond it skipped"}
+SCOPES = {
+    "contract": "",
+    "cs336": "; scope: the CS336 handout (one backward per step, set_to_none=True, every parameter used, "
+    "float32 models, weights broadcast, not buffers; ZeRO-1 balanced in parameters or elements; FSDP on "
+    "untied models whose weights' rows divide by the world size): tests beyond it skipped",
+}
 
 
 def pytest_addoption(parser):
     group = parser.getgroup("conformance")
-    group.addoption("--impl", default=DEFAULT_IMPL,
-                    help="implementation under test: a module name or a path to a .py file "
-                         f"(default: {DEFAULT_IMPL}, the bundled one; torch.distributed is valid too)")
-    group.addoption("--backend", default="auto", choices=("auto", "gloo", "nccl"),
-                    help="process-group backend of the ranks (auto: worlds of up to as many ranks as visible GPUs "
-                         "on nccl, one GPU per rank, larger worlds on gloo with CPU tensors; nccl: nccl only, "
-                         "worlds capped at the GPU count; gloo: CPU ranks only)")
-    group.addoption("--max-world-size", type=int, default=None,
-                    help="largest world Hypothesis draws (default 4, 8 under --hypothesis-profile=thorough)")
-    group.addoption("--rank-timeout", type=float, default=60.0,
-                    help="seconds a task may take on the ranks before it is reported as a hang")
-    group.addoption("--audit-require-p2p", default="auto", choices=("auto", "yes", "no"),
-                    help="communication audit: require collectives built from send/recv only (auto: every "
-                         "implementation but torch.distributed and adapters.*, which are skipped with what they sent)")
-    group.addoption("--attach", type=int, default=None, metavar="N",
-                    help="run every world of N ranks on ranks started by a launcher (torchrun), on this host "
-                         "or others, instead of starting them here; smaller worlds still run here. The driver "
-                         "prints the command to start them.")
-    group.addoption("--attach-address", default="127.0.0.1:29650", metavar="HOST:PORT",
-                    help="with --attach: the address attached ranks dial (the driver listens on PORT on every "
-                         "interface and serves its store on PORT+1)")
-    group.addoption("--attach-timeout", type=float, default=300.0,
-                    help="with --attach: seconds to wait for the attached ranks to connect")
-    group.addoption("--report-dir", default=None,
-                    help="write grading files here: Gradescope results.json, junit.xml, summary.txt")
-    group.addoption("--rubric", default=str(DEFAULT_RUBRIC),
-                    help="TOML file of points per capability (default: grading/rubric.toml)")
-    group.addoption("--points-possible", type=float, default=None, metavar="N",
-                    help="scale the points of whatever ran so that the maximum is exactly N (overrides the "
-                         "rubric's points_possible; default: the rubric's points, unscaled)")
-    group.addoption("--capability", default=None, metavar="NAME[,NAME]",
-                    help="the capabilities the implementation claims (names or groups of harness/driver/capabilities.py, "
-                         "e.g. collectives,data_parallel); the others are not run (default: every one)")
-    group.addoption("--time-budget", type=float, default=None, metavar="S",
-                    help=f"seconds the whole run may take on ranks; past it no task starts and the tests left are "
-                         f"reported as not run (default: none; {GRADING_BUDGET_S:g} under the grading profile)")
-    group.addoption("--scope", default="contract", choices=tuple(SCOPES),
-                    help="what the implementation is held to: contract (CONTRACT.md, the default) or cs336 (the "
-                         "CS336 assignment 2 handout's data-parallel loop: one backward per step, "
-                         "zero_grad(set_to_none=True), every parameter used in every step, the weights broadcast "
-                         "but not the buffers; its sharded optimizer balanced in parameters or elements; its FSDP "
-                         "trained on untied float32 models whose weights' rows divide by the world size; the "
-                         "tests of what lies beyond it are skipped, and the coverage line says so)")
-    group.addoption("--max-live-ranks", default="auto",
-                    help="how many rank processes may stay alive at once across the session's worlds (least "
-                         "recently used worlds are closed first; auto: what the container's memory limit holds, "
-                         "no cap without one)")
-    group.addoption("--perturb-timing", default="auto", choices=("auto", "on", "off"),
-                    help="every call the implementation makes through a process group can complete late, by a "
-                         "delay Hypothesis draws per call and shrinks: outputs hold poison (NaN) until waited for, "
-                         "a send reads its buffer when it leaves (auto: on under the ci and grading profiles)")
-    group.addoption("--contain-ranks", default="auto", choices=("auto", "yes", "no"),
-                    help="run each world's ranks as a user of its own in a private directory, all their processes "
-                         "killed with the world (needs root; auto: yes under the grading profile when root)")
-
+    group.addoption(
+        "--impl",
+        default=DEFAULT_IMPL,
+        help="implementation under test: a module name or a path to a .py file "
+        f"(default: {DEFAULT_IMPL}, the bundled one; torch.distributed is valid too)",
+    )
+    group.addoption(
+        "--backend",
+        default="auto",
+        choices=("auto", "gloo", "nccl"),
+        help="process-group backend of the ranks (auto: worlds of up to as many ranks as visible GPUs "
+        "on nccl, one GPU per rank, larger worlds on gloo with CPU tensors; nccl: nccl only, "
+        "worlds capped at the GPU count; gloo: CPU ranks only)",
+    )
+    group.addoption(
+        "--max-world-size", type=int, default=None, help="largest world Hypothesis draws (default 4, 8 under --hypothesis-profile=thorough)"
+    )
+    group.addoption("--rank-timeout", type=float, default=60.0, help="seconds a task may take on the ranks before it is reported as a hang")
+    group.addoption(
+        "--audit-require-p2p",
+        default="auto",
+        choices=("auto", "yes", "no"),
+        help="communication audit: require collectives built from send/recv only (auto: every "
+        "implementation but torch.distributed and adapters.*, which are skipped with what they sent)",
+    )
+    group.addoption(
+        "--attach",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run every world of N ranks on ranks started by a launcher (torchrun), on this host "
+        "or others, instead of starting them here; smaller worlds still run here. The driver "
+        "prints the command to start them.",
+    )
+    group.addoption(
+        "--attach-address",
+        default="127.0.0.1:29650",
+        metavar="HOST:PORT",
+        help="with --attach: the address attached ranks dial (the driver listens on PORT on every interface and serves its store on PORT+1)",
+    )
+    group.addoption("--attach-timeout", type=float, default=300.0, help="with --attach: seconds to wait for the attached ranks to connect")
+    group.addoption("--report-dir", default=None, help="write grading files here: Gradescope results.json, junit.xml, summary.txt")
+    group.addoption("--rubric", default=str(DEFAULT_RUBRIC), help="TOML file of points per capability (default: grading/rubric.toml)")
+    group.addoption(
+        "--points-possible",
+        type=float,
+        default=None,
+        metavar="N",
+        help="scale the points of whatever ran so that the maximum is exactly N (overrides the "
+        "rubric's points_possible; default: the rubric's points, unscaled)",
+    )
+    group.addoption(
+        "--capability",
+        default=None,
+        metavar="NAME[,NAME]",
+        help="the capabilities the implementation claims (names or groups of harness/driver/capabilities.py, "
+        "e.g. collectives,data_parallel); the others are not run (default: every one)",
+    )
+    group.addoption(
+        "--time-budget",
+        type=float,
+        default=None,
+        metavar="S",
+        help=f"seconds the whole run may take on ranks; past it no task starts and the tests left are "
+        f"reported as not run (default: none; {GRADING_BUDGET_S:g} under the grading profile)",
+    )
+    group.addoption(
+        "--scope",
+        default="contract",
+        choices=tuple(SCOPES),
+        help="what the implementation is held to: contract (CONTRACT.md, the default) or cs336 (the "
+        "CS336 assignment 2 handout's data-parallel loop: one backward per step, "
+        "zero_grad(set_to_none=True), every parameter used in every step, the weights broadcast "
+        "but not the buffers; its sharded optimizer balanced in parameters or elements; its FSDP "
+        "trained on untied float32 models whose weights' rows divide by the world size; the "
+        "tests of what lies beyond it are skipped, and the coverage line says so)",
+    )
+    group.addoption(
+        "--max-live-ranks",
+        default="auto",
+        help="how many rank processes may stay alive at once across the session's worlds (least "
+        "recently used worlds are closed first; auto: what the container's memory limit holds, "
+        "no cap without one)",
+    )
+    group.addoption(
+        "--perturb-timing",
+        default="auto",
+        choices=("auto", "on", "off"),
+        help="every call the implementation makes through a process group can complete late, by a "
+        "delay Hypothesis draws per call and shrinks: outputs hold poison (NaN) until waited for, "
+        "a send reads its buffer when it leaves (auto: on under the ci and grading profiles)",
+    )
+    group.addoption(
+        "--contain-ranks",
+        default="auto",
+        choices=("auto", "yes", "no"),
+        help="run each world's ranks as a user of its own in a private directory, all their processes "
+        "killed with the world (needs root; auto: yes under the grading profile when root)",
+    )
 
 
 def check_options(config) -> None:
@@ -102,8 +149,7 @@ def check_options(config) -> None:
         try:
             settings.get_profile(profile)
         except InvalidArgument:
-            raise pytest.UsageError(f"--hypothesis-profile={profile}: no such profile; this suite registers "
-                                    f"{', '.join(PROFILES)}") from None
+            raise pytest.UsageError(f"--hypothesis-profile={profile}: no such profile; this suite registers {', '.join(PROFILES)}") from None
     try:  # --backend nccl without a GPU fails here, once
         BackendPlan.resolve(config.getoption("--backend"), visible_gpus(), 1)
     except BackendChoiceError as error:
@@ -132,7 +178,6 @@ def attached_world(config) -> Attach | None:
     return Attach(config.getoption("--attach"), host, int(port), timeout_s=config.getoption("--attach-timeout"))
 
 
-
 PERTURBED_PROFILES = ("ci", "grading")  # where --perturb-timing auto is on
 
 
@@ -149,4 +194,3 @@ def perturb_timing(config) -> bool:
 def claimed(config) -> frozenset[str]:
     """The capabilities the implementation claims (--capability; every one by default)."""
     return capabilities.select(config.getoption("--capability"))
-

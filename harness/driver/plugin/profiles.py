@@ -1,13 +1,16 @@
 """The Hypothesis profiles of the suite, registered when the plugin loads (before Hypothesis's
 pytest plugin reads --hypothesis-profile), and the one that is current."""
+
 from __future__ import annotations
 
 from hypothesis import HealthCheck, Phase, settings
 
 # filter_too_much: an example the project's own adapters say torch cannot run is rejected
 # (conformance.verdict.run_or_skip); for torch's runtime that is most random pipeline orders
-_COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                                     HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
+_COMMON = dict(
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much],
+)
 PROFILES = {
     "quick": dict(max_examples=15),
     "ci": dict(max_examples=25, derandomize=True, print_blob=True),

@@ -1,5 +1,6 @@
 """What cannot run is rejected, not failed: examples the project's own adapters say torch's library
 cannot run (Refusals) and cases the backend's own collectives refuse (BackendRefusals)."""
+
 from __future__ import annotations
 
 import functools
@@ -90,7 +91,7 @@ class Refusals:
             try:
                 return inner(*args, **kwargs)
             except HypothesisException:  # a rejection; StopTest and pytest's skips are BaseExceptions,
-                raise                     # not caught below: none of them is a failure
+                raise  # not caught below: none of them is a failure
             except Exception:
                 self.failed = True
                 raise
@@ -103,8 +104,7 @@ class Refusals:
 
     def note(self) -> str:
         stopped = ", and drawing stopped there" if self.total() >= self.REFUSAL_BUDGET else ""
-        return (f"{self.ran()} examples ran; {self.total()} drawn examples torch's library cannot run were not"
-                f"{stopped}, as: {self.summary()}")
+        return f"{self.ran()} examples ran; {self.total()} drawn examples torch's library cannot run were not{stopped}, as: {self.summary()}"
 
 
 @dataclass(frozen=True)
@@ -121,4 +121,3 @@ class BackendRefusals:
 
     def cases(self, collective: str) -> list[tuple[str, str | None, str]]:
         return sorted(((d, o, m) for (c, d, o), m in self.refused.items() if c == collective), key=str)
-

@@ -1,5 +1,6 @@
 """What the driver keeps about the session, in ``config.stash``: what is under test and where it runs
 (the target and its backend plan), the time budget, and the per-test records."""
+
 from __future__ import annotations
 
 import os
@@ -33,11 +34,12 @@ class Target:
     def reproduce(self, nodeid: str) -> str:
         """The command that reruns one test; a CS336 submission's folder is part of it."""
         submission = os.environ.get("CS336_SUBMISSION") if self.impl == "parallelism_conformance.adapters.cs336" else None
-        return ((f"CS336_SUBMISSION={shlex.quote(submission)} " if submission else "") + f"parallelism-conformance {shlex.quote(nodeid)} --impl {shlex.quote(self.impl)} --backend {self.backend} "
-                f"--hypothesis-profile={self.profile} --max-world-size {self.max_world_size}{self.attach}"
-                f" --perturb-timing {'on' if self.perturb else 'off'}"
-                + (f" --scope {self.scope}" if self.scope != "contract" else ""))
-
+        return (
+            (f"CS336_SUBMISSION={shlex.quote(submission)} " if submission else "")
+            + f"parallelism-conformance {shlex.quote(nodeid)} --impl {shlex.quote(self.impl)} --backend {self.backend} "
+            f"--hypothesis-profile={self.profile} --max-world-size {self.max_world_size}{self.attach}"
+            f" --perturb-timing {'on' if self.perturb else 'off'}" + (f" --scope {self.scope}" if self.scope != "contract" else "")
+        )
 
 
 def backend_plan(config) -> BackendPlan:
@@ -53,7 +55,6 @@ def backend_plan(config) -> BackendPlan:
 
 
 PLAN = pytest.StashKey[BackendPlan]()
-
 
 
 class Budget:
@@ -90,6 +91,4 @@ class RunState:
     refusals: Refusals = field(default_factory=lambda: Refusals())  # of the current test (emptied before each)
 
 
-
 STATE = pytest.StashKey[RunState]()
-

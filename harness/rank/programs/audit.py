@@ -3,6 +3,7 @@ communication is labelled by phase (harness.rank.recording.mark), so the driver 
 its own budget: building the wrapper (parameter broadcast, sharding) is "setup" and is not judged.
 Outside an audited world mark() is a no-op. The collectives themselves are audited through
 harness.rank.programs.collectives:call."""
+
 from __future__ import annotations
 
 import time
@@ -16,8 +17,17 @@ from parallelism_conformance.harness.rank.context import RankContext, on_members
 OVERLAP_WAIT_S = 2.0  # how long backward waits, at its last gradient, for a reduction to start
 
 
-def data_parallel_step(ctx: RankContext, impl, model: dict, seed: int, frozen: list[str], batch: dict,
-                       bucket_size_mb: float | None, clip: dict | None = None, group=None) -> dict:
+def data_parallel_step(
+    ctx: RankContext,
+    impl,
+    model: dict,
+    seed: int,
+    frozen: list[str],
+    batch: dict,
+    bucket_size_mb: float | None,
+    clip: dict | None = None,
+    group=None,
+) -> dict:
     """Build ``model`` (harness.rank.models spec) from ``seed``, freeze the parameters named in ``frozen``,
     wrap it with the implementation's DataParallel ("setup"), then one step: forward and backward
     ("backward"), finish_gradient_synchronization ("finish"). Returns the loss.
@@ -71,8 +81,7 @@ def _wait_for_communication(grad):
     return None
 
 
-def sharded_optimizer_step(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, batch: dict,
-                           group=None) -> dict:
+def sharded_optimizer_step(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, batch: dict, group=None) -> dict:
     """Build ``model`` from ``seed`` and the implementation's ShardedOptimizer over its parameters
     ("setup"), forward and backward ("backward"), then one optimizer step ("step"). Returns the loss."""
     if group is not None:
@@ -89,8 +98,7 @@ def sharded_optimizer_step(ctx: RankContext, impl, model: dict, seed: int, optim
     recording.mark("step")
     opt.step()
     recording.mark("after")
-    return {"loss": loss.detach().cpu(), "library_loop": any(callable(getattr(opt, hook, None))
-                                                                   for hook in ("backward", "wrap_model"))}
+    return {"loss": loss.detach().cpu(), "library_loop": any(callable(getattr(opt, hook, None)) for hook in ("backward", "wrap_model"))}
 
 
 @on_members
@@ -120,8 +128,7 @@ def _dense(ctx: RankContext, weight: torch.Tensor, bias: torch.Tensor) -> nn.Lin
 
 
 @on_members
-def tensor_parallel(ctx: RankContext, impl, process_group, layer: str, dense: dict, x: torch.Tensor,
-                    grad_output: torch.Tensor) -> dict:
+def tensor_parallel(ctx: RankContext, impl, process_group, layer: str, dense: dict, x: torch.Tensor, grad_output: torch.Tensor) -> dict:
     """``layer`` "mlp" (TensorParallelMLP.from_dense(fc1, fc2)), "mlp_sp" (the same with
     sequence_parallel=True) or "column" (ColumnParallelLinear.from_dense(fc1), gather_output=False):
     build ("setup"), forward on x ("forward": the full x, or this rank's sequence shard for mlp_sp),
@@ -131,8 +138,7 @@ def tensor_parallel(ctx: RankContext, impl, process_group, layer: str, dense: di
     fc1 = _dense(ctx, dense["fc1_weight"], dense["fc1_bias"])
     if layer in ("mlp", "mlp_sp"):
         fc2 = _dense(ctx, dense["fc2_weight"], dense["fc2_bias"])
-        module = require(impl, "TensorParallelMLP").from_dense(fc1, fc2, group=process_group,
-                                                                sequence_parallel=layer == "mlp_sp")
+        module = require(impl, "TensorParallelMLP").from_dense(fc1, fc2, group=process_group, sequence_parallel=layer == "mlp_sp")
     else:
         module = require(impl, "ColumnParallelLinear").from_dense(fc1, group=process_group, gather_output=False)
     x = ctx.to_device(x).requires_grad_(True)
@@ -148,9 +154,18 @@ def tensor_parallel(ctx: RankContext, impl, process_group, layer: str, dense: di
     return {"shape": list(local.shape)}
 
 
-def fully_sharded_step(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, batch: dict,
-                       reshard_after_forward: bool = True, compute_dtype: str | None = None,
-                       clip: dict | None = None, group=None) -> dict:
+def fully_sharded_step(
+    ctx: RankContext,
+    impl,
+    model: dict,
+    seed: int,
+    optimizer: dict,
+    batch: dict,
+    reshard_after_forward: bool = True,
+    compute_dtype: str | None = None,
+    clip: dict | None = None,
+    group=None,
+) -> dict:
     """Shard every unit, then the root ("setup", harness/rank/programs/fully_sharded.py's units), then one
     step: forward and backward ("step"), the optimizer's step ("optimizer"). Returns the loss and,
     as forward ends, the bytes of what the step's all-gathers and receives wrote that the

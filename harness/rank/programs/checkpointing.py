@@ -13,6 +13,7 @@ stage's replicas; a torch optimizer over the stage). Every step: one zero_grad, 
 this rank's slice of the global batch (the whole batch under tensor parallelism: one replica), one
 optimizer step. The state reported is every full parameter and buffer by name, under tensor
 parallelism every local tensor by name (a DTensor's local shard), which the driver puts together."""
+
 from __future__ import annotations
 
 import os
@@ -34,8 +35,7 @@ MAX_CHECKPOINT_BYTES = 64 << 20  # the models are tiny: a checkpoint larger than
 class _Layout:
     """A model and its optimizer under one layout, and the state of the model this rank reports."""
 
-    def __init__(self, ctx: RankContext, impl, layout: str, model: dict, seed: int, optimizer: dict,
-                 mesh: dict | None = None):
+    def __init__(self, ctx: RankContext, impl, layout: str, model: dict, seed: int, optimizer: dict, mesh: dict | None = None):
         if layout not in LAYOUTS:
             raise ValueError(f"unknown layout {layout!r} (known: {', '.join(LAYOUTS)})")
         self.layout, self.impl = layout, impl
@@ -75,8 +75,10 @@ class _Layout:
             values.update({name: b.detach().clone() for name, b in self.net.named_buffers()})
             return values
         if self.layout == "tensor_parallel":
-            return {name: (t.to_local() if hasattr(t, "to_local") else t).detach().clone()
-                    for name, t in [*self.net.named_parameters(), *self.net.named_buffers()]}
+            return {
+                name: (t.to_local() if hasattr(t, "to_local") else t).detach().clone()
+                for name, t in [*self.net.named_parameters(), *self.net.named_buffers()]
+            }
         return models.state(self.net)  # ZeRO-1: the whole model; a pipeline: this rank's stage
 
     def train(self, steps: int, inputs, targets) -> list[dict]:
@@ -94,9 +96,15 @@ class _Layout:
     def _pipeline_step(self, inputs, targets) -> None:
         """The replica's pipeline_step (its loss the mean over its microbatches), then each stage
         gradient averaged over the stage's data-parallel group with the implementation's all_reduce."""
-        require(self.impl, "pipeline_step")(self.net, inputs if self.stage == 0 else None,
-                                            targets if self.stage == self.pp - 1 else None, F.mse_loss,
-                                            self.microbatches, schedule="1f1b", group=self.pipe_group)
+        require(self.impl, "pipeline_step")(
+            self.net,
+            inputs if self.stage == 0 else None,
+            targets if self.stage == self.pp - 1 else None,
+            F.mse_loss,
+            self.microbatches,
+            schedule="1f1b",
+            group=self.pipe_group,
+        )
         all_reduce = require(self.impl, "all_reduce")
         for parameter in self.net.parameters():
             if parameter.grad is not None and self.dp > 1:
@@ -138,8 +146,20 @@ def _write_tree(root: str, files: dict[str, bytes]) -> str:
     return root
 
 
-def save(ctx: RankContext, impl, layout: str, model: dict, seed: int, optimizer: dict, steps: int, batch: dict,
-         token: str, rng_seed: int | None = None, mesh: dict | None = None, group=None) -> dict:
+def save(
+    ctx: RankContext,
+    impl,
+    layout: str,
+    model: dict,
+    seed: int,
+    optimizer: dict,
+    steps: int,
+    batch: dict,
+    token: str,
+    rng_seed: int | None = None,
+    mesh: dict | None = None,
+    group=None,
+) -> dict:
     """Train ``steps`` steps under ``layout``, then ``save_checkpoint``. Every rank reports its state
     after the steps; rank 0 also the files every rank wrote, read once all have returned. With
     ``rng_seed``, each rank seeds torch's default generator with ``rng_seed`` + its rank just before
@@ -163,8 +183,7 @@ def save(ctx: RankContext, impl, layout: str, model: dict, seed: int, optimizer:
     return ctx.to_cpu(result)
 
 
-def _attempt(ctx: RankContext, impl, layout: str, model: dict, seed: int, optimizer: dict, path: str,
-             mesh: dict | None) -> dict:
+def _attempt(ctx: RankContext, impl, layout: str, model: dict, seed: int, optimizer: dict, path: str, mesh: dict | None) -> dict:
     """Build ``model`` under ``layout`` and load ``path`` into it: {"raised": text} or {"loaded": the
     full state}. Whether to read the state back (a collective) is agreed by all ranks first, so a
     rank that raised never leaves the others waiting in full_parameters."""
@@ -184,9 +203,23 @@ def _attempt(ctx: RankContext, impl, layout: str, model: dict, seed: int, optimi
     return outcome
 
 
-def resume(ctx: RankContext, impl, layout: str, model: dict, seed: int, optimizer: dict, steps: int, batch: dict,
-           files: dict[str, bytes], token: str, other_model: dict, dropped: str, rng_seed: int | None = None,
-           mesh: dict | None = None, group=None) -> dict:
+def resume(
+    ctx: RankContext,
+    impl,
+    layout: str,
+    model: dict,
+    seed: int,
+    optimizer: dict,
+    steps: int,
+    batch: dict,
+    files: dict[str, bytes],
+    token: str,
+    other_model: dict,
+    dropped: str,
+    rng_seed: int | None = None,
+    mesh: dict | None = None,
+    group=None,
+) -> dict:
     """With the saved ``files``: load them into ``other_model`` (another architecture: must raise),
     then without the file ``dropped`` (must raise or load exactly), each on fresh objects; then load
     them into ``model`` under ``layout`` (built from ``seed``, not the saved one's) and train
@@ -199,8 +232,10 @@ def resume(ctx: RankContext, impl, layout: str, model: dict, seed: int, optimize
     try:
         whole = _write_tree(os.path.join(root, "whole"), files)
         cut = _write_tree(os.path.join(root, "cut"), {k: v for k, v in files.items() if k != dropped})
-        result = {"other_architecture": _attempt(ctx, impl, layout, other_model, seed, optimizer, whole, mesh),
-                  "missing_file": _attempt(ctx, impl, layout, model, seed, optimizer, cut, mesh)}
+        result = {
+            "other_architecture": _attempt(ctx, impl, layout, other_model, seed, optimizer, whole, mesh),
+            "missing_file": _attempt(ctx, impl, layout, model, seed, optimizer, cut, mesh),
+        }
         run = _Layout(ctx, impl, layout, model, seed, optimizer, mesh)
         if rng_seed is not None:
             torch.manual_seed(rng_seed + ctx.rank)

@@ -1,6 +1,7 @@
 """Rank programs for the collectives. Each moves this rank's inputs to its device, calls the
 implementation under test with torch.distributed's signature, and returns every tensor it passed
 (outputs and inputs alike) so the driver can judge results and check inputs were left alone."""
+
 from __future__ import annotations
 
 import torch

@@ -6,6 +6,7 @@ dense weights the driver sends, runs forward on its replica's rows of the batch 
 their upstream gradient, then sums each gradient shard over its data-parallel group with the
 implementation's all_reduce. The driver sends the mesh's groups; every rank creates all of them,
 in the same order, as torch.distributed.new_group requires."""
+
 from __future__ import annotations
 
 from torch.distributed import ReduceOp
@@ -15,8 +16,16 @@ from parallelism_conformance.harness.rank.context import RankContext, require
 from parallelism_conformance.harness.rank.programs.tensor_parallel import _dense, _local, _parameters
 
 
-def dp_tp_mlp(ctx: RankContext, impl, tensor_parallel_groups: list[list[int]], data_parallel_groups: list[list[int]],
-              dense: dict, x, grad_output, group=None) -> dict:
+def dp_tp_mlp(
+    ctx: RankContext,
+    impl,
+    tensor_parallel_groups: list[list[int]],
+    data_parallel_groups: list[list[int]],
+    dense: dict,
+    x,
+    grad_output,
+    group=None,
+) -> dict:
     """Returns output, grad_input, and every parameter's shard and its gradient summed over the
     data-parallel group (keys as harness.rank.programs.tensor_parallel's MLP)."""
     if group is not None:

@@ -2,6 +2,7 @@
 driver cut: chunks i and 2n-1-i of 2n) and of the upstream gradient; forward through the
 implementation's ``context_parallel_attention(q, k, v, seq_len, causal=False, group=None)``,
 backward, and return this member's output rows and dQ, dK, dV (CONTRACT.md, "Context parallelism")."""
+
 from __future__ import annotations
 
 from parallelism_conformance.harness.rank import recording

@@ -3,6 +3,7 @@ with the implementation's DataParallel, and train on this rank's slice of the gl
 driver sends each rank its slice only). Returns what the driver judges: the state right after
 wrapping, and per step the local loss, the gradients after synchronization, and the state after
 the optimizer step."""
+
 from __future__ import annotations
 
 import torch
@@ -14,9 +15,21 @@ from parallelism_conformance.harness.rank.token_loss import scale_of_step
 CONTRACT = ("module", "finish_gradient_synchronization")
 
 
-def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps: int, batches: list,
-          bucket_size_mb: float | None, set_to_none: bool = True, clip: dict | None = None,
-          divide_factor: float | None = None, compute_dtype: str | None = None, group=None) -> dict:
+def train(
+    ctx: RankContext,
+    impl,
+    model: dict,
+    seed: int,
+    optimizer: dict,
+    steps: int,
+    batches: list,
+    bucket_size_mb: float | None,
+    set_to_none: bool = True,
+    clip: dict | None = None,
+    divide_factor: float | None = None,
+    compute_dtype: str | None = None,
+    group=None,
+) -> dict:
     """Per step: wrapped.on_train_batch_start(optimizer) where the wrapper has it (the hook of CS336's
     handout); zero_grad(set_to_none); for each micro-batch of this rank (gradient accumulation
     when there are several): loss = wrapped(inputs, targets); loss.backward();
@@ -38,8 +51,10 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
     wrapped = DataParallel(net, bucket_size_mb=bucket_size_mb, **options)
     missing = [name for name in CONTRACT if not hasattr(wrapped, name)]
     if missing:
-        raise TypeError(f"DataParallel(module, bucket_size_mb) returned a {type(wrapped).__name__} without "
-                        f"{', '.join(missing)}: the contract needs .module and finish_gradient_synchronization()")
+        raise TypeError(
+            f"DataParallel(module, bucket_size_mb) returned a {type(wrapped).__name__} without "
+            f"{', '.join(missing)}: the contract needs .module and finish_gradient_synchronization()"
+        )
     module = wrapped.module
     opt = library_loop.take_optimizer(wrapped, models.build_optimizer(optimizer, module.parameters()))
     result = {"wrapped": models.state(module), "steps": []}
@@ -63,7 +78,15 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
             norm = clip_grad_norm_(module, clip["max_norm"], clip["norm_type"])
             norm = norm.detach().clone() if torch.is_tensor(norm) else norm
         opt.step()
-        result["steps"].append({"loss": torch.stack(losses), "grads": grads, "state": models.state(module),
-                                "norm": norm, "count": count, "dtypes": models.dtypes_held(models.tensors_held(list(module.parameters()), opt)),
-                                "logits_dtype": getattr(module, "logits_dtype", None)})
+        result["steps"].append(
+            {
+                "loss": torch.stack(losses),
+                "grads": grads,
+                "state": models.state(module),
+                "norm": norm,
+                "count": count,
+                "dtypes": models.dtypes_held(models.tensors_held(list(module.parameters()), opt)),
+                "logits_dtype": getattr(module, "logits_dtype", None),
+            }
+        )
     return ctx.to_cpu(result)

@@ -4,6 +4,7 @@ data-parallel replica, with the global random state set to something of this ran
 implementation that draws its order from it disagrees with the other replicas), and report the
 indices of each epoch asked for, its ``len()`` at that epoch, and the first epoch's indices again
 from a second sampler built alike (the same seed and epoch must give the same order)."""
+
 from __future__ import annotations
 
 import itertools
@@ -24,14 +25,14 @@ class _Dataset:
         return index
 
 
-def epochs(ctx: RankContext, impl, samples: int, replicas: int, replica: int, shuffle: bool, seed: int,
-           drop_last: bool, epochs: list[int], group=None) -> dict:
+def epochs(
+    ctx: RankContext, impl, samples: int, replicas: int, replica: int, shuffle: bool, seed: int, drop_last: bool, epochs: list[int], group=None
+) -> dict:
     Sampler = require(impl, "DistributedSampler")
     torch.manual_seed(7919 * (ctx.rank + 1))  # a global random state of this rank's own
 
     def build():
-        return Sampler(_Dataset(samples), num_replicas=replicas, rank=replica, shuffle=shuffle, seed=seed,
-                       drop_last=drop_last)
+        return Sampler(_Dataset(samples), num_replicas=replicas, rank=replica, shuffle=shuffle, seed=seed, drop_last=drop_last)
 
     sampler, result = build(), {"epochs": [], "lengths": []}
     for epoch in epochs:
@@ -44,8 +45,19 @@ def epochs(ctx: RankContext, impl, samples: int, replicas: int, replica: int, sh
     return result
 
 
-def resume(ctx: RankContext, impl, samples: int, shuffle: bool, seed: int, drop_last: bool, epoch: int,
-           first_replicas: int, steps: int, second_replicas: int, group=None) -> dict:
+def resume(
+    ctx: RankContext,
+    impl,
+    samples: int,
+    shuffle: bool,
+    seed: int,
+    drop_last: bool,
+    epoch: int,
+    first_replicas: int,
+    steps: int,
+    second_replicas: int,
+    group=None,
+) -> dict:
     """One epoch in two runs, every replica's sampler built here (the sampler takes its replica and
     their number as arguments; each is built under a global random state of its own): the first
     run's n replicas yield ``steps`` indices each and stop; the resumed run's n' replicas are built
@@ -56,8 +68,7 @@ def resume(ctx: RankContext, impl, samples: int, shuffle: bool, seed: int, drop_
 
     def build(replicas, replica, **options):
         torch.manual_seed(7919 * (replica + 1) + 104729 * replicas)
-        sampler = Sampler(_Dataset(samples), num_replicas=replicas, rank=replica, shuffle=shuffle, seed=seed,
-                          drop_last=drop_last, **options)
+        sampler = Sampler(_Dataset(samples), num_replicas=replicas, rank=replica, shuffle=shuffle, seed=seed, drop_last=drop_last, **options)
         sampler.set_epoch(epoch)
         return sampler
 
@@ -69,5 +80,10 @@ def resume(ctx: RankContext, impl, samples: int, shuffle: bool, seed: int, drop_
     resumed[0].set_epoch(epoch + 1)
     fresh = build(second_replicas, 0)
     fresh.set_epoch(epoch + 1)
-    return {"before": before, "after": after, "lengths": lengths, "next_epoch": [int(i) for i in resumed[0]],
-            "fresh_next_epoch": [int(i) for i in fresh]}
+    return {
+        "before": before,
+        "after": after,
+        "lengths": lengths,
+        "next_epoch": [int(i) for i in resumed[0]],
+        "fresh_next_epoch": [int(i) for i in fresh],
+    }

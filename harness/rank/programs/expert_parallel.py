@@ -9,6 +9,7 @@ nn.Linear(f, h))``; the result is an nn.Module with ``.router`` (the replicated 
 ``.experts`` (this rank's E/n experts, the group-rank-th contiguous block, in order), whose forward
 maps this rank's tokens [T, h] to [T, h] (top-1 routing, reference/expert_parallel.py). An expert
 that no token reached may leave its gradients None: they are reported as zeros."""
+
 from __future__ import annotations
 
 import torch
@@ -34,20 +35,31 @@ def forward_backward(ctx: RankContext, impl, process_group, router_weight, exper
     moe = _build(ctx, impl, process_group, router_weight, experts)
     missing = [name for name in ("router", "experts") if not hasattr(moe, name)]
     if missing:
-        raise TypeError(f"ExpertParallelMoE.from_dense returned a {type(moe).__name__} without "
-                        f"{', '.join(missing)}: the contract needs .router and .experts")
+        raise TypeError(
+            f"ExpertParallelMoE.from_dense returned a {type(moe).__name__} without "
+            f"{', '.join(missing)}: the contract needs .router and .experts"
+        )
     x = ctx.to_device(x).requires_grad_(True)
     y = moe(x)
     y.backward(ctx.to_device(grad_output))
     local = [tuple(_grad(p) for p in (e[0].weight, e[0].bias, e[2].weight, e[2].bias)) for e in moe.experts]
-    return ctx.to_cpu({"output": y, "grad_input": _grad(x), "grad_router": _grad(moe.router.weight),
-                       "grad_experts": local})
+    return ctx.to_cpu({"output": y, "grad_input": _grad(x), "grad_router": _grad(moe.router.weight), "grad_experts": local})
 
 
 @on_members
-def forward_backward_topk(ctx: RankContext, impl, process_group, router_weight, experts, x, grad_output,
-                          top_k: int, aux_weight: float, capacity_factor: float | None = None,
-                          sequence_parallel: bool = False) -> dict:
+def forward_backward_topk(
+    ctx: RankContext,
+    impl,
+    process_group,
+    router_weight,
+    experts,
+    x,
+    grad_output,
+    top_k: int,
+    aux_weight: float,
+    capacity_factor: float | None = None,
+    sequence_parallel: bool = False,
+) -> dict:
     """Capability moe_topk: ``from_dense(..., top_k=k, compute_aux_loss=True)`` (and, only when given,
     ``capacity_factor``: capability moe_capacity; ``sequence_parallel``: moe_sequence_parallel), forward, then backward of sum(y * grad_output) +
     aux_weight * moe.aux_loss (this member's share of the load-balancing loss); what
@@ -60,17 +72,32 @@ def forward_backward_topk(ctx: RankContext, impl, process_group, router_weight, 
     y = moe(x)
     aux = getattr(moe, "aux_loss", None)
     if not torch.is_tensor(aux):
-        raise TypeError(f"after forward, .aux_loss is {type(aux).__name__}: the contract needs a 0-dim tensor "
-                        "(this member's share of the load-balancing loss)")
+        raise TypeError(
+            f"after forward, .aux_loss is {type(aux).__name__}: the contract needs a 0-dim tensor "
+            "(this member's share of the load-balancing loss)"
+        )
     ((y * ctx.to_device(grad_output)).sum() + aux_weight * aux).backward()
     local = [tuple(_grad(p) for p in (e[0].weight, e[0].bias, e[2].weight, e[2].bias)) for e in moe.experts]
-    return ctx.to_cpu({"output": y.detach(), "grad_input": _grad(x), "grad_router": _grad(moe.router.weight),
-                       "grad_experts": local, "aux_loss": aux.detach()})
+    return ctx.to_cpu(
+        {"output": y.detach(), "grad_input": _grad(x), "grad_router": _grad(moe.router.weight), "grad_experts": local, "aux_loss": aux.detach()}
+    )
 
 
 @on_members
-def train_steps(ctx: RankContext, impl, process_group, router_weight, experts, x, grad_output, top_k: int,
-                aux_weight: float, optimizer: dict, steps: int, sequence_parallel: bool = False) -> dict:
+def train_steps(
+    ctx: RankContext,
+    impl,
+    process_group,
+    router_weight,
+    experts,
+    x,
+    grad_output,
+    top_k: int,
+    aux_weight: float,
+    optimizer: dict,
+    steps: int,
+    sequence_parallel: bool = False,
+) -> dict:
     """The layer of ``forward_backward_topk`` trained ``steps`` times on this member's loss
     sum(y * grad_output) + aux_weight * aux_loss, the optimizer ``optimizer`` (harness.rank.models)
     over the layer's parameters as this member holds them: each step's loss."""
@@ -101,8 +128,7 @@ def refusal(ctx: RankContext, impl, process_group, router_weight, experts) -> di
     return {"raised": None, "message": ""}
 
 
-def mesh_step(ctx: RankContext, impl, router_weight, experts, x, grad_output, mesh: dict, group=None,
-              sequence_parallel: bool = False) -> dict:
+def mesh_step(ctx: RankContext, impl, router_weight, experts, x, grad_output, mesh: dict, group=None, sequence_parallel: bool = False) -> dict:
     """Expert parallelism inside data parallelism (capability ``moe_mesh``): a dp x ep mesh (``mesh``:
     {"ep": [...], "dp": [...]}, every rank makes every group in that order). The layer is built on
     this rank's expert-parallel group; forward on this rank's own tokens, backward of sum(y * G).
@@ -132,15 +158,13 @@ def mesh_step(ctx: RankContext, impl, router_weight, experts, x, grad_output, me
         all_reduce(tensor, op=ReduceOp.SUM, group=over)
         return tensor
 
-    local = [tuple(summed(_grad(p), dp) for p in (e[0].weight, e[0].bias, e[2].weight, e[2].bias))
-             for e in moe.experts]
+    local = [tuple(summed(_grad(p), dp) for p in (e[0].weight, e[0].bias, e[2].weight, e[2].bias)) for e in moe.experts]
     router = summed(_grad(moe.router.weight), dp if sequence_parallel else None)
     return ctx.to_cpu({"output": y.detach(), "grad_input": _grad(x), "grad_router": router, "grad_experts": local})
 
 
 @on_members
-def clip(ctx: RankContext, impl, process_group, router_weight, experts, x, grad_output, max_norm: float,
-         norm_type: float) -> dict:
+def clip(ctx: RankContext, impl, process_group, router_weight, experts, x, grad_output, max_norm: float, norm_type: float) -> dict:
     """Capability moe_clipping: forward_backward's step, then the router's gradient summed over the
     group with the implementation's ``all_reduce`` (a trainer's reduction of a replicated parameter:
     the members' tokens are the batch), then the implementation's ``clip_grad_norm_(moe, max_norm,
@@ -157,6 +181,4 @@ def clip(ctx: RankContext, impl, process_group, router_weight, experts, x, grad_
     norm = require(impl, "clip_grad_norm_")(moe, max_norm, norm_type)
     norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
     local = [tuple(_grad(p) for p in (e[0].weight, e[0].bias, e[2].weight, e[2].bias)) for e in moe.experts]
-    return ctx.to_cpu({"norm": norm.detach().clone() if torch.is_tensor(norm) else norm,
-                       "grad_router": _grad(router), "grad_experts": local})
-
+    return ctx.to_cpu({"norm": norm.detach().clone() if torch.is_tensor(norm) else norm, "grad_router": _grad(router), "grad_experts": local})

@@ -7,6 +7,7 @@ step report the losses (one per micro-batch), the full parameters (the implement
 buffers, and how many elements this rank holds: its trainable parameters, their gradients and the
 optimizer state, local pieces only (a DTensor counts its local shard), and the dtypes of each kind
 (with a compute dtype, every one must stay the model's)."""
+
 from __future__ import annotations
 
 import torch
@@ -34,8 +35,15 @@ def units(net) -> list:
     return [child for name, child in net.named_children() if name not in shared and any(True for _ in child.parameters())]
 
 
-def sharded_model(ctx: RankContext, impl, model: dict, seed: int, reshard_after_forward: bool = True,
-                  compute_dtype: str | None = None, divide_factor: float | None = None):
+def sharded_model(
+    ctx: RankContext,
+    impl,
+    model: dict,
+    seed: int,
+    reshard_after_forward: bool = True,
+    compute_dtype: str | None = None,
+    divide_factor: float | None = None,
+):
     """The model of ``model`` (harness/rank/models.py) from ``seed``, every unit fully sharded, then
     the root; ``reshard_after_forward`` is passed only when False (ZeRO-2), ``compute_dtype`` (a
     torch dtype's name) and ``gradient_divide_factor`` only when set, so an implementation of ZeRO-3
@@ -52,9 +60,21 @@ def sharded_model(ctx: RankContext, impl, model: dict, seed: int, reshard_after_
     return fully_shard(net, **options)
 
 
-def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps: int, batches: list[dict],
-          reshard_after_forward: bool = True, compute_dtype: str | None = None, clip: dict | None = None,
-          divide_factor: float | None = None, dropout_seeds: list[int] | None = None, group=None) -> dict:
+def train(
+    ctx: RankContext,
+    impl,
+    model: dict,
+    seed: int,
+    optimizer: dict,
+    steps: int,
+    batches: list[dict],
+    reshard_after_forward: bool = True,
+    compute_dtype: str | None = None,
+    clip: dict | None = None,
+    divide_factor: float | None = None,
+    dropout_seeds: list[int] | None = None,
+    group=None,
+) -> dict:
     """``clip`` ({"max_norm", "norm_type"}): the implementation's ``clip_grad_norm_(module, max_norm,
     norm_type)`` after the step's backwards, before the optimizer's step; what it returns is reported.
     ``divide_factor`` f: a loss normalised by the global token count (harness/rank/token_loss.py):
@@ -91,13 +111,21 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
         # copies: an implementation may return its live replicated parameters (the handout says "as they are")
         state = {name: tensor.detach().clone() for name, tensor in full_parameters(net).items()}
         state.update({name: b.detach().clone() for name, b in net.named_buffers()})
-        result["steps"].append({"loss": torch.stack(losses), "state": state, "held": held, "dtypes": dtypes,
-                                "norm": norm, "count": count, "logits_dtype": getattr(net, "logits_dtype", None)})
+        result["steps"].append(
+            {
+                "loss": torch.stack(losses),
+                "state": state,
+                "held": held,
+                "dtypes": dtypes,
+                "norm": norm,
+                "count": count,
+                "logits_dtype": getattr(net, "logits_dtype", None),
+            }
+        )
     return ctx.to_cpu(result)
 
 
-def init_from_meta(ctx: RankContext, impl, model: dict, seed: int, stream_seed: int, optimizer: dict,
-                   batches: list[dict], group=None) -> dict:
+def init_from_meta(ctx: RankContext, impl, model: dict, seed: int, stream_seed: int, optimizer: dict, batches: list[dict], group=None) -> dict:
     """Capability fsdp_init: the model built on the meta device (no storage, nothing drawn), every
     unit fully sharded, then the root; torch's default generator seeded with ``stream_seed`` (the
     rank's own stream); ``init_sharded(module, seed, device)``. Reports a draw of 4 numbers from the

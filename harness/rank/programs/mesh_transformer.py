@@ -13,6 +13,7 @@ the embedding's two uses over the pipeline group (the first and last stage), and
 shard is averaged over the data-parallel group with the implementation's ``all_reduce``. Returns
 the loss (None off the last stage), the stage, and the gradient shards keyed
 ``stage<s>.<the dense model's name>``."""
+
 from __future__ import annotations
 
 import torch
@@ -64,9 +65,19 @@ class _Stage(nn.Module):
         return x
 
 
-def transformer_step(ctx: RankContext, impl, model: dict, seed: int, blocks_per_stage: list[int],
-                     num_microbatches: int, mesh: dict, inputs=None, targets=None, schedule: str = "1f1b",
-                     group=None) -> dict:
+def transformer_step(
+    ctx: RankContext,
+    impl,
+    model: dict,
+    seed: int,
+    blocks_per_stage: list[int],
+    num_microbatches: int,
+    mesh: dict,
+    inputs=None,
+    targets=None,
+    schedule: str = "1f1b",
+    group=None,
+) -> dict:
     """One step of the whole model on the mesh (``mesh``: {"pp": [...], "dp": [...], "tp": [...]},
     every rank creates all the groups in that order); see the module docstring."""
     if group is not None:
@@ -83,10 +94,16 @@ def transformer_step(ctx: RankContext, impl, model: dict, seed: int, blocks_per_
     blocks = []
     for b in range(first_block, first_block + blocks_per_stage[stage]):
         weights = dense.blocks[b]
-        blocks.append(nn.ModuleDict({
-            "attn": attention.from_dense(weights.attn.qkv, weights.attn.out, model["heads"], model["kv_heads"],
-                                         group=tp, qkv_layout=model["layout"]),
-            "mlp": swiglu.from_dense(weights.mlp.gate_up, weights.mlp.down, group=tp)}))
+        blocks.append(
+            nn.ModuleDict(
+                {
+                    "attn": attention.from_dense(
+                        weights.attn.qkv, weights.attn.out, model["heads"], model["kv_heads"], group=tp, qkv_layout=model["layout"]
+                    ),
+                    "mlp": swiglu.from_dense(weights.mlp.gate_up, weights.mlp.down, group=tp),
+                }
+            )
+        )
     embed = require(impl, "VocabParallelEmbedding").from_dense(dense.embed, group=tp) if stage in (0, last) else None
     module = _Stage(embed, blocks, stage == 0, stage == last, require(impl, "all_reduce"), tp)
     cross_entropy = require(impl, "vocab_parallel_cross_entropy")
@@ -94,8 +111,9 @@ def transformer_step(ctx: RankContext, impl, model: dict, seed: int, blocks_per_
     def loss_fn(logits, target):
         return cross_entropy(logits, target, model["vocab"], group=tp).mean()
 
-    loss = require(impl, "pipeline_step")(module, ctx.to_device(inputs), ctx.to_device(targets), loss_fn,
-                                          num_microbatches, schedule=schedule, group=pp)
+    loss = require(impl, "pipeline_step")(
+        module, ctx.to_device(inputs), ctx.to_device(targets), loss_fn, num_microbatches, schedule=schedule, group=pp
+    )
     require(impl, "sync_tied_gradients")(module, [(0, "embed.weight"), (last, "embed.weight")], group=pp)
     named = [("embed.weight", embed.weight)] if embed is not None else []
     for i, block in enumerate(blocks):
@@ -113,4 +131,3 @@ def transformer_step(ctx: RankContext, impl, model: dict, seed: int, blocks_per_
         all_reduce(shard, op=ReduceOp.SUM, group=dp)
         grads[f"stage{stage}.{name}"] = shard / len(mine["dp"])
     return ctx.to_cpu({"loss": loss, "grads": grads, "stage": stage})
-

@@ -6,6 +6,7 @@ inputs, the rank holding the last stage its targets, the others None.
 What comes back: the loss (None where the implementation returned None) and the .grad of every
 local parameter keyed by its stable name ``stage<s>.<name>``; the driver judges it against
 reference/pipeline_parallel.py."""
+
 from __future__ import annotations
 
 import torch
@@ -25,8 +26,7 @@ def _owner(stage: int, p: int, placement: str) -> int:
     return stage % p
 
 
-def _local_stages(ctx: RankContext, model: dict, seed: int, layers_per_stage: list[int], stages_per_rank: int,
-                  placement: str = "loop"):
+def _local_stages(ctx: RankContext, model: dict, seed: int, layers_per_stage: list[int], stages_per_rank: int, placement: str = "loop"):
     p = ctx.world_size
     if len(layers_per_stage) != p * stages_per_rank:
         raise ValueError(f"{len(layers_per_stage)} stages for {p} ranks x {stages_per_rank} stages per rank")
@@ -48,8 +48,12 @@ def _schedule(schedule: str | None, schedule_rows: list | None):
 
 
 def _grads(stage_indices: list[int], modules) -> dict:
-    return {f"stage{s}.{name}": p.grad.detach().clone()
-            for s, module in zip(stage_indices, modules) for name, p in module.named_parameters() if p.grad is not None}
+    return {
+        f"stage{s}.{name}": p.grad.detach().clone()
+        for s, module in zip(stage_indices, modules)
+        for name, p in module.named_parameters()
+        if p.grad is not None
+    }
 
 
 def _over_the_batchs_valid_rows(summed, targets):
@@ -63,10 +67,27 @@ def _over_the_batchs_valid_rows(summed, targets):
     return loss_fn
 
 
-def train_step(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage: list[int], stages_per_rank: int,
-               num_microbatches: int, loss: str, inputs=None, targets=None, schedule: str | None = "1f1b",
-               schedule_rows: list | None = None, placement: str = "loop", calls: int = 1, clip: dict | None = None,
-               per_token: bool = False, tied: list | None = None, rng_seed: int | None = None, group=None) -> dict:
+def train_step(
+    ctx: RankContext,
+    impl,
+    model: dict,
+    seed: int,
+    layers_per_stage: list[int],
+    stages_per_rank: int,
+    num_microbatches: int,
+    loss: str,
+    inputs=None,
+    targets=None,
+    schedule: str | None = "1f1b",
+    schedule_rows: list | None = None,
+    placement: str = "loop",
+    calls: int = 1,
+    clip: dict | None = None,
+    per_token: bool = False,
+    tied: list | None = None,
+    rng_seed: int | None = None,
+    group=None,
+) -> dict:
     """``impl.pipeline_step`` on the whole world, ``calls`` times on the same batch (gradient
     accumulation across steps: .grad is never reset between them; the loss of the last call is
     reported). ``schedule_rows`` (one list of compact actions per rank) is handed over as a
@@ -92,25 +113,47 @@ def train_step(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage:
         torch.manual_seed(rng_seed)
     for _ in range(calls):
         executed.append(CALL)  # each call's order is judged on its own (a runtime may warm up per call)
-        result = pipeline_step(modules if stages_per_rank > 1 else modules[0], ctx.to_device(inputs),
-                               ctx.to_device(targets), loss_fn, num_microbatches,
-                               schedule=_schedule(schedule, schedule_rows), **options)
+        result = pipeline_step(
+            modules if stages_per_rank > 1 else modules[0],
+            ctx.to_device(inputs),
+            ctx.to_device(targets),
+            loss_fn,
+            num_microbatches,
+            schedule=_schedule(schedule, schedule_rows),
+            **options,
+        )
     if tied is not None:
-        require(impl, "sync_tied_gradients")(modules if stages_per_rank > 1 else modules[0],
-                                             [(int(stage), str(name)) for stage, name in tied])
+        require(impl, "sync_tied_gradients")(modules if stages_per_rank > 1 else modules[0], [(int(stage), str(name)) for stage, name in tied])
     norm = None
     if clip is not None:
         counted_once = {} if tied is None else {"tied": [(int(stage), str(name)) for stage, name in tied]}
-        norm = require(impl, "clip_grad_norm_")(modules if stages_per_rank > 1 else modules[0], clip["max_norm"],
-                                                clip["norm_type"], pp_group=dist.group.WORLD, **counted_once)
+        norm = require(impl, "clip_grad_norm_")(
+            modules if stages_per_rank > 1 else modules[0], clip["max_norm"], clip["norm_type"], pp_group=dist.group.WORLD, **counted_once
+        )
         norm = norm.detach().clone() if torch.is_tensor(norm) else norm
     return ctx.to_cpu({"loss": result, "grads": _grads(indices, modules), "executed": executed, "norm": norm})
 
 
-def train_steps(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage: list[int], stages_per_rank: int,
-                num_microbatches: int, loss: str, optimizer: dict, steps: int, inputs=None, targets=None,
-                schedule: str = "1f1b", calls: int = 1, clip: dict | None = None, tied: list | None = None,
-                per_token: bool = False, group=None) -> dict:
+def train_steps(
+    ctx: RankContext,
+    impl,
+    model: dict,
+    seed: int,
+    layers_per_stage: list[int],
+    stages_per_rank: int,
+    num_microbatches: int,
+    loss: str,
+    optimizer: dict,
+    steps: int,
+    inputs=None,
+    targets=None,
+    schedule: str = "1f1b",
+    calls: int = 1,
+    clip: dict | None = None,
+    tied: list | None = None,
+    per_token: bool = False,
+    group=None,
+) -> dict:
     """``steps`` optimizer steps of this rank's stages (the optimizer of ``optimizer`` over them):
     each zero_grad(set_to_none=True), ``calls`` pipeline_step calls on the batch, the
     implementation's clip_grad_norm_ over the pipeline with ``clip`` (with ``tied``, after
@@ -133,14 +176,16 @@ def train_steps(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage
     for step in range(steps):
         opt.zero_grad(set_to_none=True)
         for _ in range(calls):
-            result = pipeline_step(stages, ctx.to_device(inputs), ctx.to_device(targets), loss_fn, num_microbatches,
-                                   schedule=schedule, **options)
+            result = pipeline_step(
+                stages, ctx.to_device(inputs), ctx.to_device(targets), loss_fn, num_microbatches, schedule=schedule, **options
+            )
         if tied is not None:
             require(impl, "sync_tied_gradients")(stages, tied)
         norm = None
         if clip is not None:
-            norm = require(impl, "clip_grad_norm_")(stages, clip["max_norm"], clip["norm_type"], pp_group=dist.group.WORLD,
-                                                    **({} if tied is None else {"tied": tied}))
+            norm = require(impl, "clip_grad_norm_")(
+                stages, clip["max_norm"], clip["norm_type"], pp_group=dist.group.WORLD, **({} if tied is None else {"tied": tied})
+            )
             norm = norm.detach().clone() if torch.is_tensor(norm) else norm
         if step == 0:
             first = {"loss": result, "grads": _grads(indices, modules), "executed": list(executed), "norm": norm}
@@ -164,8 +209,7 @@ def split(ctx: RankContext, impl, model: dict, seed: int, num_stages: int, input
     except Exception as error:  # noqa: BLE001 - the driver judges what was raised
         return {"raised": type(error).__name__, "message": str(error)}
     held = [[where[id(m)] for m in stage.modules() if id(m) in where] for stage in stages]
-    foreign = sum(1 for stage in stages for m in stage.modules()
-                  if isinstance(m, pipeline_models.Layer) and id(m) not in where)
+    foreign = sum(1 for stage in stages for m in stage.modules() if isinstance(m, pipeline_models.Layer) and id(m) not in where)
     with torch.no_grad():
         x = ctx.to_device(inputs)
         chained = x
@@ -185,6 +229,7 @@ def _watch(indices: list[int], modules) -> list[str]:
     events: list[str] = []
     held = [{id(p) for p in module.parameters()} for module in modules]
     for k, (stage, module) in enumerate(zip(indices, modules)):
+
         def forward(module, inputs, output, stage=stage):
             # a forward without autograd (torch.distributed.pipelining's shape inference) or on the
             # meta device holds no activation for a backward: it is not a step of the schedule
@@ -194,16 +239,29 @@ def _watch(indices: list[int], modules) -> list[str]:
         module.register_forward_hook(forward)
         # a weight tied to another stage on this rank (capability pipeline_tied) has its gradient
         # computed by both stages' backwards: the first parameter this stage holds alone is watched
-        first = next((p for p in module.parameters()
-                      if not any(id(p) in other for j, other in enumerate(held) if j != k)), None)
+        first = next((p for p in module.parameters() if not any(id(p) in other for j, other in enumerate(held) if j != k)), None)
         if first is not None:
             first.register_hook(lambda grad, stage=stage: events.append(f"B{stage}"))
     return events
 
 
-def timed_steps(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage: list[int], stages_per_rank: int,
-                num_microbatches: int, loss: str, repeats: int, inputs=None, targets=None, schedule: str | None = "1f1b",
-                schedule_rows: list | None = None, placement: str = "loop", group=None) -> dict:
+def timed_steps(
+    ctx: RankContext,
+    impl,
+    model: dict,
+    seed: int,
+    layers_per_stage: list[int],
+    stages_per_rank: int,
+    num_microbatches: int,
+    loss: str,
+    repeats: int,
+    inputs=None,
+    targets=None,
+    schedule: str | None = "1f1b",
+    schedule_rows: list | None = None,
+    placement: str = "loop",
+    group=None,
+) -> dict:
     """``repeats`` steps, each after a barrier, with ``trace``: per step, this rank's
     [action, start, end] in time.perf_counter seconds (one clock for every process on a host).
     ``schedule_rows`` (one list of compact actions per rank) is handed over as a callable schedule."""
@@ -215,15 +273,21 @@ def timed_steps(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage
             module.zero_grad(set_to_none=True)
         trace: list = []
         dist.barrier()
-        pipeline_step(modules if stages_per_rank > 1 else modules[0], ctx.to_device(inputs), ctx.to_device(targets),
-                      pipeline_models.loss_fn(loss), num_microbatches, schedule=_schedule(schedule, schedule_rows),
-                      trace=trace, **_placement_argument(placement))
+        pipeline_step(
+            modules if stages_per_rank > 1 else modules[0],
+            ctx.to_device(inputs),
+            ctx.to_device(targets),
+            pipeline_models.loss_fn(loss),
+            num_microbatches,
+            schedule=_schedule(schedule, schedule_rows),
+            trace=trace,
+            **_placement_argument(placement),
+        )
         traces.append([[str(a), float(start), float(end)] for a, start, end in trace])
     return {"traces": traces}
 
 
-def generate_schedule(ctx: RankContext, impl, kind: str, num_ranks: int, num_microbatches: int, stages_per_rank: int,
-                      group=None) -> dict:
+def generate_schedule(ctx: RankContext, impl, kind: str, num_ranks: int, num_microbatches: int, stages_per_rank: int, group=None) -> dict:
     """{"rows": impl.generate_schedule(...) as lists of strings}, or {"refused": "<error>"} when it
     raises a ValueError (arguments it declines, e.g. interleaved with m not a multiple of p)."""
     generate = require(impl, "generate_schedule")
@@ -234,9 +298,22 @@ def generate_schedule(ctx: RankContext, impl, kind: str, num_ranks: int, num_mic
     return {"rows": [[a if isinstance(a, str) else str(a) for a in row] for row in rows]}
 
 
-def dp_pp_step(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage: list[int], num_microbatches: int,
-               loss: str, pipeline_groups: list[list[int]], data_parallel_groups: list[list[int]], inputs=None,
-               targets=None, schedule: str = "1f1b", per_token: bool = False, group=None) -> dict:
+def dp_pp_step(
+    ctx: RankContext,
+    impl,
+    model: dict,
+    seed: int,
+    layers_per_stage: list[int],
+    num_microbatches: int,
+    loss: str,
+    pipeline_groups: list[list[int]],
+    data_parallel_groups: list[list[int]],
+    inputs=None,
+    targets=None,
+    schedule: str = "1f1b",
+    per_token: bool = False,
+    group=None,
+) -> dict:
     """Data parallelism over pipelines on a pp x dp mesh (reference/mesh.py, ``pipeline_mesh``):
     the implementation's ``pipeline_step`` on this rank's pipeline group (its replica's batch goes
     to the group's first rank, the targets to its last), then every stage gradient summed over
@@ -274,8 +351,9 @@ def dp_pp_step(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage:
             return summed(output, target) / divisor
 
         options = {"scale_grads": False}
-    result = pipeline_step(module, ctx.to_device(inputs), ctx.to_device(targets), loss_fn,
-                           num_microbatches, schedule=schedule, group=pp, **options)
+    result = pipeline_step(
+        module, ctx.to_device(inputs), ctx.to_device(targets), loss_fn, num_microbatches, schedule=schedule, group=pp, **options
+    )
     grads = {}
     for name, parameter in module.named_parameters():
         if parameter.grad is None:
@@ -286,9 +364,21 @@ def dp_pp_step(ctx: RankContext, impl, model: dict, seed: int, layers_per_stage:
     return ctx.to_cpu({"loss": result, "grads": grads, "executed": executed, "stage": stage, "count": count})
 
 
-def mesh_step(ctx: RankContext, impl, model: dict, seed: int, blocks_per_stage: list[int], num_microbatches: int,
-              loss: str, mesh: dict, inputs=None, targets=None, schedule: str = "1f1b", clip: dict | None = None,
-              group=None) -> dict:
+def mesh_step(
+    ctx: RankContext,
+    impl,
+    model: dict,
+    seed: int,
+    blocks_per_stage: list[int],
+    num_microbatches: int,
+    loss: str,
+    mesh: dict,
+    inputs=None,
+    targets=None,
+    schedule: str = "1f1b",
+    clip: dict | None = None,
+    group=None,
+) -> dict:
     """Data, tensor and pipeline parallelism on one pp x dp x tp mesh (reference/mesh.py, ``Mesh``;
     ``mesh`` carries its groups: {"pp": [...], "dp": [...], "tp": [...]}, every rank creates all of
     them in that order). This rank's stage s is its pipeline group position; its blocks
@@ -321,8 +411,9 @@ def mesh_step(ctx: RankContext, impl, model: dict, seed: int, blocks_per_stage: 
     executed = _watch([stage], [module])
     pipeline_step, all_reduce = require(impl, "pipeline_step"), require(impl, "all_reduce")
     recording.mark("pipeline")
-    result = pipeline_step(module, ctx.to_device(inputs), ctx.to_device(targets), pipeline_models.loss_fn(loss),
-                           num_microbatches, schedule=schedule, group=pp)
+    result = pipeline_step(
+        module, ctx.to_device(inputs), ctx.to_device(targets), pipeline_models.loss_fn(loss), num_microbatches, schedule=schedule, group=pp
+    )
     recording.mark("data_parallel")
     grads = {}
     for b, block in enumerate(blocks):
@@ -351,6 +442,5 @@ def mesh_step(ctx: RankContext, impl, model: dict, seed: int, blocks_per_stage: 
                     parameter = getattr(getattr(block, fc), kind, None)
                     if parameter is not None and parameter.grad is not None:
                         clipped = parameter.grad.detach()
-                        grads[f"stage{stage}.{b}.{fc}.{kind}"] = (clipped.to_local() if hasattr(clipped, "to_local")
-                                                                  else clipped).clone()
+                        grads[f"stage{stage}.{b}.{fc}.{kind}"] = (clipped.to_local() if hasattr(clipped, "to_local") else clipped).clone()
     return ctx.to_cpu({"loss": result, "grads": grads, "executed": executed, "stage": stage, "norm": norm})

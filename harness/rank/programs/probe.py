@@ -1,5 +1,6 @@
 """Probing what the backend itself accepts, once per session, with torch.distributed's own
 collectives on tiny tensors. The driver turns refusals into skips with the backend's message."""
+
 from __future__ import annotations
 
 import sys
@@ -29,9 +30,14 @@ def native_refusals(ctx: RankContext, impl, calls: list[tuple[tuple, str, dict]]
 def rank_environment(ctx: RankContext, impl) -> dict:
     """What a rank runs with: torch's thread counts, default dtype, grad mode, the device, and whether
     it would write bytecode (it must not: the audit counts every byte a rank writes)."""
-    return {"threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
-            "default_dtype": str(torch.get_default_dtype()), "grad_enabled": torch.is_grad_enabled(),
-            "device": str(ctx.device), "writes_bytecode": not sys.dont_write_bytecode}
+    return {
+        "threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "default_dtype": str(torch.get_default_dtype()),
+        "grad_enabled": torch.is_grad_enabled(),
+        "device": str(ctx.device),
+        "writes_bytecode": not sys.dont_write_bytecode,
+    }
 
 
 STRAY_MAGIC = 0x5EED_C0DE

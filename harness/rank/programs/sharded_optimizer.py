@@ -3,6 +3,7 @@ the same seed), wrap its parameters in the implementation's ShardedOptimizer, an
 rank's slice of the global batch. Returns what the driver judges: per step the local loss, the
 state after the step, and how many optimizer-state elements this rank holds, and for how many
 parameters."""
+
 from __future__ import annotations
 
 import torch
@@ -17,8 +18,7 @@ def local_state_numel(optim) -> int:
     """Elements of the state tensors shaped like their parameter in the local optimizer (momentum,
     moments; not step counters): what this rank holds, whatever its parameters are (the model's
     own, or flat shards of them)."""
-    return sum(v.numel() for p, st in optim.state.items() for v in st.values()
-               if torch.is_tensor(v) and v.shape == p.shape)
+    return sum(v.numel() for p, st in optim.state.items() for v in st.values() if torch.is_tensor(v) and v.shape == p.shape)
 
 
 def local_state_tensors(optim) -> int:
@@ -26,8 +26,7 @@ def local_state_tensors(optim) -> int:
     return sum(1 for p, st in optim.state.items() if any(torch.is_tensor(v) and v.shape == p.shape for v in st.values()))
 
 
-def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps: int, batch: dict,
-          group=None) -> dict:
+def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps: int, batch: dict, group=None) -> dict:
     """Per step: opt.zero_grad(set_to_none=True); loss = net(inputs, targets); loss.backward();
     opt.step()."""
     if group is not None:
@@ -39,8 +38,10 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
     forward = library_loop.wrap_model(opt, net)  # a library's engine: .optim exists from here on
     missing = [name for name in CONTRACT if not hasattr(opt, name)]
     if missing:
-        raise TypeError(f"ShardedOptimizer(params, optimizer_class, **defaults) returned a {type(opt).__name__} "
-                        f"without {', '.join(missing)}: the contract needs step(), zero_grad() and .optim")
+        raise TypeError(
+            f"ShardedOptimizer(params, optimizer_class, **defaults) returned a {type(opt).__name__} "
+            f"without {', '.join(missing)}: the contract needs step(), zero_grad() and .optim"
+        )
     inputs, targets = ctx.to_device(batch["inputs"]), ctx.to_device(batch["targets"])
     result = {"steps": []}
     for _ in range(steps):
@@ -48,7 +49,12 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
         loss = forward(inputs, targets)
         library_loop.backward(opt, loss)
         opt.step()
-        result["steps"].append({"loss": loss.detach(), "state": models.state(net),
-                                "optimizer_state_numel": local_state_numel(opt.optim),
-                                "optimizer_state_tensors": local_state_tensors(opt.optim)})
+        result["steps"].append(
+            {
+                "loss": loss.detach(),
+                "state": models.state(net),
+                "optimizer_state_numel": local_state_numel(opt.optim),
+                "optimizer_state_tensors": local_state_tensors(opt.optim),
+            }
+        )
     return ctx.to_cpu(result)

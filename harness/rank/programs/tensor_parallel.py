@@ -29,6 +29,7 @@ The contract (CONTRACT.md, "Tensor parallelism"), for a group of n ranks (``grou
 * A class that is missing or raises NotImplementedError fails every tensor-parallel test as "not
   implemented" (CONTRACT.md); nothing is skipped.
 """
+
 from __future__ import annotations
 
 import torch
@@ -113,8 +114,17 @@ def _parameters(module: nn.Module, layer: str) -> dict:
 
 
 @on_members
-def forward_backward(ctx: RankContext, impl, process_group, layer: str, dense: dict, options: dict,
-                     x: torch.Tensor, grad_output: torch.Tensor, rng_seed: int | None = None) -> dict:
+def forward_backward(
+    ctx: RankContext,
+    impl,
+    process_group,
+    layer: str,
+    dense: dict,
+    options: dict,
+    x: torch.Tensor,
+    grad_output: torch.Tensor,
+    rng_seed: int | None = None,
+) -> dict:
     """``layer`` in column, row, mlp; ``dense`` the dense weights; ``options`` the keyword arguments
     of from_dense. Returns output, grad_input, and every parameter's shard and its gradient (keys
     weight, bias, grad_weight, grad_bias, prefixed fc1_/fc2_ for the MLP, and norm_ for its
@@ -132,8 +142,9 @@ def forward_backward(ctx: RankContext, impl, process_group, layer: str, dense: d
 
 
 @on_members
-def train_steps(ctx: RankContext, impl, process_group, dense: dict, options: dict, x: torch.Tensor,
-                grad_output: torch.Tensor, optimizer: dict, steps: int) -> dict:
+def train_steps(
+    ctx: RankContext, impl, process_group, dense: dict, options: dict, x: torch.Tensor, grad_output: torch.Tensor, optimizer: dict, steps: int
+) -> dict:
     """The MLP (with its LayerNorm when ``dense`` has one) trained ``steps`` times on the linear loss
     sum(y * grad_output) of this member's output, the optimizer ``optimizer`` (harness.rank.models)
     over the module's parameters as this member holds them: each step's loss."""
@@ -153,8 +164,7 @@ def train_steps(ctx: RankContext, impl, process_group, dense: dict, options: dic
 
 
 @on_members
-def clip(ctx: RankContext, impl, process_group, dense: dict, options: dict, x: torch.Tensor,
-         grad_output: torch.Tensor, clip: dict) -> dict:
+def clip(ctx: RankContext, impl, process_group, dense: dict, options: dict, x: torch.Tensor, grad_output: torch.Tensor, clip: dict) -> dict:
     """The MLP's forward and backward as ``forward_backward``, then the implementation's
     ``clip_grad_norm_(module, max_norm, norm_type)``: what it returned (a DTensor's full value) and
     every parameter's shard and clipped gradient."""
@@ -164,13 +174,11 @@ def clip(ctx: RankContext, impl, process_group, dense: dict, options: dict, x: t
     _after_backward(module)
     norm = require(impl, "clip_grad_norm_")(module, clip["max_norm"], clip["norm_type"])
     norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-    return ctx.to_cpu({"norm": norm.detach().clone() if torch.is_tensor(norm) else norm,
-                       **_parameters(module, "mlp")})
+    return ctx.to_cpu({"norm": norm.detach().clone() if torch.is_tensor(norm) else norm, **_parameters(module, "mlp")})
 
 
 @on_members
-def vocab_embedding(ctx: RankContext, impl, process_group, weight: torch.Tensor, tokens: torch.Tensor,
-                    grad_output: torch.Tensor) -> dict:
+def vocab_embedding(ctx: RankContext, impl, process_group, weight: torch.Tensor, tokens: torch.Tensor, grad_output: torch.Tensor) -> dict:
     """The implementation's ``VocabParallelEmbedding.from_dense`` of the dense table ``weight``,
     forward on the tokens (the same on every rank), backward with the upstream gradient: the
     output, and this rank's rows of the table and their gradient."""
@@ -180,13 +188,13 @@ def vocab_embedding(ctx: RankContext, impl, process_group, weight: torch.Tensor,
     module = require(impl, "VocabParallelEmbedding").from_dense(dense, group=process_group)
     output = module(ctx.to_device(tokens))
     output.backward(ctx.to_device(grad_output))
-    return ctx.to_cpu({"output": _local(output), "weight": _local(module.weight),
-                       "grad_weight": _local(_gradient(module.weight))})
+    return ctx.to_cpu({"output": _local(output), "weight": _local(module.weight), "grad_weight": _local(_gradient(module.weight))})
 
 
 @on_members
-def vocab_cross_entropy(ctx: RankContext, impl, process_group, logits: torch.Tensor, targets: torch.Tensor,
-                        vocab_size: int, grad_output: torch.Tensor) -> dict:
+def vocab_cross_entropy(
+    ctx: RankContext, impl, process_group, logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, grad_output: torch.Tensor
+) -> dict:
     """The implementation's ``vocab_parallel_cross_entropy`` on this rank's logit columns, then
     backward with the upstream gradient: the per-token losses and the gradient of the columns."""
     function = require(impl, "vocab_parallel_cross_entropy")

@@ -2,6 +2,7 @@
 the rank (nothing large crosses the driver's socket), warm-up calls, a barrier, then ``iters``
 back-to-back calls timed with perf_counter (after a device synchronize on GPU). Each rank returns
 its own seconds per call; the driver takes the max over ranks."""
+
 from __future__ import annotations
 
 import time
@@ -60,14 +61,12 @@ def _seconds_per_call(ctx: RankContext, run, iters: int, warmup: int) -> dict:
     return {"seconds": (time.perf_counter() - started) / iters}
 
 
-def time_collective(ctx: RankContext, impl, collective: str, numel: int, dtype: str, iters: int, warmup: int,
-                    group=None) -> dict:
+def time_collective(ctx: RankContext, impl, collective: str, numel: int, dtype: str, iters: int, warmup: int, group=None) -> dict:
     run = _call(ctx, impl, collective, numel, getattr(torch, dtype))
     return _seconds_per_call(ctx, run, iters, warmup)
 
 
-def time_tensor_parallel_mlp(ctx: RankContext, impl, hidden: int, ffn: int, tokens: int, iters: int,
-                             warmup: int = 2) -> dict:
+def time_tensor_parallel_mlp(ctx: RankContext, impl, hidden: int, ffn: int, tokens: int, iters: int, warmup: int = 2) -> dict:
     """Forward + backward of ``impl.TensorParallelMLP`` built from a dense MLP (hidden -> ffn ->
     hidden, the same seed on every rank) on ``tokens`` x ``hidden`` inputs, replicated."""
     from torch import nn
@@ -84,8 +83,9 @@ def time_tensor_parallel_mlp(ctx: RankContext, impl, hidden: int, ffn: int, toke
     return _seconds_per_call(ctx, step, iters, warmup)
 
 
-def time_data_parallel_step(ctx: RankContext, impl, width: int, depth: int, global_batch: int,
-                            bucket_size_mb, iters: int, warmup: int = 2) -> dict:
+def time_data_parallel_step(
+    ctx: RankContext, impl, width: int, depth: int, global_batch: int, bucket_size_mb, iters: int, warmup: int = 2
+) -> dict:
     """One SGD step of ``impl.DataParallel`` over an MLP of ``depth`` Linear(width, width) layers on
     this rank's slice of a fixed global batch (the same model seed on every rank)."""
     from torch import nn
@@ -108,8 +108,9 @@ def time_data_parallel_step(ctx: RankContext, impl, width: int, depth: int, glob
     return _seconds_per_call(ctx, step, iters, warmup)
 
 
-def time_sharded_optimizer_step(ctx: RankContext, impl, width: int, depth: int, global_batch: int, sharded: bool,
-                                iters: int, warmup: int = 2) -> dict:
+def time_sharded_optimizer_step(
+    ctx: RankContext, impl, width: int, depth: int, global_batch: int, sharded: bool, iters: int, warmup: int = 2
+) -> dict:
     """One AdamW step over an MLP of ``depth`` Linear(width, width) layers on this rank's slice of a
     fixed global batch: with ``impl.ShardedOptimizer`` (ZeRO stage 1) when ``sharded``, else with
     ``impl.DataParallel`` (its default buckets) and a whole AdamW on every rank. Also returns the
@@ -142,14 +143,15 @@ def time_sharded_optimizer_step(ctx: RankContext, impl, width: int, depth: int, 
     return {**timing, "state_numel": local_state_numel(local_optimizer)}
 
 
-def time_memory_strategies(ctx: RankContext, impl, width: int, depth: int, global_batch: int, strategy: str,
-                           iters: int, warmup: int = 2) -> dict:
+def time_memory_strategies(
+    ctx: RankContext, impl, width: int, depth: int, global_batch: int, strategy: str, iters: int, warmup: int = 2
+) -> dict:
     """One AdamW step over an MLP of ``depth`` Linear(width, width) layers on this rank's slice of a
-    fixed global batch, under ``strategy``: "dp" (impl.DataParallel, AdamW on every rank), "zero1"
-    (impl.ShardedOptimizer), "fsdp" (impl.fully_shard on every layer, then the root) or "zero2" (the
-same with reshard_after_forward=False: gathered once per step). Returns the
-    time and the elements this rank holds after the steps: trainable parameters, gradients and
-    optimizer state (a DTensor counts its local shard)."""
+        fixed global batch, under ``strategy``: "dp" (impl.DataParallel, AdamW on every rank), "zero1"
+        (impl.ShardedOptimizer), "fsdp" (impl.fully_shard on every layer, then the root) or "zero2" (the
+    same with reshard_after_forward=False: gathered once per step). Returns the
+        time and the elements this rank holds after the steps: trainable parameters, gradients and
+        optimizer state (a DTensor counts its local shard)."""
     from torch import nn
 
     from parallelism_conformance.harness.rank.programs.fully_sharded import _local_numel
@@ -192,7 +194,9 @@ same with reshard_after_forward=False: gathered once per step). Returns the
         optimizer.step()
 
     timing = _seconds_per_call(ctx, step, iters, warmup)
-    held = (sum(_local_numel(p) for p in parameters) + sum(_local_numel(p.grad) for p in parameters if p.grad is not None)
-            + sum(_local_numel(v) for state in local.state.values() for v in state.values()
-                  if torch.is_tensor(v) and v.dim() > 0))
+    held = (
+        sum(_local_numel(p) for p in parameters)
+        + sum(_local_numel(p.grad) for p in parameters if p.grad is not None)
+        + sum(_local_numel(v) for state in local.state.values() for v in state.values() if torch.is_tensor(v) and v.dim() > 0)
+    )
     return {**timing, "held_numel": held}

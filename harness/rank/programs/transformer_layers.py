@@ -10,6 +10,7 @@ with this rank's upstream gradient, and return what the driver judges.
 * ``TensorParallelSwiGLU.from_dense(gate_up, down, group=None, sequence_parallel=False)``:
   ``.gate_up`` column parallel ([gate_r | up_r]), ``.down`` row parallel.
 """
+
 from __future__ import annotations
 
 import torch
@@ -18,8 +19,7 @@ from torch import nn
 from parallelism_conformance.harness.rank.context import MissingFunction, RankContext, on_members, require
 from parallelism_conformance.harness.rank.programs.tensor_parallel import _dense, _gradient, _local
 
-CLASSES = {"attention": ("TensorParallelAttention", ("qkv", "out")),
-           "swiglu": ("TensorParallelSwiGLU", ("gate_up", "down"))}
+CLASSES = {"attention": ("TensorParallelAttention", ("qkv", "out")), "swiglu": ("TensorParallelSwiGLU", ("gate_up", "down"))}
 
 
 def _build(ctx: RankContext, impl, process_group, layer: str, dense: dict, options: dict) -> nn.Module:
@@ -41,8 +41,9 @@ def _parameters(module: nn.Module, layer: str) -> dict:
 
 
 @on_members
-def forward_backward(ctx: RankContext, impl, process_group, layer: str, dense: dict, options: dict,
-                     x: torch.Tensor, grad_output: torch.Tensor) -> dict:
+def forward_backward(
+    ctx: RankContext, impl, process_group, layer: str, dense: dict, options: dict, x: torch.Tensor, grad_output: torch.Tensor
+) -> dict:
     """``layer``: attention or swiglu; ``dense``: <part>_weight and <part>_bias of the dense layers;
     ``options``: the other keyword arguments of from_dense. Returns output, grad_input and each
     part's shards and their gradients."""
