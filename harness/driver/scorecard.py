@@ -27,7 +27,7 @@ class TestResult:
     nodeid: str
     capability: str
     outcome: str  # "passed", "failed", "skipped"
-    output: str  # why it failed or was skipped; empty when it passed
+    output: str  # why it failed or was skipped; a passed test's notes (often empty)
     seconds: float
     line: int = 0  # of the test's definition in its file (report.location): the grading files' order
 
@@ -37,6 +37,11 @@ def _capability_of(report) -> str | None:
         if key == "capability":
             return value
     return None
+
+
+def _notes(report) -> str:
+    """What a passed test says of itself (refused examples, a stop at its share of the time budget)."""
+    return "\n".join(value for key, value in getattr(report, "user_properties", ()) if key == "note")
 
 
 def _explain(report) -> str:
@@ -97,7 +102,7 @@ class Scorecard:
             if previous is not None and previous.outcome == "failed":
                 return  # a teardown error after a failed call: keep the call's explanation
             outcome = "skipped" if report.skipped else ("passed" if report.passed else "failed")
-            output = "" if outcome == "passed" else _explain(report)
+            output = _notes(report) if outcome == "passed" else _explain(report)
             line = (getattr(report, "location", None) or ("", 0, ""))[1] or 0  # None: pytest found no line
             self.results[report.nodeid] = TestResult(report.nodeid, capability, outcome, output, report.duration, line)
 

@@ -18,12 +18,19 @@ from parallelism_conformance.harness.driver.plugin.state import STATE, Target, b
 from parallelism_conformance.harness.driver.pool import WorldPool
 
 
+def _before_task(state, size: int) -> None:
+    """Every task on ranks: its world size is recorded (the coverage), and the test's time share may
+    stop it here (plugin/time_share.py)."""
+    state.world_sizes.add(size)
+    state.share.before_task(state.refusals.ran(), state.refusals.failed)
+
+
 def pool_options(config) -> dict:
     """What every pool of the session shares: deadlines, containment, the coverage record."""
     state = config.stash[STATE]
     return dict(
         timeout_s=config.getoption("--rank-timeout"),
-        on_run=state.world_sizes.add,
+        on_run=lambda size: _before_task(state, size),
         contain=contained(config),
         live_ranks=state.live_ranks,
         time_left=state.budget.left if state.budget.deadline is not None else None,
@@ -87,11 +94,14 @@ def audited_pool(target, pytestconfig):
 
 @pytest.fixture(autouse=True)
 def _per_test_records(request):
-    """Clears what the driver records per test (world sizes, refusals) before it starts."""
+    """Clears what the driver records per test (world sizes, refusals) before it starts, and starts its
+    share of the time budget."""
     state = request.config.stash[STATE]
     state.world_sizes.clear()
     state.refusals.clear()
-    state.refusals.watch_failures(request.function)
+    items = request.session.items
+    state.share.start(len(items) - items.index(request.node) if request.node in items else 1)
+    state.refusals.watch_failures(request.function, before_example=state.share.example_began)
 
 
 class Ranks:

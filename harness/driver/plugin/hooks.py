@@ -16,6 +16,7 @@ from parallelism_conformance.harness.driver.plugin.nondeterminism import is_flak
 from parallelism_conformance.harness.driver.plugin.options import SCOPES, check_options, claimed
 from parallelism_conformance.harness.driver.plugin.refusals import EnoughRefused
 from parallelism_conformance.harness.driver.plugin.state import PLAN, STATE, Budget, RunState, backend_plan, max_live_ranks
+from parallelism_conformance.harness.driver.plugin.time_share import ShareSpent
 from parallelism_conformance.harness.driver.pool import LiveRanks
 from parallelism_conformance.harness.driver.reports import older_torch_warning
 from parallelism_conformance.harness.driver.rubric import load_rubric
@@ -142,10 +143,16 @@ def pytest_runtest_makereport(item, call):
     if call.when == "call" and call.excinfo is not None and is_flaky(call.excinfo.value):
         report.longrepr = nondeterminism_report(call.excinfo.value, item)  # never Hypothesis's raw FlakyFailure
     refusals = state.refusals if state is not None and call.when == "call" else None
-    if refusals is not None and call.excinfo is not None and call.excinfo.errisinstance(EnoughRefused):
+    if refusals is not None and call.excinfo is not None and call.excinfo.errisinstance((EnoughRefused, ShareSpent)):
         report.outcome, report.longrepr = "passed", None  # every example it ran passed; it stopped drawing
+    notes = []
+    if call.when == "call" and state is not None and state.share.stopped and report.passed:
+        notes.append(state.share.stopped)
     if refusals is not None and refusals.reasons and report.passed:
-        item.user_properties.append(("note", refusals.note()))
+        notes.append(refusals.note())
+    for note in notes:  # the report holds a copy of the item's properties, made before this
+        item.user_properties.append(("note", note))
+        report.user_properties.append(("note", note))
     plan = item.config.stash.get(PLAN, None)
     if report.passed and sizes and max(sizes) < 2 and plan is not None and not plan.multi_rank():
         report.outcome = "skipped"

@@ -92,8 +92,9 @@ def pytest_addoption(parser):
         type=float,
         default=None,
         metavar="S",
-        help=f"seconds the whole run may take on ranks; past it no task starts and the tests left are "
-        f"reported as not run (default: none; {GRADING_BUDGET_S:g} under the grading profile)",
+        help=f"seconds the whole run may take on ranks; each test draws examples for its share of what is "
+        f"left (at least 10 examples), and past the budget no task starts and the tests left are reported "
+        f"as not run (default: none; {GRADING_BUDGET_S:g} under the grading profile)",
     )
     group.addoption(
         "--scope",

@@ -42,6 +42,9 @@ class Refusals:
     # an example of this test failed (watch_failures): from then on refusals only reject, so that
     # neither a skip nor a stop can end the test while Hypothesis shrinks the failure
     failed: bool = False
+    # called before each example of the current test (watch_failures), with (ran, failed): the time
+    # share's stop (plugin/time_share.py)
+    before_example: object = None
 
     def refuse(self, reason: str, example) -> NoReturn:
         """Inside a Hypothesis test: reject the example (or skip, or stop, as the class says);
@@ -77,10 +80,12 @@ class Refusals:
         self._refused.clear()
         self.failed = False
 
-    def watch_failures(self, test) -> None:
+    def watch_failures(self, test, before_example=None) -> None:
         """Wrap a Hypothesis test's inner function (``test.hypothesis.inner_test``, Hypothesis's
         documented hook) so that an example that fails (an Exception other than Hypothesis's own,
-        such as a rejection) sets ``failed``. Once per test function."""
+        such as a rejection) sets ``failed``, and ``before_example(ran, failed)``, if given, is called
+        before each example (it may stop the test). Once per test function."""
+        self.before_example = before_example
         handle = getattr(test, "hypothesis", None)
         if handle is None or getattr(handle.inner_test, "_watched_by", None) is self:
             return
@@ -88,6 +93,8 @@ class Refusals:
 
         @functools.wraps(inner)
         def watched(*args, **kwargs):
+            if self.before_example is not None:
+                self.before_example(self.ran(), self.failed)
             try:
                 return inner(*args, **kwargs)
             except HypothesisException:  # a rejection; StopTest and pytest's skips are BaseExceptions,

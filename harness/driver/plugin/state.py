@@ -15,6 +15,7 @@ from parallelism_conformance.harness.driver.gradescope import limits
 from parallelism_conformance.harness.driver.plugin.options import GRADING_BUDGET_S, attached_world
 from parallelism_conformance.harness.driver.plugin.profiles import current_profile
 from parallelism_conformance.harness.driver.plugin.refusals import Refusals
+from parallelism_conformance.harness.driver.plugin.time_share import TimeShare
 from parallelism_conformance.harness.driver.pool import LiveRanks
 
 
@@ -89,6 +90,11 @@ class RunState:
     world_sizes: set = field(default_factory=set)  # of the current test's tasks (emptied before each test)
     hung: dict = field(default_factory=dict)  # capability -> the test in which its ranks hung
     refusals: Refusals = field(default_factory=lambda: Refusals())  # of the current test (emptied before each)
+    share: TimeShare | None = None  # the current test's share of the budget (made with the state)
+
+    def __post_init__(self):
+        if self.share is None:
+            self.share = TimeShare(self.budget)
 
 
 STATE = pytest.StashKey[RunState]()

@@ -1,0 +1,95 @@
+"""A budget too small for every example of every test costs examples, spread over the tests, never
+whole tests (harness/driver/plugin/time_share.py); a failure is never cut short."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from parallelism_conformance.harness.driver.plugin.time_share import FLOOR, ShareSpent, TimeShare
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+class FixedBudget:
+    def __init__(self, left: float):
+        self._left = left
+
+    def left(self) -> float:
+        return self._left
+
+
+def test_the_share_is_what_is_left_over_the_tests_left_and_one_held_back():
+    share = TimeShare(FixedBudget(120.0))
+    share.start(tests_left=39)
+    assert share.share_s == pytest.approx(3.0)
+    share.start(tests_left=0)  # the last test, counted once whatever the caller says
+    assert share.share_s == pytest.approx(60.0)
+
+
+def test_without_a_budget_nothing_is_cut():
+    share = TimeShare(FixedBudget(math.inf))
+    share.start(tests_left=3)
+    share.check(ran=10_000, failed=False)
+    assert share.stopped == ""
+
+
+def test_a_spent_share_stops_only_a_test_that_ran_its_floor_and_failed_nothing():
+    share = TimeShare(FixedBudget(0.0))
+    share.start(tests_left=5)
+    time.sleep(0.01)
+    share.check(ran=FLOOR - 1, failed=False)  # below the floor: goes on
+    share.check(ran=FLOOR + 5, failed=True)  # a failure: Hypothesis shrinks it, whatever the time
+    assert share.stopped == ""
+    share.before_task(ran=FLOOR, failed=False)  # no example began: a later task of the same example
+    assert share.stopped == ""
+    share.example_began(ran=FLOOR, failed=False)
+    with pytest.raises(ShareSpent, match=f"{FLOOR} examples ran and passed; drawing stopped"):
+        share.before_task(ran=FLOOR, failed=False)
+
+
+@pytest.fixture
+def graded(suite_runner, tmp_path):
+    def run(impl: str, budget_s: float, profile: str = "grading"):
+        result = suite_runner.run(
+            "conformance/test_data_parallel.py",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--impl",
+            impl,
+            f"--hypothesis-profile={profile}",
+            "--contain-ranks",
+            "no",
+            "--time-budget",
+            str(budget_s),
+            "--report-dir",
+            str(tmp_path),
+            "-k",
+            "test_training_matches_one_process_on_the_global_batch or test_buffers_start_from_rank_0s",
+        )
+        tests = json.loads((tmp_path / "results.json").read_text())["tests"]
+        return result, {t["name"]: t for t in tests}
+
+    return run
+
+
+def test_a_budget_too_small_for_every_example_cuts_examples_not_tests(graded):
+    # thorough: 150 examples a test, well past a share of 8 s on a machine several times this one's speed
+    result, tests = graded("parallelism_conformance.impls", 24, "thorough")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert tests and all(t["status"] == "passed" and t["score"] == t["max_score"] for t in tests.values()), tests
+    cut = [t for t in tests.values() if "drawing stopped at this test's share of the time budget" in t["output"]]
+    assert cut, f"no test was cut at its share: {tests}"
+
+
+def test_a_failing_test_is_not_cut_into_a_pass(graded):
+    # every example fails (rank 0's state is never broadcast): past its share, shrinking goes on
+    result, tests = graded("mutants/data_parallel/no_broadcast.py", 24)
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert tests["test_buffers_start_from_rank_0s"]["status"] == "failed", tests
+    assert "share of the time budget" not in tests["test_buffers_start_from_rank_0s"]["output"], tests
