@@ -262,6 +262,6 @@ def test_the_live_rank_cap_and_the_tier_warning_follow_what_the_submissions_impo
     from parallelism_conformance.harness.driver.gradescope import limits
 
     light, heavy = limits.live_ranks_for(1536 << 20), limits.live_ranks_for(1536 << 20, import_bytes=300 << 20)
-    assert light == (1536 - 450) // 110 and heavy == limits.SMALLEST_WORLDS < light  # never fewer than 4
+    assert light == (1536 - 450) // 128 and heavy == limits.SMALLEST_WORLDS < light  # never fewer than 4
     assert limits.live_ranks_for(None, import_bytes=1 << 30) is None
     assert limits.fits(1536 << 20, import_bytes=4 << 20) and not limits.fits(768 << 20, import_bytes=4 << 20)
