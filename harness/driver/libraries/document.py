@@ -57,6 +57,12 @@ def write(verdicts: list[Verdict], path: Path, options: str, libraries: dict = L
                 + ", ".join(f"`{p}` (`{c}`)" for c, p in library.system_packages.items())
                 + "."
             )
+        if library.unconstrained:
+            lines.append(
+                "Its venv is neither installed from nor constrained by these lines of requirements.lock: "
+                + "; ".join(f"`{name}` ({why})" for name, why in library.unconstrained.items())
+                + "."
+            )
         if library.environment:
             lines.append("Ranks run with " + ", ".join(f"`{k}={v}`" for k, v in library.environment.items()) + ".")
         lines += ["", "Shims (each stands in for one library line, never for its arithmetic or communication):", ""]

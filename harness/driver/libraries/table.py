@@ -36,6 +36,10 @@ class Library:
     # first use, built before any rank has a deadline to meet
     warm_up: str = ""
     shims: tuple[tuple[str, str], ...] = ()  # (what the adapter does, the library line it stands in for)
+    # requirements.lock's packages (pip names) that the library's venv neither installs from the lock
+    # nor is constrained by, each with why: a pin the library's own dependencies cannot meet. torch
+    # is never one (the suite runs on the lock's torch; venvs.check refuses any other)
+    unconstrained: dict = field(default_factory=dict)  # pip name -> why
     # (test id prefix, as "test_file.py::test_name", or a capability) -> why it fails or is refused
     explained: dict = field(default_factory=dict)
 
@@ -284,14 +288,14 @@ TORCHTITAN = Library(
     name="torchtitan",
     pinned="0.3.0",
     older=("0.2.2",),
-    # no run yet (see explained): parallelize_llama (FSDP2, TP) and pipeline_llm (PP) are not adapted
-    runs=(),
-    explained={
-        "torchtitan": "torchtitan 0.3.0 does not install beside requirements.lock: it needs datasets, every release "
-        "of which pins fsspec[http] <= 2026.2.0, and the lock pins fsspec==2026.9.0 (a dependency of "
-        "torch's, not torch itself); pip reports ResolutionImpossible. It installs with the lock's "
-        "fsspec line left out of the constraints (torch stays 2.13.0)",
+    unconstrained={
+        "fsspec": "torchtitan needs datasets, every release of which pins fsspec[http] <= 2026.2.0, and the lock "
+        "pins fsspec==2026.9.0 (a dependency of torch's, not torch itself): with that line pip reports "
+        "ResolutionImpossible. Left out, pip installs the fsspec datasets allows; torch stays the lock's "
+        "(venvs.ensure checks its build before and after)",
     },
+    # no run yet: parallelize_llama (FSDP2, TP) and pipeline_llm (PP) are not adapted
+    runs=(),
 )
 
 LIBRARIES = {library.name: library for library in (DEEPSPEED, FAIRSCALE, MEGATRON_CORE, NANOTRON, TORCHTITAN)}
