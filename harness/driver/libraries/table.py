@@ -294,8 +294,32 @@ TORCHTITAN = Library(
         "ResolutionImpossible. Left out, pip installs the fsspec datasets allows; torch stays the lock's "
         "(venvs.ensure checks its build before and after)",
     },
-    # no run yet: parallelize_llama (FSDP2, TP) and pipeline_llm (PP) are not adapted
-    runs=(),
+    runs=(
+        Run(
+            "FSDP2 as apply_fsdp_to_decoder configures it (gradients summed), dist_sum_tensor's token count",
+            "parallelism_conformance.adapters.torchtitan",
+            ("token_loss", "fully_sharded"),
+        ),
+        # no audit: the pipeline's audited test runs the mean over microbatches (scale_grads=True), which
+        # torchtitan refuses, and none audits pipeline_token_loss
+        Run(
+            "pipeline schedule as pipeline_llm builds it (_build_pipeline_schedule)",
+            "parallelism_conformance.adapters.torchtitan",
+            ("pipeline_token_loss", "pipeline_parallel"),
+            audit=False,
+        ),
+    ),
+    shims=(
+        (
+            "set_force_sum_reduction_for_comms(True) on every FSDP module on gloo (adapters/torchtitan.py): FSDP2 "
+            "reduce-scatters with ReduceOp.PREMUL_SUM(1 / gradient_divide_factor), which gloo refuses; with the option "
+            "it reduce-scatters with SUM and divides by the factor after, 1.0 under torchtitan: the same values and bytes. "
+            "torchtitan sets the same option itself where it enables symmetric memory",
+            "distributed/fsdp.py, enable_fsdp_symm_mem: module.set_force_sum_reduction_for_comms(True) (the reduce-scatter "
+            "of torch's _fsdp_collectives.foreach_reduce that disable_fsdp_gradient_division's factor 1.0 makes a PREMUL_SUM)",
+        ),
+    ),
+    explained={},
 )
 
 LIBRARIES = {library.name: library for library in (DEEPSPEED, FAIRSCALE, MEGATRON_CORE, NANOTRON, TORCHTITAN)}
