@@ -319,7 +319,40 @@ TORCHTITAN = Library(
             "of torch's _fsdp_collectives.foreach_reduce that disable_fsdp_gradient_division's factor 1.0 makes a PREMUL_SUM)",
         ),
     ),
-    explained={},
+    explained={
+        "torchtitan 0.2.2": "torchtitan 0.2.2 does not import beside the lock's CPU torch: its package __init__ imports "
+        "components.quantization, whose float8 module reaches models/moe/kernels.py and its 'import triton', a "
+        "package torchtitan 0.2.2 does not declare (torch's CUDA wheels bring it, its CPU ones do not); every "
+        "torchtitan module runs that __init__ first. Shown without the suite by tests/libraries/"
+        "torchtitan_imports_triton.py (the same traceback is in NixOS/nixpkgs#525257's build of 0.2.2). torchtitan "
+        "0.3.0 imports on the same torch. A packaging bug of 0.2.2; no shim stands in for a module a library imports",
+        "fully_sharded": "torchtitan sums gradients over ranks and never averages them: apply_fsdp_to_decoder "
+        "(distributed/fsdp.py) ends with disable_fsdp_gradient_division(model), gradient_divide_factor 1.0 on every "
+        "FSDP module, and its train_step divides each micro-batch's summed loss by the global count of valid tokens "
+        "(dist_sum_tensor over the batch mesh) instead. The contract's fully_sharded loop (a loss averaged over this "
+        "rank's slice, gradients averaged over ranks) is not one torchtitan runs, so the adapter refuses it; its own "
+        "loop is token_loss's. A design of torchtitan's, not a bug",
+        "test_token_loss.py::test_data_parallel_gradients_are_the_mean_over_every_valid_token": "token_loss runs through "
+        "FSDP2; its DistributedDataParallel test is refused: torchtitan 0.3.0 has no DDP wrapper (data parallelism is "
+        "FSDP2, replication HSDP's dp_replicate axis). Examples with gradient_divide_factor 2 are refused as well: "
+        "disable_fsdp_gradient_division sets 1.0 and no option of torchtitan's sets another",
+        "FSDP2 as apply_fsdp_to_decoder configures it (gradients summed), dist_sum_tensor's token count: audit": "the audited FSDP step (test_fully_sharded_step) shards with gradients averaged, which "
+        "torchtitan refuses as in fully_sharded; no audit test runs the token_loss loop",
+        "pipeline_parallel": "torchtitan's pipeline never takes the mean over microbatches: _build_pipeline_schedule "
+        "(distributed/pipeline_parallel.py, pipeline_llm's) builds every schedule with scale_grads=False, and its loss "
+        "divides each microbatch's summed loss by the global count of valid tokens; so the contract's pipeline_step with "
+        "its default mean (the loss / m) is refused, and pipeline_token_loss (scale_grads=False) is torchtitan's "
+        "loop. In pipeline_token_loss's test the examples without a padded row ask for the mean, and are refused the same "
+        "way. A design of torchtitan's, not a bug",
+        "tensor_parallel, tp_norm, vocab_parallel, mesh_transformer (not mapped)": "torchtitan 0.3.0 declares tensor and "
+        "sequence parallelism on its own models' configs (models/llama3/sharding.py, set_llama3_sharding_config; "
+        "models/common/decoder_sharding.py) and applies it with its Module.parallelize(parallel_dims) inside "
+        "parallelize_llama: it has no layer built from a dense nn.Linear or nn.Embedding (the contract's "
+        "ColumnParallelLinear.from_dense, TensorParallelMLP.from_dense, VocabParallelEmbedding.from_dense), and "
+        "mesh_transformer builds the harness's transformer from those layers. Its Llama3 (separate wq, wk, wv; RMSNorm; "
+        "RoPE) is not the harness's transformer either, so its steps could only be judged against a dense model the "
+        "suite does not have; not mapped rather than judged against something else",
+    },
 )
 
 LIBRARIES = {library.name: library for library in (DEEPSPEED, FAIRSCALE, MEGATRON_CORE, NANOTRON, TORCHTITAN)}
