@@ -50,16 +50,16 @@ def _device_type(group) -> str:
 def fully_shard(
     module: nn.Module, group=None, reshard_after_forward: bool = True, compute_dtype=None, gradient_divide_factor=None
 ) -> nn.Module:
-    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
-    from torch.distributed.fsdp import fully_shard as torch_fully_shard
-    from torchtitan.distributed.fsdp import disable_fsdp_gradient_division, get_fsdp_reshard_after_forward_policy
-
-    if gradient_divide_factor is None:
+    if gradient_divide_factor is None:  # refused before torchtitan is imported: a refusal costs no import
         raise NotImplementedError(refusals.AVERAGE)
     if gradient_divide_factor != 1:
         raise NotImplementedError(refusals.DIVIDE_FACTOR)
     if compute_dtype is not None:
         raise NotImplementedError(refusals.COMPUTE_DTYPE)
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
+    from torchtitan.distributed.fsdp import disable_fsdp_gradient_division, get_fsdp_reshard_after_forward_policy
+
     mesh = _mesh(group, _device_type(group))
     # apply_fsdp_to_decoder's policy; None keeps the parameters' dtype (torchtitan's "float32" on float32)
     mp_policy = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=None, cast_forward_inputs=False)

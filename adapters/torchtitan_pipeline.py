@@ -37,16 +37,16 @@ def _schedule_name(schedule, stages_per_rank: int) -> str:
 
 
 def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="1f1b", group=None, scale_grads=True, trace=None):
-    from torch.distributed.pipelining import PipelineStage
-    from torchtitan.config import ParallelismConfig
-    from torchtitan.distributed.pipeline_parallel import _build_pipeline_schedule, _get_pp_rank_to_stage_indices_mapping
-
-    if scale_grads:
+    if scale_grads:  # refused before torchtitan is imported: a refusal costs no import
         raise NotImplementedError(refusals.MEAN_OVER_MICROBATCHES)
     if trace is not None:
         raise NotImplementedError(refusals.TRACE)
     modules = list(stages) if isinstance(stages, (list, tuple)) else [stages]
     name = _schedule_name(schedule, len(modules))
+    from torch.distributed.pipelining import PipelineStage
+    from torchtitan.config import ParallelismConfig
+    from torchtitan.distributed.pipeline_parallel import _build_pipeline_schedule, _get_pp_rank_to_stage_indices_mapping
+
     group = group or dist.group.WORLD
     p, rank = dist.get_world_size(group), dist.get_rank(group)
     indices = _get_pp_rank_to_stage_indices_mapping(rank, p, name, p * len(modules))

@@ -104,6 +104,20 @@ def test_one_librarys_run_rewrites_its_rows_and_section_and_keeps_the_rest(tmp_p
     assert rows[2:] == ["| b | 1 | S | c | **fail** | it failed | why x |"], rows
     assert "A note written by hand." in text and "- `x`: why x" in text and "Rows of b 1 last run:" in text and "`-x`" in text
     assert text.index("## a") < text.index("## b") and text.count("## b") == 1
+    update([Verdict("a", "1", "R", "c", "refused", "no test ran")], doc, "", libraries)
+    update([Verdict("a", "2", "R", "c", "fail", "worse")], doc, "-k x", libraries)
+    text = doc.read_text()
+    assert text.index("Rows of a 2 last run:") < text.index("Rows of a 1 last run:") < text.index("## b"), text
+    assert "| a | 2 | R | c | **fail** | worse |" in text and "| a | 1 | R | c | **refused** |" in text and "A note" not in text
+
+
+def test_a_librarys_ranks_preload_what_its_entry_names():
+    from parallelism_conformance.harness.rank.preload import PRELOAD, with_library_modules
+
+    assert with_library_modules({}) == list(PRELOAD)
+    assert with_library_modules({"CONFORMANCE_RANK_PRELOAD": "a, b,,torch"}) == [*PRELOAD, "a", "b"]
+    named = LIBRARIES["torchtitan"].environment["CONFORMANCE_RANK_PRELOAD"].split(",")
+    assert named and all(name.startswith("torchtitan.") for name in named)
 
 
 def test_a_librarys_venv_leaves_out_only_the_lock_lines_its_entry_names():

@@ -112,14 +112,21 @@ def update(verdicts: list[Verdict], path: Path, options: str, libraries: dict = 
     rows = sorted([row for row in lines[rule + 1 : end] if _key(row) not in ran] + [_row(v) for v in verdicts], key=order)
     lines[rule + 1 : end] = rows
     for name in dict.fromkeys(v.library for v in verdicts if v.library in libraries):
-        versions = ", ".join(sorted(version for library, version in ran if library == name))
-        section = _section(libraries[name])
-        section[3:3] = [f"Rows of {name} {versions} last run: {datetime.date.today().isoformat()}, {_options(options)}.", ""]
-        heading = f"## {name}"
-        if heading in lines:
-            at = lines.index(heading) - 1 if lines[lines.index(heading) - 1] == "" else lines.index(heading)
-            stop = next((i for i in range(lines.index(heading) + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-            lines[at:stop] = section + [""] if stop < len(lines) else section
-        else:
-            lines += section
+        heading, section = f"## {name}", _section(libraries[name])
+        start = lines.index(heading) if heading in lines else len(lines)
+        stop = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        # one "last run" line per version: this run's, and the earlier ones of the versions it did not run
+        when = {
+            version: f"Rows of {name} {version} last run: {datetime.date.today().isoformat()}, {_options(options)}."
+            for n, version in ran
+            if n == name
+        }
+        for line in lines[start:stop]:
+            version = line.removeprefix(f"Rows of {name} ").partition(" last run:")[0]
+            if line.startswith(f"Rows of {name} ") and version not in when:
+                when[version] = line
+        versions = (libraries[name].pinned, *libraries[name].older)
+        section[3:3] = [when[v] for v in sorted(when, key=lambda v: versions.index(v) if v in versions else len(versions))] + [""]
+        at = start - 1 if 0 < start < len(lines) and lines[start - 1] == "" else start
+        lines[at:stop] = section + ([""] if stop < len(lines) else [])
     path.write_text("\n".join(lines) + "\n")

@@ -294,6 +294,12 @@ TORCHTITAN = Library(
         "ResolutionImpossible. Left out, pip installs the fsspec datasets allows; torch stays the lock's "
         "(venvs.ensure checks its build before and after)",
     },
+    # imported once in the ranks' forkserver (harness/rank/preload.py): a rank importing torchtitan in its
+    # first task (torch.distributed.checkpoint's entry-point scan among them) outlasted the 60 s deadline
+    # on the shared 2-core machine, one of 3 ranks
+    environment={
+        "CONFORMANCE_RANK_PRELOAD": "torchtitan.config,torchtitan.distributed.fsdp,torchtitan.distributed.pipeline_parallel,torchtitan.distributed.utils"
+    },
     runs=(
         Run(
             "FSDP2 as apply_fsdp_to_decoder configures it (gradients summed), dist_sum_tensor's token count",
