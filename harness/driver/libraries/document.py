@@ -87,6 +87,11 @@ def _key(row: str) -> tuple[str, str]:
     return cells[0].removeprefix("| "), cells[1]
 
 
+def _version_order(line: str, name: str, versions: tuple) -> int:
+    version = line.removeprefix(f"Rows of {name} ").partition(" last run:")[0]
+    return versions.index(version) if version in versions else len(versions)
+
+
 def update(verdicts: list[Verdict], path: Path, options: str, libraries: dict = LIBRARIES) -> None:
     """The verdicts of some library==version runs (``scripts/libraries NAME[==VERSION]``) into the
     document as it stands: the rows of each library==version run replaced, the rows ordered by the
@@ -126,7 +131,8 @@ def update(verdicts: list[Verdict], path: Path, options: str, libraries: dict = 
             if line.startswith(f"Rows of {name} ") and version not in when:
                 when[version] = line
         versions = (libraries[name].pinned, *libraries[name].older)
-        section[3:3] = [when[v] for v in sorted(when, key=lambda v: versions.index(v) if v in versions else len(versions))] + [""]
+        for line in reversed(sorted(when.values(), key=lambda line: _version_order(line, name, versions))):
+            section[3:3] = [line, ""]  # a paragraph each
         at = start - 1 if 0 < start < len(lines) and lines[start - 1] == "" else start
         lines[at:stop] = section + ([""] if stop < len(lines) else [])
     path.write_text("\n".join(lines) + "\n")
