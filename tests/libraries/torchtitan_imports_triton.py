@@ -1,15 +1,20 @@
-"""torchtitan 0.2.2 does not import beside a CPU torch: ``torchtitan/__init__.py`` imports
-``torchtitan.components.quantization``, whose float8 module imports ``torchtitan.models.moe``,
-whose ``kernels.py`` starts with ``import triton``; triton is not among torchtitan 0.2.2's declared
-requirements (it comes with torch's CUDA wheels, not with its CPU ones). Any torchtitan module a
-user imports (``torchtitan.distributed.fsdp`` for FSDP2) runs the package's ``__init__`` first, so
-none does. The same traceback is in NixOS/nixpkgs#525257's build log of torchtitan 0.2.2. No
-distributed world is needed to see it. torchtitan 0.3.0 imports on the same torch.
+"""torchtitan imports triton, which it does not declare (torch's CUDA wheels bring it, its CPU ones
+do not), so beside a CPU torch:
 
-Prints what it finds and exits 0 when triton is absent, undeclared, and each import fails on it
-(reproduced), 1 otherwise.
+* 0.2.2 does not import at all: ``torchtitan/__init__.py`` imports ``components.quantization``,
+  whose float8 module imports ``models.moe``, whose ``kernels.py`` starts with ``import triton``;
+  every torchtitan module runs that ``__init__`` first (the same traceback is in NixOS/nixpkgs#525257's
+  build log of 0.2.2).
+* 0.3.0 imports, and so do the modules its FSDP2 and pipeline functions live in, but none of its
+  models does: ``models/common/decoder.py`` imports ``models/common/moe.py``, whose token dispatcher
+  imports ``distributed/minimal_async_ep``, whose ``kernels.py`` starts with ``import triton``; so
+  ``parallelize_llama`` and ``pipeline_llm`` cannot be given torchtitan's own Llama.
 
-    python tests/libraries/torchtitan_imports_triton.py   # in a venv with torchtitan==0.2.2, CPU torch
+No distributed world is needed to see it. Prints what it finds and exits 0 when triton is absent and
+undeclared and each module fails (or imports) as listed for the installed version (reproduced), 1
+otherwise.
+
+    python tests/libraries/torchtitan_imports_triton.py   # in a venv with torchtitan 0.2.2 or 0.3.0, CPU torch
 """
 
 import importlib.metadata
@@ -17,7 +22,26 @@ import importlib.util
 import subprocess
 import sys
 
-MODULES = ["torchtitan", "torchtitan.distributed.fsdp", "torchtitan.distributed.pipeline_parallel"]
+# version -> (modules that fail on triton, at the kernels.py named; modules that import)
+EXPECTED = {
+    "0.2.2": (
+        ["torchtitan", "torchtitan.distributed.fsdp", "torchtitan.distributed.pipeline_parallel"],
+        "models/moe/kernels.py",
+        [],
+    ),
+    "0.3.0": (
+        ["torchtitan.models.llama3", "torchtitan.models.common"],
+        "distributed/minimal_async_ep/kernels.py",
+        ["torchtitan", "torchtitan.distributed.fsdp", "torchtitan.distributed.pipeline_parallel"],
+    ),
+}
+
+
+def _import(module: str) -> tuple[bool, str, str]:
+    done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)
+    lines = done.stderr.strip().splitlines() or ["(imported)"]
+    origin = next((line.strip() for line in reversed(lines) if line.strip().startswith("File ")), "")
+    return done.returncode == 0, lines[-1], origin
 
 
 def main() -> int:
@@ -25,16 +49,21 @@ def main() -> int:
     absent = importlib.util.find_spec("triton") is None
     declared = [r for r in importlib.metadata.requires("torchtitan") or [] if r.split()[0].lower().startswith("triton")]
     print(f"torchtitan {version}; triton importable: {not absent}; torchtitan's requirements naming triton: {declared or 'none'}")
-    failed = 0
-    for module in MODULES:
-        done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)
-        lines = done.stderr.strip().splitlines() or ["(imported)"]
-        origin = next((line.strip() for line in reversed(lines) if line.strip().startswith("File ")), "")
-        print(f"import {module}: {lines[-1]}  [{origin}]")
-        failed += done.returncode != 0 and "No module named 'triton'" in lines[-1] and "moe/kernels.py" in origin
-    reproduced = absent and not declared and failed == len(MODULES)
-    print("reproduced: torchtitan does not import without triton, which it does not declare" if reproduced else "not reproduced")
-    return 0 if reproduced else 1
+    if version not in EXPECTED:
+        print(f"not reproduced: no expectation for torchtitan {version}")
+        return 1
+    failing, kernels, importing = EXPECTED[version]
+    as_expected = absent and not declared
+    for module in failing:
+        imported, last, origin = _import(module)
+        print(f"import {module}: {last}  [{origin}]")
+        as_expected &= not imported and "No module named 'triton'" in last and kernels in origin
+    for module in importing:
+        imported, last, _ = _import(module)
+        print(f"import {module}: {last}")
+        as_expected &= imported
+    print(f"reproduced: torchtitan {version} needs triton, which it does not declare" if as_expected else "not reproduced")
+    return 0 if as_expected else 1
 
 
 if __name__ == "__main__":

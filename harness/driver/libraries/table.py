@@ -331,7 +331,8 @@ TORCHTITAN = Library(
         "package torchtitan 0.2.2 does not declare (torch's CUDA wheels bring it, its CPU ones do not); every "
         "torchtitan module runs that __init__ first. Shown without the suite by tests/libraries/"
         "torchtitan_imports_triton.py (the same traceback is in NixOS/nixpkgs#525257's build of 0.2.2). torchtitan "
-        "0.3.0 imports on the same torch. A packaging bug of 0.2.2; no shim stands in for a module a library imports",
+        "0.3.0 imports on the same torch, its models still do not (below). A packaging bug: triton is imported and not "
+        "declared; no shim stands in for a module a library imports",
         "fully_sharded": "torchtitan sums gradients over ranks and never averages them: apply_fsdp_to_decoder "
         "(distributed/fsdp.py) ends with disable_fsdp_gradient_division(model), gradient_divide_factor 1.0 on every "
         "FSDP module, and its train_step divides each micro-batch's summed loss by the global count of valid tokens "
@@ -356,8 +357,14 @@ TORCHTITAN = Library(
         "parallelize_llama: it has no layer built from a dense nn.Linear or nn.Embedding (the contract's "
         "ColumnParallelLinear.from_dense, TensorParallelMLP.from_dense, VocabParallelEmbedding.from_dense), and "
         "mesh_transformer builds the harness's transformer from those layers. Its Llama3 (separate wq, wk, wv; RMSNorm; "
-        "RoPE) is not the harness's transformer either, so its steps could only be judged against a dense model the "
-        "suite does not have; not mapped rather than judged against something else",
+        "RoPE) is not the harness's transformer either, and on the lock's CPU torch none of its models imports: "
+        "models/common/decoder.py reaches distributed/minimal_async_ep/kernels.py and its 'import triton', undeclared "
+        "(tests/libraries/torchtitan_imports_triton.py), so parallelize_llama and pipeline_llm cannot be given its own "
+        "model here. Not mapped rather than judged against something else",
+        "dp_pp_token_loss, pipeline_composition (not mapped)": "on a pp x dp mesh the harness sums each stage's "
+        "gradients over its data-parallel group with the implementation's all_reduce; torchtitan reduces them with "
+        "FSDP2, applied to each pipeline stage by the parallelize_fn pipeline_llm calls per model part, and has no "
+        "in-place all_reduce of its own (dist_sum_tensor returns a new tensor)",
     },
 )
 
