@@ -320,7 +320,8 @@ TORCHTITAN = Library(
             "set_force_sum_reduction_for_comms(True) on every FSDP module on gloo (adapters/torchtitan.py): FSDP2 "
             "reduce-scatters with ReduceOp.PREMUL_SUM(1 / gradient_divide_factor), which gloo refuses; with the option "
             "it reduce-scatters with SUM and divides by the factor after, 1.0 under torchtitan: the same values and bytes. "
-            "torchtitan sets the same option itself where it enables symmetric memory",
+            "torchtitan sets the same option itself where it enables symmetric memory. tests/libraries/"
+            "torchtitan_fsdp_sums_on_gloo.py shows apply_fsdp_to_decoder's backward failing on gloo without it",
             "distributed/fsdp.py, enable_fsdp_symm_mem: module.set_force_sum_reduction_for_comms(True) (the reduce-scatter "
             "of torch's _fsdp_collectives.foreach_reduce that disable_fsdp_gradient_division's factor 1.0 makes a PREMUL_SUM)",
         ),
@@ -338,7 +339,9 @@ TORCHTITAN = Library(
         "FSDP module, and its train_step divides each micro-batch's summed loss by the global count of valid tokens "
         "(dist_sum_tensor over the batch mesh) instead. The contract's fully_sharded loop (a loss averaged over this "
         "rank's slice, gradients averaged over ranks) is not one torchtitan runs, so the adapter refuses it; its own "
-        "loop is token_loss's. A design of torchtitan's, not a bug",
+        "loop is token_loss's. Shown without the suite by tests/libraries/torchtitan_fsdp_sums_on_gloo.py "
+        "(apply_fsdp_to_decoder itself, on 2 gloo ranks: the gradient shards are the sum over ranks). A design of "
+        "torchtitan's, not a bug",
         "test_token_loss.py::test_data_parallel_gradients_are_the_mean_over_every_valid_token": "token_loss runs through "
         "FSDP2; its DistributedDataParallel test is refused: torchtitan 0.3.0 has no DDP wrapper (data parallelism is "
         "FSDP2, replication HSDP's dp_replicate axis). Examples with gradient_divide_factor 2 are refused as well: "
