@@ -129,6 +129,18 @@ def test_a_librarys_venv_leaves_out_only_the_lock_lines_its_entry_names():
         lock_lines(Library("x", "1", runs=(), unconstrained={"torch": "no"}))
 
 
+def test_a_version_that_does_not_install_carries_the_tables_explanation(tmp_path, monkeypatch):
+    from parallelism_conformance.harness.driver.libraries import matrix
+
+    def refuse(venv, log):
+        raise InstallFailed("no")
+
+    monkeypatch.setattr(matrix, "ensure", refuse)
+    library = Library("lib", "2", runs=(), older=("1",), explained={"lib 1": "one's reason", "lib": "any version's"})
+    assert [v.why for v in matrix.run_library(library, "1", [], tmp_path, log=lambda _: None)] == ["one's reason"]
+    assert [v.why for v in matrix.run_library(library, "2", [], tmp_path, log=lambda _: None)] == ["any version's"]
+
+
 def test_a_version_that_does_not_import_is_one_line(tmp_path):
     fake = tmp_path / "nolib-9.9" / "bin"
     fake.mkdir(parents=True)
