@@ -9,6 +9,9 @@ with one stage per rank is 1F1B, as in the contract) with microbatches of one sa
 count: ``local_batch_size`` m and ``pipeline_parallel_microbatch_size`` 1, so that
 n_microbatches = m (only rank 0 knows the batch). torchtitan's loss functions return (loss,
 metrics); the contract's ``loss_fn`` is wrapped to return ``(loss, {})`` for its ``_scalar_loss_fn``.
+A schedule that refuses the shape when it is built (torch's ``Schedule1F1B``: fewer microbatches than
+stages) is refused with its own message: torchtitan has no fallback (torch's schedule-IR runtime,
+which adapters/torch_pipelining.py uses there, only through a CSV file).
 
 torchtitan builds every schedule with ``scale_grads=False``: the step's loss is the sum over
 microbatches (its loss divides by the global token count), the contract's ``scale_grads=False``
@@ -55,12 +58,15 @@ def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="
     parallelism = ParallelismConfig(
         pipeline_parallel_degree=p, pipeline_parallel_schedule=name, pipeline_parallel_microbatch_size=1, pipeline_parallel_schedule_csv=""
     )
-    pp_schedule = _build_pipeline_schedule(
-        parallelism=parallelism,
-        local_batch_size=num_microbatches,
-        stages=pipeline_stages,
-        loss_fn=lambda output, target: (loss_fn(output, target), {}),
-    )
+    try:
+        pp_schedule = _build_pipeline_schedule(
+            parallelism=parallelism,
+            local_batch_size=num_microbatches,
+            stages=pipeline_stages,
+            loss_fn=lambda output, target: (loss_fn(output, target), {}),
+        )
+    except ValueError as error:  # the schedule's own check, the same on every rank: torchtitan's refusal
+        raise NotImplementedError(refusals.schedule_refused(name, num_microbatches, p * len(modules), error)) from error
     first = any(s.is_first for s in pipeline_stages)
     last = any(s.is_last for s in pipeline_stages)
     losses = [] if last else None

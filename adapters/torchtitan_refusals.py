@@ -31,3 +31,11 @@ SCHEDULE_ROWS = (
     "does not write"
 )
 TRACE = "torchtitan cannot record per-action timestamps (trace): its schedules are torch's, which keep none"
+
+
+def schedule_refused(name: str, microbatches: int, stages: int, error: Exception) -> str:
+    """The schedule class's own refusal, as _build_pipeline_schedule raised it."""
+    return (
+        f"torchtitan cannot build its {name} schedule for {microbatches} microbatches on {stages} stages: "
+        f"_build_pipeline_schedule (distributed/pipeline_parallel.py) raised {type(error).__name__}: {error}"
+    )

@@ -353,7 +353,9 @@ TORCHTITAN = Library(
         "divides each microbatch's summed loss by the global count of valid tokens; so the contract's pipeline_step with "
         "its default mean (the loss / m) is refused, and pipeline_token_loss (scale_grads=False) is torchtitan's "
         "loop. In pipeline_token_loss's test the examples without a padded row ask for the mean, and are refused the same "
-        "way. A design of torchtitan's, not a bug",
+        "way. A design of torchtitan's, not a bug. Examples of 1F1B with fewer microbatches than stages (p=4, m=2) are "
+        "refused too, with the error torch's Schedule1F1B raises when _build_pipeline_schedule builds it ('Number of "
+        "microbatches (2) must be greater than or equal to the number of stages (4)'): torchtitan has no other path",
         "tensor_parallel, tp_norm, vocab_parallel, mesh_transformer (not mapped)": "torchtitan 0.3.0 declares tensor and "
         "sequence parallelism on its own models' configs (models/llama3/sharding.py, set_llama3_sharding_config; "
         "models/common/decoder_sharding.py) and applies it with its Module.parallelize(parallel_dims) inside "
