@@ -14,10 +14,10 @@ import pytest
 
 from parallelism_conformance.harness.driver import capabilities
 from parallelism_conformance.harness.driver.libraries import __main__ as command
-from parallelism_conformance.harness.driver.libraries.document import write
+from parallelism_conformance.harness.driver.libraries.document import update, write
 from parallelism_conformance.harness.driver.libraries.matrix import Verdict, verdicts_of
 from parallelism_conformance.harness.driver.libraries.table import LIBRARIES, Library, Run
-from parallelism_conformance.harness.driver.libraries.venvs import ROOT, InstallFailed, check, venv_of
+from parallelism_conformance.harness.driver.libraries.venvs import LOCK, ROOT, InstallFailed, check, lock_lines, venv_of
 
 REPRODUCTIONS = {
     "deepspeed": ["deepspeed_buffers_not_broadcast.py", "deepspeed_unused_parameter_moves.py"],
@@ -25,6 +25,8 @@ REPRODUCTIONS = {
     "megatron-core": ["megatron_cross_entropy_float32.py", "megatron_ddp_buffers_and_unused_parameters.py"],
     "nanotron": ["nanotron_circular_import.py"],
     "nanotron==0.2": ["nanotron_row_bias_on_rank0.py"],
+    "torchtitan": ["torchtitan_imports_triton.py", "torchtitan_fsdp_sums_on_gloo.py"],
+    "torchtitan==0.2.2": ["torchtitan_imports_triton.py"],
 }  # name==version: in that version's venv
 
 
@@ -86,6 +88,59 @@ def test_a_capability_passes_fails_with_its_first_failure_or_is_refused_with_the
     assert "| lib | 1.0 | R | fully_sharded | **fail** |" in text and "**not installed** | pip cannot install it" in text
 
 
+def test_one_librarys_run_rewrites_its_rows_and_section_and_keeps_the_rest(tmp_path):
+    libraries = {"a": Library("a", "2", runs=(), older=("1",)), "b": Library("b", "1", runs=(), explained={"x": "why x"})}
+    doc = tmp_path / "libraries.md"
+    old = [
+        Verdict("a", "2", "R", "c", "pass", "1 passed"),
+        Verdict("a", "1", "R", "c", "pass"),
+        Verdict("b", "1", "-", "-", "not installed", "pip"),
+    ]
+    write(old, doc, "", libraries)
+    doc.write_text(doc.read_text().replace("## a\n", "## a\n\nA note written by hand.\n"))
+    update([Verdict("b", "1", "S", "c", "fail", "it failed", why="why x")], doc, "-x", libraries)
+    text = doc.read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| a |") or line.startswith("| b |")]
+    assert rows[:2] == ["| a | 2 | R | c | **pass** | 1 passed |  |", "| a | 1 | R | c | **pass** |  |  |"]
+    assert rows[2:] == ["| b | 1 | S | c | **fail** | it failed | why x |"], rows
+    assert "A note written by hand." in text and "- `x`: why x" in text and "Rows of b 1 last run:" in text and "`-x`" in text
+    assert text.index("## a") < text.index("## b") and text.count("## b") == 1
+    update([Verdict("a", "1", "R", "c", "refused", "no test ran")], doc, "", libraries)
+    update([Verdict("a", "2", "R", "c", "fail", "worse")], doc, "-k x", libraries)
+    text = doc.read_text()
+    assert text.index("Rows of a 2 last run:") < text.index("Rows of a 1 last run:") < text.index("## b"), text
+    assert "| a | 2 | R | c | **fail** | worse |" in text and "| a | 1 | R | c | **refused** |" in text and "A note" not in text
+
+
+def test_a_librarys_ranks_preload_what_its_entry_names():
+    from parallelism_conformance.harness.rank.preload import PRELOAD, with_library_modules
+
+    assert with_library_modules({}) == list(PRELOAD)
+    assert with_library_modules({"CONFORMANCE_RANK_PRELOAD": "a, b,,torch"}) == [*PRELOAD, "a", "b"]
+    named = LIBRARIES["torchtitan"].environment["CONFORMANCE_RANK_PRELOAD"].split(",")
+    assert named and all(name.startswith("torchtitan.") for name in named)
+
+
+def test_a_librarys_venv_leaves_out_only_the_lock_lines_its_entry_names():
+    kept = lock_lines(Library("x", "1", runs=(), unconstrained={"fsspec": "why"}))
+    assert "fsspec==" not in kept and "torch==" in kept and len(kept.splitlines()) == len(LOCK.read_text().splitlines()) - 1
+    assert lock_lines(LIBRARIES["deepspeed"]) == LOCK.read_text()
+    with pytest.raises(InstallFailed, match="torch cannot be left out"):
+        lock_lines(Library("x", "1", runs=(), unconstrained={"torch": "no"}))
+
+
+def test_a_version_that_does_not_install_carries_the_tables_explanation(tmp_path, monkeypatch):
+    from parallelism_conformance.harness.driver.libraries import matrix
+
+    def refuse(venv, log):
+        raise InstallFailed("no")
+
+    monkeypatch.setattr(matrix, "ensure", refuse)
+    library = Library("lib", "2", runs=(), older=("1",), explained={"lib 1": "one's reason", "lib": "any version's"})
+    assert [v.why for v in matrix.run_library(library, "1", [], tmp_path, log=lambda _: None)] == ["one's reason"]
+    assert [v.why for v in matrix.run_library(library, "2", [], tmp_path, log=lambda _: None)] == ["any version's"]
+
+
 def test_a_version_that_does_not_import_is_one_line(tmp_path):
     fake = tmp_path / "nolib-9.9" / "bin"
     fake.mkdir(parents=True)
@@ -115,6 +170,9 @@ ONE_TEST = {  # per capability a library maps: the test that trains through the 
     "tp_dropout": "conformance/test_tp_dropout.py::test_tensor_parallel_dropout_is_the_dense_dropout",
     "tp_compute_dtype": "conformance/test_tp_compute_dtype.py::test_the_sequence_parallel_bias_gradient_is_summed_in_the_masters_dtype",
     "pipeline_parallel": "conformance/test_pipeline_parallel.py::test_pipeline_step_matches_the_dense_model",
+    # torchtitan's (issue 47): its loss normalised by the global token count, through FSDP2 and through its pipeline
+    "token_loss": "conformance/test_token_loss.py::test_fully_sharded_gradients_are_the_mean_over_every_valid_token",
+    "pipeline_token_loss": "conformance/test_pipeline_parallel.py::test_a_loss_normalised_by_the_valid_rows_sums_the_microbatches",
 }
 RUNS = [(library, run, capability) for library in LIBRARIES.values() for run in library.runs for capability in run.capabilities]
 

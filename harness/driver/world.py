@@ -30,7 +30,7 @@ from parallelism_conformance.harness.driver.io_counters import IoCounters
 from parallelism_conformance.harness.driver.rank_handle import RankHandle, dump_stacks
 from parallelism_conformance.harness.rank import containment, wire
 from parallelism_conformance.harness.rank.loop import RankConfig, ring_path, serve
-from parallelism_conformance.harness.rank.preload import PRELOAD
+from parallelism_conformance.harness.rank.preload import with_library_modules
 
 STRAY_CHECK = "parallelism_conformance.harness.rank.programs.probe:stray_messages"
 STRAY_CHECK_TIMEOUT_S = 20.0  # every rank is idle by then: the exchange takes milliseconds
@@ -102,7 +102,7 @@ class World:
     def _start(self, store_address, log_dir, start_method, start_timeout_s, threads_per_rank):
         context = multiprocessing.get_context(start_method)
         if start_method == "forkserver":
-            context.set_forkserver_preload(list(PRELOAD))
+            context.set_forkserver_preload(with_library_modules(dict(os.environ)))
         server = socket.create_server(("127.0.0.1", 0))
         try:
             for rank in range(self.size):

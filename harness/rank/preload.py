@@ -13,3 +13,13 @@ PRELOAD = (
     "parallelism_conformance.harness.rank.loop",
     "parallelism_conformance.harness.rank.programs",
 )
+
+
+def with_library_modules(environment: dict) -> list[str]:
+    """PRELOAD, then the modules CONFORMANCE_RANK_PRELOAD names (comma-separated): what scripts/libraries
+    sets for a library whose import is slow (harness/driver/libraries/table.py, ``environment``), so
+    that the forkserver imports it once, before any rank has a task's deadline to meet, and not each
+    rank inside its first task (torchtitan: about 4 s alone, over a minute for one of 3 ranks on 2
+    busy cores). A module that does not import is left to the rank, as multiprocessing's preload does."""
+    extra = [name.strip() for name in environment.get("CONFORMANCE_RANK_PRELOAD", "").split(",") if name.strip()]
+    return [*PRELOAD, *(name for name in extra if name not in PRELOAD)]

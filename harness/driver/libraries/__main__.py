@@ -1,7 +1,8 @@
 """``python -m parallelism_conformance.harness.driver.libraries [library[==version] ...] [pytest options]`` (scripts/libraries):
 each library named, at the version named or its pinned one, through the suite in its own venv, with
 the usual scorecard per run; without a library, every library of the table at its pinned version
-and its older ones, and docs/libraries.md written from the verdicts. A library==version that cannot
+and its older ones, and docs/libraries.md written from the verdicts (a library named: its rows and its
+section of docs/libraries.md rewritten, the rest kept). A library==version that cannot
 be installed or imported is one line, and the rest go on. ``--document`` writes docs/libraries.md
 from the JUnit XML earlier runs left in reports/libraries/, running nothing. Exit 0 when the matrix
 was made (its verdicts are findings, not the command's failure); 2 on a bad argument."""
@@ -11,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from parallelism_conformance.harness.driver.libraries.document import write
+from parallelism_conformance.harness.driver.libraries.document import update, write
 from parallelism_conformance.harness.driver.libraries.matrix import from_reports, run_library
 from parallelism_conformance.harness.driver.libraries.table import LIBRARIES
 from parallelism_conformance.harness.driver.libraries.venvs import ROOT
@@ -59,9 +60,8 @@ def main(arguments: list[str]) -> int:
     print("\nlibrary     version  " + "run".ljust(width) + "  capability         verdict")
     for v in verdicts:
         print(f"{v.library:<11} {v.version:<8} {v.run:<{width}}  {v.capability:<18} {v.verdict}: {v.detail[:160]}")
-    if whole:
-        write(verdicts, DOC, " ".join(options))
-        print(f"[libraries] wrote {Path(DOC).relative_to(ROOT)}")
+    (write if whole else update)(verdicts, DOC, " ".join(options))
+    print(f"[libraries] wrote {Path(DOC).relative_to(ROOT)}" + ("" if whole else f" (the rows of {', '.join(f'{n}=={v}' for n, v in chosen)})"))
     return 0
 
 

@@ -16,8 +16,8 @@ HEAD = """# The libraries teams train with, through the suite
 Written by `scripts/libraries` (the whole matrix: every library of `harness/driver/libraries/table.py`
 at its pinned version and its older ones, each in its own venv `.venv-libraries/<name>-<version>`:
 requirements.lock, torch==2.13.0 CPU included, plus the library, with the lock as pip's
-constraints). `scripts/libraries deepspeed==0.18.3` runs one. Each row: one run of the suite on the
-library's adapter (`--impl`) for one capability, on 1-4 gloo CPU ranks; the audit row covers the
+constraints). `scripts/libraries deepspeed==0.18.3` runs one and rewrites its rows and section here.
+Each row: one run of the suite on the library's adapter (`--impl`) for one capability, on 1-4 gloo CPU ranks; the audit row covers the
 communication audit of the run's capabilities. Every fail and refusal says why (the last column,
 from the table's `explained`, or the library's own words in the detail); a library's bug is shown by
 a standalone reproduction in `tests/libraries/` that does not use the suite.
@@ -35,33 +35,104 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _row(v: Verdict) -> str:
+    return f"| {v.library} | {v.version} | {_cell(v.run)} | {v.capability} | **{v.verdict}** | {_cell(v.detail[:500])} | {_cell(v.why)} |"
+
+
+def _section(library) -> list[str]:
+    """A library's part below the table: what it needs, the lock lines it is not held to, its shims
+    and every explanation, all from its table entry."""
+    lines = ["", f"## {library.name}", ""]
+    if library.system_packages:
+        lines.append(
+            "Needs (Debian packages, installed by `scripts/libraries` where the command is missing): "
+            + ", ".join(f"`{p}` (`{c}`)" for c, p in library.system_packages.items())
+            + "."
+        )
+    if library.unconstrained:
+        lines.append(
+            "Its venv is neither installed from nor constrained by these lines of requirements.lock: "
+            + "; ".join(f"`{name}` ({why})" for name, why in library.unconstrained.items())
+            + "."
+        )
+    if library.environment:
+        lines.append("Ranks run with " + ", ".join(f"`{k}={v}`" for k, v in library.environment.items()) + ".")
+    lines += ["", "Shims (each stands in for one library line, never for its arithmetic or communication):", ""]
+    lines += [f"- {what} (stands in for: {line})" for what, line in library.shims] or ["- none"]
+    if library.explained:
+        lines += ["", "Every failure and refusal explained:", ""]
+        lines += [f"- `{key}`: {text}" for key, text in library.explained.items()]
+    return lines
+
+
+def _options(options: str) -> str:
+    return f"with pytest options `{options}`" if options else "Hypothesis profile `quick`"
+
+
 def write(verdicts: list[Verdict], path: Path, options: str, libraries: dict = LIBRARIES) -> None:
     lines = [
         HEAD,
-        f"Last run: {datetime.date.today().isoformat()}"
-        + (f", with pytest options `{options}`" if options else ", Hypothesis profile `quick`")
-        + ".\n",
+        f"Last run: {datetime.date.today().isoformat()}, {_options(options)}.\n",
         "| library | version | run | capability | verdict | detail | why |",
         "|---|---|---|---|---|---|---|",
     ]
-    for v in verdicts:
-        lines.append(
-            f"| {v.library} | {v.version} | {_cell(v.run)} | {v.capability} | **{v.verdict}** | {_cell(v.detail[:500])} | {_cell(v.why)} |"
-        )
+    lines += [_row(v) for v in verdicts]
     for name in dict.fromkeys(v.library for v in verdicts if v.library in libraries):
-        library = libraries[name]
-        lines += ["", f"## {name}", ""]
-        if library.system_packages:
-            lines.append(
-                "Needs (Debian packages, installed by `scripts/libraries` where the command is missing): "
-                + ", ".join(f"`{p}` (`{c}`)" for c, p in library.system_packages.items())
-                + "."
-            )
-        if library.environment:
-            lines.append("Ranks run with " + ", ".join(f"`{k}={v}`" for k, v in library.environment.items()) + ".")
-        lines += ["", "Shims (each stands in for one library line, never for its arithmetic or communication):", ""]
-        lines += [f"- {what} (stands in for: {line})" for what, line in library.shims] or ["- none"]
-        if library.explained:
-            lines += ["", "Every failure and refusal explained:", ""]
-            lines += [f"- `{key}`: {text}" for key, text in library.explained.items()]
+        lines += _section(libraries[name])
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _key(row: str) -> tuple[str, str]:
+    cells = row.split(" | ")
+    return cells[0].removeprefix("| "), cells[1]
+
+
+def _version_order(line: str, name: str, versions: tuple) -> int:
+    version = line.removeprefix(f"Rows of {name} ").partition(" last run:")[0]
+    return versions.index(version) if version in versions else len(versions)
+
+
+def update(verdicts: list[Verdict], path: Path, options: str, libraries: dict = LIBRARIES) -> None:
+    """The verdicts of some library==version runs (``scripts/libraries NAME[==VERSION]``) into the
+    document as it stands: the rows of each library==version run replaced, the rows ordered by the
+    table's libraries and each one's pinned then older versions (the others' order kept), the
+    section of each library run rewritten from its table entry with this run's date and options;
+    every other row and line kept as it was."""
+    if not path.exists():
+        return write(verdicts, path, options, libraries)
+    lines = path.read_text().splitlines()
+    ran = {(v.library, v.version) for v in verdicts}
+    rule = lines.index("|---|---|---|---|---|---|---|")
+    end = rule + 1
+    while end < len(lines) and lines[end].startswith("| "):
+        end += 1
+    names = list(libraries)
+
+    def order(row: str) -> tuple[int, int]:
+        name, version = _key(row)
+        library = libraries.get(name)
+        versions = (library.pinned, *library.older) if library else ()
+        return (names.index(name) if name in names else len(names), versions.index(version) if version in versions else len(versions))
+
+    rows = sorted([row for row in lines[rule + 1 : end] if _key(row) not in ran] + [_row(v) for v in verdicts], key=order)
+    lines[rule + 1 : end] = rows
+    for name in dict.fromkeys(v.library for v in verdicts if v.library in libraries):
+        heading, section = f"## {name}", _section(libraries[name])
+        start = lines.index(heading) if heading in lines else len(lines)
+        stop = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        # one "last run" line per version: this run's, and the earlier ones of the versions it did not run
+        when = {
+            version: f"Rows of {name} {version} last run: {datetime.date.today().isoformat()}, {_options(options)}."
+            for n, version in ran
+            if n == name
+        }
+        for line in lines[start:stop]:
+            version = line.removeprefix(f"Rows of {name} ").partition(" last run:")[0]
+            if line.startswith(f"Rows of {name} ") and version not in when:
+                when[version] = line
+        versions = (libraries[name].pinned, *libraries[name].older)
+        for line in reversed(sorted(when.values(), key=lambda line: _version_order(line, name, versions))):
+            section[3:3] = [line, ""]  # a paragraph each
+        at = start - 1 if 0 < start < len(lines) and lines[start - 1] == "" else start
+        lines[at:stop] = section + ([""] if stop < len(lines) else [])
     path.write_text("\n".join(lines) + "\n")

@@ -160,6 +160,8 @@ def run_library(library: Library, version: str, pytest_options: list[str], repor
         venv = ensure(venv_of(library, version), log)
     except InstallFailed as failed:
         log(f"[libraries] {library.name}=={version}: {failed}")
-        return [Verdict(library.name, version, "-", "-", "not installed", str(failed))]
+        # the table's word on it: keyed "<name> <version>", or "<name>" for every version
+        why = library.explained.get(f"{library.name} {version}", library.explained.get(library.name, ""))
+        return [Verdict(library.name, version, "-", "-", "not installed", str(failed), why=why)]
     report.mkdir(parents=True, exist_ok=True)
     return [v for run in library.runs for v in run_suite(venv, run, pytest_options, report, log)]

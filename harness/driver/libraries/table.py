@@ -36,6 +36,10 @@ class Library:
     # first use, built before any rank has a deadline to meet
     warm_up: str = ""
     shims: tuple[tuple[str, str], ...] = ()  # (what the adapter does, the library line it stands in for)
+    # requirements.lock's packages (pip names) that the library's venv neither installs from the lock
+    # nor is constrained by, each with why: a pin the library's own dependencies cannot meet. torch
+    # is never one (the suite runs on the lock's torch; venvs.check refuses any other)
+    unconstrained: dict = field(default_factory=dict)  # pip name -> why
     # (test id prefix, as "test_file.py::test_name", or a capability) -> why it fails or is refused
     explained: dict = field(default_factory=dict)
 
@@ -284,13 +288,88 @@ TORCHTITAN = Library(
     name="torchtitan",
     pinned="0.3.0",
     older=("0.2.2",),
-    # no run yet (see explained): parallelize_llama (FSDP2, TP) and pipeline_llm (PP) are not adapted
-    runs=(),
+    unconstrained={
+        "fsspec": "torchtitan needs datasets, every release of which pins fsspec[http] <= 2026.2.0, and the lock "
+        "pins fsspec==2026.9.0 (a dependency of torch's, not torch itself): with that line pip reports "
+        "ResolutionImpossible. Left out, pip installs the fsspec datasets allows; torch stays the lock's "
+        "(venvs.ensure checks its build before and after)",
+    },
+    # imported once in the ranks' forkserver (harness/rank/preload.py): a rank importing torchtitan in its
+    # first task (torch.distributed.checkpoint's entry-point scan among them) outlasted the 60 s deadline
+    # on the shared 2-core machine, one of 3 ranks
+    environment={
+        "CONFORMANCE_RANK_PRELOAD": "torchtitan.config,torchtitan.distributed.fsdp,torchtitan.distributed.pipeline_parallel,torchtitan.distributed.utils"
+    },
+    runs=(
+        Run(
+            "FSDP2 as apply_fsdp_to_decoder configures it (gradients summed), dist_sum_tensor's token count",
+            "parallelism_conformance.adapters.torchtitan",
+            ("token_loss", "fully_sharded"),
+        ),
+        # no audit: the pipeline's audited test runs the mean over microbatches (scale_grads=True), which
+        # torchtitan refuses, and none audits pipeline_token_loss
+        Run(
+            "pipeline schedule as pipeline_llm builds it (_build_pipeline_schedule)",
+            "parallelism_conformance.adapters.torchtitan",
+            ("pipeline_token_loss", "pipeline_parallel"),
+            audit=False,
+        ),
+    ),
+    shims=(
+        (
+            "set_force_sum_reduction_for_comms(True) on every FSDP module on gloo (adapters/torchtitan.py): FSDP2 "
+            "reduce-scatters with ReduceOp.PREMUL_SUM(1 / gradient_divide_factor), which gloo refuses; with the option "
+            "it reduce-scatters with SUM and divides by the factor after, 1.0 under torchtitan: the same values and bytes. "
+            "torchtitan sets the same option itself where it enables symmetric memory. tests/libraries/"
+            "torchtitan_fsdp_sums_on_gloo.py shows apply_fsdp_to_decoder's backward failing on gloo without it",
+            "distributed/fsdp.py, enable_fsdp_symm_mem: module.set_force_sum_reduction_for_comms(True) (the reduce-scatter "
+            "of torch's _fsdp_collectives.foreach_reduce that disable_fsdp_gradient_division's factor 1.0 makes a PREMUL_SUM)",
+        ),
+    ),
     explained={
-        "torchtitan": "torchtitan 0.3.0 does not install beside requirements.lock: it needs datasets, every release "
-        "of which pins fsspec[http] <= 2026.2.0, and the lock pins fsspec==2026.9.0 (a dependency of "
-        "torch's, not torch itself); pip reports ResolutionImpossible. It installs with the lock's "
-        "fsspec line left out of the constraints (torch stays 2.13.0)",
+        "torchtitan 0.2.2": "torchtitan 0.2.2 does not import beside the lock's CPU torch: its package __init__ imports "
+        "components.quantization, whose float8 module reaches models/moe/kernels.py and its 'import triton', a "
+        "package torchtitan 0.2.2 does not declare (torch's CUDA wheels bring it, its CPU ones do not); every "
+        "torchtitan module runs that __init__ first. Shown without the suite by tests/libraries/"
+        "torchtitan_imports_triton.py (the same traceback is in NixOS/nixpkgs#525257's build of 0.2.2). torchtitan "
+        "0.3.0 imports on the same torch, its models still do not (below). A packaging bug: triton is imported and not "
+        "declared; no shim stands in for a module a library imports",
+        "fully_sharded": "torchtitan sums gradients over ranks and never averages them: apply_fsdp_to_decoder "
+        "(distributed/fsdp.py) ends with disable_fsdp_gradient_division(model), gradient_divide_factor 1.0 on every "
+        "FSDP module, and its train_step divides each micro-batch's summed loss by the global count of valid tokens "
+        "(dist_sum_tensor over the batch mesh) instead. The contract's fully_sharded loop (a loss averaged over this "
+        "rank's slice, gradients averaged over ranks) is not one torchtitan runs, so the adapter refuses it; its own "
+        "loop is token_loss's. Shown without the suite by tests/libraries/torchtitan_fsdp_sums_on_gloo.py "
+        "(apply_fsdp_to_decoder itself, on 2 gloo ranks: the gradient shards are the sum over ranks). A design of "
+        "torchtitan's, not a bug",
+        "test_token_loss.py::test_data_parallel_gradients_are_the_mean_over_every_valid_token": "token_loss runs through "
+        "FSDP2; its DistributedDataParallel test is refused: torchtitan 0.3.0 has no DDP wrapper (data parallelism is "
+        "FSDP2, replication HSDP's dp_replicate axis). Examples with gradient_divide_factor 2 are refused as well: "
+        "disable_fsdp_gradient_division sets 1.0 and no option of torchtitan's sets another",
+        "FSDP2 as apply_fsdp_to_decoder configures it (gradients summed), dist_sum_tensor's token count: audit": "the audited FSDP step (test_fully_sharded_step) shards with gradients averaged, which "
+        "torchtitan refuses as in fully_sharded; no audit test runs the token_loss loop",
+        "pipeline_parallel": "torchtitan's pipeline never takes the mean over microbatches: _build_pipeline_schedule "
+        "(distributed/pipeline_parallel.py, pipeline_llm's) builds every schedule with scale_grads=False, and its loss "
+        "divides each microbatch's summed loss by the global count of valid tokens; so the contract's pipeline_step with "
+        "its default mean (the loss / m) is refused, and pipeline_token_loss (scale_grads=False) is torchtitan's "
+        "loop. In pipeline_token_loss's test the examples without a padded row ask for the mean, and are refused the same "
+        "way. A design of torchtitan's, not a bug. Examples of 1F1B with fewer microbatches than stages (p=4, m=2) are "
+        "refused too, with the error torch's Schedule1F1B raises when _build_pipeline_schedule builds it ('Number of "
+        "microbatches (2) must be greater than or equal to the number of stages (4)'): torchtitan has no other path",
+        "tensor_parallel, tp_norm, vocab_parallel, mesh_transformer (not mapped)": "torchtitan 0.3.0 declares tensor and "
+        "sequence parallelism on its own models' configs (models/llama3/sharding.py, set_llama3_sharding_config; "
+        "models/common/decoder_sharding.py) and applies it with its Module.parallelize(parallel_dims) inside "
+        "parallelize_llama: it has no layer built from a dense nn.Linear or nn.Embedding (the contract's "
+        "ColumnParallelLinear.from_dense, TensorParallelMLP.from_dense, VocabParallelEmbedding.from_dense), and "
+        "mesh_transformer builds the harness's transformer from those layers. Its Llama3 (separate wq, wk, wv; RMSNorm; "
+        "RoPE) is not the harness's transformer either, and on the lock's CPU torch none of its models imports: "
+        "models/common/decoder.py reaches distributed/minimal_async_ep/kernels.py and its 'import triton', undeclared "
+        "(tests/libraries/torchtitan_imports_triton.py), so parallelize_llama and pipeline_llm cannot be given its own "
+        "model here. Not mapped rather than judged against something else",
+        "dp_pp_token_loss, pipeline_composition (not mapped)": "on a pp x dp mesh the harness sums each stage's "
+        "gradients over its data-parallel group with the implementation's all_reduce; torchtitan reduces them with "
+        "FSDP2, applied to each pipeline stage by the parallelize_fn pipeline_llm calls per model part, and has no "
+        "in-place all_reduce of its own (dist_sum_tensor returns a new tensor)",
     },
 )
 

@@ -2,13 +2,17 @@
 installs the library: the project's requirements.lock, torch included, plus the library, with the
 lock as pip's constraints so that the library can change no pinned version (torch above all: the
 CPU torch==2.13.0 the suite runs on stays; a library that asks for another torch fails to install,
-and says so). Made once, then reused while the lock and the requirement are unchanged (a stamp).
+and says so). A library whose own dependencies cannot meet one of the lock's pins names it in its
+table entry (``Library.unconstrained``, with why): its venv installs and is constrained by the lock
+less those lines (written into the venv as ``requirements.lock``), and torch is never one of them.
+Made once, then reused while the lock, the lines left out and the requirement are unchanged (a stamp).
 The Debian packages a library needs come from apt where a command is missing."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -57,8 +61,22 @@ def venv_of(library: Library, version: str, home: Path = HOME) -> Venv:
     return Venv(library, version, home / f"{library.name}-{version}")
 
 
+def _pip_name(line: str) -> str:
+    """The normalised project name of a lock line ("Jinja2==3.1.6" -> "jinja2"), PEP 503's."""
+    return re.sub(r"[-_.]+", "-", re.split(r"[=<>!~\[; ]", line.strip(), maxsplit=1)[0]).lower()
+
+
+def lock_lines(library: Library) -> str:
+    """requirements.lock without the lines the library may not be constrained by (torch never)."""
+    left_out = {_pip_name(name) for name in library.unconstrained}
+    if "torch" in left_out:
+        raise InstallFailed(f"{library.name}: torch cannot be left out of the lock's constraints (the suite runs on the lock's torch)")
+    lines = LOCK.read_text().splitlines(keepends=True)
+    return "".join(line for line in lines if line.lstrip().startswith("#") or _pip_name(line) not in left_out)
+
+
 def _stamp(venv: Venv) -> Path:
-    digest = hashlib.sha1(LOCK.read_bytes() + venv.library.requirement(venv.version).encode()).hexdigest()[:12]
+    digest = hashlib.sha1(lock_lines(venv.library).encode() + venv.library.requirement(venv.version).encode()).hexdigest()[:12]
     return venv.path / f".libraries-installed-{digest}"
 
 
@@ -90,15 +108,31 @@ def ensure(venv: Venv, log=print) -> Venv:
     stamp = _stamp(venv)
     if not stamp.exists():
         requirement = venv.library.requirement(venv.version)
-        log(f"[libraries] installing {requirement} into {venv.path.relative_to(ROOT)} (the lock as constraints)")
+        left_out = ", ".join(venv.library.unconstrained)
+        log(
+            f"[libraries] installing {requirement} into {venv.path.relative_to(ROOT)} (the lock as constraints"
+            + (f", less {left_out}: see its table entry)" if left_out else ")")
+        )
         if not venv.python.exists():
             made = subprocess.run([sys.executable, "-m", "venv", str(venv.path)], capture_output=True, text=True)
             if made.returncode:
                 raise InstallFailed(f"python -m venv failed: {_tail(made.stderr)}")
+        lock = LOCK
+        if venv.library.unconstrained:
+            lock = venv.path / "requirements.lock"
+            lock.write_text(lock_lines(venv.library))
         pip = [str(venv.python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-        done = subprocess.run([*pip, "-r", str(LOCK), "-c", str(LOCK), requirement], capture_output=True, text=True)
+        # the lock first, then the library under the lock's constraints: the torch build the first
+        # installed (its local label included, +cpu or +cu128) must be the one the second leaves
+        done = subprocess.run([*pip, "-r", str(lock), "-c", str(lock)], capture_output=True, text=True)
+        if done.returncode:
+            raise InstallFailed(f"pip cannot install requirements.lock: {_tail(done.stderr)}")
+        torch_before = _torch_build(venv)
+        done = subprocess.run([*pip, "-c", str(lock), requirement], capture_output=True, text=True)
         if done.returncode:
             raise InstallFailed(f"pip cannot install {requirement} beside requirements.lock: {_tail(done.stderr)}")
+        if _torch_build(venv) != torch_before:
+            raise InstallFailed(f"installing {requirement} changed torch {torch_before} into {_torch_build(venv)}")
     check(venv)
     if venv.library.warm_up and not stamp.exists():
         log(f"[libraries] {venv.library.name}=={venv.version}: warming up ({venv.library.warm_up})")
@@ -109,6 +143,12 @@ def ensure(venv: Venv, log=print) -> Venv:
             raise InstallFailed(f"{venv.library.name}=={venv.version}'s warm-up failed: {_tail(done.stderr)}")
     stamp.touch()
     return venv
+
+
+def _torch_build(venv: Venv) -> str:
+    """torch's version as the venv's pip recorded it, with its local label ("2.13.0+cpu")."""
+    done = subprocess.run([str(venv.python), "-m", "pip", "show", "torch"], capture_output=True, text=True)
+    return next((line.split(":", 1)[1].strip() for line in done.stdout.splitlines() if line.startswith("Version:")), "none")
 
 
 def check(venv: Venv) -> None:
