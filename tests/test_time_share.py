@@ -34,7 +34,7 @@ def test_the_share_is_what_is_left_over_the_tests_left_and_one_held_back():
 def test_without_a_budget_nothing_is_cut():
     share = TimeShare(FixedBudget(math.inf))
     share.start(tests_left=3)
-    share.check(ran=10_000, failed=False)
+    share.check(passed=10_000, failed=False)
     assert share.stopped == ""
 
 
@@ -42,14 +42,14 @@ def test_a_spent_share_stops_only_a_test_that_ran_its_floor_and_failed_nothing()
     share = TimeShare(FixedBudget(0.0))
     share.start(tests_left=5)
     time.sleep(0.01)
-    share.check(ran=FLOOR - 1, failed=False)  # below the floor: goes on
-    share.check(ran=FLOOR + 5, failed=True)  # a failure: Hypothesis shrinks it, whatever the time
+    share.check(passed=FLOOR - 1, failed=False)  # below the floor: goes on
+    share.check(passed=FLOOR + 5, failed=True)  # a failure: Hypothesis shrinks it, whatever the time
     assert share.stopped == ""
-    share.before_task(ran=FLOOR, failed=False)  # no example began: a later task of the same example
+    share.before_task(passed=FLOOR, failed=False)  # no example began: a later task of the same example
     assert share.stopped == ""
-    share.example_began(ran=FLOOR, failed=False)
+    share.example_began()
     with pytest.raises(ShareSpent, match=f"{FLOOR} examples ran and passed; drawing stopped"):
-        share.before_task(ran=FLOOR, failed=False)
+        share.before_task(passed=FLOOR, failed=False)
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ def _before_task(state, size: int) -> None:
     """Every task on ranks: its world size is recorded (the coverage), and the test's time share may
     stop it here (plugin/time_share.py)."""
     state.world_sizes.add(size)
-    state.share.before_task(state.refusals.ran(), state.refusals.failed)
+    state.share.before_task(state.refusals.passed, state.refusals.failed)
 
 
 def pool_options(config) -> dict:

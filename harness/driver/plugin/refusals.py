@@ -42,8 +42,9 @@ class Refusals:
     # an example of this test failed (watch_failures): from then on refusals only reject, so that
     # neither a skip nor a stop can end the test while Hypothesis shrinks the failure
     failed: bool = False
-    # called before each example of the current test (watch_failures), with (ran, failed): the time
-    # share's stop (plugin/time_share.py)
+    passed: int = 0  # examples of this test that returned (watch_failures): neither failed nor rejected
+    # called before each example of the current test (watch_failures): the time share's
+    # (plugin/time_share.py)
     before_example: object = None
 
     def refuse(self, reason: str, example) -> NoReturn:
@@ -79,12 +80,13 @@ class Refusals:
         self._ran.clear()
         self._refused.clear()
         self.failed = False
+        self.passed = 0
 
     def watch_failures(self, test, before_example=None) -> None:
         """Wrap a Hypothesis test's inner function (``test.hypothesis.inner_test``, Hypothesis's
         documented hook) so that an example that fails (an Exception other than Hypothesis's own,
-        such as a rejection) sets ``failed``, and ``before_example(ran, failed)``, if given, is called
-        before each example (it may stop the test). Once per test function."""
+        such as a rejection) sets ``failed``, one that returns counts in ``passed``, and
+        ``before_example()``, if given, is called before each example. Once per test function."""
         self.before_example = before_example
         handle = getattr(test, "hypothesis", None)
         if handle is None or getattr(handle.inner_test, "_watched_by", None) is self:
@@ -94,14 +96,16 @@ class Refusals:
         @functools.wraps(inner)
         def watched(*args, **kwargs):
             if self.before_example is not None:
-                self.before_example(self.ran(), self.failed)
+                self.before_example()
             try:
-                return inner(*args, **kwargs)
+                result = inner(*args, **kwargs)
             except HypothesisException:  # a rejection; StopTest and pytest's skips are BaseExceptions,
                 raise  # not caught below: none of them is a failure
             except Exception:
                 self.failed = True
                 raise
+            self.passed += 1
+            return result
 
         watched._watched_by = self
         handle.inner_test = watched

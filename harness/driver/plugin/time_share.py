@@ -54,25 +54,25 @@ class TimeShare:
         self.share_s = math.inf if math.isinf(left) else max(left, 0.0) / (self.tests_left + 1)
         self.until = time.monotonic() + self.share_s
 
-    def example_began(self, ran: int, failed: bool) -> None:
+    def example_began(self) -> None:
         """An example of the current test began (Refusals.watch_failures)."""
         self._example_began = True
 
-    def before_task(self, ran: int, failed: bool) -> None:
+    def before_task(self, passed: int, failed: bool) -> None:
         """Before a task on ranks (the pools' on_run): the first task of an example is where a spent
         share stops the test. Not at the example's start: an example stopped before its first draw
         ends where every example's choices begin, which Hypothesis takes for a strategy that drew
         differently on the same data (FlakyStrategyDefinition); by its first task it has drawn its own."""
         if self._example_began:
             self._example_began = False
-            self.check(ran, failed)
+            self.check(passed, failed)
 
-    def check(self, ran: int, failed: bool) -> None:
-        """Before an example: stop the test if its share is spent, it ran FLOOR examples, all passed."""
-        if failed or ran < FLOOR or time.monotonic() < self.until:
+    def check(self, passed: int, failed: bool) -> None:
+        """Stop the test if its share is spent and it passed FLOOR examples and failed none."""
+        if failed or passed < FLOOR or time.monotonic() < self.until:
             return
         self.stopped = (
-            f"{ran} examples ran and passed; drawing stopped at this test's share of the time budget "
+            f"{passed} examples ran and passed; drawing stopped at this test's share of the time budget "
             f"({self.share_s:.0f} s, of what was left when it started, for {self.tests_left} tests)"
         )
         raise ShareSpent(self.stopped)
