@@ -47,7 +47,11 @@ def test_a_spent_share_stops_only_a_test_that_ran_its_floor_and_failed_nothing()
     assert share.stopped == ""
     share.before_task(passed=FLOOR, failed=False)  # no example began: a later task of the same example
     assert share.stopped == ""
-    share.example_began()
+    share.in_example(True)
+    share.in_example(False)  # an example that ran no task (rejected): a fixture's task after it is not stopped
+    share.before_task(passed=FLOOR, failed=False)
+    assert share.stopped == ""
+    share.in_example(True)
     with pytest.raises(ShareSpent, match=f"{FLOOR} examples ran and passed; drawing stopped"):
         share.before_task(passed=FLOOR, failed=False)
 

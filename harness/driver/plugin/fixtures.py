@@ -101,7 +101,7 @@ def _per_test_records(request):
     state.refusals.clear()
     items = request.session.items
     state.share.start(len(items) - items.index(request.node) if request.node in items else 1)
-    state.refusals.watch_failures(request.function, before_example=state.share.example_began)
+    state.refusals.watch_failures(request.function, before_example=state.share.in_example)
 
 
 class Ranks:

@@ -43,8 +43,8 @@ class Refusals:
     # neither a skip nor a stop can end the test while Hypothesis shrinks the failure
     failed: bool = False
     passed: int = 0  # examples of this test that returned (watch_failures): neither failed nor rejected
-    # called before each example of the current test (watch_failures): the time share's
-    # (plugin/time_share.py)
+    # called with True as each example of the current test begins and False as it ends
+    # (watch_failures): the time share's (plugin/time_share.py)
     before_example: object = None
 
     def refuse(self, reason: str, example) -> NoReturn:
@@ -86,7 +86,8 @@ class Refusals:
         """Wrap a Hypothesis test's inner function (``test.hypothesis.inner_test``, Hypothesis's
         documented hook) so that an example that fails (an Exception other than Hypothesis's own,
         such as a rejection) sets ``failed``, one that returns counts in ``passed``, and
-        ``before_example()``, if given, is called before each example. Once per test function."""
+        ``before_example(True)``, if given, is called before each example and ``before_example(False)``
+        after it. Once per test function."""
         self.before_example = before_example
         handle = getattr(test, "hypothesis", None)
         if handle is None or getattr(handle.inner_test, "_watched_by", None) is self:
@@ -96,7 +97,7 @@ class Refusals:
         @functools.wraps(inner)
         def watched(*args, **kwargs):
             if self.before_example is not None:
-                self.before_example()
+                self.before_example(True)
             try:
                 result = inner(*args, **kwargs)
             except HypothesisException:  # a rejection; StopTest and pytest's skips are BaseExceptions,
@@ -104,6 +105,9 @@ class Refusals:
             except Exception:
                 self.failed = True
                 raise
+            finally:
+                if self.before_example is not None:
+                    self.before_example(False)
             self.passed += 1
             return result
 

@@ -54,9 +54,10 @@ class TimeShare:
         self.share_s = math.inf if math.isinf(left) else max(left, 0.0) / (self.tests_left + 1)
         self.until = time.monotonic() + self.share_s
 
-    def example_began(self) -> None:
-        """An example of the current test began (Refusals.watch_failures)."""
-        self._example_began = True
+    def in_example(self, began: bool) -> None:
+        """An example of the current test began (True) or ended (False) (Refusals.watch_failures).
+        A task outside an example (a fixture's, at setup or teardown) is never where a test stops."""
+        self._example_began = began
 
     def before_task(self, passed: int, failed: bool) -> None:
         """Before a task on ranks (the pools' on_run): the first task of an example is where a spent
