@@ -121,5 +121,5 @@ def test_grading_tier(request, tier_row, figures):
     print(f"\n{cpus:g} vCPU / {mib} MiB, {submission}: {figure}")
     lost = [t for t in tests if correct and t["status"] == "failed"]
     for test in lost[:8]:  # what a correct submission lost, for the row's reader to explain
-        print(f"  lost: {test['name']}: {(test.get('output') or '').strip().splitlines()[:1]}")
+        print(f"  lost: {test['name']}:\n    " + "\n    ".join((test.get("output") or "").strip().splitlines()[:40]))
     assert met, figure
