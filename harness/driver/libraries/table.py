@@ -40,6 +40,9 @@ class Library:
     # nor is constrained by, each with why: a pin the library's own dependencies cannot meet. torch
     # is never one (the suite runs on the lock's torch; venvs.check refuses any other)
     unconstrained: dict = field(default_factory=dict)  # pip name -> why
+    # requirements the venv installs beside the library (under the lock's constraints, as the library):
+    # a package the library imports without declaring it, which the user's environment brings
+    extra_requirements: tuple[str, ...] = ()
     # (test id prefix, as "test_file.py::test_name", or a capability) -> why it fails or is refused
     explained: dict = field(default_factory=dict)
 
@@ -294,6 +297,11 @@ TORCHTITAN = Library(
         "ResolutionImpossible. Left out, pip installs the fsspec datasets allows; torch stays the lock's "
         "(venvs.ensure checks its build before and after)",
     },
+    # torchtitan imports triton when its models load (models/common reaches distributed/minimal_async_ep/
+    # kernels.py, 0.2.2 already in its package __init__) and does not declare it: CUDA torch brings triton,
+    # the lock's CPU torch does not. Its Linux wheel imports without a GPU (a kernel launch needs one; none
+    # runs here), the version grading/cs336-requirements.txt installs
+    extra_requirements=("triton==3.6.0",),
     # imported once in the ranks' forkserver (harness/rank/preload.py): a rank importing torchtitan in its
     # first task (torch.distributed.checkpoint's entry-point scan among them) outlasted the 60 s deadline
     # on the shared 2-core machine, one of 3 ranks
@@ -327,13 +335,14 @@ TORCHTITAN = Library(
         ),
     ),
     explained={
-        "torchtitan 0.2.2": "torchtitan 0.2.2 does not import beside the lock's CPU torch: its package __init__ imports "
-        "components.quantization, whose float8 module reaches models/moe/kernels.py and its 'import triton', a "
-        "package torchtitan 0.2.2 does not declare (torch's CUDA wheels bring it, its CPU ones do not); every "
-        "torchtitan module runs that __init__ first. Shown without the suite by tests/libraries/"
-        "torchtitan_imports_triton.py (the same traceback is in NixOS/nixpkgs#525257's build of 0.2.2). torchtitan "
-        "0.3.0 imports on the same torch, its models still do not (below). A packaging bug: triton is imported and not "
-        "declared; no shim stands in for a module a library imports",
+        "torchtitan 0.2.2": "torchtitan 0.2.2 imports with triton installed beside it (extra_requirements; without it "
+        "its package __init__ fails on models/moe/kernels.py's 'import triton', which 0.2.2 does not declare: tests/"
+        "libraries/torchtitan_imports_triton.py), but its API is not 0.3.0's, which the adapter calls: no "
+        "torchtitan.distributed.fsdp (disable_fsdp_gradient_division sits in models/llama3/infra/parallelize.py, with no "
+        "get_fsdp_reshard_after_forward_policy), no torchtitan.config.ParallelismConfig, build_pipeline_schedule("
+        "job_config, stages, loss_fn) and dist_sum in place of _build_pipeline_schedule and dist_sum_tensor. The adapter "
+        "refuses every example on 0.2.2 with that reason (torchtitan_refusals.require_layout) rather than judge a second "
+        "API it was not written for",
         "fully_sharded": "torchtitan sums gradients over ranks and never averages them: apply_fsdp_to_decoder "
         "(distributed/fsdp.py) ends with disable_fsdp_gradient_division(model), gradient_divide_factor 1.0 on every "
         "FSDP module, and its train_step divides each micro-batch's summed loss by the global count of valid tokens "
