@@ -26,7 +26,7 @@ REPRODUCTIONS = {
     "megatron-core": ["megatron_cross_entropy_float32.py", "megatron_ddp_buffers_and_unused_parameters.py"],
     "nanotron": ["nanotron_circular_import.py"],
     "nanotron==0.2": ["nanotron_row_bias_on_rank0.py"],
-    "torchtitan": ["torchtitan_imports_triton.py", "torchtitan_fsdp_sums_on_gloo.py"],
+    "torchtitan": ["torchtitan_imports_triton.py", "torchtitan_fsdp_sums_on_gloo.py", "torchtitan_llama_parallelize_on_gloo.py"],
     "torchtitan==0.2.2": ["torchtitan_imports_triton.py"],
 }  # name==version: in that version's venv
 
