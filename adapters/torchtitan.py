@@ -95,4 +95,5 @@ def global_token_count(local_count, group=None) -> int:
 
 class DataParallel(nn.Module):
     def __init__(self, module: nn.Module, *args, **kwargs):
+        refusals.require_layout()
         raise NotImplementedError(refusals.DATA_PARALLEL)

@@ -44,7 +44,7 @@ def schedule_refused(name: str, microbatches: int, stages: int, error: Exception
 def older_layout(version: str) -> str:
     """torchtitan 0.2.2 imports (triton installed beside it), but the functions the adapter calls are 0.3.0's."""
     return (
-        f"the torchtitan adapter calls torchtitan 0.3.0's functions and torchtitan {version} has other ones: no "
+        f"the torchtitan adapter cannot run torchtitan {version}: it calls torchtitan 0.3.0's functions, and {version} has other ones: no "
         "torchtitan.distributed.fsdp (disable_fsdp_gradient_division is in models/llama3/infra/parallelize.py, with no "
         "get_fsdp_reshard_after_forward_policy), no torchtitan.config.ParallelismConfig, build_pipeline_schedule(job_config, "
         "stages, loss_fn) for _build_pipeline_schedule, dist_sum for dist_sum_tensor"
