@@ -50,6 +50,7 @@ def _device_type(group) -> str:
 def fully_shard(
     module: nn.Module, group=None, reshard_after_forward: bool = True, compute_dtype=None, gradient_divide_factor=None
 ) -> nn.Module:
+    refusals.require_layout()
     if gradient_divide_factor is None:  # refused before torchtitan is imported: a refusal costs no import
         raise NotImplementedError(refusals.AVERAGE)
     if gradient_divide_factor != 1:
@@ -84,6 +85,7 @@ def full_parameters(module: nn.Module) -> dict:
 
 
 def global_token_count(local_count, group=None) -> int:
+    refusals.require_layout()
     from torchtitan.distributed.utils import dist_sum_tensor
 
     device = "cuda" if _device_type(group) == "cuda" else "cpu"
@@ -93,4 +95,5 @@ def global_token_count(local_count, group=None) -> int:
 
 class DataParallel(nn.Module):
     def __init__(self, module: nn.Module, *args, **kwargs):
+        refusals.require_layout()
         raise NotImplementedError(refusals.DATA_PARALLEL)

@@ -40,6 +40,7 @@ def _schedule_name(schedule, stages_per_rank: int) -> str:
 
 
 def pipeline_step(stages, inputs, targets, loss_fn, num_microbatches, schedule="1f1b", group=None, scale_grads=True, trace=None):
+    refusals.require_layout()
     if scale_grads:  # refused before torchtitan is imported: a refusal costs no import
         raise NotImplementedError(refusals.MEAN_OVER_MICROBATCHES)
     if trace is not None:

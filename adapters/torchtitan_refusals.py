@@ -39,3 +39,22 @@ def schedule_refused(name: str, microbatches: int, stages: int, error: Exception
         f"torchtitan cannot build its {name} schedule for {microbatches} microbatches on {stages} stages: "
         f"_build_pipeline_schedule (distributed/pipeline_parallel.py) raised {type(error).__name__}: {error}"
     )
+
+
+def older_layout(version: str) -> str:
+    """torchtitan 0.2.2 imports (triton installed beside it), but the functions the adapter calls are 0.3.0's."""
+    return (
+        f"the torchtitan adapter cannot run torchtitan {version}: it calls torchtitan 0.3.0's functions, and {version} has other ones: no "
+        "torchtitan.distributed.fsdp (disable_fsdp_gradient_division is in models/llama3/infra/parallelize.py, with no "
+        "get_fsdp_reshard_after_forward_policy), no torchtitan.config.ParallelismConfig, build_pipeline_schedule(job_config, "
+        "stages, loss_fn) for _build_pipeline_schedule, dist_sum for dist_sum_tensor"
+    )
+
+
+def require_layout() -> None:
+    """Refuses on a torchtitan older than 0.3.0 (the version, not a failed import, says which API is there)."""
+    from importlib.metadata import version
+
+    installed = version("torchtitan")
+    if tuple(int(part) for part in installed.split(".")[:2]) < (0, 3):
+        raise NotImplementedError(older_layout(installed))

@@ -5,6 +5,7 @@ tests/libraries/ (each exits 0 while the library still behaves as its docstring 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import textwrap
@@ -17,7 +18,7 @@ from parallelism_conformance.harness.driver.libraries import __main__ as command
 from parallelism_conformance.harness.driver.libraries.document import update, write
 from parallelism_conformance.harness.driver.libraries.matrix import Verdict, verdicts_of
 from parallelism_conformance.harness.driver.libraries.table import LIBRARIES, Library, Run
-from parallelism_conformance.harness.driver.libraries.venvs import LOCK, ROOT, InstallFailed, check, lock_lines, venv_of
+from parallelism_conformance.harness.driver.libraries.venvs import LOCK, ROOT, InstallFailed, _requirements, _stamp, check, lock_lines, venv_of
 
 REPRODUCTIONS = {
     "deepspeed": ["deepspeed_buffers_not_broadcast.py", "deepspeed_unused_parameter_moves.py"],
@@ -25,7 +26,7 @@ REPRODUCTIONS = {
     "megatron-core": ["megatron_cross_entropy_float32.py", "megatron_ddp_buffers_and_unused_parameters.py"],
     "nanotron": ["nanotron_circular_import.py"],
     "nanotron==0.2": ["nanotron_row_bias_on_rank0.py"],
-    "torchtitan": ["torchtitan_imports_triton.py", "torchtitan_fsdp_sums_on_gloo.py"],
+    "torchtitan": ["torchtitan_imports_triton.py", "torchtitan_fsdp_sums_on_gloo.py", "torchtitan_llama_parallelize_on_gloo.py"],
     "torchtitan==0.2.2": ["torchtitan_imports_triton.py"],
 }  # name==version: in that version's venv
 
@@ -127,6 +128,16 @@ def test_a_librarys_venv_leaves_out_only_the_lock_lines_its_entry_names():
     assert lock_lines(LIBRARIES["deepspeed"]) == LOCK.read_text()
     with pytest.raises(InstallFailed, match="torch cannot be left out"):
         lock_lines(Library("x", "1", runs=(), unconstrained={"torch": "no"}))
+
+
+def test_a_librarys_extra_requirements_are_installed_and_stamped_with_it(tmp_path):
+    plain = venv_of(Library("x", "1", runs=()), "1", home=tmp_path)
+    extra = venv_of(Library("x", "1", runs=(), extra_requirements=("triton==3.6.0",)), "1", home=tmp_path)
+    assert _requirements(plain) == ["x==1"] and _requirements(extra) == ["x==1", "triton==3.6.0"]
+    # a venv made before the extra requirement was named is made again; one without any keeps its stamp
+    assert _stamp(extra) != _stamp(plain)
+    assert _stamp(plain).name == ".libraries-installed-" + hashlib.sha1(LOCK.read_text().encode() + b"x==1").hexdigest()[:12]
+    assert "triton==3.6.0" in LIBRARIES["torchtitan"].extra_requirements
 
 
 def test_a_version_that_does_not_install_carries_the_tables_explanation(tmp_path, monkeypatch):

@@ -1,20 +1,21 @@
 """torchtitan imports triton, which it does not declare (torch's CUDA wheels bring it, its CPU ones
-do not), so beside a CPU torch:
+do not; the suite's venv installs it beside torchtitan, ``Library.extra_requirements``):
 
-* 0.2.2 does not import at all: ``torchtitan/__init__.py`` imports ``components.quantization``,
-  whose float8 module imports ``models.moe``, whose ``kernels.py`` starts with ``import triton``;
-  every torchtitan module runs that ``__init__`` first (the same traceback is in NixOS/nixpkgs#525257's
-  build log of 0.2.2).
-* 0.3.0 imports, and so do the modules its FSDP2 and pipeline functions live in, but none of its
-  models does: ``models/common/decoder.py`` imports ``models/common/moe.py``, whose token dispatcher
-  imports ``distributed/minimal_async_ep``, whose ``kernels.py`` starts with ``import triton``; so
-  ``parallelize_llama`` and ``pipeline_llm`` cannot be given torchtitan's own Llama.
+* 0.2.2's package ``__init__`` imports ``components.quantization``, whose float8 module imports
+  ``models.moe``, whose ``kernels.py`` starts with ``import triton``; every torchtitan module runs
+  that ``__init__`` first (the same traceback is in NixOS/nixpkgs#525257's build log of 0.2.2).
+* 0.3.0's package imports without it, and so do the modules its FSDP2 and pipeline functions live in,
+  but none of its models does: ``models/common/decoder.py`` imports ``models/common/moe.py``, whose
+  token dispatcher imports ``distributed/minimal_async_ep``, whose ``kernels.py`` starts with
+  ``import triton``.
 
-No distributed world is needed to see it. Prints what it finds and exits 0 when triton is absent and
-undeclared and each module fails (or imports) as listed for the installed version (reproduced), 1
-otherwise.
+No distributed world and no GPU are needed to see it: each module is imported in a fresh process
+twice, once as installed and once with triton hidden (an import hook that answers ``No module named
+'triton'``, as a CPU torch's environment does). Prints what it finds and exits 0 when torchtitan
+declares no triton, every listed module imports with triton and the first list fails without it at
+the kernels.py named (reproduced), 1 otherwise.
 
-    python tests/libraries/torchtitan_imports_triton.py   # in a venv with torchtitan 0.2.2 or 0.3.0, CPU torch
+    python tests/libraries/torchtitan_imports_triton.py   # in a venv with torchtitan 0.2.2 or 0.3.0 and triton
 """
 
 import importlib.metadata
@@ -22,10 +23,10 @@ import importlib.util
 import subprocess
 import sys
 
-# version -> (modules that fail on triton, at the kernels.py named; modules that import)
+# version -> (modules that need triton, the kernels.py that imports it; modules that import without it)
 EXPECTED = {
     "0.2.2": (
-        ["torchtitan", "torchtitan.distributed.fsdp", "torchtitan.distributed.pipeline_parallel"],
+        ["torchtitan", "torchtitan.distributed.utils", "torchtitan.distributed.pipeline_parallel", "torchtitan.models.llama3"],
         "models/moe/kernels.py",
         [],
     ),
@@ -36,33 +37,46 @@ EXPECTED = {
     ),
 }
 
+# a finder ahead of every other that has no triton, as an environment without the package
+HIDE_TRITON = """
+import sys
+class NoTriton:
+    def find_spec(self, name, path=None, target=None):
+        if name == "triton" or name.startswith("triton."):
+            raise ModuleNotFoundError("No module named 'triton'", name="triton")
+sys.meta_path.insert(0, NoTriton())
+"""
 
-def _import(module: str) -> tuple[bool, str, str]:
-    done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)
+
+def _import(module: str, hide_triton: bool) -> tuple[bool, str, str]:
+    code = (HIDE_TRITON if hide_triton else "") + f"import {module}"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     lines = done.stderr.strip().splitlines() or ["(imported)"]
-    origin = next((line.strip() for line in reversed(lines) if line.strip().startswith("File ")), "")
+    # the last frame inside torchtitan: the file whose import reached triton
+    origin = next((line.strip() for line in reversed(lines) if line.strip().startswith("File ") and "torchtitan" in line), "")
     return done.returncode == 0, lines[-1], origin
 
 
 def main() -> int:
     version = importlib.metadata.version("torchtitan")
-    absent = importlib.util.find_spec("triton") is None
+    present = importlib.util.find_spec("triton") is not None
     declared = [r for r in importlib.metadata.requires("torchtitan") or [] if r.split()[0].lower().startswith("triton")]
-    print(f"torchtitan {version}; triton importable: {not absent}; torchtitan's requirements naming triton: {declared or 'none'}")
-    if version not in EXPECTED:
-        print(f"not reproduced: no expectation for torchtitan {version}")
+    print(f"torchtitan {version}; triton installed: {present}; torchtitan's requirements naming triton: {declared or 'none'}")
+    if version not in EXPECTED or not present:
+        print(f"not reproduced: {'no expectation for torchtitan ' + version if present else 'install triton to compare'}")
         return 1
-    failing, kernels, importing = EXPECTED[version]
-    as_expected = absent and not declared
-    for module in failing:
-        imported, last, origin = _import(module)
-        print(f"import {module}: {last}  [{origin}]")
-        as_expected &= not imported and "No module named 'triton'" in last and kernels in origin
+    needing, kernels, importing = EXPECTED[version]
+    as_expected = not declared
+    for module in needing:
+        with_triton, last_with, _ = _import(module, hide_triton=False)
+        without, last, origin = _import(module, hide_triton=True)
+        print(f"import {module}: with triton {last_with}; without: {last}  [{origin}]")
+        as_expected &= with_triton and not without and "No module named 'triton'" in last and kernels in origin
     for module in importing:
-        imported, last, _ = _import(module)
-        print(f"import {module}: {last}")
+        imported, last, _ = _import(module, hide_triton=True)
+        print(f"import {module} without triton: {last}")
         as_expected &= imported
-    print(f"reproduced: torchtitan {version} needs triton, which it does not declare" if as_expected else "not reproduced")
+    print(f"reproduced: torchtitan {version} imports triton, which it does not declare" if as_expected else "not reproduced")
     return 0 if as_expected else 1
 
 

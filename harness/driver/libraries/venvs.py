@@ -5,7 +5,10 @@ CPU torch==2.13.0 the suite runs on stays; a library that asks for another torch
 and says so). A library whose own dependencies cannot meet one of the lock's pins names it in its
 table entry (``Library.unconstrained``, with why): its venv installs and is constrained by the lock
 less those lines (written into the venv as ``requirements.lock``), and torch is never one of them.
-Made once, then reused while the lock, the lines left out and the requirement are unchanged (a stamp).
+A package the library imports and does not declare, which the user's environment brings (triton,
+with CUDA torch), is named in ``Library.extra_requirements`` and installed beside the library under
+the same constraints. Made once, then reused while the lock, the lines left out and the requirements
+are unchanged (a stamp).
 The Debian packages a library needs come from apt where a command is missing."""
 
 from __future__ import annotations
@@ -75,8 +78,14 @@ def lock_lines(library: Library) -> str:
     return "".join(line for line in lines if line.lstrip().startswith("#") or _pip_name(line) not in left_out)
 
 
+def _requirements(venv: Venv) -> list[str]:
+    """What pip installs over the lock: the library==version, then its extra requirements."""
+    return [venv.library.requirement(venv.version), *venv.library.extra_requirements]
+
+
 def _stamp(venv: Venv) -> Path:
-    digest = hashlib.sha1(lock_lines(venv.library).encode() + venv.library.requirement(venv.version).encode()).hexdigest()[:12]
+    requirements = " ".join(_requirements(venv))
+    digest = hashlib.sha1(lock_lines(venv.library).encode() + requirements.encode()).hexdigest()[:12]
     return venv.path / f".libraries-installed-{digest}"
 
 
@@ -110,7 +119,7 @@ def ensure(venv: Venv, log=print) -> Venv:
         requirement = venv.library.requirement(venv.version)
         left_out = ", ".join(venv.library.unconstrained)
         log(
-            f"[libraries] installing {requirement} into {venv.path.relative_to(ROOT)} (the lock as constraints"
+            f"[libraries] installing {' '.join(_requirements(venv))} into {venv.path.relative_to(ROOT)} (the lock as constraints"
             + (f", less {left_out}: see its table entry)" if left_out else ")")
         )
         if not venv.python.exists():
@@ -128,9 +137,9 @@ def ensure(venv: Venv, log=print) -> Venv:
         if done.returncode:
             raise InstallFailed(f"pip cannot install requirements.lock: {_tail(done.stderr)}")
         torch_before = _torch_build(venv)
-        done = subprocess.run([*pip, "-c", str(lock), requirement], capture_output=True, text=True)
+        done = subprocess.run([*pip, "-c", str(lock), *_requirements(venv)], capture_output=True, text=True)
         if done.returncode:
-            raise InstallFailed(f"pip cannot install {requirement} beside requirements.lock: {_tail(done.stderr)}")
+            raise InstallFailed(f"pip cannot install {' '.join(_requirements(venv))} beside requirements.lock: {_tail(done.stderr)}")
         if _torch_build(venv) != torch_before:
             raise InstallFailed(f"installing {requirement} changed torch {torch_before} into {_torch_build(venv)}")
     check(venv)
