@@ -9,7 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from parallelism_conformance.harness.driver.plugin.refusals import Refusals
 from parallelism_conformance.harness.driver.plugin.time_share import FLOOR, ShareSpent, TimeShare
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -45,15 +48,27 @@ def test_a_spent_share_stops_only_a_test_that_ran_its_floor_and_failed_nothing()
     share.check(passed=FLOOR - 1, failed=False)  # below the floor: goes on
     share.check(passed=FLOOR + 5, failed=True)  # a failure: Hypothesis shrinks it, whatever the time
     assert share.stopped == ""
-    share.before_task(passed=FLOOR, failed=False)  # no example began: a later task of the same example
-    assert share.stopped == ""
-    share.in_example(True)
-    share.in_example(False)  # an example that ran no task (rejected): a fixture's task after it is not stopped
-    share.before_task(passed=FLOOR, failed=False)
-    assert share.stopped == ""
-    share.in_example(True)
     with pytest.raises(ShareSpent, match=f"{FLOOR} examples ran and passed; drawing stopped"):
-        share.before_task(passed=FLOOR, failed=False)
+        share.check(passed=FLOOR, failed=False)
+
+
+def test_a_stop_comes_after_an_example_returned_never_part_way():
+    """Examples that share their first choices and draw more after them: a stop part way (before the
+    second draw) reads to Hypothesis as a strategy that drew less on the same data, a failure
+    (FlakyStrategyDefinition, as a grading run once saw it); a stop after an example returned does not."""
+    share, refusals = TimeShare(FixedBudget(0.0)), Refusals()
+    share.start(tests_left=1)
+
+    @settings(max_examples=200, derandomize=True, database=None)
+    @given(st.data())
+    def drawn_in_two_parts(data):
+        data.draw(st.integers(0, 1))  # two first choices: later examples repeat an earlier one's
+        data.draw(st.integers(0, 1000))
+
+    refusals.watch_failures(drawn_in_two_parts, after_passed=share.check)
+    with pytest.raises(ShareSpent):
+        drawn_in_two_parts()
+    assert refusals.passed == FLOOR
 
 
 @pytest.fixture

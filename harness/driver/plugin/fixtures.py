@@ -18,19 +18,12 @@ from parallelism_conformance.harness.driver.plugin.state import STATE, Target, b
 from parallelism_conformance.harness.driver.pool import WorldPool
 
 
-def _before_task(state, size: int) -> None:
-    """Every task on ranks: its world size is recorded (the coverage), and the test's time share may
-    stop it here (plugin/time_share.py)."""
-    state.world_sizes.add(size)
-    state.share.before_task(state.refusals.passed, state.refusals.failed)
-
-
 def pool_options(config) -> dict:
     """What every pool of the session shares: deadlines, containment, the coverage record."""
     state = config.stash[STATE]
     return dict(
         timeout_s=config.getoption("--rank-timeout"),
-        on_run=lambda size: _before_task(state, size),
+        on_run=state.world_sizes.add,
         contain=contained(config),
         live_ranks=state.live_ranks,
         time_left=state.budget.left if state.budget.deadline is not None else None,
@@ -101,7 +94,7 @@ def _per_test_records(request):
     state.refusals.clear()
     items = request.session.items
     state.share.start(len(items) - items.index(request.node) if request.node in items else 1)
-    state.refusals.watch_failures(request.function, before_example=state.share.in_example)
+    state.refusals.watch_failures(request.function, after_passed=state.share.check)
 
 
 class Ranks:

@@ -43,9 +43,9 @@ class Refusals:
     # neither a skip nor a stop can end the test while Hypothesis shrinks the failure
     failed: bool = False
     passed: int = 0  # examples of this test that returned (watch_failures): neither failed nor rejected
-    # called with True as each example of the current test begins and False as it ends
-    # (watch_failures): the time share's (plugin/time_share.py)
-    before_example: object = None
+    # called with (passed, failed) after each example of the current test that returned
+    # (watch_failures): the time share's stop (plugin/time_share.py)
+    after_passed: object = None
 
     def refuse(self, reason: str, example) -> NoReturn:
         """Inside a Hypothesis test: reject the example (or skip, or stop, as the class says);
@@ -82,13 +82,12 @@ class Refusals:
         self.failed = False
         self.passed = 0
 
-    def watch_failures(self, test, before_example=None) -> None:
+    def watch_failures(self, test, after_passed=None) -> None:
         """Wrap a Hypothesis test's inner function (``test.hypothesis.inner_test``, Hypothesis's
         documented hook) so that an example that fails (an Exception other than Hypothesis's own,
-        such as a rejection) sets ``failed``, one that returns counts in ``passed``, and
-        ``before_example(True)``, if given, is called before each example and ``before_example(False)``
-        after it. Once per test function."""
-        self.before_example = before_example
+        such as a rejection) sets ``failed``, one that returns counts in ``passed`` and then calls
+        ``after_passed(passed, failed)``, if given (it may stop the test). Once per test function."""
+        self.after_passed = after_passed
         handle = getattr(test, "hypothesis", None)
         if handle is None or getattr(handle.inner_test, "_watched_by", None) is self:
             return
@@ -96,8 +95,6 @@ class Refusals:
 
         @functools.wraps(inner)
         def watched(*args, **kwargs):
-            if self.before_example is not None:
-                self.before_example(True)
             try:
                 result = inner(*args, **kwargs)
             except HypothesisException:  # a rejection; StopTest and pytest's skips are BaseExceptions,
@@ -105,10 +102,9 @@ class Refusals:
             except Exception:
                 self.failed = True
                 raise
-            finally:
-                if self.before_example is not None:
-                    self.before_example(False)
             self.passed += 1
+            if self.after_passed is not None:
+                self.after_passed(self.passed, self.failed)
             return result
 
         watched._watched_by = self

@@ -4,8 +4,8 @@ test costs examples, spread over the tests, and never whole tests.
 Without a share, tests run in order at the profile's full count until the budget is spent, and the
 rest are "not run": a correct implementation graded on a slow machine loses their points. With it,
 a test that starts when ``L`` seconds are left for ``n`` tests (itself included) may draw examples
-for ``L / (n + 1)`` seconds (one share held back); once past that, before its next example, it stops drawing and passes on the
-examples it ran. What a fast test leaves unspent raises the share of every test after it, since
+for ``L / (n + 1)`` seconds (one share held back): the first example to end past that is its last,
+and the test passes on the examples it ran. What a fast test leaves unspent raises the share of every test after it, since
 the share is taken again at each test's start.
 
 A share never cuts a test that has failed an example (Hypothesis goes on to shrink it) nor one that
@@ -41,35 +41,23 @@ class TimeShare:
     until: float = math.inf
     tests_left: int = 0
     stopped: str = ""  # the note of the current test, once its share stopped it
-    _example_began: bool = False  # and has not run a task yet
 
     def start(self, tests_left: int) -> None:
         """At a test's start, ``tests_left`` counting it."""
-        self.stopped, self._example_began = "", False
+        self.stopped = ""
         left = self.budget.left()
         self.tests_left = max(tests_left, 1)
         # one share more than there are tests: the last one is held back, so that an example running past
-        # its test's share (a share ends only at an example's first task) finds time left, and the last
+        # its test's share (a share ends only as an example ends) finds time left, and the last
         # test stops at its share before the budget's end cuts a task
         self.share_s = math.inf if math.isinf(left) else max(left, 0.0) / (self.tests_left + 1)
         self.until = time.monotonic() + self.share_s
 
-    def in_example(self, began: bool) -> None:
-        """An example of the current test began (True) or ended (False) (Refusals.watch_failures).
-        A task outside an example (a fixture's, at setup or teardown) is never where a test stops."""
-        self._example_began = began
-
-    def before_task(self, passed: int, failed: bool) -> None:
-        """Before a task on ranks (the pools' on_run): the first task of an example is where a spent
-        share stops the test. Not at the example's start: an example stopped before its first draw
-        ends where every example's choices begin, which Hypothesis takes for a strategy that drew
-        differently on the same data (FlakyStrategyDefinition); by its first task it has drawn its own."""
-        if self._example_began:
-            self._example_began = False
-            self.check(passed, failed)
-
     def check(self, passed: int, failed: bool) -> None:
-        """Stop the test if its share is spent and it passed FLOOR examples and failed none."""
+        """After an example returned: stop the test if its share is spent and it passed FLOOR examples
+        and failed none. Only there: an example stopped part way, before a draw that an earlier example
+        with the same first choices made, reads to Hypothesis as a strategy that drew differently on
+        the same data (FlakyStrategyDefinition, a failure); one stopped after it returned drew all it draws."""
         if failed or passed < FLOOR or time.monotonic() < self.until:
             return
         self.stopped = (
