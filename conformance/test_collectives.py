@@ -134,6 +134,34 @@ def test_gather(data, example, ranks):
     check_inputs_unchanged(judge, outputs, layout, "tensor", inputs)
 
 
+# A group whose members are not 0..k-1, its root named by global rank: src/dst are global ranks
+# (torch.distributed's), and an implementation that reads them as group ranks is right only where
+# the two coincide, which a drawn layout may never reach in a run's examples
+ROOTED_IN_A_GROUP = Layout(4, (1, 2, 3))
+GROUP_ROOT = 2  # global rank 2 is group rank 1; read as group rank 2 it names global rank 3
+
+
+@pytest.mark.parametrize("collective", [pytest.param(c, marks=pytest.mark.capability(c)) for c in ("scatter", "gather")])
+def test_a_rooted_collective_in_a_group_takes_its_root_as_a_global_rank(collective, ranks, reproduce):
+    layout, root = ROOTED_IN_A_GROUP, GROUP_ROOT
+    judge = Judge(f"{layout}, {'src' if collective == 'scatter' else 'dst'}={root} (group rank {layout.ranks.index(root)})", reproduce)
+    pieces = [torch.arange(3, dtype=torch.float32) + 10 * i for i in range(layout.size)]
+    if collective == "scatter":
+        sent = [pieces if rank == root else None for rank in layout.ranks]
+        outputs = judge.call(ranks, layout, "scatter", [{"tensor": sentinel(pieces[0]), "scatter_list": s, "src": root} for s in sent])
+        expected = ref.scatter(pieces, layout.ranks.index(root), layout.size)
+        for i, rank in enumerate(layout.ranks):
+            judge.tensor(outputs[rank]["tensor"], expected[i], what=f"rank {rank} output")
+    else:
+        arguments = [
+            {"tensor": x, "gather_list": [sentinel(x) for _ in pieces] if rank == root else None, "dst": root}
+            for rank, x in zip(layout.ranks, pieces)
+        ]
+        outputs = judge.call(ranks, layout, "gather", arguments)
+        expected = ref.gather(pieces, layout.ranks.index(root))[layout.ranks.index(root)]
+        judge.tensors(outputs[root]["gather_list"], expected, what=f"dst rank {root} gather_list")
+
+
 # ---------------------------------------------------------------------------------- all-gather
 @pytest.mark.capability("all_gather")
 @given(data=st.data())

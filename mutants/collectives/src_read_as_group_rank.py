@@ -1,5 +1,5 @@
 """scatter treats the global src rank as a rank within the group (right only when they coincide).
-targets: test_scatter and not gather
+targets: test_scatter and not gather or test_a_rooted_collective_in_a_group and scatter
 """
 
 import torch.distributed as dist
