@@ -141,6 +141,7 @@ ROOTED_IN_A_GROUP = Layout(4, (1, 2, 3))
 GROUP_ROOT = 2  # global rank 2 is group rank 1; read as group rank 2 it names global rank 3
 
 
+@pytest.mark.min_ranks(ROOTED_IN_A_GROUP.world_size)
 @pytest.mark.parametrize("collective", [pytest.param(c, marks=pytest.mark.capability(c)) for c in ("scatter", "gather")])
 def test_a_rooted_collective_in_a_group_takes_its_root_as_a_global_rank(collective, ranks, reproduce):
     layout, root = ROOTED_IN_A_GROUP, GROUP_ROOT
