@@ -1,7 +1,7 @@
 """The schedule asked for is the schedule run (issue 14): hooks on the stage modules the harness
 built record each rank's order of stage forwards ("F<s>") and parameter-gradient accumulations
 ("B<s>"), one list per rank with a "CALL" marker before each pipeline_step call
-(harness/rank/programs/pipeline_parallel.py, ``_watch``). Judged here against the schedule handed
+(harness/rank/programs/pipeline_stages.py, ``watch``). Judged here against the schedule handed
 over (its compute order, exactly) or, for the classic kinds, the most microbatch activations the
 kind holds at once (reference/pipeline_schedules.py, ``theory_peak_live``). Used by the pipeline
 tests and the pipeline compositions."""

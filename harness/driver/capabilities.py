@@ -42,6 +42,9 @@ class Capability:
     files: tuple[str, ...] = ()
 
 
+_PROGRAM_HELPERS = {"pipeline_parallel": ("pipeline_stages",)}  # the modules of harness/rank/programs a program's module imports
+
+
 def _files(
     reference: tuple[str, ...],
     impl: str | None,
@@ -54,6 +57,7 @@ def _files(
         *(f"reference/{r}.py" for r in reference),
         impl and f"impls/{impl}.py",
         f"harness/rank/programs/{program}.py",
+        *(f"harness/rank/programs/{helper}.py" for helper in _PROGRAM_HELPERS.get(program, ())),
         audit and f"conformance/audit/test_{audit}.py",
         audit and "reference/cost_model.py",
         adapter and f"adapters/{adapter}.py",

@@ -14,57 +14,16 @@ import torch.distributed as dist
 
 from parallelism_conformance.harness.rank import models, pipeline_models, recording
 from parallelism_conformance.harness.rank.context import MissingFunction, RankContext, require
+from parallelism_conformance.harness.rank.programs.pipeline_stages import (
+    local_stages,
+    over_the_batchs_valid_rows,
+    placement_argument,
+    schedule_argument,
+    stage_grads,
+    watch,
+)
 
 CALL = "CALL"  # in the recorded order: a pipeline_step call begins
-
-
-def _owner(stage: int, p: int, placement: str) -> int:
-    """The rank of a stage: the loop (s % p) or the V (s for s < p, then 2p - 1 - s), as the
-    contract places them (the driver's copy is reference.pipeline_schedules.stage_rank)."""
-    if placement == "v":
-        return stage if stage < p else 2 * p - 1 - stage
-    return stage % p
-
-
-def _local_stages(ctx: RankContext, model: dict, seed: int, layers_per_stage: list[int], stages_per_rank: int, placement: str = "loop"):
-    p = ctx.world_size
-    if len(layers_per_stage) != p * stages_per_rank:
-        raise ValueError(f"{len(layers_per_stage)} stages for {p} ranks x {stages_per_rank} stages per rank")
-    stages = pipeline_models.split(pipeline_models.build(model, seed).to(ctx.device), layers_per_stage)
-    mine = [s for s in range(len(stages)) if _owner(s, p, placement) == ctx.rank]
-    return mine, [stages[s] for s in mine]
-
-
-def _placement_argument(placement: str) -> dict:
-    """The keyword ``placement`` goes to pipeline_step only off the loop placement, so an
-    implementation written before the V (capability zero_bubble_v) is called as it expects."""
-    return {} if placement == "loop" else {"placement": placement}
-
-
-def _schedule(schedule: str | None, schedule_rows: list | None):
-    if schedule_rows is None:
-        return schedule
-    return lambda num_ranks, num_microbatches, stages_per_rank: schedule_rows
-
-
-def _grads(stage_indices: list[int], modules) -> dict:
-    return {
-        f"stage{s}.{name}": p.grad.detach().clone()
-        for s, module in zip(stage_indices, modules)
-        for name, p in module.named_parameters()
-        if p.grad is not None
-    }
-
-
-def _over_the_batchs_valid_rows(summed, targets):
-    """``summed`` (a sum over the valid rows) divided by the valid rows of the whole batch, C: the
-    last stage holds every target, so it counts them (elsewhere the loss is never called)."""
-    count = pipeline_models.valid_rows(targets) if targets is not None else 1
-
-    def loss_fn(output, target):
-        return summed(output, target) / count
-
-    return loss_fn
 
 
 def train_step(
@@ -104,11 +63,11 @@ def train_step(
     if group is not None:
         raise ValueError("pipeline parallelism is tested on the whole world, not a subgroup")
     pipeline_step = require(impl, "pipeline_step")
-    indices, modules = _local_stages(ctx, model, seed, layers_per_stage, stages_per_rank, placement)
-    executed = _watch(indices, modules)
-    loss_fn, options = pipeline_models.loss_fn(loss), _placement_argument(placement)
+    indices, modules = local_stages(ctx, model, seed, layers_per_stage, stages_per_rank, placement)
+    executed = watch(indices, modules)
+    loss_fn, options = pipeline_models.loss_fn(loss), placement_argument(placement)
     if per_token:
-        loss_fn, options = _over_the_batchs_valid_rows(loss_fn, targets), {**options, "scale_grads": False}
+        loss_fn, options = over_the_batchs_valid_rows(loss_fn, targets), {**options, "scale_grads": False}
     if rng_seed is not None:
         torch.manual_seed(rng_seed)
     for _ in range(calls):
@@ -119,7 +78,7 @@ def train_step(
             ctx.to_device(targets),
             loss_fn,
             num_microbatches,
-            schedule=_schedule(schedule, schedule_rows),
+            schedule=schedule_argument(schedule, schedule_rows),
             **options,
         )
     if tied is not None:
@@ -131,7 +90,7 @@ def train_step(
             modules if stages_per_rank > 1 else modules[0], clip["max_norm"], clip["norm_type"], pp_group=dist.group.WORLD, **counted_once
         )
         norm = norm.detach().clone() if torch.is_tensor(norm) else norm
-    return ctx.to_cpu({"loss": result, "grads": _grads(indices, modules), "executed": executed, "norm": norm})
+    return ctx.to_cpu({"loss": result, "grads": stage_grads(indices, modules), "executed": executed, "norm": norm})
 
 
 def train_steps(
@@ -164,14 +123,14 @@ def train_steps(
     if group is not None:
         raise ValueError("pipeline parallelism is tested on the whole world, not a subgroup")
     pipeline_step = require(impl, "pipeline_step")
-    indices, modules = _local_stages(ctx, model, seed, layers_per_stage, stages_per_rank)
-    executed = _watch(indices, modules)
+    indices, modules = local_stages(ctx, model, seed, layers_per_stage, stages_per_rank)
+    executed = watch(indices, modules)
     stages = modules if stages_per_rank > 1 else modules[0]
     opt = models.build_optimizer(optimizer, list({id(p): p for m in modules for p in m.parameters()}.values()))
     tied = None if tied is None else [(int(stage), str(name)) for stage, name in tied]
     loss_fn, options = pipeline_models.loss_fn(loss), {}
     if per_token:
-        loss_fn, options = _over_the_batchs_valid_rows(loss_fn, targets), {"scale_grads": False}
+        loss_fn, options = over_the_batchs_valid_rows(loss_fn, targets), {"scale_grads": False}
     losses, first = [], None
     for step in range(steps):
         opt.zero_grad(set_to_none=True)
@@ -188,7 +147,7 @@ def train_steps(
             )
             norm = norm.detach().clone() if torch.is_tensor(norm) else norm
         if step == 0:
-            first = {"loss": result, "grads": _grads(indices, modules), "executed": list(executed), "norm": norm}
+            first = {"loss": result, "grads": stage_grads(indices, modules), "executed": list(executed), "norm": norm}
         opt.step()
         losses.append(None if result is None else result.detach().clone())
     return ctx.to_cpu({"losses": losses, "first": first})
@@ -218,33 +177,6 @@ def split(ctx: RankContext, impl, model: dict, seed: int, num_stages: int, input
     return ctx.to_cpu({"raised": None, "stages": held, "copies": foreign, "chained": chained})
 
 
-def _watch(indices: list[int], modules) -> list[str]:
-    """The order in which this rank's stages ran forward and backward, as "F<stage>" / "B<stage>",
-    from hooks on the stage modules the harness built: a forward hook, and a tensor hook on the
-    stage's first parameter (the last one its backward reaches, once per microbatch), which fires
-    whenever that parameter's gradient is computed: by a whole backward, or by a W however it is
-    made (``backward(inputs=...)``, or torch.distributed.pipelining's ``autograd.grad`` on gradient
-    edges, which assigns ``.grad`` without accumulating and so runs no post-accumulate hook); an I
-    (the input's gradient only) does not fire it."""
-    events: list[str] = []
-    held = [{id(p) for p in module.parameters()} for module in modules]
-    for k, (stage, module) in enumerate(zip(indices, modules)):
-
-        def forward(module, inputs, output, stage=stage):
-            # a forward without autograd (torch.distributed.pipelining's shape inference) or on the
-            # meta device holds no activation for a backward: it is not a step of the schedule
-            if torch.is_grad_enabled() and getattr(output, "device", None) is not None and output.device.type != "meta":
-                events.append(f"F{stage}")
-
-        module.register_forward_hook(forward)
-        # a weight tied to another stage on this rank (capability pipeline_tied) has its gradient
-        # computed by both stages' backwards: the first parameter this stage holds alone is watched
-        first = next((p for p in module.parameters() if not any(id(p) in other for j, other in enumerate(held) if j != k)), None)
-        if first is not None:
-            first.register_hook(lambda grad, stage=stage: events.append(f"B{stage}"))
-    return events
-
-
 def timed_steps(
     ctx: RankContext,
     impl,
@@ -266,7 +198,7 @@ def timed_steps(
     [action, start, end] in time.perf_counter seconds (one clock for every process on a host).
     ``schedule_rows`` (one list of compact actions per rank) is handed over as a callable schedule."""
     pipeline_step = require(impl, "pipeline_step")
-    _, modules = _local_stages(ctx, model, seed, layers_per_stage, stages_per_rank, placement)
+    _, modules = local_stages(ctx, model, seed, layers_per_stage, stages_per_rank, placement)
     traces = []
     for _ in range(repeats):
         for module in modules:
@@ -279,9 +211,9 @@ def timed_steps(
             ctx.to_device(targets),
             pipeline_models.loss_fn(loss),
             num_microbatches,
-            schedule=_schedule(schedule, schedule_rows),
+            schedule=schedule_argument(schedule, schedule_rows),
             trace=trace,
-            **_placement_argument(placement),
+            **placement_argument(placement),
         )
         traces.append([[str(a), float(start), float(end)] for a, start, end in trace])
     return {"traces": traces}
@@ -338,7 +270,7 @@ def dp_pp_step(
     stage = sorted(mine).index(ctx.rank)
     stages = pipeline_models.split(pipeline_models.build(model, seed).to(ctx.device), layers_per_stage)
     module = stages[stage]
-    executed = _watch([stage], [module])
+    executed = watch([stage], [module])
     pipeline_step, all_reduce = require(impl, "pipeline_step"), require(impl, "all_reduce")
     loss_fn, options, count = pipeline_models.loss_fn(loss), {}, None
     if per_token:
@@ -408,7 +340,7 @@ def mesh_step(
     mlp = require(impl, "TensorParallelMLP")
     blocks = [mlp.from_dense(block.fc1, block.fc2, group=tp) for block in stages[stage]]
     module = nn.Sequential(*blocks)
-    executed = _watch([stage], [module])
+    executed = watch([stage], [module])
     pipeline_step, all_reduce = require(impl, "pipeline_step"), require(impl, "all_reduce")
     recording.mark("pipeline")
     result = pipeline_step(
