@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from parallelism_conformance.harness.driver.backends import BackendPlan
 from parallelism_conformance.harness.driver.failures import TASK_FAILURES, BudgetExhausted, RanksDeadlocked, RanksHung, WorldStartError
-from parallelism_conformance.harness.driver.world import TaskResult, World
+from parallelism_conformance.harness.driver.task_result import TaskResult
+from parallelism_conformance.harness.driver.world import World
 
 
 @dataclass(frozen=True)

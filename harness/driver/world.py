@@ -15,19 +15,18 @@ output; the world is then torn down and its owner starts a fresh one for the nex
 from __future__ import annotations
 
 import itertools
-import json
 import multiprocessing
 import os
 import secrets
 import socket
 import time
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 
 from parallelism_conformance.harness.driver import deadlock, disagreement, memory_cgroup, output_pipe
 from parallelism_conformance.harness.driver.failures import TASK_FAILURES, RankFailure, RankReport, RanksCrashed, WorldStartError, task_failure
 from parallelism_conformance.harness.driver.io_counters import IoCounters
 from parallelism_conformance.harness.driver.rank_handle import RankHandle, dump_stacks
+from parallelism_conformance.harness.driver.task_result import TaskResult, collect
 from parallelism_conformance.harness.rank import containment, wire
 from parallelism_conformance.harness.rank.loop import RankConfig, ring_path, serve
 from parallelism_conformance.harness.rank.preload import with_library_modules
@@ -35,21 +34,6 @@ from parallelism_conformance.harness.rank.preload import with_library_modules
 STRAY_CHECK = "parallelism_conformance.harness.rank.programs.probe:stray_messages"
 STRAY_CHECK_TIMEOUT_S = 20.0  # every rank is idle by then: the exchange takes milliseconds
 CLOSE_WAIT_S = 1.0  # a rank told to exit leaves at once; one that has not by then is killed
-
-
-@dataclass
-class TaskResult:
-    outputs: list  # per rank, what the rank program returned
-    logs: list[str]  # per rank, what it printed during the task: its head and tail (harness/driver/rank_output.py)
-    records: list = field(default_factory=list)  # per rank, its communication calls (harness/rank/recording.py); [] unless audited
-    # per rank, the bytes the kernel saw it write during the task (/proc/<pid>/io wchar: write, writev,
-    # not send or splice), less its reply and its captured output's growth; None where not measured
-    # (attached ranks, worlds that do not record). It cannot lower it, but can dodge it (docs/grading.md)
-    bytes_written: list = field(default_factory=list)
-    # per rank, why its count is missing where it should have been measured (a local rank of an
-    # audited world), else "": the audit fails on evidence withheld instead of skipping it
-    bytes_unread: list = field(default_factory=list)
-    late: list = field(default_factory=list)  # per rank, the calls --perturb-timing delayed (Perturbation.report)
 
 
 class World:
@@ -299,7 +283,7 @@ class World:
             for ready in wait([w for r in pending for w in r.waitables()], timeout=remaining if watch is None else watch.timeout(remaining)):
                 rank = owners[ready]
                 if rank.rank not in outcome:
-                    outcome[rank.rank] = self._collect(rank, task_id)
+                    outcome[rank.rank] = collect(rank, task_id, self._reply_limit, self.size)
             if any(status != "ok" for status, _ in outcome.values()):
                 deadline = min(deadline, time.monotonic() + grace_s)  # peers of a failed rank usually hang
             elif watch is not None and len(outcome) < self.size and watch.check(outcome):
@@ -336,32 +320,6 @@ class World:
             task_id,
             read_io=lambda pids: [deadlock.bytes_moved(c) for c in self._counters.read(pids)],
         )
-
-    def _collect(self, rank: RankHandle, task_id: int) -> tuple[str, object]:
-        if rank.conn.poll():
-            try:  # a reply over the limit is refused by its length header, before the driver holds any of it
-                raw = rank.conn.recv_bytes(maxlength=self._reply_limit)
-                rank.reply_bytes = len(raw) + (4 if len(raw) < 0x7FFFFFFF else 12)  # Connection's length header
-                message = wire.decode_untrusted(raw)
-            except (EOFError, OSError) as error:
-                if "bad message length" in str(error):  # the connection is out of step: the world is rebuilt
-                    return "broken", (
-                        f"the rank sent a reply over the driver's limit of {self._reply_limit} bytes "
-                        f"(harness/rank/wire.py: reply_limit, for {self.size} ranks in this memory)"
-                    )
-                return "exited", rank.describe_exit()
-            except Exception as error:  # noqa: BLE001 - refused by the restricted unpickler
-                return "raised", f"the rank sent a result the driver refuses to decode: {error}"
-            if message[0] == "done" and message[1] == task_id:
-                try:  # the audit's records travel as one JSON string: a tenth of the cost of plain-data pickling
-                    records = json.loads(message[3]) if len(message) > 3 and message[3] else []
-                except (TypeError, ValueError, RecursionError) as error:
-                    return "raised", f"the rank sent communication records the driver cannot read: {error}"
-                return "ok", (message[2], records, message[4] if len(message) > 4 and isinstance(message[4], list) else [])
-            if message[0] == "error":
-                return (message[3] if message[3] in ("missing", "unloadable", "broken") else "raised"), message[2]
-            return "raised", f"unexpected message from rank: {message[:2]!r}"
-        return "exited", rank.describe_exit()
 
     def disagreements(self, status: dict[int, str]) -> list[str]:
         """What the ranks' flight recorders say about the last task they recorded (disagreement.py)."""
