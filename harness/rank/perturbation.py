@@ -48,7 +48,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from parallelism_conformance.harness.rank import poison
+from parallelism_conformance.harness.rank import call_arguments, poison
 
 SHORT, LONG = 1, 2
 NAMES = {0: "none", SHORT: "short", LONG: "long"}
@@ -284,7 +284,7 @@ def _blocking_point(perturbation: Perturbation, function):
 def _launch_point(perturbation: Perturbation, method: str, function):
     def call(group, *args, **kwargs):
         if perturbation.active:
-            perturbation.delay(_key(group, method, args, perturbation.match_tags))
+            perturbation.delay(call_arguments.key(group, method, args, perturbation.match_tags))
             if method in ("barrier", "monitored_barrier"):
                 perturbation.launch_deferred()  # it blocks
         return function(group, *args, **kwargs)
@@ -300,31 +300,31 @@ def _wrap(perturbation: Perturbation, method: str, spec, function):
     def call(group, *args, **kwargs):
         if not perturbation.active:
             return function(group, *args, **kwargs)
-        key = _key(group, method, args, perturbation.match_tags)
+        key = call_arguments.key(group, method, args, perturbation.match_tags)
         index, delay = perturbation.delay(key)
         if delay == 0 and method != "send":
             return function(group, *args, **kwargs)
         if delay == 0:  # sent at once, as the backend does; its buffer is still watched until the wait
             work = LateWork(perturbation, index, method, 0, _caller(), lambda: function(group, *args, **kwargs), [], key)
-            work.keep_inputs([t for t in _tensors(args[0]) if t.numel()] if _all_plain(args[0]) else [])
+            work.keep_inputs([t for t in call_arguments.tensors(args[0]) if t.numel()] if call_arguments.all_plain(args[0]) else [])
             perturbation.add(work)
             return work
         args, inplace = list(args), in_place
-        outputs = _tensors(args[out_at]) if out_at is not None and len(args) > out_at else []
-        inputs = _tensors(args[in_at]) if in_at is not None and len(args) > in_at else []
-        if not all(_plain(t) for t in (*outputs, *inputs)):
+        outputs = call_arguments.tensors(args[out_at]) if out_at is not None and len(args) > out_at else []
+        inputs = call_arguments.tensors(args[in_at]) if in_at is not None and len(args) > in_at else []
+        if not all(call_arguments.plain(t) for t in (*outputs, *inputs)):
             return function(group, *args, **kwargs)
-        if method == "broadcast" and _is_root(group, args):
+        if method == "broadcast" and call_arguments.is_root(group, args):
             outputs, inplace = [], False  # the root's tensor is only read: a send
-        if inplace or _overlap(inputs, outputs):  # the inputs are read now, before the poison
-            args[in_at] = _mapped(args[in_at], lambda t: t.detach().clone())
+        if inplace or call_arguments.overlap(inputs, outputs):  # the inputs are read now, before the poison
+            args[in_at] = call_arguments.mapped(args[in_at], lambda t: t.detach().clone())
         privates = {id(t): torch.empty_like(t) for t in outputs}
         if inplace:
-            snapshot = _tensors(args[in_at])
+            snapshot = call_arguments.tensors(args[in_at])
             privates = {id(t): s for t, s in zip(outputs, snapshot, strict=True)}
             args[out_at] = args[in_at]
         elif out_at is not None and outputs:
-            args[out_at] = _mapped(args[out_at], lambda t: privates[id(t)])
+            args[out_at] = call_arguments.mapped(args[out_at], lambda t: privates[id(t)])
         pairs = [(t, privates[id(t)]) for t in outputs]
         for tensor in outputs:
             poison.fill(tensor, perturbation.rank, index)
@@ -332,59 +332,13 @@ def _wrap(perturbation: Perturbation, method: str, spec, function):
             delay = SHORT  # a receive launched later changes nothing its poison does not already show
         work = LateWork(perturbation, index, method, delay, _caller(), lambda: function(group, *args, **kwargs), pairs, key)
         if not inplace and in_at is not None:  # read until it leaves (LONG: when it leaves): watched for changes
-            work.keep_inputs([t for t in _tensors(args[in_at]) if t.numel()])
+            work.keep_inputs([t for t in call_arguments.tensors(args[in_at]) if t.numel()])
         perturbation.add(work)
         return work
 
     call._perturbed = True
     call.__name__ = getattr(function, "__name__", method)
     return call
-
-
-def _key(group, method: str, args, match_tags: bool) -> tuple:
-    """What a call must not overtake: a send to the same peer (with the same tag, where the backend
-    matches by tag), a receive from it, a collective of the group."""
-    if method in ("send", "recv"):
-        tag = (args[2] if len(args) > 2 else 0) if match_tags else None
-        return id(group), method, args[1] if len(args) > 1 else None, tag
-    return id(group), "collective"
-
-
-def _is_root(group, args) -> bool:
-    options = next((a for a in args if hasattr(a, "rootRank")), None)
-    return options is not None and options.rootRank == group.rank()
-
-
-def _all_plain(value) -> bool:
-    return all(_plain(t) for t in _tensors(value))
-
-
-def _plain(tensor: torch.Tensor) -> bool:
-    return tensor.layout == torch.strided and tensor.is_contiguous() and type(tensor) in (torch.Tensor, torch.nn.Parameter)
-
-
-def _overlap(inputs, outputs) -> bool:
-    if not inputs or not outputs:
-        return False
-    storages = {t.untyped_storage().data_ptr() for t in outputs}
-    return any(t.untyped_storage().data_ptr() in storages for t in inputs)
-
-
-def _tensors(value) -> list:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    out = []
-    for item in value or ():
-        out.extend(_tensors(item))
-    return out
-
-
-def _mapped(value, function):
-    if isinstance(value, torch.Tensor):
-        return function(value)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_mapped(v, function) for v in value)
-    return value
 
 
 _SKIP: dict = {}  # code object -> whether its frames are never the implementation's (memo, per process)
