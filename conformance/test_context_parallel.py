@@ -17,8 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import parallelism_conformance.reference.context_parallel as ref
-from parallelism_conformance.conformance.examples import AttentionExample as Example
-from parallelism_conformance.conformance.examples import attention_examples as examples
+from parallelism_conformance.conformance.attention_examples import AttentionExample as Example
+from parallelism_conformance.conformance.attention_examples import attention_examples as examples
 from parallelism_conformance.conformance.verdict import Judge, run_or_skip
 
 PROGRAM = "context_parallel:attention"

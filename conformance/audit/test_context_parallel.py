@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from parallelism_conformance.conformance.attention_examples import attention_examples
 from parallelism_conformance.conformance.audit.common import audits, check
-from parallelism_conformance.conformance.examples import attention_examples
 from parallelism_conformance.conformance.verdict import Judge
 from parallelism_conformance.harness.driver import audit
 from parallelism_conformance.reference import cost_model
