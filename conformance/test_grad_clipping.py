@@ -38,10 +38,10 @@ from hypothesis import strategies as st
 import parallelism_conformance.reference.data_parallel as ref
 import parallelism_conformance.reference.tensor_parallel as ref_tp
 from parallelism_conformance.conformance.examples import Layout, TrainingExample, training_examples
+from parallelism_conformance.conformance.tensor_parallel_examples import examples as tp_examples
 from parallelism_conformance.conformance.test_pipeline_parallel import dense as pipeline_dense
 from parallelism_conformance.conformance.test_pipeline_parallel import examples as pipeline_examples
 from parallelism_conformance.conformance.test_pipeline_parallel import run_step as run_pipeline_step
-from parallelism_conformance.conformance.test_tensor_parallel import examples as tp_examples
 from parallelism_conformance.conformance.trajectory import check_state_after_step
 from parallelism_conformance.conformance.verdict import Judge, run_or_skip
 from parallelism_conformance.harness.rank import models

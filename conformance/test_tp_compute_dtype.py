@@ -27,7 +27,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import parallelism_conformance.reference.tensor_parallel as ref
-from parallelism_conformance.conformance.test_tensor_parallel import PROGRAM, examples
+from parallelism_conformance.conformance.tensor_parallel_examples import examples
+from parallelism_conformance.conformance.test_tensor_parallel import PROGRAM
 from parallelism_conformance.conformance.verdict import Judge, run_or_skip
 
 # the largest odd integer every member's partial sum may be: exact in d (2^(p+1) - 1, p mantissa bits)

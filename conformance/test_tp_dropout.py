@@ -25,7 +25,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import parallelism_conformance.reference.tensor_parallel as ref
-from parallelism_conformance.conformance.test_tensor_parallel import PROGRAM, examples, judge_member, judge_replicated
+from parallelism_conformance.conformance.tensor_parallel_examples import examples
+from parallelism_conformance.conformance.test_tensor_parallel import PROGRAM, judge_member, judge_replicated
 from parallelism_conformance.conformance.verdict import Judge, run_or_skip
 
 

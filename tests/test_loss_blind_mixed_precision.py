@@ -29,7 +29,7 @@ import parallelism_conformance.reference.data_parallel as ref
 import parallelism_conformance.reference.mixed_precision as ref_mixed
 from parallelism_conformance.conformance.compute_dtype import judge_one_step, run_one_step
 from parallelism_conformance.conformance.examples import Layout, TrainingExample
-from parallelism_conformance.conformance.test_tensor_parallel import Example as TensorParallelExample
+from parallelism_conformance.conformance.tensor_parallel_examples import Example as TensorParallelExample
 from parallelism_conformance.conformance.test_tp_compute_dtype import bias_sum_example, judge_bias_sum
 from parallelism_conformance.conformance.verdict import Judge
 from parallelism_conformance.harness.driver.plugin.fixtures import Ranks

@@ -26,8 +26,8 @@ import torch
 import parallelism_conformance.reference.moe_routing as ref_moe
 import parallelism_conformance.reference.tensor_parallel as ref_tp
 from parallelism_conformance.conformance.examples import Layout, MixtureExample
+from parallelism_conformance.conformance.tensor_parallel_examples import Example as TensorParallelExample
 from parallelism_conformance.conformance.test_moe_topk import judge_trained_moe
-from parallelism_conformance.conformance.test_tensor_parallel import Example as TensorParallelExample
 from parallelism_conformance.conformance.test_tensor_parallel import check_mlp
 from parallelism_conformance.conformance.verdict import Judge
 from parallelism_conformance.harness.driver.plugin.fixtures import Ranks

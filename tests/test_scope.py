@@ -9,8 +9,8 @@ import torch
 from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
+from parallelism_conformance.conformance.data_parallel_examples import examples
 from parallelism_conformance.conformance.examples import training_examples
-from parallelism_conformance.conformance.test_data_parallel import examples
 from parallelism_conformance.conformance.test_fully_sharded import handout_example
 from parallelism_conformance.harness.driver.plugin.options import SCOPES
 from parallelism_conformance.harness.driver.plugin.state import Target
