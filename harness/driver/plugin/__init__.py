@@ -5,6 +5,7 @@
 * state.py: what the driver keeps about the session (the target, the backend plan, the budget);
 * contain.py: whether ranks run contained, decided before any rank starts;
 * refusals.py: what torch's library or the backend cannot run, rejected instead of failed;
+* time_share.py: under a time budget, each test's share of it (examples cut, never whole tests);
 * grading_files.py: results.json, junit.xml and summary.txt, written as the run goes;
 * hooks.py: the session's hooks (scorecard, deselection, the budget, outcomes);
 * fixtures.py: the world pools and the ``ranks`` and ``target`` fixtures (``backend_refusals`` is

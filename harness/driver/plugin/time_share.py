@@ -5,8 +5,8 @@ Without a share, tests run in order at the profile's full count until the budget
 rest are "not run": a correct implementation graded on a slow machine loses their points. With it,
 a test that starts when ``L`` seconds are left for ``n`` tests (itself included) may draw examples
 for ``L / (n + 1)`` seconds (one share held back): the first example to end past that is its last,
-and the test passes on the examples it ran. What a fast test leaves unspent raises the share of every test after it, since
-the share is taken again at each test's start.
+and the test passes on the examples it ran. What a fast test leaves unspent raises the share of
+every test after it, since the share is taken again at each test's start.
 
 A share never cuts a test that has failed an example (Hypothesis goes on to shrink it) nor one that
 has run fewer than FLOOR examples: an implementation cannot buy itself fewer examples by being slow
@@ -28,7 +28,7 @@ FLOOR = 10
 
 
 class ShareSpent(pytest.skip.Exception):
-    """Raised before a test's next example once it has spent its share; pytest_runtest_makereport
+    """Raised as an example returns once its test has spent its share; pytest_runtest_makereport
     reports the test passed, with the note (every example it ran passed)."""
 
 
