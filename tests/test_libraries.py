@@ -18,17 +18,20 @@ from parallelism_conformance.harness.driver.libraries import __main__ as command
 from parallelism_conformance.harness.driver.libraries.document import update, write
 from parallelism_conformance.harness.driver.libraries.matrix import Verdict, verdicts_of
 from parallelism_conformance.harness.driver.libraries.table import LIBRARIES, Library, Run
-from parallelism_conformance.harness.driver.libraries.venvs import LOCK, ROOT, InstallFailed, _requirements, _stamp, check, lock_lines, venv_of
+from parallelism_conformance.harness.driver.libraries.venvs import (
+    LOCK,
+    ROOT,
+    InstallFailed,
+    _requirements,
+    _stamp,
+    base_site_packages,
+    check,
+    lock_lines,
+    venv_of,
+)
 
-REPRODUCTIONS = {
-    "deepspeed": ["deepspeed_buffers_not_broadcast.py", "deepspeed_unused_parameter_moves.py"],
-    "fairscale": ["fairscale_sdp_zero_grad_set_to_none.py"],
-    "megatron-core": ["megatron_cross_entropy_float32.py", "megatron_ddp_buffers_and_unused_parameters.py"],
-    "nanotron": ["nanotron_circular_import.py"],
-    "nanotron==0.2": ["nanotron_row_bias_on_rank0.py"],
-    "torchtitan": ["torchtitan_imports_triton.py", "torchtitan_fsdp_sums_on_gloo.py", "torchtitan_llama_parallelize_on_gloo.py"],
-    "torchtitan==0.2.2": ["torchtitan_imports_triton.py"],
-}  # name==version: in that version's venv
+# where the test command runs (.ci/run): a library venv that is missing is a failure, not a skip
+REQUIRED = bool(os.environ.get("CONFORMANCE_REQUIRE_LIBRARIES"))
 
 
 def test_every_run_names_an_adapter_that_exists_and_capabilities_the_registry_knows():
@@ -38,8 +41,14 @@ def test_every_run_names_an_adapter_that_exists_and_capabilities_the_registry_kn
             assert (ROOT / Path(*run.adapter.removeprefix("parallelism_conformance.").split("."))).with_suffix(".py").exists(), run.adapter
             unknown = [c for c in run.capabilities if c not in capabilities.BY_NAME or c not in ONE_TEST]
             assert not unknown, f"{library.name} {run.label}: unknown capabilities {unknown}"
-    for name, files in REPRODUCTIONS.items():
-        assert name.partition("==")[0] in LIBRARIES and all((ROOT / "tests" / "libraries" / f).exists() for f in files)
+        versions = (library.pinned, *library.older)
+        assert library.tested in versions and all(v in versions for v in library.reproductions), library.name
+        assert all((ROOT / "tests" / "libraries" / f).exists() for files in library.reproductions.values() for f in files)
+        # one pytest run per adapter (test_one_example_...) reads each run's capabilities from it
+        by_adapter: dict[str, list[str]] = {}
+        for run in library.runs:
+            by_adapter.setdefault(run.adapter, []).extend(run.capabilities)
+        assert all(len(caps) == len(set(caps)) for caps in by_adapter.values()), f"{library.name}: two runs of one adapter map one capability"
 
 
 def test_the_warm_up_and_the_suites_ranks_run_the_venvs_own_tools(tmp_path):
@@ -134,9 +143,11 @@ def test_a_librarys_extra_requirements_are_installed_and_stamped_with_it(tmp_pat
     plain = venv_of(Library("x", "1", runs=()), "1", home=tmp_path)
     extra = venv_of(Library("x", "1", runs=(), extra_requirements=("triton==3.6.0",)), "1", home=tmp_path)
     assert _requirements(plain) == ["x==1"] and _requirements(extra) == ["x==1", "triton==3.6.0"]
-    # a venv made before the extra requirement was named is made again; one without any keeps its stamp
+    # a venv made before the extra requirement was named is made again; one without any keeps its stamp,
+    # which names the lock, the requirements and the base venv's site-packages the venv sees
     assert _stamp(extra) != _stamp(plain)
-    assert _stamp(plain).name == ".libraries-installed-" + hashlib.sha1(LOCK.read_text().encode() + b"x==1").hexdigest()[:12]
+    base = "\n".join(base_site_packages()).encode()
+    assert _stamp(plain).name == ".libraries-installed-" + hashlib.sha1(LOCK.read_text().encode() + b"x==1" + base).hexdigest()[:12]
     assert "triton==3.6.0" in LIBRARIES["torchtitan"].extra_requirements
 
 
@@ -162,10 +173,15 @@ def test_a_version_that_does_not_import_is_one_line(tmp_path):
         check(venv)
 
 
-def _made(library: Library):
-    venv = venv_of(library, library.pinned)
-    if not list(venv.path.glob(".libraries-installed-*")):
-        pytest.skip(f"{library.name}=={library.pinned} has no venv here: scripts/libraries {library.name} makes it")
+def _made(library: Library, version: str):
+    """The library's venv at ``version``, made by scripts/libraries (--prepare): skipped where it was
+    not, except where the test command requires it (CONFORMANCE_REQUIRE_LIBRARIES)."""
+    venv = venv_of(library, version)
+    if not list(venv.path.glob(".libraries-installed-*")) and not (version != library.tested and venv.python.exists()):
+        why = f"{library.name}=={version} has no venv here: scripts/libraries --prepare {library.name} makes it"
+        if REQUIRED:
+            pytest.fail(why + " (CONFORMANCE_REQUIRE_LIBRARIES is set: the test command prepares every one)")
+        pytest.skip(why)
     return venv
 
 
@@ -185,29 +201,37 @@ ONE_TEST = {  # per capability a library maps: the test that trains through the 
     "token_loss": "conformance/test_token_loss.py::test_fully_sharded_gradients_are_the_mean_over_every_valid_token",
     "pipeline_token_loss": "conformance/test_pipeline_parallel.py::test_a_loss_normalised_by_the_valid_rows_sums_the_microbatches",
 }
-RUNS = [(library, run, capability) for library in LIBRARIES.values() for run in library.runs for capability in run.capabilities]
+ADAPTERS = [
+    (library, adapter, [run for run in library.runs if run.adapter == adapter])
+    for library in LIBRARIES.values()
+    for adapter in dict.fromkeys(run.adapter for run in library.runs)
+]
 
 
-@pytest.mark.parametrize("library,run,capability", RUNS, ids=[f"{lib.name}-{run.adapter.split('.')[-1]}-{cap}" for lib, run, cap in RUNS])
-def test_one_example_of_each_mapped_capability_runs_in_the_librarys_venv(library, run, capability, tmp_path):
-    """The capability's training test, one drawn example (the ``smoke`` profile), in the venv: the
-    run must end in a verdict the matrix explains, never a crash of the suite."""
-    venv = _made(library)
+@pytest.mark.parametrize("library,adapter,runs", ADAPTERS, ids=[f"{lib.name}-{adapter.split('.')[-1]}" for lib, adapter, _ in ADAPTERS])
+def test_one_example_of_each_mapped_capability_runs_in_the_librarys_venv(library, adapter, runs, tmp_path):
+    """Each capability's training test that the adapter's runs map, one drawn example each (the
+    ``smoke`` profile), in one pytest run in the venv of the version the test command tests: every
+    capability must end in a verdict the matrix explains, never a crash of the suite. One run per
+    adapter, not per capability: a run's fixed cost (pytest, the library imported in the ranks) was
+    most of a one-example run's 5-12 s."""
+    venv = _made(library, library.tested)
     junit = tmp_path / "one.xml"
+    capabilities = [c for run in runs for c in run.capabilities]
     done = subprocess.run(
         [
             str(venv.python),
             "-m",
             "pytest",
-            ONE_TEST[capability],
+            *dict.fromkeys(ONE_TEST[c] for c in capabilities),
             "-p",
             "no:randomly",
             "-p",
             "no:cacheprovider",
             "--impl",
-            run.adapter,
+            adapter,
             "--capability",
-            capability,
+            ",".join(capabilities),
             "--hypothesis-profile=smoke",
             "--max-world-size",
             "2",
@@ -221,18 +245,22 @@ def test_one_example_of_each_mapped_capability_runs_in_the_librarys_venv(library
         timeout=600,
     )
     assert junit.exists(), done.stdout[-3000:] + done.stderr[-2000:]
-    verdicts = [v for v in verdicts_of(junit, library, library.pinned, Run(run.label, run.adapter, (capability,), audit=False))]
-    assert verdicts and all(v.verdict in ("pass", "fail", "refused") for v in verdicts)
+    verdicts = [v for run in runs for v in verdicts_of(junit, library, library.tested, Run(run.label, adapter, run.capabilities, audit=False))]
+    assert len(verdicts) == len(capabilities) and all(v.verdict in ("pass", "fail", "refused") for v in verdicts), verdicts
     unexplained = [v for v in verdicts if v.verdict == "fail" and not v.why]
-    assert not unexplained, textwrap.shorten(f"unexplained failure: {unexplained[0].detail}", 1500)
+    assert not unexplained, textwrap.shorten(f"unexplained failure of {unexplained[0].capability}: {unexplained[0].detail}", 1500)
+    missing = [v.capability for v in verdicts if v.detail == "no test ran"]
+    assert not missing, f"no test ran for {missing}: ONE_TEST names a test the capability does not select"
 
 
-@pytest.mark.parametrize("name,script", [(n, s) for n, files in REPRODUCTIONS.items() for s in files])
-def test_each_standalone_reproduction_still_reproduces(name, script):
-    name, _, version = name.partition("==")
-    venv = venv_of(LIBRARIES[name], version or LIBRARIES[name].pinned)
-    if not venv.python.exists():  # not _made: a library that does not import (nanotron 0.4) never gets the stamp
-        pytest.skip(f"{name}=={venv.version} has no venv here: scripts/libraries {name}=={venv.version} makes it")
+REPRODUCTIONS = [
+    (library, version, script) for library in LIBRARIES.values() for version, scripts in library.reproductions.items() for script in scripts
+]
+
+
+@pytest.mark.parametrize("library,version,script", REPRODUCTIONS, ids=[f"{lib.name}=={v}-{script}" for lib, v, script in REPRODUCTIONS])
+def test_each_standalone_reproduction_still_reproduces(library, version, script):
+    venv = _made(library, version)  # a version that does not import (nanotron 0.4) has its venv but never the stamp
     done = subprocess.run(
         [str(venv.python), str(ROOT / "tests" / "libraries" / script)],
         cwd=ROOT,

@@ -14,9 +14,10 @@ from parallelism_conformance.harness.driver.mutation import (
     longest_first,
     only_a_deadline,
     read_durations,
+    second_opinion,
     write_durations,
 )
-from parallelism_conformance.harness.driver.mutation_catalog import Mutant, Outsider, mutants
+from parallelism_conformance.harness.driver.mutation_catalog import Mutant, Outsider, folder_of, mutants, outsiders, rotated, rotation
 
 DEADLINE_FAILURE = """\
     def test_all_reduce(...):
@@ -114,3 +115,25 @@ def test_the_durations_file_round_trips_and_a_missing_or_broken_one_is_empty(tmp
     assert read_durations(path) == {}
     path.write_text('["a list"]')
     assert read_durations(path) == {}
+
+
+def test_the_rotation_runs_a_share_of_each_capability_the_same_for_one_seed_and_all_over_seeds():
+    every_mutant, every_outsider = mutants(), outsiders()
+    buggy = [o for o in every_outsider if o.verdict == "fail"]
+    chosen, chosen_outsiders, said = rotated(every_mutant, every_outsider, 3, "c0ffee")
+    assert {folder_of(m) for m in chosen} == {folder_of(m) for m in every_mutant}  # every capability, every commit
+    chosen_buggy = [o for o in chosen_outsiders if o.verdict == "fail"]
+    assert {folder_of(o) for o in chosen_buggy} == {folder_of(o) for o in buggy}
+    assert all(o in chosen_outsiders for o in every_outsider if o.verdict == "pass")  # correct ones: all
+    assert len(every_mutant) / 4 < len(chosen) < len(every_mutant) / 2, len(chosen)
+    assert f"{len(chosen)} of {len(every_mutant)} mutants, {len(chosen_buggy)} of {len(buggy)} buggy outsiders" in said
+    assert rotation(every_mutant, folder_of, 3, "c0ffee") == chosen  # one commit: the same runs again
+    seen = {m.path for seed in map(str, range(12)) for m in rotation(every_mutant, folder_of, 3, seed)}
+    assert seen == {m.path for m in every_mutant}  # a dozen commits ran every mutant
+    assert rotated(every_mutant, every_outsider, 1, "x") == (every_mutant, every_outsider, "")
+
+
+def test_a_second_opinions_own_profile_gives_way_to_the_tiers_and_a_run_without_one_keeps_none():
+    assert second_opinion(["conformance", "--hypothesis-profile=brief"], "smoke") == ["conformance", "--hypothesis-profile=smoke"]
+    assert second_opinion(["conformance", "--hypothesis-profile=brief"], None) == ["conformance", "--hypothesis-profile=brief"]
+    assert second_opinion(["conformance"], "smoke") == ["conformance"]  # it runs under --profile

@@ -85,7 +85,10 @@ def test_the_starter_template_scores_not_implemented_and_breaks_nothing(run_suit
 def test_an_implementation_that_patches_the_oracle_and_harness_in_its_ranks_still_fails(run_suite):
     marker = Path(__import__("tempfile").gettempdir()) / "conformance-grade-forged"
     marker.unlink(missing_ok=True)
-    result = run_suite(str(FIXTURES / "grade_forging_impl.py"), "-k", "test_all_reduce and SUM or test_broadcast")
+    # the mutation profile: no shrinking, whose dozens of forged examples more say nothing new (29 s under ci)
+    result = run_suite(
+        str(FIXTURES / "grade_forging_impl.py"), "-k", "test_all_reduce and SUM or test_broadcast", "--hypothesis-profile=mutation"
+    )
     assert result.returncode == 1, result.stdout[-3000:]
     assert "2 failed" in result.stdout  # its forged answers are refused for every collective
     assert "refuses to decode" in result.stdout

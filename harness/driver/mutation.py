@@ -33,7 +33,11 @@ wait forever). A deadlock report ("deadlock: every rank is waiting ...") is evid
 Time: every run stops at its first failure (-x) and runs only what its targets select; the runs go
 to --jobs workers longest first, by the seconds each took in the last run (DURATIONS_FILE) or, for a
 run never timed, a static estimate of its kind, so that no worker idles at the end waiting for one
-long straggler. The last lines say where the time went.
+long straggler. The last lines say where the time went. Per commit (scripts/test) the runner runs
+every known-good run and every correct outsider on fewer examples (--profile brief,
+--second-opinion-profile smoke, --outsider-profile smoke) and one in three of each capability's
+mutants and buggy outsiders (--rotate 3, chosen by the commit's hash: mutation_catalog.rotation);
+nightly (scripts/test --full) every one at full depth.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ from parallelism_conformance.harness.driver.mutation_catalog import (
     known_good,
     mutants,
     outsiders,
+    rotated,
 )
 from parallelism_conformance.harness.driver.warm_pytest import WarmPytest
 from parallelism_conformance.harness.rank.preload import PRELOAD
@@ -83,6 +88,14 @@ def pytest(runner: WarmPytest, impl: str, args: list[str], profile: str, env: di
     return runner.run(
         [*args, "--impl", impl, *([] if chosen else [f"--hypothesis-profile={profile}"]), "-q", *UNUSED_PLUGINS], cwd=str(ROOT), env=env
     )
+
+
+def second_opinion(args: list[str], profile: str | None) -> list[str]:
+    """A known-good run's arguments with its own Hypothesis profile (a second opinion's) replaced by
+    ``profile``; unchanged where it names none (it runs under --profile) or ``profile`` is None."""
+    if profile is None:
+        return args
+    return [f"--hypothesis-profile={profile}" if a.startswith("--hypothesis-profile") else a for a in args]
 
 
 def first_failure(output: str) -> list[str]:
@@ -169,6 +182,24 @@ def main(argv=None) -> int:
         help="Hypothesis profile of the correct implementations under outsiders/ (default: "
         "second_opinion, 5 derandomized examples a test: each runs a whole conformance file)",
     )
+    # the test command's tier (scripts/test) names smoke here and brief for --profile: every test of every
+    # known-good run still runs, on fewer examples; scripts/test --full leaves both at their defaults
+    parser.add_argument(
+        "--second-opinion-profile",
+        default=None,
+        help="Hypothesis profile of the known-good runs that name their own (the second opinions: torch's own "
+        "modules, the naive DP, the CS336 submission); by default each keeps its own",
+    )
+    # the test command's tier: a third of the mutants and of the buggy outsiders per commit, by turns
+    parser.add_argument(
+        "--rotate",
+        type=int,
+        default=1,
+        metavar="K",
+        help="run one in K of each capability's mutants and of its buggy outsiders (at least one of each), "
+        "chosen by --rotation-seed; 1 (the default) runs every one",
+    )
+    parser.add_argument("--rotation-seed", default="0", help="what chooses the rotation's share (the test command passes the commit's hash)")
     parser.add_argument("--mutants-only", action="store_true", help="skip the known-good runs")
     parser.add_argument(
         "--outsiders-only", action="store_true", help="only the implementations under outsiders/ (no known-good runs, no mutants)"
@@ -231,8 +262,12 @@ def run_outsider(runner: WarmPytest, outsider: Outsider, impl: str, options) -> 
 
 def _run_all(options, runner: WarmPytest, scratch: Path) -> int:
     goods = [] if options.mutants_only or options.outsiders_only else known_good()
-    every_mutant = [] if options.outsiders_only else mutants()
-    every_outsider = outsiders()
+    goods = [(impl, second_opinion(args, options.second_opinion_profile), env) for impl, args, env in goods]
+    every_mutant, every_outsider, said = rotated(
+        [] if options.outsiders_only else mutants(), outsiders(), options.rotate, options.rotation_seed
+    )
+    if said:
+        print(f"=== {said}", flush=True)
     impls = {o.path: o.impl(scratch) for o in every_outsider}
     good_jobs = [
         Job(

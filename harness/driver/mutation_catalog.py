@@ -5,6 +5,7 @@ mutant or an outsider is never imported here: ast reads it)."""
 from __future__ import annotations
 
 import ast
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -207,3 +208,45 @@ def known_good() -> list[tuple[str, list[str], dict[str, str]]]:
 def mutants() -> list[Mutant]:
     """Every mutant; a folder no capability of harness/driver/capabilities.py claims is an error, never skipped."""
     return [Mutant.read(p) for p in sorted(MUTANTS.glob("*/*.py")) if not p.name.startswith("_")]
+
+
+def rotation(items: list, folder, share: int, seed: str) -> list:
+    """One in ``share`` of ``items`` per folder (a capability's mutants, its outsiders' bugs), at least
+    one of each folder, chosen by ``seed`` (the test command's: the commit's hash): items i of a folder
+    (sorted by path) with (i + offset) % share == 0, the offset drawn from the seed and the folder, so
+    that one commit always runs the same ones and each new commit another share of each folder. A
+    share of 1 is every item."""
+    if share <= 1:
+        return list(items)
+    folders: dict[str, list] = {}
+    for item in items:
+        folders.setdefault(folder(item), []).append(item)
+    chosen = set()
+    for name, members in folders.items():
+        members = sorted(members, key=lambda item: str(item.path))
+        offset = int(hashlib.sha1(f"{seed}/{name}".encode()).hexdigest(), 16)
+        picked = [m for i, m in enumerate(members) if (i + offset) % share == 0] or [members[offset % len(members)]]
+        chosen.update(id(m) for m in picked)
+    return [item for item in items if id(item) in chosen]
+
+
+def folder_of(item: Mutant | Outsider) -> str:
+    """The capability folder an item sits in: mutants/<capability>/, outsiders/<capability>/bugs/."""
+    return item.path.parent.parent.name if item.path.parent.name == "bugs" else item.path.parent.name
+
+
+def rotated(all_mutants: list[Mutant], all_outsiders: list[Outsider], share: int, seed: str) -> tuple[list[Mutant], list[Outsider], str]:
+    """The mutants and the outsiders a runner with ``--rotate share`` runs (every correct outsider;
+    ``rotation`` of the mutants and of the buggy outsiders), and a line saying so ('' for every one)."""
+    buggy = [o for o in all_outsiders if o.verdict == "fail"]
+    chosen_mutants = rotation(all_mutants, folder_of, share, seed)
+    chosen_buggy = rotation(buggy, folder_of, share, seed)
+    chosen_outsiders = [o for o in all_outsiders if o.verdict == "pass" or o in chosen_buggy]
+    if share <= 1:
+        return chosen_mutants, chosen_outsiders, ""
+    return (
+        chosen_mutants,
+        chosen_outsiders,
+        f"rotation (one in {share} per capability, seed {seed}): {len(chosen_mutants)} of {len(all_mutants)} mutants, "
+        f"{len(chosen_buggy)} of {len(buggy)} buggy outsiders; --rotate 1 runs every one",
+    )

@@ -4,18 +4,23 @@ the usual scorecard per run; without a library, every library of the table at it
 and its older ones, and docs/libraries.md written from the verdicts (a library named: its rows and its
 section of docs/libraries.md rewritten, the rest kept). A library==version that cannot
 be installed or imported is one line, and the rest go on. ``--document`` writes docs/libraries.md
-from the JUnit XML earlier runs left in reports/libraries/, running nothing. Exit 0 when the matrix
-was made (its verdicts are findings, not the command's failure); 2 on a bad argument."""
+from the JUnit XML earlier runs left in reports/libraries/, running nothing. ``--prepare [library ...]``
+makes the venvs the project's tests use (each library's tested version and its reproductions'
+versions: ``Library.tested_versions``), warm-ups included, and runs nothing: the test command calls
+it before tests/test_libraries.py. Exit 0 when the matrix was made (its verdicts are findings, not
+the command's failure), or, for --prepare, when every tested version installed and imports; 1
+otherwise; 2 on a bad argument."""
 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 from parallelism_conformance.harness.driver.libraries.document import update, write
 from parallelism_conformance.harness.driver.libraries.matrix import from_reports, run_library
 from parallelism_conformance.harness.driver.libraries.table import LIBRARIES
-from parallelism_conformance.harness.driver.libraries.venvs import ROOT
+from parallelism_conformance.harness.driver.libraries.venvs import ROOT, InstallFailed, ensure, venv_of
 
 DOC = ROOT / "docs" / "libraries.md"
 REPORT = ROOT / "reports" / "libraries"
@@ -37,7 +42,31 @@ def parse(arguments: list[str]) -> tuple[list[tuple[str, str]], list[str], bool]
     return [(name, v) for name, library in LIBRARIES.items() for v in (library.pinned, *library.older)], options, True
 
 
+def prepare(names: list[str]) -> int:
+    """Each named library's (every library's, where none is named) tested versions made, one line
+    each; 1 where a library's tested version did not install or import (a reproduction's version that
+    does not import is what its reproduction shows, not a failure here)."""
+    unknown = [n for n in names if n not in LIBRARIES]
+    if unknown:
+        print(f"scripts/libraries --prepare: unknown library {unknown[0]!r} (known: {', '.join(LIBRARIES)})", file=sys.stderr)
+        return 2
+    status = 0
+    for library in [LIBRARIES[n] for n in names] or list(LIBRARIES.values()):
+        for version in library.tested_versions():
+            started = time.monotonic()
+            try:
+                ensure(venv_of(library, version))
+                outcome = "ready"
+            except InstallFailed as failed:
+                outcome = f"{failed}" + ("" if version != library.tested else " (the version the test command runs its adapters on)")
+                status = 1 if version == library.tested else status
+            print(f"[libraries] {library.name}=={version}: {outcome} ({time.monotonic() - started:.0f} s)", flush=True)
+    return status
+
+
 def main(arguments: list[str]) -> int:
+    if arguments[:1] == ["--prepare"]:
+        return prepare(arguments[1:])
     if arguments[:1] == ["--document"]:
         verdicts = [
             v

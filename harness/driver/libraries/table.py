@@ -45,6 +45,12 @@ class Library:
     extra_requirements: tuple[str, ...] = ()
     # (test id prefix, as "test_file.py::test_name", or a capability) -> why it fails or is refused
     explained: dict = field(default_factory=dict)
+    # the version the test command runs the adapters on (one example of each mapped capability), where
+    # the pinned one cannot run them ("" = the pinned); its explanation says why
+    runs_on: str = ""
+    # version -> the standalone reproductions (tests/libraries/) run in that version's venv by the
+    # project's tests, each exiting 0 while the library still behaves as its docstring says
+    reproductions: dict = field(default_factory=dict)
 
     def requirement(self, version: str) -> str:
         return f"{self.name}=={version}"
@@ -53,9 +59,19 @@ class Library:
     def module(self) -> str:
         return self.import_name or self.name
 
+    @property
+    def tested(self) -> str:
+        """The version the test command runs the adapters on."""
+        return self.runs_on or self.pinned
+
+    def tested_versions(self) -> tuple[str, ...]:
+        """Every version the project's tests need a venv of: the adapters' and the reproductions'."""
+        return tuple(dict.fromkeys((self.tested, *self.reproductions)))
+
 
 DEEPSPEED = Library(
     name="deepspeed",
+    reproductions={"0.19.8": ("deepspeed_buffers_not_broadcast.py", "deepspeed_unused_parameter_moves.py")},
     pinned="0.19.8",
     older=("0.18.3",),
     # deepspeed.init_distributed JIT-builds its deepspeed_shm_comm op on every machine (about 100 s
@@ -123,6 +139,7 @@ DEEPSPEED = Library(
 
 FAIRSCALE = Library(
     name="fairscale",
+    reproductions={"0.4.13": ("fairscale_sdp_zero_grad_set_to_none.py",)},
     pinned="0.4.13",
     older=("0.4.12",),
     environment={"ENABLE_NCCL_BASE_COLLECTIVES": "0"},  # fairscale's own switch off NCCL's _base collectives
@@ -174,6 +191,7 @@ FAIRSCALE = Library(
 
 MEGATRON_CORE = Library(
     name="megatron-core",
+    reproductions={"0.16.1": ("megatron_cross_entropy_float32.py", "megatron_ddp_buffers_and_unused_parameters.py")},
     pinned="0.16.1",
     older=("0.15.3",),
     import_name="megatron.core",
@@ -256,11 +274,13 @@ MEGATRON_CORE = Library(
 
 NANOTRON = Library(
     name="nanotron",
+    reproductions={"0.4": ("nanotron_circular_import.py",), "0.2": ("nanotron_row_bias_on_rank0.py",)},
     pinned="0.4",
     older=("0.2",),
     # what its users import for tensor parallelism (a bare ``import nanotron`` runs only __version__ = ...)
     import_name="nanotron.parallel.tensor_parallel.nn",
-    # 0.4 does not import (below); 0.2 does, and runs this (scripts/libraries nanotron==0.2)
+    # 0.4 does not import (below); 0.2 does, and runs this (scripts/libraries nanotron==0.2), and the test command
+    runs_on="0.2",
     runs=(
         Run(
             "TensorParallelColumnLinear / RowLinear (ALL_REDUCE, REDUCE_SCATTER)",
@@ -291,6 +311,10 @@ NANOTRON = Library(
 
 TORCHTITAN = Library(
     name="torchtitan",
+    reproductions={
+        "0.3.0": ("torchtitan_imports_triton.py", "torchtitan_fsdp_sums_on_gloo.py", "torchtitan_llama_parallelize_on_gloo.py"),
+        "0.2.2": ("torchtitan_imports_triton.py",),
+    },
     pinned="0.3.0",
     older=("0.2.2",),
     unconstrained={
