@@ -4,10 +4,11 @@ the usual scorecard per run; without a library, every library of the table at it
 and its older ones, and docs/libraries.md written from the verdicts (a library named: its rows and its
 section of docs/libraries.md rewritten, the rest kept). A library==version that cannot
 be installed or imported is one line, and the rest go on. ``--document`` writes docs/libraries.md
-from the JUnit XML earlier runs left in reports/libraries/, running nothing. ``--prepare [library ...]``
+from the JUnit XML earlier runs left in reports/libraries/, running nothing. ``--prepare [--adapters-only] [library ...]``
 makes the venvs the project's tests use (each library's tested version and its reproductions'
-versions: ``Library.tested_versions``), warm-ups included, and runs nothing: the test command calls
-it before tests/test_libraries.py. Exit 0 when the matrix was made (its verdicts are findings, not
+versions: ``Library.tested_versions``; with --adapters-only the tested version alone, all the
+per-commit tier runs), warm-ups included, and runs nothing: the test command calls it before
+tests/test_libraries.py. Exit 0 when the matrix was made (its verdicts are findings, not
 the command's failure), or, for --prepare, when every tested version installed and imports; 1
 otherwise; 2 on a bad argument."""
 
@@ -42,7 +43,7 @@ def parse(arguments: list[str]) -> tuple[list[tuple[str, str]], list[str], bool]
     return [(name, v) for name, library in LIBRARIES.items() for v in (library.pinned, *library.older)], options, True
 
 
-def prepare(names: list[str]) -> int:
+def prepare(names: list[str], adapters_only: bool = False) -> int:
     """Each named library's (every library's, where none is named) tested versions made, one line
     each; 1 where a library's tested version did not install or import (a reproduction's version that
     does not import is what its reproduction shows, not a failure here)."""
@@ -52,7 +53,7 @@ def prepare(names: list[str]) -> int:
         return 2
     status = 0
     for library in [LIBRARIES[n] for n in names] or list(LIBRARIES.values()):
-        for version in library.tested_versions():
+        for version in (library.tested,) if adapters_only else library.tested_versions():
             started = time.monotonic()
             try:
                 ensure(venv_of(library, version))
@@ -66,7 +67,8 @@ def prepare(names: list[str]) -> int:
 
 def main(arguments: list[str]) -> int:
     if arguments[:1] == ["--prepare"]:
-        return prepare(arguments[1:])
+        rest = arguments[1:]
+        return prepare([a for a in rest if a != "--adapters-only"], adapters_only="--adapters-only" in rest)
     if arguments[:1] == ["--document"]:
         verdicts = [
             v
