@@ -24,9 +24,6 @@ from tests.autograder_trial import TIER, grade
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
 CORRECT = "from parallelism_conformance.impls import *  # noqa: F403 - the bundled implementations, handed in as a student's file\n"
-# one xdist group (the test command's --dist loadgroup): every test that grades in the emulated
-# container runs on one worker, which installs the zip once (tests/conftest.py, installed)
-pytestmark = pytest.mark.xdist_group("grading container")
 
 
 def _statuses(results: dict) -> set[str]:

@@ -36,9 +36,6 @@ from tests.contained_suite import SYSTEM_PYTHON, needs_emulation, needs_readable
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CORRECT = "from parallelism_conformance.impls import *  # noqa: F403\n"
-# one xdist group (the test command's --dist loadgroup): every test that grades in the emulated
-# container runs on one worker, which installs the zip once (tests/conftest.py, installed)
-pytestmark = pytest.mark.xdist_group("grading container")
 # checkpoint_tp's test runs first (its file sorts before the collectives'), on the world of 2 that the
 # backend probe would reuse; all_reduce is what the probe forges, and its large message the reply
 HOSTILE_CLAIM = "checkpoint_tp,all_reduce"

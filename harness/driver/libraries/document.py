@@ -15,19 +15,22 @@ HEAD = """# The libraries teams train with, through the suite
 
 Written by `scripts/libraries` (the whole matrix: every library of `harness/driver/libraries/table.py`
 at its pinned version and its older ones, each in its own venv `.venv-libraries/<name>-<version>`:
-requirements.lock, torch==2.13.0 CPU included, plus the library, with the lock as pip's
-constraints). `scripts/libraries deepspeed==0.18.3` runs one and rewrites its rows and section here.
+the library over the project's venv, which holds requirements.lock, torch==2.13.0 CPU included, with
+the lock as pip's constraints). `scripts/libraries deepspeed==0.18.3` runs one and rewrites its rows and section here.
 Each row: one run of the suite on the library's adapter (`--impl`) for one capability, on 1-4 gloo CPU ranks; the audit row covers the
 communication audit of the run's capabilities. Every fail and refusal says why (the last column,
 from the table's `explained`, or the library's own words in the detail); a library's bug is shown by
 a standalone reproduction in `tests/libraries/` that does not use the suite.
 
-Not in the test command: `tests/test_libraries.py` runs one drawn example of every mapped capability
-in each library's venv, and the reproductions, only where `scripts/libraries` has made the venvs
-(a fresh clone has none, so CI runs the table's and the matrix's own tests only). Measured on the
-2-core machine, shared: a cold venv took 218 s (deepspeed 0.18.3) and 207 s (fairscale 0.4.12, built
-from its sdist), a warm one 21-38 s to check; DeepSpeed's first rank JIT-builds deepspeed_shm_comm
-(about 70 s alone, in the venv's own `torch_extensions`); one example of one capability about 35 s.
+In the test command: `scripts/libraries --prepare --adapters-only` makes the venv of each library's
+tested version (the pinned one; nanotron 0.2, since 0.4 does not import) while `tests/` runs, and
+`tests/test_libraries.py` runs every adapter on one drawn example of each capability it maps, one
+pytest run per adapter (10 runs), failing on a crash or a failure the table does not explain. The
+standalone reproductions run nightly (`scripts/test --full`, which prepares their versions too): they
+use no code of this project. A library venv holds only the library and what the lock lacks (it sees
+the project's venv through a .pth file): measured from a fresh clone, the seven venvs took 10-50 s
+each (deepspeed 0.19.8 74 s with its op build, torchtitan 0.3.0 50 s), where a venv of its own,
+torch reinstalled, took 144-218 s.
 """
 
 
