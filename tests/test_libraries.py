@@ -1,7 +1,9 @@
 """scripts/libraries' table, verdicts and document (harness/driver/libraries/), without the libraries;
-then, where a library's venv has been made (scripts/libraries makes it), one example of every
-capability each of its runs maps, in that venv, and the standalone reproductions of
-tests/libraries/ (each exits 0 while the library still behaves as its docstring says)."""
+then, in the venvs scripts/libraries --prepare makes (the test command makes them while tests/ runs),
+every adapter on one example of each capability it maps, one pytest run per adapter, and the
+standalone reproductions of tests/libraries/ (each exits 0 while the library still behaves as its
+docstring says; the per-commit tier leaves them to the nightly one). A venv that was not made skips
+its tests, saying so, except under CONFORMANCE_REQUIRE_LIBRARIES (.ci/run), where it fails them."""
 
 from __future__ import annotations
 

@@ -34,9 +34,9 @@ Time: every run stops at its first failure (-x) and runs only what its targets s
 to --jobs workers longest first, by the seconds each took in the last run (DURATIONS_FILE) or, for a
 run never timed, a static estimate of its kind, so that no worker idles at the end waiting for one
 long straggler. The last lines say where the time went. Per commit (scripts/test) the runner runs
-every known-good run and every correct outsider on fewer examples (--profile brief,
---second-opinion-profile smoke, --outsider-profile smoke) and one in three of each capability's
-mutants and buggy outsiders (--rotate 3, chosen by the commit's hash: mutation_catalog.rotation);
+every known-good run and every correct outsider on fewer examples (--profile second_opinion,
+--second-opinion-profile smoke, --outsider-profile smoke) and one in four of each capability's
+mutants and buggy outsiders (--rotate 4, chosen by the commit's hash: mutation_catalog.rotation);
 nightly (scripts/test --full) every one at full depth.
 """
 
@@ -182,7 +182,7 @@ def main(argv=None) -> int:
         help="Hypothesis profile of the correct implementations under outsiders/ (default: "
         "second_opinion, 5 derandomized examples a test: each runs a whole conformance file)",
     )
-    # the test command's tier (scripts/test) names smoke here and brief for --profile: every test of every
+    # the test command's tier (scripts/test) names smoke here and second_opinion for --profile: every test of every
     # known-good run still runs, on fewer examples; scripts/test --full leaves both at their defaults
     parser.add_argument(
         "--second-opinion-profile",
@@ -190,7 +190,7 @@ def main(argv=None) -> int:
         help="Hypothesis profile of the known-good runs that name their own (the second opinions: torch's own "
         "modules, the naive DP, the CS336 submission); by default each keeps its own",
     )
-    # the test command's tier: a third of the mutants and of the buggy outsiders per commit, by turns
+    # the test command's tier: a share of the mutants and of the buggy outsiders per commit, by turns
     parser.add_argument(
         "--rotate",
         type=int,
