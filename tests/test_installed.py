@@ -92,5 +92,6 @@ def test_the_command_grades_a_module_of_the_current_directory_by_path_and_by_nam
     assert "broadcast       0       2        0  FAIL" in done.stdout, done.stdout[-3000:]
     assert (tmp_path / "out" / "results.json").is_file() and (tmp_path / "out" / "summary.txt").is_file()
     reproduce = next(line for line in done.stdout.splitlines() if "reproduce: parallelism-conformance" in line)
-    rerun = _run([installed / "parallelism-conformance", *reproduce.split("reproduce: parallelism-conformance ")[1].split()], tmp_path)
-    assert rerun.returncode == 1 and "1 failed" in rerun.stdout, rerun.stdout[-3000:]
+    if impl == "mine.py":  # the printed command reruns the one test (once: the name resolves as the path did)
+        rerun = _run([installed / "parallelism-conformance", *reproduce.split("reproduce: parallelism-conformance ")[1].split()], tmp_path)
+        assert rerun.returncode == 1 and "1 failed" in rerun.stdout, rerun.stdout[-3000:]

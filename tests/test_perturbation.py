@@ -102,7 +102,7 @@ def test_a_failure_that_does_not_repeat_is_reported_as_nondeterminism():
     )
     item = SimpleNamespace(
         nodeid="conformance/test_data_parallel.py::test_x",
-        funcargs={"target": Target("parallelism_conformance.impls", "auto", 4, "ci", perturb=True)},
+        funcargs={"target": Target("parallelism_conformance.impls", "auto", 4, "ci", perturb="on")},
     )
     assert is_flaky(error)
     text = nondeterminism_report(error, item)

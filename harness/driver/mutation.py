@@ -22,7 +22,8 @@ Every known-good run and every correct outsider runs under --perturb-timing on (
 late, outputs poisoned until waited for: harness/rank/perturbation.py): a false failure there is a
 bug of the perturbation. A mutant whose docstring has a 'race:' line (its bug is a race: a result
 read before its wait, a buffer reused before its send left) runs under --perturb-timing on, and
-counts as killed only when its failure names the call ("a race, found by --perturb-timing"):
+counts as killed only when its failure names the call ("a race, found by --perturb-timing", under
+its every mode: a read before its wait then always holds poison, never gloo's garbled values):
 values the scheduler happened to garble are not evidence, since they do not fail on every run.
 
 A kill must be evidence, not load: a buggy implementation whose first failure is a task's deadline
@@ -173,9 +174,8 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--mutant-profile", default="mutation", help="Hypothesis profile of the mutant runs (default: mutation, which does not shrink)"
     )
-    # second_opinion (5 examples a test): measured on the 93 outsider runs alone, 0/28 false failures
-    # under it as under brief (10), their runs 156 s instead of 200 s; the buggy ones keep the
-    # mutants' profile: under brief 3 of 65 got through
+    # second_opinion (5 examples a test): on the 93 outsider runs alone, 0/28 false failures under it as under
+    # brief (10), 156 s instead of 200 s; the buggy ones keep the mutants' profile (under brief 3 of 65 got through)
     parser.add_argument(
         "--outsider-profile",
         default="second_opinion",
@@ -237,7 +237,7 @@ def run_mutant(runner: WarmPytest, mutant: Mutant, profile: str) -> tuple[int, s
             "--rank-timeout",
             str(MUTANT_RANK_TIMEOUT_S),
             "--perturb-timing",
-            "on" if mutant.race else "off",
+            "every" if mutant.race else "off",  # every call late: a read before its wait always holds poison
         ],
         profile,
         env,

@@ -60,7 +60,7 @@ def world_pool(target, pytestconfig):
     attach = attached_world(pytestconfig)
     key = os.environ.get("CONFORMANCE_AUTHKEY")
     pool = WorldPool(
-        target.plan, attach=attach, authkey=bytes.fromhex(key) if key else None, perturb=target.perturb, **pool_options(pytestconfig)
+        target.plan, attach=attach, authkey=bytes.fromhex(key) if key else None, perturb=target.perturb != "off", **pool_options(pytestconfig)
     )
     if attach is not None:
         capture = pytestconfig.pluginmanager.getplugin("capturemanager")
@@ -117,7 +117,7 @@ class Ranks:
             args[rank] = {**kwargs, "group": group}
         if not program.startswith("parallelism_conformance.harness.rank.programs."):
             program = f"parallelism_conformance.harness.rank.programs.{program}"
-        schedules = perturbation.draw(world_size) if self.pool.perturb else None
+        schedules = perturbation.draw(world_size, every_call=self.target.perturb == "every") if self.pool.perturb else None
         self._late = []
         result = self.pool.run(world_size, program, args, impl=self.target.impl, timeout_s=timeout_s, schedules=schedules)
         self._last_world, self._late = world_size, result.late

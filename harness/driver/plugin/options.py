@@ -117,10 +117,12 @@ def pytest_addoption(parser):
     group.addoption(
         "--perturb-timing",
         default="auto",
-        choices=("auto", "on", "off"),
+        choices=("auto", "on", "every", "off"),
         help="every call the implementation makes through a process group can complete late, by a "
         "delay Hypothesis draws per call and shrinks: outputs hold poison (NaN) until waited for, "
-        "a send reads its buffer when it leaves (auto: on under the ci and grading profiles)",
+        "a send reads its buffer when it leaves (auto: on under the ci and grading profiles; every: "
+        "no call completes as the backend completes it, so a result read before its wait always holds "
+        "poison: the mutation runner's race mutants)",
     )
     group.addoption(
         "--contain-ranks",
@@ -182,14 +184,14 @@ def attached_world(config) -> Attach | None:
 PERTURBED_PROFILES = ("ci", "grading")  # where --perturb-timing auto is on
 
 
-def perturb_timing(config) -> bool:
-    """--perturb-timing, resolved (auto: on under PERTURBED_PROFILES)."""
+def perturb_timing(config) -> str:
+    """--perturb-timing, resolved: "on", "every" or "off" (auto: on under PERTURBED_PROFILES)."""
     option = config.getoption("--perturb-timing")
     if option == "auto":
         from parallelism_conformance.harness.driver.plugin.profiles import current_profile
 
-        return current_profile() in PERTURBED_PROFILES
-    return option == "on"
+        return "on" if current_profile() in PERTURBED_PROFILES else "off"
+    return option
 
 
 def claimed(config) -> frozenset[str]:

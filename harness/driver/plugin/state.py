@@ -30,7 +30,7 @@ class Target:
     attach: str = ""  # the --attach options of this run, if any
     plan: BackendPlan | None = None
     scope: str = "contract"  # --scope: the contract, or a handout's narrower loop (SCOPES)
-    perturb: bool = False  # --perturb-timing, resolved: calls complete late by a drawn schedule
+    perturb: str = "off"  # --perturb-timing, resolved: "on" (calls complete late by a drawn schedule), "every", "off"
 
     def reproduce(self, nodeid: str) -> str:
         """The command that reruns one test; a CS336 submission's folder is part of it."""
@@ -39,7 +39,7 @@ class Target:
             (f"CS336_SUBMISSION={shlex.quote(submission)} " if submission else "")
             + f"parallelism-conformance {shlex.quote(nodeid)} --impl {shlex.quote(self.impl)} --backend {self.backend} "
             f"--hypothesis-profile={self.profile} --max-world-size {self.max_world_size}{self.attach}"
-            f" --perturb-timing {'on' if self.perturb else 'off'}" + (f" --scope {self.scope}" if self.scope != "contract" else "")
+            f" --perturb-timing {self.perturb}" + (f" --scope {self.scope}" if self.scope != "contract" else "")
         )
 
 
