@@ -50,6 +50,8 @@ def test_contained_ranks_cannot_reach_the_report_the_driver_or_the_repository(ru
         "yes",
         "--report-dir",
         str(report),
+        # no shrinking: the attempts are made at the first call, and dozens of contained examples more repeat them
+        "--hypothesis-profile=mutation",
         env={"ESCAPE_LOG": str(log), "ESCAPE_REPORT": str(report)},
     )
     assert result.returncode == 1, result.stdout[-3000:]
@@ -170,6 +172,7 @@ def test_a_rubric_rewritten_during_the_run_does_not_change_the_grade(run_suite, 
         str(tmp_path / "out"),
         "--contain-ranks",
         "no",
+        "--hypothesis-profile=mutation",  # no shrinking: the rubric is rewritten at the first call
         env={"RUBRIC_TO_REWRITE": str(rubric)},
     )
     assert result.returncode == 1, result.stdout[-3000:]
