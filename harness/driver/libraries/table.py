@@ -12,62 +12,9 @@ Adding a library is one entry here and its adapter under adapters/."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from parallelism_conformance.harness.driver.libraries.library import Library, Run
 
-
-@dataclass(frozen=True)
-class Run:
-    label: str  # what the library calls it: "ZeRO-1", "OSS + ShardedDataParallel"
-    adapter: str  # the --impl module
-    capabilities: tuple[str, ...]
-    audit: bool = True  # run the capability's communication audit too
-
-
-@dataclass(frozen=True)
-class Library:
-    name: str  # the pip name, also the key on the command line
-    pinned: str
-    runs: tuple[Run, ...]
-    older: tuple[str, ...] = ()
-    import_name: str | None = None
-    system_packages: dict = field(default_factory=dict)  # command -> Debian package
-    environment: dict = field(default_factory=dict)  # set for the ranks (the pytest process passes it on)
-    # Python run once in the venv after installing (its op cache set): what a library builds at its
-    # first use, built before any rank has a deadline to meet
-    warm_up: str = ""
-    shims: tuple[tuple[str, str], ...] = ()  # (what the adapter does, the library line it stands in for)
-    # requirements.lock's packages (pip names) that the library's venv neither installs from the lock
-    # nor is constrained by, each with why: a pin the library's own dependencies cannot meet. torch
-    # is never one (the suite runs on the lock's torch; venvs.check refuses any other)
-    unconstrained: dict = field(default_factory=dict)  # pip name -> why
-    # requirements the venv installs beside the library (under the lock's constraints, as the library):
-    # a package the library imports without declaring it, which the user's environment brings
-    extra_requirements: tuple[str, ...] = ()
-    # (test id prefix, as "test_file.py::test_name", or a capability) -> why it fails or is refused
-    explained: dict = field(default_factory=dict)
-    # the version the test command runs the adapters on (one example of each mapped capability), where
-    # the pinned one cannot run them ("" = the pinned); its explanation says why
-    runs_on: str = ""
-    # version -> the standalone reproductions (tests/libraries/) run in that version's venv by the
-    # project's tests, each exiting 0 while the library still behaves as its docstring says
-    reproductions: dict = field(default_factory=dict)
-
-    def requirement(self, version: str) -> str:
-        return f"{self.name}=={version}"
-
-    @property
-    def module(self) -> str:
-        return self.import_name or self.name
-
-    @property
-    def tested(self) -> str:
-        """The version the test command runs the adapters on."""
-        return self.runs_on or self.pinned
-
-    def tested_versions(self) -> tuple[str, ...]:
-        """Every version the project's tests need a venv of: the adapters' and the reproductions'."""
-        return tuple(dict.fromkeys((self.tested, *self.reproductions)))
-
+__all__ = ["LIBRARIES", "Library", "Run"]
 
 DEEPSPEED = Library(
     name="deepspeed",
