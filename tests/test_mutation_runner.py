@@ -127,9 +127,10 @@ def test_the_rotation_runs_a_share_of_each_capability_the_same_for_one_seed_and_
     assert all(o in chosen_outsiders for o in every_outsider if o.verdict == "pass")  # correct ones: all
     assert len(every_mutant) / 4 < len(chosen) < len(every_mutant) / 2, len(chosen)
     assert f"{len(chosen)} of {len(every_mutant)} mutants, {len(chosen_buggy)} of {len(buggy)} buggy outsiders" in said
-    assert rotation(every_mutant, folder_of, 3, "c0ffee") == chosen  # one commit: the same runs again
-    seen = {m.path for seed in map(str, range(12)) for m in rotation(every_mutant, folder_of, 3, seed)}
-    assert seen == {m.path for m in every_mutant}  # a dozen commits ran every mutant
+    assert rotation(every_mutant, 3, "c0ffee") == chosen  # one commit: the same runs again
+    for share, commits in ((3, 12), (4, 40)):  # the test command's share is 4
+        seen = {m.path for seed in map(str, range(commits)) for m in rotation(every_mutant, share, seed)}
+        assert seen == {m.path for m in every_mutant}, (share, len(seen))  # so many commits ran every mutant
     assert rotated(every_mutant, every_outsider, 1, "x") == (every_mutant, every_outsider, "")
 
 

@@ -210,8 +210,8 @@ def mutants() -> list[Mutant]:
     return [Mutant.read(p) for p in sorted(MUTANTS.glob("*/*.py")) if not p.name.startswith("_")]
 
 
-def rotation(items: list, folder, share: int, seed: str) -> list:
-    """One in ``share`` of ``items`` per folder (a capability's mutants, its outsiders' bugs), at least
+def rotation(items: list, share: int, seed: str) -> list:
+    """One in ``share`` of ``items`` per folder (``folder_of``: a capability's mutants, its outsiders' bugs), at least
     one of each folder, chosen by ``seed`` (the test command's: the commit's hash): items i of a folder
     (sorted by path) with (i + offset) % share == 0, the offset drawn from the seed and the folder, so
     that one commit always runs the same ones and each new commit another share of each folder. A
@@ -220,7 +220,7 @@ def rotation(items: list, folder, share: int, seed: str) -> list:
         return list(items)
     folders: dict[str, list] = {}
     for item in items:
-        folders.setdefault(folder(item), []).append(item)
+        folders.setdefault(folder_of(item), []).append(item)
     chosen = set()
     for name, members in folders.items():
         members = sorted(members, key=lambda item: str(item.path))
@@ -239,8 +239,8 @@ def rotated(all_mutants: list[Mutant], all_outsiders: list[Outsider], share: int
     """The mutants and the outsiders a runner with ``--rotate share`` runs (every correct outsider;
     ``rotation`` of the mutants and of the buggy outsiders), and a line saying so ('' for every one)."""
     buggy = [o for o in all_outsiders if o.verdict == "fail"]
-    chosen_mutants = rotation(all_mutants, folder_of, share, seed)
-    chosen_buggy = rotation(buggy, folder_of, share, seed)
+    chosen_mutants = rotation(all_mutants, share, seed)
+    chosen_buggy = rotation(buggy, share, seed)
     chosen_outsiders = [o for o in all_outsiders if o.verdict == "pass" or o in chosen_buggy]
     if share <= 1:
         return chosen_mutants, chosen_outsiders, ""
