@@ -42,6 +42,9 @@ ROWS = [
     (0.5, 768, "cs336"),
     (1, 1536, "cs336"),
     (2, 3072, "cs336"),
+    (0.5, 768, "cs336 heavy"),
+    (1, 1536, "cs336 heavy"),
+    (2, 3072, "cs336 heavy"),
 ]
 CS336_SET = "data_parallel,sharded_optimizer,fully_sharded,fsdp_compute_dtype,audit"  # what the handout asks
 
@@ -91,8 +94,9 @@ def test_grading_tier(request, tier_row, figures):
     cpus, mib, submission = tier_row
     limits = container.Limits(cpus=cpus, memory_bytes=mib << 20)
     chatter = {"CHATTY_CALLS": "2"} if submission == "chatty" else {}  # 1 GiB per rank on its first two calls
-    if submission == "cs336":
-        graded = trial.grade(request.getfixturevalue("installed_cs336"), trial.cs336_repository(), limits)
+    if submission.startswith("cs336"):
+        adapters = "adapters_heavy.py" if submission == "cs336 heavy" else "adapters_newer.py"
+        graded = trial.grade(request.getfixturevalue("installed_cs336"), trial.cs336_repository(adapters), limits)
     else:
         graded = trial.grade(request.getfixturevalue("installed"), {"student_impl.py": SUBMISSIONS[submission]}, limits, env=chatter)
     results, outcome = graded.results, graded.outcome
@@ -100,18 +104,20 @@ def test_grading_tier(request, tier_row, figures):
     skipped = [t for t in tests if t.get("output", "").startswith("skipped, not counted")]  # 0 of 0 points
     statuses = {status: sum(t["status"] == status and t not in skipped for t in tests) for status in ("passed", "failed")}
     complete = results["extra_data"].get("complete", False)
-    correct = submission in ("correct", "cs336")
+    correct = submission in ("correct", "cs336", "cs336 heavy")
+    not_graded = results["extra_data"].get("not_graded", [])
     full = correct and results["score"] == results["max_score"] > 0
     figure = (
         f"{results['score']:.2f}/{results['max_score']:.2f}, {len(tests)} tests ({statuses['passed']} passed, "
         f"{statuses['failed']} failed, {len(skipped)} skipped), {'complete' if complete else 'INCOMPLETE'}; {outcome.seconds:.0f} s; "
         f"cgroup peak {outcome.peak_memory_bytes / 2**20:.0f} MiB, PSS peak {outcome.peak_pss_bytes / 2**20:.0f} MiB"
         f"{f', {outcome.oom_kills} OOM kills' if outcome.oom_kills else ''}"
+        f"{f', {len(not_graded)} not graded (memory)' if not_graded else ''}"
     )
     met = complete and outcome.seconds < PLATFORM_LIMIT_S and (full or not correct)
     if cpus > (os.cpu_count() or 1):
         figure += f" (this machine has {os.cpu_count()} cores)"
-    claimed = "the CS336 set" if submission == "cs336" else "every capability"
+    claimed = "the CS336 set" if submission.startswith("cs336") else "every capability"
     figures.record(
         f"autograder at {cpus:g} vCPU / {mib} MiB, {claimed}: {submission} submission",
         figure,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from parallelism_conformance.harness.driver.gradescope import build, config, precheck, run, trial
+from parallelism_conformance.harness.driver.gradescope import build, config, limits, precheck, run, trial
 from tests.autograder_trial import TIER, grade
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -254,14 +254,14 @@ def test_a_2026_cs336_repository_gets_full_marks_from_the_zip_with_the_handouts_
     platform = results["extra_data"]["autograder"]
     assert "layers of cs336_basics.model (tests/test_fsdp.py)" in platform["submission"], platform
     assert platform["import_mib"] is not None and platform["max_live_ranks"] >= 4, platform
-    assert f"--max-live-ranks {platform['max_live_ranks']}" in outcome.stdout
+    first = round(limits.first_rank_bytes(platform["import_mib"] << 20) / 2**20)
+    assert f"--rank-memory {first}" in outcome.stdout  # the first estimate; the run then measures its ranks
+    assert "largest rank" in results["extra_data"]["memory"] and "MiB measured" in results["extra_data"]["memory"]
     assert outcome.oom_kills == 0 and not outcome.leftovers
 
 
 def test_the_live_rank_cap_and_the_tier_warning_follow_what_the_submissions_import_costs():
-    from parallelism_conformance.harness.driver.gradescope import limits
-
     light, heavy = limits.live_ranks_for(1536 << 20), limits.live_ranks_for(1536 << 20, import_bytes=300 << 20)
-    assert light == (1536 - 450) // 128 and heavy == limits.SMALLEST_WORLDS < light  # never fewer than 4
+    assert light == (1536 - 450) // 128 and heavy == (1536 - 450) // (128 + 300) < light
     assert limits.live_ranks_for(None, import_bytes=1 << 30) is None
     assert limits.fits(1536 << 20, import_bytes=4 << 20) and not limits.fits(768 << 20, import_bytes=4 << 20)

@@ -94,6 +94,30 @@ class BudgetExhausted(_Unshrinkable):
         self.failure = RankFailure(message)
 
 
+# how a test the container's memory could not hold begins its reason (the reports count them apart)
+NOT_GRADED = "not graded: the container's memory"
+
+
+class ContainerMemory(_Unshrinkable):
+    """The kernel killed a rank for memory again after the task was rerun with every other world
+    closed: the container cannot hold this task, so the test is not graded (neither for nor
+    against the implementation), never a failure (harness/driver/pool.py)."""
+
+    def __init__(self, message: str):
+        BaseException.__init__(self, message)
+        self.failure = RankFailure(message)
+
+
+def killed_for_memory(failure: BaseException) -> str:
+    """How the first rank the kernel's OOM killer killed in ``failure`` is described ("rank 1 was
+    killed by the kernel's out-of-memory killer (...)"), or "" where none was."""
+    inner = failure if isinstance(failure, RankFailure) else getattr(failure, "failure", None)
+    for report in getattr(inner, "ranks", None) or []:
+        if OOM_KILLED in report.detail:
+            return f"rank {report.rank} {report.detail.strip().splitlines()[0]}"
+    return ""
+
+
 class ImplementationIncomplete(_Unshrinkable):
     """The implementation under test lacks a name the capability needs, or cannot be imported:
     the same on every example, so there is nothing to shrink."""
@@ -105,7 +129,7 @@ class ImplementationUnloadable(_Unshrinkable):
 
 
 # Everything a task on ranks can end in besides a result (for ``except`` clauses that annotate it).
-TASK_FAILURES = (RankFailure, RanksHung, RanksCrashed, ImplementationIncomplete, ImplementationUnloadable, BudgetExhausted)
+TASK_FAILURES = (RankFailure, RanksHung, RanksCrashed, ImplementationIncomplete, ImplementationUnloadable, BudgetExhausted, ContainerMemory)
 
 
 class WorldStartError(RuntimeError):

@@ -15,7 +15,17 @@ import tempfile
 from dataclasses import dataclass
 
 from parallelism_conformance.harness.driver.backends import BackendPlan
-from parallelism_conformance.harness.driver.failures import TASK_FAILURES, BudgetExhausted, RanksDeadlocked, RanksHung, WorldStartError
+from parallelism_conformance.harness.driver.failures import (
+    NOT_GRADED,
+    TASK_FAILURES,
+    BudgetExhausted,
+    ContainerMemory,
+    RanksDeadlocked,
+    RanksHung,
+    WorldStartError,
+    killed_for_memory,
+)
+from parallelism_conformance.harness.driver.rank_memory import MemoryBudget
 from parallelism_conformance.harness.driver.task_result import TaskResult
 from parallelism_conformance.harness.driver.world import World
 
@@ -35,13 +45,19 @@ class Attach:
 class LiveRanks:
     """A cap on the rank processes kept alive across the pools that share it (the plain and the
     audited pool of a session): a world that would pass it closes the least recently used worlds
-    first. Each rank holds its own copy of what torch allocates (about 60-100 MB resident), so a
-    memory-limited grader keeps fewer worlds warm and starts some again instead of being killed.
-    ``limit`` None: no cap."""
+    first. Each rank holds its own copy of what torch allocates and what the implementation builds,
+    so a memory-limited grader keeps fewer worlds warm and starts some again instead of being
+    killed. The cap is the least of ``limit`` (--max-live-ranks as a number) and what ``memory``
+    holds of ranks as costly as the largest measured (harness/driver/rank_memory.py); neither: no cap."""
 
-    def __init__(self, limit: int | None = None):
+    def __init__(self, limit: int | None = None, memory: MemoryBudget | None = None):
         self.limit = limit
+        self.memory = memory
         self._order: list[tuple[WorldPool, int]] = []  # least recently used first
+
+    def cap(self) -> int | None:
+        caps = [c for c in (self.limit, None if self.memory is None else self.memory.ranks_that_fit()) if c is not None]
+        return min(caps) if caps else None
 
     def used(self, pool: WorldPool, size: int) -> None:
         key = (pool, size)
@@ -53,13 +69,35 @@ class LiveRanks:
         if (pool, size) in self._order:
             self._order.remove((pool, size))
 
-    def make_room(self, size: int) -> None:
-        """Close worlds, least recently used first, until ``size`` more ranks fit under the cap."""
-        if self.limit is None:
+    def make_room(self, size: int, keep: tuple[WorldPool, int] | None = None) -> None:
+        """Close worlds, least recently used first, until ``size`` more ranks fit under the cap
+        (``keep``: a live world that is itself the one to run, counted in ``size``)."""
+        cap = self.cap()
+        if cap is None:
             return
-        while self._order and sum(n for _, n in self._order) + size > self.limit:
-            pool, victim = self._order.pop(0)
+        while True:
+            others = [key for key in self._order if key != keep]
+            if not others or sum(n for _, n in others) + size <= cap:
+                return
+            pool, victim = others[0]
             pool.close_world(victim)
+
+    def observe(self, pool: WorldPool, size: int, growths: list[int], where: str) -> None:
+        """A task's ranks' measured growth: where it raised the cost of a rank, idle worlds close
+        now, before the next task's ranks need the room."""
+        if self.memory is not None and self.memory.observe(growths, where):
+            self.make_room(size, keep=(pool, size))
+
+    def after_kill(self, pool: WorldPool, size: int, what: str) -> None:
+        """The kernel killed a rank for memory: the estimate of a rank rises so that the ranks alive
+        then no longer fit, and every other world closes, so the task is rerun with the container
+        to itself (a fresh world of ``size``: the killed one is closed)."""
+        alive = sum(n for _, n in self._order) + (0 if (pool, size) in self._order else size)
+        if self.memory is not None:
+            self.memory.note_kill(what)
+            self.memory.too_many(alive)
+        for other_pool, other in [key for key in self._order if key != (pool, size)]:
+            other_pool.close_world(other)
 
 
 class WorldPool:
@@ -166,6 +204,37 @@ class WorldPool:
     def run(
         self, size: int, program: str, args_per_rank: list[dict], *, impl: str, timeout_s: float | None = None, schedules: list | None = None
     ) -> TaskResult:
+        """Run a task on the world of ``size`` ranks. Where the kernel killed one of its ranks for
+        memory (the container's limit, not the implementation's doing), the task runs once more
+        with every other world closed; killed again, it is ContainerMemory: not graded."""
+        __tracebackhide__ = True
+        if self._on_run is not None:
+            self._on_run(size)
+        try:
+            return self._run_once(size, program, args_per_rank, impl=impl, timeout_s=timeout_s, schedules=schedules)
+        except TASK_FAILURES as failure:
+            killed = killed_for_memory(failure)
+            if not killed:
+                raise
+            first = killed
+        self.live_ranks.after_kill(self, size, f"{program} on {size} ranks: {first}")
+        try:
+            return self._run_once(size, program, args_per_rank, impl=impl, timeout_s=timeout_s, schedules=schedules)
+        except TASK_FAILURES as failure:
+            again = killed_for_memory(failure)
+            if not again:
+                raise
+            if self.live_ranks.memory is not None:
+                self.live_ranks.memory.note_kill(f"{program} on {size} ranks, run alone: {again}")
+            raise ContainerMemory(
+                f"{NOT_GRADED}: {program} on {size} ranks: {first}; run again with "
+                f"every other world closed, {again}. The kernel killed it, not the implementation: "
+                "this test counts neither for nor against (a larger memory tier grades it)"
+            ) from None
+
+    def _run_once(
+        self, size: int, program: str, args_per_rank: list[dict], *, impl: str, timeout_s: float | None, schedules: list | None
+    ) -> TaskResult:
         __tracebackhide__ = True
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         cut_by_budget = False
@@ -174,11 +243,9 @@ class WorldPool:
             if left <= 0:
                 raise BudgetExhausted("not run: the run's time budget (--time-budget) is spent")
             cut_by_budget, timeout_s = left < timeout_s, min(timeout_s, left)  # never overrun the budget
-        if self._on_run is not None:
-            self._on_run(size)
         world = self.world(size)
         try:
-            return world.run(
+            result = world.run(
                 program,
                 args_per_rank,
                 impl=impl,
@@ -204,6 +271,8 @@ class WorldPool:
                     f"not finished: the run's time budget (--time-budget) ran out during this task, {timeout_s:.3g} s after it started"
                 ) from None
             raise
+        self.live_ranks.observe(self, size, world.growths(), f"{program} on {size} ranks")
+        return result
 
     def disagreements(self, size: int) -> list[str]:
         """The flight recorders' account of the last task on the world of ``size`` ranks, if it is

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
-from parallelism_conformance.harness.driver import memory_cgroup, output_pipe, rank_output
+from parallelism_conformance.harness.driver import memory_cgroup, output_pipe, rank_memory, rank_output
 from parallelism_conformance.harness.rank.loop import STACK_DUMP_SIGNAL
 
 STACK_DUMP_WAIT_S = 5.0  # a hung rank writes its stacks in milliseconds; this bounds one that will not
@@ -41,15 +41,21 @@ class RankHandle:
     # where its system call filter could not be installed, why (harness/rank/syscall_filter.py)
     store_socket: int | None = None
     unfiltered: str = ""
+    cost: rank_memory.RankCost | None = None  # its resident set at join, to measure its growth (local ranks)
 
     def __post_init__(self):
         # found while the rank is alive: once it died, its /proc entry is gone
         self.memory = None if self.process is None else memory_cgroup.of_process(self.process.pid)
+        self.cost = None if self.process is None else rank_memory.RankCost(self.process.pid)
         self.note_oom_kills()
+        if self.process is not None:
+            prefer_as_oom_victim(self.process.pid)
 
     def joined(self, ready: tuple) -> None:
-        """Keep what its "ready" message said (harness/rank/loop.py: serve)."""
+        """Keep what its "ready" message said (harness/rank/loop.py: serve), and its resident set now."""
         self.store_socket, self.unfiltered = (*ready, None, "")[2:4]
+        if self.cost is not None:
+            self.cost.note_join()
 
     def note_oom_kills(self) -> None:
         """Note its memory cgroup's OOM kill count now: describe_exit compares (one read of
@@ -79,7 +85,9 @@ class RankHandle:
             return "closed its connection to the driver (an attached rank: its launcher's console shows why)"
         self.process.join(timeout=1.0)
         if self.killed_for_memory():
-            return memory_cgroup.describe_oom_kill(self.memory.limit())
+            peak = None if self.cost is None else self.cost.last_peak
+            seen = "" if peak is None else f"; its resident set had peaked at {peak / 2**20:.0f} MiB when last read"
+            return memory_cgroup.describe_oom_kill(self.memory.limit()) + seen
         return _describe_exit(self.process.exitcode)
 
     def read_new_output(self) -> str:
@@ -121,6 +129,23 @@ class RankHandle:
                 os.unlink(self.log_path)
             except FileNotFoundError:
                 pass
+
+
+# The kernel's OOM killer picks the process of the largest badness in the cgroup, which adds
+# oom_score_adj (-1000..1000) thousandths of the memory to its resident set (mm/oom_kill.c,
+# oom_badness): at 1000 a rank is always chosen before the driver, so a container that runs out of
+# memory loses a rank (its task rerun, pool.py) and never the report. Raising a process's score needs
+# no capability; lowering it needs CAP_SYS_RESOURCE, which a contained rank (and Docker's default
+# set) lacks, so the implementation cannot take it back. Written by the driver, just after the fork.
+OOM_SCORE_ADJ = 1000
+
+
+def prefer_as_oom_victim(pid: int) -> None:
+    try:
+        with open(f"/proc/{pid}/oom_score_adj", "w") as file:
+            file.write(str(OOM_SCORE_ADJ))
+    except OSError:
+        pass  # gone already, or a /proc without the file: the kernel then chooses by size alone
 
 
 def dump_stacks(hung: list[RankHandle]) -> None:

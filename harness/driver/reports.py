@@ -28,6 +28,7 @@ import pytest
 import torch
 
 import parallelism_conformance
+from parallelism_conformance.harness.driver.failures import NOT_GRADED
 from parallelism_conformance.harness.driver.rubric import Rubric
 from parallelism_conformance.harness.driver.scorecard import Scorecard, TestResult
 
@@ -242,6 +243,7 @@ def summarize(
     *,
     complete: bool,
     for_students: bool,
+    claimed=None,
 ) -> Summary:
     """The summary. For students (results.json's ``output``), the rows and failures of tests
     shown later than the summary, or never, are left out, and so is the total."""
@@ -255,9 +257,17 @@ def summarize(
         results = rows[capability]
         count = tuple(sum(r.outcome == k for r in results) for k in ("passed", "failed", "skipped"))
         table.append((capability, totals[capability], count, "" if capability in rubric else "not in the rubric: 0 points"))
-    table += [(c, None, (0, 0, 0), "") for c in sorted(set(rubric) - set(totals) - hidden_rows)]
+    # a claimed capability none of whose tests reported is "not run"; one the course did not claim is not listed
+    claimed = set(rubric) if claimed is None else set(claimed)
+    table += [(c, None, (0, 0, 0), "") for c in sorted((set(rubric) & claimed) - set(totals) - hidden_rows)]
     total = None if hidden_rows else (sum(s for s, _ in totals.values()), sum(m for _, m in totals.values()))
     notes = [] if complete else ["INCOMPLETE: the run has not finished (or was stopped from outside); what is above is what had finished"]
+    not_graded = [r for r, _ in pairs if r.outcome == "skipped" and r.output.startswith(NOT_GRADED) and r.nodeid not in hidden]
+    if not_graded:
+        notes.append(
+            f"{len(not_graded)} test(s) not graded, counted neither for nor against: the kernel killed a rank for memory "
+            "even with every other world closed (the container's memory tier, not the implementation)"
+        )
     if hidden_rows:
         many = "capability is" if len(hidden_rows) == 1 else "capabilities are"
         notes.append(f"{len(hidden_rows)} {many} shown later or not at all (their visibility), and so is the total")
@@ -317,7 +327,8 @@ def rendered(summary: Summary, output_format: str) -> str:
 
 
 def _header(scorecard: Scorecard, rubric_path: Path, impl: str, run: dict, possible: float | None) -> list[tuple[str, str]]:
-    header = [("implementation", impl), ("rubric", str(rubric_path)), ("coverage", scorecard.coverage()), ("torch", torch.__version__)]
+    # the rubric by its file name: a grading machine's folders are nobody's business in a student's report
+    header = [("implementation", impl), ("rubric", rubric_path.name), ("coverage", scorecard.coverage()), ("torch", torch.__version__)]
     if run.get("versions"):
         header.append(("versions", ", ".join(f"{k} {v}" for k, v in run["versions"].items() if k != "torch")))
     if run.get("hypothesis"):
@@ -357,8 +368,11 @@ def write(
     rows = scorecard.by_capability(with_pending=True)
     pairs, totals = _graded(rows, rubric, possible)
     header = _header(scorecard, rubric_path, impl, run, possible)
-    staff = as_text(summarize(rows, pairs, totals, rubric, header, complete=complete, for_students=False))
-    students = rendered(summarize(rows, pairs, totals, rubric, header, complete=complete, for_students=True), rubric.output_format)
+    claimed = run.get("claimed")
+    staff = as_text(summarize(rows, pairs, totals, rubric, header, complete=complete, for_students=False, claimed=claimed))
+    students = rendered(
+        summarize(rows, pairs, totals, rubric, header, complete=complete, for_students=True, claimed=claimed), rubric.output_format
+    )
     report_dir.mkdir(parents=True, exist_ok=True)
     results = {
         "score": sum(s for s, _ in totals.values()) / 100,
@@ -376,6 +390,7 @@ def write(
             "complete": complete,
             "torch": torch.__version__,
             "points_possible": possible,
+            "not_graded": [entry["name"] for r, entry in pairs if r.outcome == "skipped" and r.output.startswith(NOT_GRADED)],
             **run,
         },
     }

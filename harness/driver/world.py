@@ -258,6 +258,7 @@ class World:
         if len(args_per_rank) != self.size:
             raise ValueError(f"{self.name}: {len(args_per_rank)} argument sets for {self.size} ranks")
         task_id = next(self._task_ids)
+        self._raise_if_died_idle(program)
         written_before = self._counters.sent(self._ranks) if self.record_communication else [None] * self.size
         logged_before = []
         for rank in self._ranks:
@@ -299,6 +300,8 @@ class World:
                 self._counters.why_unread(rank) if self.record_communication and count is None else ""
                 for rank, count in zip(self._ranks, written)
             ]
+            for rank in self._ranks:
+                rank.note_oom_kills()  # a kill from now until the next task was while it was idle
             return TaskResult(
                 [outcome[r][1][0] for r in range(self.size)],
                 logs,
@@ -308,6 +311,29 @@ class World:
                 [outcome[r][1][2] for r in range(self.size)],
             )
         raise self._fail(program, outcome, timeout_s, task_id, watch)
+
+    def _raise_if_died_idle(self, program: str) -> None:
+        """A rank that died between tasks (the kernel's OOM killer takes the largest rank of the
+        container, often one of an idle world) fails this task before it starts, its death described
+        as it was: the pool reruns a task whose rank was killed for memory (pool.py)."""
+        dead = [rank for rank in self._ranks if rank.has_exited()]
+        if not dead:
+            return
+        reports = [
+            RankReport(r.rank, "exited", f"{r.describe_exit()}, between tasks, before this one started", r.read_new_output())
+            if r in dead
+            else RankReport(r.rank, "ok")
+            for r in self._ranks
+        ]
+        self.close()
+        names = ", ".join(f"rank {r.rank} {r.detail}" for r in reports if r.status != "ok")
+        raise RanksCrashed(RankFailure(f"{program} on {self.size} ranks not started: {names}", reports))
+
+    def growths(self) -> list[int]:
+        """How far each local rank's resident set has peaked above its size at join (the kernel's
+        high-water mark: harness/driver/rank_memory.py), for the ranks where it can be read."""
+        found = [rank.cost.growth() for rank in self._ranks if rank.cost is not None]
+        return [g for g in found if g is not None]
 
     def _deadlock_watch(self, task_id: int) -> deadlock.Watch | None:
         """A watch that knows a deadlock when it happens (harness/driver/deadlock.py), or None where

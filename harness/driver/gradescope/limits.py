@@ -12,18 +12,16 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from parallelism_conformance.harness.driver import rank_memory
+
 CGROUP = Path("/sys/fs/cgroup")
 UNLIMITED = 1 << 60  # cgroup v1 writes "no limit" as a number near 2^63
 
-# What a grading run holds in memory, measured on the 2-core machine (docs/measured.md, the tiers):
-# the driver with torch and pytest imported, and each live rank once it has run models and gloo
-# collectives (the idle forked rank shares torch with the forkserver and owns ~10 MB of its own).
-# A rank's share is 128 MiB, not the 110 MiB first measured: at 1 vCPU / 1.5 GiB, every capability,
-# the 9 live ranks that 110 allowed peaked at a PSS of 1524 MiB of the 1536 (runs vary by 100 MiB),
-# where one rank fewer leaves a rank's worth of room.
-DRIVER_BYTES = 450 << 20
-RANK_BYTES = 128 << 20
-SMALLEST_WORLDS = 4  # worlds 1-4 are what the contract's tests draw; fewer live ranks than the largest cannot run
+# What a grading run holds in memory: the driver and a light rank (harness/driver/rank_memory.py,
+# measured); the live-rank cap itself follows what this submission's ranks cost as they run.
+DRIVER_BYTES = rank_memory.DRIVER_BYTES
+RANK_BYTES = rank_memory.FIRST_RANK_BYTES
+SMALLEST_WORLDS = 4  # worlds 1-4 are what the contract's tests draw: one world of 4 must fit
 
 
 @dataclass(frozen=True)
@@ -90,15 +88,18 @@ def _memory(root: Path, paths: dict[str, str]) -> int | None:
     return None
 
 
+def first_rank_bytes(import_bytes: int = 0) -> int:
+    """The first estimate of one live rank of this submission, before its ranks are measured running:
+    a light rank plus what importing the submission added (the autograder's import check)."""
+    return RANK_BYTES + max(0, import_bytes)
+
+
 def live_ranks_for(memory_bytes: int | None, import_bytes: int = 0) -> int | None:
-    """How many rank processes may stay alive at once in ``memory_bytes``: what is left after the
-    driver, one rank's share each (a rank of the light fixture the figures were measured on, plus
-    ``import_bytes``, what importing this submission added to a rank: measured by the autograder's
-    import check), never fewer than the largest world (4), which must run. None where there is no
-    limit (every world stays warm)."""
+    """How many ranks of the first estimate fit in ``memory_bytes`` beside the driver (the run lowers
+    it as it measures larger ranks); None where there is no limit."""
     if memory_bytes is None:
         return None
-    return max(SMALLEST_WORLDS, (memory_bytes - DRIVER_BYTES) // (RANK_BYTES + max(0, import_bytes)))
+    return max(1, (memory_bytes - DRIVER_BYTES) // first_rank_bytes(import_bytes))
 
 
 def fits(memory_bytes: int | None, world_size: int = SMALLEST_WORLDS, import_bytes: int = 0) -> bool:

@@ -94,7 +94,7 @@ def _one_failed_test(results: Path, config: AutograderConfig, problem: precheck.
     return 0
 
 
-def suite_command(config: AutograderConfig, found: precheck.Found, results: Path, budget_s: float, live_ranks: int | None = None) -> list[str]:
+def suite_command(config: AutograderConfig, found: precheck.Found, results: Path, budget_s: float, rank_bytes: int | None = None) -> list[str]:
     command = [
         sys.executable,
         "-m",
@@ -118,8 +118,8 @@ def suite_command(config: AutograderConfig, found: precheck.Found, results: Path
         command += ["--points-possible", f"{config.points_possible:g}"]
     if config.is_cs336:
         command += ["--scope", "cs336"]
-    if live_ranks is not None:
-        command += ["--max-live-ranks", str(live_ranks)]
+    if rank_bytes is not None:  # the first estimate of a rank; the run measures its ranks and lowers the cap
+        command += ["--rank-memory", str(max(1, round(rank_bytes / 2**20)))]
     return command
 
 
@@ -127,13 +127,15 @@ def _run_suite(config: AutograderConfig, found: precheck.Found, results: Path, s
     budget = budget_for(config, time.monotonic() - started)
     hard_stop = config.time_limit_s - HARD_STOP_MARGIN_S - (time.monotonic() - started)
     container = limits.read()
-    # the live ranks the memory holds, for a rank of this submission (what its import added, measured)
+    # the first estimate of a rank of this submission (what its import added, measured); the suite
+    # then measures its ranks as they train and keeps fewer alive where they cost more
+    rank_bytes = limits.first_rank_bytes(import_bytes or 0)
     live_ranks = limits.live_ranks_for(container.memory_bytes, import_bytes or 0)
-    command = suite_command(config, found, results, budget, live_ranks)
+    command = suite_command(config, found, results, budget, rank_bytes)
     if import_bytes is not None:
         print(
             f"[autograder] importing the submission adds {import_bytes / 2**20:.0f} MiB to a rank: "
-            f"{'no cap on' if live_ranks is None else f'at most {live_ranks}'} live ranks",
+            f"{'no cap on' if live_ranks is None else f'at most {live_ranks}'} live ranks to start with, fewer as its ranks measure heavier",
             flush=True,
         )
     print(

@@ -138,12 +138,16 @@ CS336_FIXTURE = SUITE / "tests" / "fixtures" / "cs336_submission"
 def cs336_repository(adapters: str = "adapters_newer.py") -> dict[str, Path]:
     """The project's CS336 submission as a 2026 student hands it in, for :func:`grade`: the
     repository with its tests/adapters.py (the 2026 names), its cs336_basics on einops, einx and
-    jaxtyping, and its flash attention on triton."""
+    jaxtyping, and its flash attention on triton. ``adapters_heavy.py``: the same entry points, with
+    ranks as heavy as a real repository's while they train (it imports adapters_newer.py beside it)."""
+    variants = ("adapters.py", "adapters_newer.py", "adapters_heavy.py")
     files = {
         str(p.relative_to(CS336_FIXTURE)): p
         for p in CS336_FIXTURE.rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts and p.name not in ("adapters.py", "adapters_newer.py")
+        if p.is_file() and "__pycache__" not in p.parts and p.name not in variants
     }
+    if adapters == "adapters_heavy.py":
+        files["tests/adapters_newer.py"] = CS336_FIXTURE / "tests" / "adapters_newer.py"
     return {**files, "tests/adapters.py": CS336_FIXTURE / "tests" / adapters}
 
 

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from parallelism_conformance.harness.driver.plugin.options import claimed
 from parallelism_conformance.harness.driver.plugin.profiles import current_profile
+from parallelism_conformance.harness.driver.plugin.state import STATE
 from parallelism_conformance.harness.driver.reports import hypothesis_settings
 from parallelism_conformance.harness.driver.reports import versions as run_versions
 from parallelism_conformance.harness.driver.reports import write as write_reports
@@ -33,9 +35,13 @@ class GradingFiles:
         self.config, self.scorecard, self.rubric = config, scorecard, rubric
         self.started = time.monotonic()
         # read now, like the rubric, before any rank starts: a rank cannot change what is recorded
-        self.run = {"versions": run_versions()}
+        self.run = {"versions": run_versions(), "claimed": sorted(claimed(config))}
 
     def write(self, complete: bool) -> None:
+        state = self.config.stash.get(STATE, None)
+        if state is not None and state.live_ranks.memory is not None:  # what the live-rank cap rests on, as it stands
+            self.run["memory"] = state.live_ranks.memory.describe()
+            self.run["memory_kills"] = list(state.live_ranks.memory.kills)
         write_reports(
             self.scorecard,
             Path(self.config.getoption("--report-dir")),

@@ -8,16 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from parallelism_conformance.harness.driver.failures import RanksHung
+from parallelism_conformance.harness.driver.failures import ContainerMemory, RanksHung
 from parallelism_conformance.harness.driver.plugin import profiles  # noqa: F401 - registers the profiles before Hypothesis loads one
 from parallelism_conformance.harness.driver.plugin.contain import CONTAINED, containment_note, decide_containment
 from parallelism_conformance.harness.driver.plugin.grading_files import GradingFiles, junit_key
 from parallelism_conformance.harness.driver.plugin.nondeterminism import is_flaky, nondeterminism_report
 from parallelism_conformance.harness.driver.plugin.options import SCOPES, check_options, claimed
 from parallelism_conformance.harness.driver.plugin.refusals import EnoughRefused
-from parallelism_conformance.harness.driver.plugin.state import PLAN, STATE, Budget, RunState, backend_plan, max_live_ranks
+from parallelism_conformance.harness.driver.plugin.state import PLAN, STATE, Budget, RunState, backend_plan, live_ranks
 from parallelism_conformance.harness.driver.plugin.time_share import ShareSpent
-from parallelism_conformance.harness.driver.pool import LiveRanks
 from parallelism_conformance.harness.driver.reports import older_torch_warning
 from parallelism_conformance.harness.driver.rubric import load_rubric
 from parallelism_conformance.harness.driver.scorecard import Scorecard
@@ -90,7 +89,7 @@ def pytest_collection_finish(session):
 def pytest_sessionstart(session):
     """The run's state (after Hypothesis has loaded --hypothesis-profile, which sets the budget's
     default), and the coverage line as a JUnit property of the run."""
-    session.config.stash[STATE] = RunState(Budget(session.config), LiveRanks(max_live_ranks(session.config)))
+    session.config.stash[STATE] = RunState(Budget(session.config), live_ranks(session.config))
     key = junit_key()
     xml = session.config.stash.get(key, None) if key is not None else None
     if xml is not None:
@@ -145,7 +144,13 @@ def pytest_runtest_makereport(item, call):
     refusals = state.refusals if state is not None and call.when == "call" else None
     if refusals is not None and call.excinfo is not None and call.excinfo.errisinstance((EnoughRefused, ShareSpent)):
         report.outcome, report.longrepr = "passed", None  # every example it ran passed; it stopped drawing
+    if call.when == "call" and call.excinfo is not None and call.excinfo.errisinstance(ContainerMemory):
+        # the container's memory, not the implementation: neither for nor against (reports.py: NOT_GRADED)
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1] or 0, str(call.excinfo.value))
     notes = []
+    if call.when == "call" and state is not None:
+        notes += state.memory_kills_since_last()
     if call.when == "call" and state is not None and state.share.stopped and report.passed:
         notes.append(state.share.stopped)
     if refusals is not None and refusals.reasons and report.passed:

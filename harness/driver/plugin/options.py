@@ -115,6 +115,12 @@ def pytest_addoption(parser):
         "no cap without one)",
     )
     group.addoption(
+        "--rank-memory",
+        default="auto",
+        help="MiB one live rank is taken to cost before this run has measured one (auto: a light "
+        "rank's 128 MiB); the live-rank cap then follows the largest rank the kernel reports",
+    )
+    group.addoption(
         "--perturb-timing",
         default="auto",
         choices=("auto", "on", "every", "off"),
@@ -162,6 +168,9 @@ def check_options(config) -> None:
     live = config.getoption("--max-live-ranks")
     if live != "auto" and (not live.isdigit() or int(live) < 1):
         raise pytest.UsageError(f"--max-live-ranks must be auto or a positive number of ranks, got {live!r}")
+    first = config.getoption("--rank-memory")
+    if first != "auto" and (not first.isdigit() or int(first) < 1):
+        raise pytest.UsageError(f"--rank-memory must be auto or a positive number of MiB, got {first!r}")
 
 
 def _check_attach_options(config) -> None:

@@ -17,6 +17,7 @@ from parallelism_conformance.harness.driver.plugin.profiles import current_profi
 from parallelism_conformance.harness.driver.plugin.refusals import Refusals
 from parallelism_conformance.harness.driver.plugin.time_share import TimeShare
 from parallelism_conformance.harness.driver.pool import LiveRanks
+from parallelism_conformance.harness.driver.rank_memory import MemoryBudget
 
 
 @dataclass(frozen=True)
@@ -73,12 +74,16 @@ class Budget:
         return self.left() <= 0
 
 
-def max_live_ranks(config) -> int | None:
-    """--max-live-ranks: a number, or auto (what the container's memory limit holds; no cap without one)."""
-    option = config.getoption("--max-live-ranks")
-    if option == "auto":
-        return limits.live_ranks_for(limits.read().memory_bytes)
-    return int(option)
+def live_ranks(config) -> LiveRanks:
+    """The session's cap on live ranks: --max-live-ranks as a number, and what the container's memory
+    holds of ranks as costly as measured (harness/driver/rank_memory.py), the first estimate
+    --rank-memory MiB where given (the autograder's: a light rank plus what the submission's import
+    added)."""
+    option, first = config.getoption("--max-live-ranks"), config.getoption("--rank-memory")
+    memory = MemoryBudget(limits.read().memory_bytes)
+    if first != "auto":
+        memory.first_rank_bytes = int(first) << 20
+    return LiveRanks(None if option == "auto" else int(option), memory)
 
 
 @dataclass
@@ -92,9 +97,22 @@ class RunState:
     refusals: Refusals = field(default_factory=lambda: Refusals())  # of the current test (emptied before each)
     share: TimeShare | None = None  # the current test's share of the budget (made with the state)
 
+    memory_kills_reported: int = 0  # of live_ranks.memory.kills, those already noted on a test
+
     def __post_init__(self):
         if self.share is None:
             self.share = TimeShare(self.budget)
+
+    def memory_kills_since_last(self) -> list[str]:
+        """The ranks the kernel killed for memory since the last test's report, as notes for this one
+        (each task was rerun with every other world closed: harness/driver/pool.py)."""
+        memory = self.live_ranks.memory
+        if memory is None:
+            return []
+        new, self.memory_kills_reported = memory.kills[self.memory_kills_reported :], len(memory.kills)
+        return [
+            f"memory: the kernel killed a rank for memory, not the implementation: {kill}; rerun with every other world closed" for kill in new
+        ]
 
 
 STATE = pytest.StashKey[RunState]()
