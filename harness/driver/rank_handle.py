@@ -48,8 +48,6 @@ class RankHandle:
         self.memory = None if self.process is None else memory_cgroup.of_process(self.process.pid)
         self.cost = None if self.process is None else rank_memory.RankCost(self.process.pid)
         self.note_oom_kills()
-        if self.process is not None:
-            prefer_as_oom_victim(self.process.pid)
 
     def joined(self, ready: tuple) -> None:
         """Keep what its "ready" message said (harness/rank/loop.py: serve), and its resident set now."""
@@ -129,23 +127,6 @@ class RankHandle:
                 os.unlink(self.log_path)
             except FileNotFoundError:
                 pass
-
-
-# The kernel's OOM killer picks the process of the largest badness in the cgroup, which adds
-# oom_score_adj (-1000..1000) thousandths of the memory to its resident set (mm/oom_kill.c,
-# oom_badness): at 1000 a rank is always chosen before the driver, so a container that runs out of
-# memory loses a rank (its task rerun, pool.py) and never the report. Raising a process's score needs
-# no capability; lowering it needs CAP_SYS_RESOURCE, which a contained rank (and Docker's default
-# set) lacks, so the implementation cannot take it back. Written by the driver, just after the fork.
-OOM_SCORE_ADJ = 1000
-
-
-def prefer_as_oom_victim(pid: int) -> None:
-    try:
-        with open(f"/proc/{pid}/oom_score_adj", "w") as file:
-            file.write(str(OOM_SCORE_ADJ))
-    except OSError:
-        pass  # gone already, or a /proc without the file: the kernel then chooses by size alone
 
 
 def dump_stacks(hung: list[RankHandle]) -> None:
