@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass, field
 
 from parallelism_conformance.harness.driver.rank_handle import RankHandle
-from parallelism_conformance.harness.rank import wire
+from parallelism_conformance.harness.rank import reply_bounds, wire
 
 
 @dataclass
@@ -45,8 +45,11 @@ def collect(rank: RankHandle, task_id: int, reply_limit: int, world_size: int) -
         except Exception as error:  # noqa: BLE001 - refused by the restricted unpickler
             return "raised", f"the rank sent a result the driver refuses to decode: {error}"
         if message[0] == "done" and message[1] == task_id:
+            text = message[3] if len(message) > 3 else ""
             try:  # the audit's records travel as one JSON string: a tenth of the cost of plain-data pickling
-                records = json.loads(message[3]) if len(message) > 3 and message[3] else []
+                if text:  # its values counted before json.loads builds them (harness/rank/reply_bounds.py)
+                    reply_bounds.check_json(text, reply_bounds.Bounds())
+                records = json.loads(text) if text else []
             except (TypeError, ValueError, RecursionError) as error:
                 return "raised", f"the rank sent communication records the driver cannot read: {error}"
             return "ok", (message[2], records, message[4] if len(message) > 4 and isinstance(message[4], list) else [])

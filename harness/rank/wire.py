@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from parallelism_conformance.harness.rank.reply_bounds import Bounds, ReplyRefused, check_pickle  # noqa: F401 - wire.ReplyRefused
+
 _TENSOR = b"\x00tensor"
 _DTYPE = b"\x00dtype"
 
@@ -50,37 +52,36 @@ def reply_limit(memory_bytes: int | None, world_size: int) -> int:
     return int(min(MAX_REPLY_BYTES, max(MIN_REPLY_LIMIT, memory_bytes // (4 * (world_size + 2)))))
 
 
-MAX_DEPTH = 16  # containers inside containers; rank programs return at most 5 levels
-MAX_ITEMS = 1 << 20  # values visited while decoding, shared ones counted each time they are reached
-
-
-class ReplyRefused(ValueError):
-    """A rank's reply is too large, too deep or not plain data."""
-
-
-def decode_untrusted(data: bytes) -> Any:
-    """Plain data only, bounded: at most MAX_REPLY_BYTES, MAX_DEPTH levels of nesting and
-    MAX_ITEMS values. Unpickling is linear in the reply's length, but a pickle may reference one
-    object many times (memo), so a short reply can stand for an exponentially large tree (161 bytes
-    once took 6.9 s to walk); the walk below counts every value it reaches and stops at the bound."""
-    if len(data) > MAX_REPLY_BYTES:
-        raise ReplyRefused(f"a reply of {len(data)} bytes (at most {MAX_REPLY_BYTES})")
-    try:
-        return _unpack(_PlainDataUnpickler(io.BytesIO(data)).load(), _Budget(), 0)
-    except RecursionError:
-        raise ReplyRefused("a reply nested too deeply") from None
-
-
 class _Budget:
-    def __init__(self):
-        self.left = MAX_ITEMS
+    """The walk's count of values reached (a shared one each time) and their depth."""
+
+    def __init__(self, bounds: Bounds):
+        self.left, self.values, self.depth = bounds.values, bounds.values, bounds.depth
 
     def spend(self, depth: int) -> None:
         self.left -= 1
         if self.left < 0:
-            raise ReplyRefused(f"a reply of more than {MAX_ITEMS} values")
-        if depth > MAX_DEPTH:
-            raise ReplyRefused(f"a reply nested more than {MAX_DEPTH} levels deep")
+            raise ReplyRefused(f"a reply of more than {self.values} values (the limit), shared ones counted each time")
+        if depth > self.depth:
+            raise ReplyRefused(f"a reply nested more than {self.depth} levels deep (the limit)")
+
+
+def decode_untrusted(data: bytes, bounds: Bounds | None = None) -> Any:
+    """Plain data only, bounded: at most MAX_REPLY_BYTES, and within ``bounds`` (reply_bounds.Bounds:
+    values, nesting, text, integers), checked twice. First on the bytes, before anything is built
+    (reply_bounds.check_pickle): a reply within its length limit could otherwise stand for gigabytes
+    of empty containers, built by the unpickler before any walk sees them. Then on what was built:
+    a pickle may reference one object many times (memo), so a short reply can stand for an
+    exponentially large tree (161 bytes once took 6.9 s to walk); the walk below counts every value
+    it reaches and stops at the bound."""
+    bounds = bounds or Bounds()
+    if len(data) > MAX_REPLY_BYTES:
+        raise ReplyRefused(f"a reply of {len(data)} bytes (at most {MAX_REPLY_BYTES})")
+    check_pickle(data, bounds)
+    try:
+        return _unpack(_PlainDataUnpickler(io.BytesIO(data)).load(), _Budget(bounds), 0)
+    except RecursionError:
+        raise ReplyRefused("a reply nested too deeply") from None
 
 
 class _PlainDataUnpickler(pickle.Unpickler):
