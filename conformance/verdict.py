@@ -17,6 +17,7 @@ class Judge:
     def __init__(self, example: str, reproduce: str):
         self.example = example
         self.reproduce = reproduce
+        self.audited = None  # the audit's runner, once it ran this example (conformance/audit/common.py)
 
     def run(self, ranks, layout, program: str, per_member: list[dict]) -> dict:
         """Run a rank program on the layout's members; a failure on the ranks (raise, crash, hang)

@@ -80,6 +80,9 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="py
 <testcase classname="parallelism_conformance.conformance.test_fully_sharded" name="test_c" file="conformance/test_fully_sharded.py">
   <properties><property name="capability" value="zero2"/></properties>
   <skipped message="no drawn example ran: 10x X cannot keep parameters"/></testcase>
+<testcase classname="parallelism_conformance.conformance.audit.test_sharded_optimizer" name="test_d" file="conformance/audit/test_sharded_optimizer.py">
+  <properties><property name="capability" value="audit"/><property name="verdict" value="costs more"/>
+  <property name="note" value="costs more (world_size=2): rank 0: sent 2192 B, more than the bound 1472 B (1.49x)"/></properties></testcase>
 </testsuite></testsuites>"""
 
 
@@ -93,7 +96,8 @@ def test_a_capability_passes_fails_with_its_first_failure_or_is_refused_with_the
     assert got["fully_sharded"].verdict == "fail" and "expected 1.0, got 2.0" in got["fully_sharded"].detail
     assert got["fully_sharded"].why == "a bug, shown by x.py"
     assert got["zero2"].verdict == "refused" and "cannot keep parameters" in got["zero2"].detail
-    assert got["audit"].verdict == "refused" and got["audit"].detail == "no test ran"
+    assert got["audit"].verdict == "costs more" and "(1.49x)" in got["audit"].detail  # right values: never "fail"
+    assert got["audit"].tests["passed"] == 1 and got["audit"].tests["failed"] == 0
     doc = tmp_path / "libraries.md"
     write([*got.values(), Verdict("deepspeed", "0.0.1", "-", "-", "not installed", "pip cannot install it")], doc, "")
     text = doc.read_text()

@@ -29,8 +29,10 @@ class Audited:
     """Runs a rank program on the members of a layout in an audited world; returns the members'
     outputs and every rank's records (non-members too: they must send nothing)."""
 
-    def __init__(self, pool: WorldPool, target, require_p2p: bool, refusals, adapter_refusals):
+    def __init__(self, pool: WorldPool, target, require_p2p: bool, refusals, adapter_refusals, require_bounds: bool = True, costs=None):
         self.pool, self.target, self.require_p2p = pool, target, require_p2p
+        self.require_bounds = require_bounds  # --require-bounds: a cost above the bound fails, else it is reported
+        self.costs = costs if costs is not None else []  # the current test's costs-more findings (RunState.costs)
         self.refusals = refusals  # what the backends' own collectives refuse (probed): not drawn (None: nothing)
         # what the project's adapters say torch's library cannot run (the test's Refusals, as
         # conformance.verdict.run_or_skip uses them): an example rejected, another drawn
@@ -41,6 +43,9 @@ class Audited:
 
     def run(self, judge: Judge, layout: Layout, program: str, per_member: list[dict]):
         __tracebackhide__ = True
+        # check() reads the bound policy from the judge: the tests' own source stays as it is (a
+        # derandomized profile draws from each test's source; an edit would change its examples)
+        judge.audited = self
         args = [{"group": layout.group} for _ in range(layout.world_size)]
         for rank, kwargs in zip(layout.ranks, per_member):
             args[rank] = {**kwargs, "group": layout.group}
@@ -63,8 +68,20 @@ class Audited:
 
 
 def check(judge: Judge, violations: list[str]) -> None:
-    if violations:
-        judge.fail("communication audit:\n  " + "\n  ".join(violations))
+    """The audit's verdict. A broken rule (a collective where point-to-point is required, a gather in
+    the wrong dtype, bytes the records do not explain) is *wrong*: a failure, always, named first.
+    Bytes above the theory's bound (audit.Cost) are *costs more*: a failure where bounds are required
+    (--require-bounds), otherwise the test passes with the finding and its ratio reported apart."""
+    wrong = [v for v in violations if not isinstance(v, audit.Cost)]
+    costs = [v for v in violations if isinstance(v, audit.Cost)]
+    audited = getattr(judge, "audited", None)
+    if wrong:
+        also = "\n  and it costs more than the theory's bound:\n  " + "\n  ".join(costs) if costs else ""
+        judge.fail("communication audit:\n  " + "\n  ".join(wrong) + also)
+    if costs and (audited is None or audited.require_bounds):
+        judge.fail("communication audit, costs more than the theory's bound (--require-bounds):\n  " + "\n  ".join(costs))
+    if costs:
+        audited.costs.extend(f"costs more ({judge.example}): {cost}" for cost in costs)
 
 
 def audits(request, capability: str) -> None:

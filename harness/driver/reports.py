@@ -148,7 +148,7 @@ def _entry(result: TestResult, value: int, maximum: int, number: str, visibility
         "status": status,
         "output": formatted_output(output, output_format),
         "visibility": visibility,
-        "tags": [result.capability],
+        "tags": [result.capability, *(["costs more"] if result.costs_more else [])],
     }
 
 
@@ -282,6 +282,7 @@ def write(
             "torch": torch.__version__,
             "points_possible": possible,
             "not_graded": [entry["name"] for r, entry in pairs if r.outcome == "skipped" and r.output.startswith(NOT_GRADED)],
+            "costs_more": [entry["name"] for r, entry in pairs if r.costs_more],
             **run,
         },
     }

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from parallelism_conformance.harness.driver.libraries.table import Library, Run
 from parallelism_conformance.harness.driver.libraries.venvs import ROOT, InstallFailed, Venv, ensure, venv_of
+from parallelism_conformance.harness.driver.scorecard import COSTS_MORE
 
 # an audit test of a capability the run does not claim skips saying so: not a refusal of the library
 UNCLAIMED = "is not claimed (--capability)"
@@ -28,7 +29,7 @@ class Verdict:
     version: str
     run: str
     capability: str
-    verdict: str  # "pass", "fail", "refused", "not installed"
+    verdict: str  # "pass", "costs more", "fail", "refused", "not installed"
     detail: str = ""
     tests: dict = field(default_factory=dict)  # outcome -> count
     why: str = ""
@@ -55,6 +56,11 @@ def verdicts_of(junit: Path, library: Library, version: str, run: Run) -> list[V
         skipped = case.find("skipped")
         if failure is not None:
             cases.setdefault(capability, []).append(("failed", test, _first_line(failure.get("message") or failure.text)))
+        elif skipped is None and properties.get("verdict") == COSTS_MORE:
+            notes = [
+                p.get("value") for p in case.iter("property") if p.get("name") == "note" and (p.get("value") or "").startswith("costs more")
+            ]
+            cases.setdefault(capability, []).append(("costs more", test, notes[0] if notes else ""))
         elif skipped is not None and UNCLAIMED not in (skipped.get("message") or ""):
             cases.setdefault(capability, []).append(("skipped", test, (skipped.get("message") or "").strip()))
         elif skipped is None:
@@ -62,11 +68,18 @@ def verdicts_of(junit: Path, library: Library, version: str, run: Run) -> list[V
     verdicts = []
     for capability in (*run.capabilities, *(("audit",) if run.audit else ())):
         rows = cases.get(capability, [])
-        counts = {outcome: sum(1 for o, _, _ in rows if o == outcome) for outcome in ("passed", "failed", "skipped")}
+        counts = {outcome: sum(1 for o, _, _ in rows if o == outcome) for outcome in ("passed", "failed", "skipped", COSTS_MORE)}
+        counts["passed"] += counts.pop(COSTS_MORE)  # right values: passed, with the cost said apart
         failed = [(test, message) for outcome, test, message in rows if outcome == "failed"]
+        costly = [(test, message) for outcome, test, message in rows if outcome == COSTS_MORE]
         skipped = [(test, message) for outcome, test, message in rows if outcome == "skipped"]
         if failed:
             verdict, detail = "fail", f"{failed[0][0]}: {failed[0][1]}"
+        elif costly:
+            verdict, detail = (
+                COSTS_MORE,
+                f"{counts['passed']} passed, {len(costly)} above the theory's bytes: {costly[0][0]}: {costly[0][1][:400]}",
+            )
         elif counts["passed"]:
             verdict = "pass"
             detail = f"{counts['passed']} passed" + (

@@ -87,11 +87,12 @@ def audited_pool(target, pytestconfig):
 
 @pytest.fixture(autouse=True)
 def _per_test_records(request):
-    """Clears what the driver records per test (world sizes, refusals) before it starts, and starts its
-    share of the time budget."""
+    """Clears what the driver records per test (world sizes, refusals, costs-more findings) before it
+    starts, and starts its share of the time budget."""
     state = request.config.stash[STATE]
     state.world_sizes.clear()
     state.refusals.clear()
+    state.costs.clear()
     items = request.session.items
     state.share.start(len(items) - items.index(request.node) if request.node in items else 1)
     state.refusals.watch_failures(request.function, after_passed=state.share.check)

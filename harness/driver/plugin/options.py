@@ -9,7 +9,8 @@ from hypothesis.errors import InvalidArgument
 
 from parallelism_conformance.harness.driver import capabilities
 from parallelism_conformance.harness.driver.backends import BackendChoiceError, BackendPlan, visible_gpus
-from parallelism_conformance.harness.driver.plugin.profiles import PROFILES
+from parallelism_conformance.harness.driver.libraries.table import LIBRARIES
+from parallelism_conformance.harness.driver.plugin.profiles import PROFILES, current_profile
 from parallelism_conformance.harness.driver.pool import Attach
 from parallelism_conformance.harness.driver.rubric import DEFAULT_RUBRIC
 
@@ -53,6 +54,14 @@ def pytest_addoption(parser):
         choices=("auto", "yes", "no"),
         help="communication audit: require collectives built from send/recv only (auto: every "
         "implementation but torch.distributed and adapters.*, which are skipped with what they sent)",
+    )
+    group.addoption(
+        "--require-bounds",
+        default="auto",
+        choices=("auto", "yes", "no"),
+        help="communication audit: bytes above the theory's bound fail the test (yes), or are reported "
+        "as 'costs more' with their ratio beside a pass (no); auto: yes under the grading profile and "
+        "for every implementation but a training library's adapter",
     )
     group.addoption(
         "--attach",
@@ -197,8 +206,6 @@ def perturb_timing(config) -> str:
     """--perturb-timing, resolved: "on", "every" or "off" (auto: on under PERTURBED_PROFILES)."""
     option = config.getoption("--perturb-timing")
     if option == "auto":
-        from parallelism_conformance.harness.driver.plugin.profiles import current_profile
-
         return "on" if current_profile() in PERTURBED_PROFILES else "off"
     return option
 
@@ -206,3 +213,16 @@ def perturb_timing(config) -> str:
 def claimed(config) -> frozenset[str]:
     """The capabilities the implementation claims (--capability; every one by default)."""
     return capabilities.select(config.getoption("--capability"))
+
+
+def bounds_required(config) -> bool:
+    """--require-bounds resolved: a library teams train with is held to its values and its rules, and
+    its costs above the theory are reported as such, unless asked; a student's or a team's own
+    implementation (the contract's scope) and every grading run are held to the bound."""
+    option = config.getoption("--require-bounds")
+    if option != "auto":
+        return option == "yes"
+    if current_profile() == "grading":
+        return True
+    adapters = {run.adapter for library in LIBRARIES.values() for run in library.runs}
+    return config.getoption("--impl") not in adapters

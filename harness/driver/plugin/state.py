@@ -97,6 +97,7 @@ class RunState:
     refusals: Refusals = field(default_factory=lambda: Refusals())  # of the current test (emptied before each)
     share: TimeShare | None = None  # the current test's share of the budget (made with the state)
 
+    costs: list = field(default_factory=list)  # the current test's costs-more findings (conformance/audit/common.py: check)
     memory_kills_reported: int = 0  # of live_ranks.memory.kills, those already noted on a test
 
     def __post_init__(self):
