@@ -81,11 +81,13 @@ def judge_state_sharding(
     if any(not isinstance(v, int) or v < 0 for v in held.values()):
         judge.fail(f"after {step}: the ranks reported optimizer-state sizes {held}, not element counts")
     per_rank = ", ".join(f"rank {r}: {held[r]}" for r in sorted(held))
-    if sum(held.values()) > total + k * (n - 1):
+    padding = k * (2 * n - 1)  # a flat split aligned to a multiple of 2n elements (DeepSpeed's ZeRO-1/2), per state tensor
+    if sum(held.values()) > total + padding:
         judge.fail(
             f"after {step}: the ranks' local optimizers hold {sum(held.values())} state elements in all "
-            f"({per_rank}), one process holds {total}: state is replicated, not sharded (ZeRO stage 1 keeps "
-            f"each element's state on one rank; allowed {total} + {k * (n - 1)} of padding)"
+            f"({per_rank}), {sum(held.values()) - total} more than one process's {total}, beyond the {padding} "
+            f"a flat split padded to a multiple of 2n may add ({k} state tensors x (2n - 1)): some element's "
+            f"state is held on more than one rank (ZeRO stage 1 keeps each element's state on one rank)"
         )
     bound = math.ceil(total / n) + largest + k
     balanced_in_elements = max(held.values()) <= bound

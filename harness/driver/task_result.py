@@ -44,6 +44,8 @@ def collect(rank: RankHandle, task_id: int, reply_limit: int, world_size: int) -
             return "exited", rank.describe_exit()
         except Exception as error:  # noqa: BLE001 - refused by the restricted unpickler
             return "raised", f"the rank sent a result the driver refuses to decode: {error}"
+        if not isinstance(message, tuple) or len(message) < 3:  # a reply of another shape: the rank's, not the driver's, error
+            return "raised", f"the rank sent a reply that is not a task's result: {type(message).__name__}"
         if message[0] == "done" and message[1] == task_id:
             text = message[3] if len(message) > 3 else ""
             try:  # the audit's records travel as one JSON string: a tenth of the cost of plain-data pickling
@@ -53,7 +55,7 @@ def collect(rank: RankHandle, task_id: int, reply_limit: int, world_size: int) -
             except (TypeError, ValueError, RecursionError) as error:
                 return "raised", f"the rank sent communication records the driver cannot read: {error}"
             return "ok", (message[2], records, message[4] if len(message) > 4 and isinstance(message[4], list) else [])
-        if message[0] == "error":
-            return (message[3] if message[3] in ("missing", "unloadable", "broken") else "raised"), message[2]
+        if message[0] == "error" and len(message) > 3:
+            return (message[3] if message[3] in ("missing", "unloadable", "broken") else "raised"), str(message[2])
         return "raised", f"unexpected message from rank: {message[:2]!r}"
     return "exited", rank.describe_exit()

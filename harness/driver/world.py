@@ -17,23 +17,26 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
+import pickle
 import secrets
 import socket
 import time
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 
-from parallelism_conformance.harness.driver import deadlock, disagreement, memory_cgroup, output_pipe
-from parallelism_conformance.harness.driver.failures import TASK_FAILURES, RankFailure, RankReport, RanksCrashed, WorldStartError, task_failure
+from parallelism_conformance.harness.driver import deadlock, disagreement, memory_cgroup, output_pipe, stray_messages
+from parallelism_conformance.harness.driver.failures import RankFailure, RankReport, RanksCrashed, WorldStartError, task_failure
 from parallelism_conformance.harness.driver.io_counters import IoCounters
 from parallelism_conformance.harness.driver.rank_handle import RankHandle, dump_stacks
+from parallelism_conformance.harness.driver.stray_messages import STRAY_CHECK
 from parallelism_conformance.harness.driver.task_result import TaskResult, collect
 from parallelism_conformance.harness.rank import containment, wire
 from parallelism_conformance.harness.rank.loop import RankConfig, ring_path, serve
 from parallelism_conformance.harness.rank.preload import with_library_modules
 
-STRAY_CHECK = "parallelism_conformance.harness.rank.programs.probe:stray_messages"
-STRAY_CHECK_TIMEOUT_S = 20.0  # every rank is idle by then: the exchange takes milliseconds
-CLOSE_WAIT_S = 1.0  # a rank told to exit leaves at once; one that has not by then is killed
+CLOSE_WAIT_S = 1.0
+JOIN_MESSAGE_LIMIT = (
+    1 << 16
+)  # "hello" and "ready" are a few tuples of numbers: bounded like every reply  # a rank told to exit leaves at once; one that has not by then is killed
 
 
 class World:
@@ -154,7 +157,7 @@ class World:
             try:
                 deliver_challenge(conn, self._authkey)
                 answer_challenge(conn, self._authkey)
-                kind, rank, _pid, world_size = wire.decode_untrusted(conn.recv_bytes())
+                kind, rank, _pid, world_size = wire.decode_untrusted(conn.recv_bytes(maxlength=JOIN_MESSAGE_LIMIT))
             except Exception:  # noqa: BLE001 - a stranger or a broken rank: drop it, keep waiting
                 conn.close()
                 continue
@@ -184,7 +187,11 @@ class World:
                 if conn not in conns:
                     continue
                 try:
-                    message = wire.decode_untrusted(conn.recv_bytes())
+                    message = wire.decode_untrusted(conn.recv_bytes(maxlength=JOIN_MESSAGE_LIMIT))
+                    if not (isinstance(message, tuple) and len(message) > 1 and message[1] in range(self.size)):
+                        raise ValueError(f"not a rank's ready message: {type(message).__name__}")
+                except (ValueError, pickle.UnpicklingError) as error:  # refused by the bounded decoder, or of another shape
+                    raise WorldStartError(f"{self.name}: a rank sent a ready message the driver refuses: {error}") from None
                 except (EOFError, OSError):  # it died (or hung up) after the check above
                     rank = next(r for r in self._ranks if r.conn is conn)
                     raise WorldStartError(
@@ -214,42 +221,8 @@ class World:
         __tracebackhide__ = True
         result = self._run(program, args_per_rank, impl=impl, timeout_s=timeout_s, grace_s=grace_s, schedules=schedules)
         if self.backend == "gloo" and self.size > 1 and impl != "torch.distributed":
-            self._check_for_stray_messages(program, impl, timeout_s, grace_s)
+            stray_messages.check(self, program, impl, timeout_s, grace_s)
         return result
-
-    def _check_for_stray_messages(self, program: str, impl: str, timeout_s: float, grace_s: float) -> None:
-        __tracebackhide__ = True
-        what = f"{program} on {self.size} ranks finished, but the stray-message check after it"
-        try:
-            check = self._run(STRAY_CHECK, [{}] * self.size, impl=impl, timeout_s=min(timeout_s, STRAY_CHECK_TIMEOUT_S), grace_s=grace_s)
-        except TASK_FAILURES as failure:
-            self.close()
-            inner = failure if isinstance(failure, RankFailure) else failure.failure
-            raise RanksCrashed(
-                RankFailure(
-                    f"{what} failed: a receive the implementation posted and never matched takes the "
-                    f"check's message (the check then hangs), and a leftover message over 64 KiB aborts "
-                    f"it; this world is rebuilt for the next test.\n{inner.summary}",
-                    inner.ranks,
-                )
-            ) from None
-        leftovers = {rank: out["leftovers"] for rank, out in enumerate(check.outputs) if out["leftovers"]}
-        if leftovers:
-            self.close()
-            found = "; ".join(
-                f"rank {peer} -> rank {rank} (first int64 words {words})"
-                for rank, by_peer in leftovers.items()
-                for peer, words in by_peer.items()
-            )
-            named = [line for line in self.disagreements({r.rank: "ok" for r in self._ranks}) if "never received" in line]
-            found += "".join(f"\n  {line}" for line in named)
-            raise RanksCrashed(
-                RankFailure(
-                    f"{what} found messages the implementation sent and nobody received (tag 0): {found}. "
-                    "Each would be taken by a later test's receive; this world is rebuilt for the next test.",
-                    [RankReport(r.rank, "ok", "", "") for r in self._ranks],
-                )
-            )
 
     def _run(self, program: str, args_per_rank: list[dict], *, impl: str, timeout_s: float, grace_s: float, schedules=None) -> TaskResult:
         __tracebackhide__ = True
