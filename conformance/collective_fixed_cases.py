@@ -11,6 +11,7 @@ import parallelism_conformance.reference.collectives as ref
 from parallelism_conformance.conformance.collective_table import TABLE, Case, judge_results
 from parallelism_conformance.conformance.examples import Layout, Values, sentinel
 from parallelism_conformance.conformance.verdict import Judge
+from parallelism_conformance.reference.tolerance import reduction_atol
 
 # A group whose members are not 0..k-1, its root named by global rank: src/dst are global ranks
 # (torch.distributed's), and an implementation that reads them as group ranks is right only where
@@ -102,3 +103,31 @@ def judge_large_message(collective: str, ranks, target, reproduce) -> None:
     case = Case(root, "SUM")
     outputs = judge.call(ranks, layout, collective, entry.call(inputs, case))
     judge_results(judge, outputs, entry, entry.expected(inputs, case), layout.ranks, root)
+
+
+def order_sensitive_inputs(n: int, numel: int = 24) -> list[torch.Tensor]:
+    """float32 inputs whose sum depends on the order of addition: in each element one rank holds
+    +2^25, one -2^25 and the rest 1 (in float32 2^25 + 1 rounds back to 2^25), the big ones on
+    different ranks from element to element, so any order that depends on the rank adding changes
+    some element's bits, and the value stays within the reference's tolerance either way."""
+    big = float(2**25)
+    inputs = [torch.ones(numel, dtype=torch.float32) for _ in range(n)]
+    for j in range(numel):
+        inputs[j % n][j] = big
+        inputs[(j + 1 + (j // n) % (n - 1)) % n][j] = -big
+    return inputs
+
+
+def judge_order_sensitive_sum(n: int, ranks, target, reproduce) -> None:
+    """all_reduce SUM on order_sensitive_inputs: right within the reduction's tolerance on every rank,
+    and the same bits on every rank (a replicated result); a rank that sums in its own order is
+    caught here on every run, where a drawn example catches it only when its values expose it."""
+    if n > target.max_world_size:
+        pytest.skip(f"needs {n} ranks (--max-world-size {target.max_world_size})")
+    layout, inputs = Layout(n), order_sensitive_inputs(n)
+    judge = Judge(f"{layout}, 24 float32 elements of +-2^25 and 1 (the sum depends on the order), SUM", reproduce)
+    outputs = judge.call(ranks, layout, "all_reduce", [{"tensor": x.clone(), "op": "SUM"} for x in inputs])
+    expected = ref.all_reduce(inputs, "SUM")
+    for i, rank in enumerate(layout.ranks):
+        judge.tensor(outputs[rank]["tensor"], expected[i], what=f"rank {rank} tensor", atol=reduction_atol(inputs, "SUM"))
+    judge.bitwise_identical({r: outputs[r]["tensor"] for r in layout.ranks}, what="all_reduce result")

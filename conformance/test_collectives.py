@@ -4,9 +4,8 @@ Each test draws an example (world size, subgroup, dtype, shape, values, op, root
 implementation under test on the ranks through the harness, and judges every rank's output in the
 driver: exact where the arithmetic is exact, within reference.tolerance's bound otherwise;
 replicated results bitwise identical across ranks; outputs pre-filled with a sentinel; inputs of
-out-of-place collectives unchanged. The last tests check equivalences between the functions under
-test themselves (all_reduce == reduce_scatter then all_gather, and so on).
-"""
+out-of-place collectives unchanged. Then fixed cases a draw may never reach, and equivalences
+between the functions under test (all_reduce == reduce_scatter then all_gather, and so on)."""
 
 from __future__ import annotations
 
@@ -24,6 +23,7 @@ from parallelism_conformance.conformance.collective_fixed_cases import (
     ROOTED_IN_A_GROUP,
     judge_backend_refusals,
     judge_large_message,
+    judge_order_sensitive_sum,
     judge_root_in_a_group,
 )
 from parallelism_conformance.conformance.examples import PER_MEMBER, sentinel, shapes
@@ -293,9 +293,8 @@ def test_all_to_all_single(data, example, ranks):
 # -------------------------------------------------------------- what the backend itself refuses
 @pytest.mark.parametrize("collective", [pytest.param(c, marks=pytest.mark.capability(c.removesuffix("_uneven")), id=c) for c in REFUSABLE])
 def test_cases_the_backend_refuses(collective, ranks, target, backend_refusals, request, reproduce):
-    """Cases the backend's own collectives refuse (gloo: integer AVG; on torch 2.11 every list all_to_all) are not required: if the
-    implementation raises on them the case is skipped with the backend's message; if it returns,
-    its result must still be right."""
+    """Cases the backend's own collectives refuse (gloo: integer AVG; on torch 2.11 every list all_to_all) are not
+    required: raising on them is allowed (the backend's message noted); a result must still be right."""
     judge_backend_refusals(collective, ranks, target, backend_refusals, request, reproduce)
 
 
@@ -309,10 +308,16 @@ def _large(collective: str):
     [_large(c) for c in ("broadcast", "reduce", "all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "all_to_all_single")],
 )
 def test_large_message(collective, ranks, target, reproduce):
-    """One deterministic example well above the sizes Hypothesis draws: implementations that cut
-    messages into segments and pipeline them (as gloo's ring, NCCL and the bundled ring do above
-    a few MiB) are checked across segment boundaries and uneven last segments."""
+    """One deterministic example well above the sizes Hypothesis draws: implementations that cut messages into
+    segments (gloo's ring, NCCL, the bundled ring) checked across segment boundaries and uneven last segments."""
     judge_large_message(collective, ranks, target, reproduce)
+
+
+@pytest.mark.capability("all_reduce")
+@pytest.mark.parametrize("n", [3, 4])
+def test_all_reduce_sum_of_order_sensitive_values_is_bitwise_identical_on_every_rank(n, ranks, target, reproduce):
+    """Values whose float32 sum changes with the order of addition, which a drawn example may never hold."""
+    judge_order_sensitive_sum(n, ranks, target, reproduce)
 
 
 # ------------------------------------------------------------------ equivalences between functions
