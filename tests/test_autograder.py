@@ -260,8 +260,15 @@ def test_a_2026_cs336_repository_gets_full_marks_from_the_zip_with_the_handouts_
     assert outcome.oom_kills == 0 and not outcome.leftovers
 
 
-def test_the_live_rank_cap_and_the_tier_warning_follow_what_the_submissions_import_costs():
+def test_the_first_live_rank_cap_follows_the_import_and_a_tier_below_the_measured_one_is_said_first():
     light, heavy = limits.live_ranks_for(1536 << 20), limits.live_ranks_for(1536 << 20, import_bytes=300 << 20)
     assert light == (1536 - 450) // 128 and heavy == (1536 - 450) // (128 + 300) < light
     assert limits.live_ranks_for(None, import_bytes=1 << 30) is None
-    assert limits.fits(1536 << 20, import_bytes=4 << 20) and not limits.fits(768 << 20, import_bytes=4 << 20)
+    low, recommended = limits.ContainerLimits(0.5, 768 << 20), limits.ContainerLimits(1.0, 1536 << 20)
+    assert (
+        limits.tier_advice(recommended, "the CS336 set") is None
+        and limits.tier_advice(limits.ContainerLimits(4, None), "every capability") is None
+    )
+    advice = limits.tier_advice(low, "the CS336 set")
+    assert advice.startswith("this container's tier does not hold the CS336 set: 0.5 CPU (at least 1) and 768 MiB (at least 1536)")
+    assert "1 vCPU / 1536 MiB grades it with full marks within 10 minutes" in advice
