@@ -100,3 +100,7 @@ def test_a_cs336_failure_reproduces_with_its_submission(monkeypatch):
     line = Target("parallelism_conformance.adapters.cs336", "auto", 2, "ci", scope="cs336").reproduce("t")
     assert line.startswith("CS336_SUBMISSION='/submissions/a student' parallelism-conformance t --impl parallelism_conformance.adapters.cs336")
     assert not Target("parallelism_conformance.impls", "auto", 2, "ci").reproduce("t").startswith("CS336")
+    graded = Target("parallelism_conformance.adapters.cs336", "auto", 2, "grading", scope="cs336").reproduce("t")
+    assert graded.startswith("CS336_SUBMISSION=your-repository parallelism-conformance t")  # no grading machine's path
+    student = Target("/tmp/conformance-staged-x/hw2/student_impl.py", "auto", 2, "grading").reproduce("t")
+    assert "--impl student_impl.py " in student and "/tmp" not in student

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 from parallelism_conformance.harness.driver.plugin.options import claimed
 from parallelism_conformance.harness.driver.plugin.profiles import current_profile
-from parallelism_conformance.harness.driver.plugin.state import STATE
+from parallelism_conformance.harness.driver.plugin.state import STATE, shown
 from parallelism_conformance.harness.driver.reports import hypothesis_settings
 from parallelism_conformance.harness.driver.reports import versions as run_versions
 from parallelism_conformance.harness.driver.reports import write as write_reports
@@ -47,12 +48,18 @@ class GradingFiles:
             Path(self.config.getoption("--report-dir")),
             self.rubric,
             Path(self.config.getoption("--rubric")),
-            self.config.getoption("--impl"),
+            self.implementation(),
             seconds=time.monotonic() - self.started,
             complete=complete,
             points_possible=self.config.getoption("--points-possible"),
             run=self.run,
         )
+
+    def implementation(self) -> str:
+        """--impl as the report names it: under the grading profile a file by its path in the run's
+        folder or its name, never a grading machine's staging folder (state.shown)."""
+        impl = self.config.getoption("--impl")
+        return shown(impl, os.path.basename(impl)) if current_profile() == "grading" else impl
 
     def pytest_sessionstart(self, session):
         # after Hypothesis's own pytest_configure has loaded --hypothesis-profile and --hypothesis-seed
