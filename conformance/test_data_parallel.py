@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 
 import parallelism_conformance.reference.data_parallel as ref
 import parallelism_conformance.reference.likely_bugs as likely_bugs
+from parallelism_conformance.conformance import by_design
 from parallelism_conformance.conformance.compute_dtype import compute_dtype_examples, judge_one_step, run_one_step
 from parallelism_conformance.conformance.data_parallel_examples import MLP_SPECS, Example, examples, tied_lm_with
 from parallelism_conformance.conformance.examples import MIB, bucket_sizes
@@ -68,6 +69,19 @@ def run_training(ranks, example: Example) -> tuple[dict, dict, ref.Trajectory, d
     exact = {name: "frozen parameter" for name, p in model.named_parameters() if not p.requires_grad}
     exact.update({name: "buffer" for name, _ in model.named_buffers()})
     trajectory = ref.train(model, example.optimizer, batch, example.steps, example.micro_batches, example.set_to_none)
+    # what a library that declares it does (conformance/by_design.py), computed only if judged
+    trajectory.designed = (
+        ranks.designs,
+        lambda: ref.train(
+            models.build(example.model_of(0), example.seed_of(0)),
+            example.optimizer,
+            batch,
+            example.steps,
+            example.micro_batches,
+            example.set_to_none,
+            unused_get_zero_grad=True,
+        ),
+    )
     return outputs, batch, trajectory, exact
 
 
@@ -77,8 +91,22 @@ def judge_training(
     """The state right after wrapping, then step by step: every rank's loss and gradients against
     one step of the reference from the state the ranks held before the step (rank 0's, already
     judged), every rank's state after the step against the reference trajectory, and bitwise
-    agreement across ranks."""
+    agreement across ranks. Where that fails, a design the library declares, judged whole."""
+    designs, variant = getattr(expected, "designed", (None, None))
+    by_design.judged(
+        designs,
+        lambda: judge_steps(judge, example, outputs, batch, expected, exact, device),
+        {by_design.UNUSED_GET_ZERO_GRAD: lambda: judge_steps(judge, example, outputs, batch, variant(), exact, device, every_grad=True)},
+    )
+
+
+def judge_steps(
+    judge: Judge, example: Example, outputs: dict, batch: dict, expected: ref.Trajectory, exact: dict, device: str, every_grad: bool = False
+) -> None:
+    """judge_training's checks (``every_grad``: every trainable parameter holds a .grad after each
+    step, zero where unused: the design unused_parameters_get_zero_grad)."""
     world = range(example.world_size)
+    trainable = frozenset(name for name, p in models.build(example.model_of(0), example.seed_of(0)).named_parameters() if p.requires_grad)
     frozen = sorted(name for name, kind in exact.items() if kind == "frozen parameter")
     for r in world:
         what = f"rank {r} right after wrapping"
@@ -107,7 +135,7 @@ def judge_training(
             batch,
             example.world_size,
             example.micro_batches,
-            had_grad if not example.set_to_none else frozenset(),
+            trainable if every_grad else (had_grad if not example.set_to_none else frozenset()),
             device=device,
         )
         for r in world:

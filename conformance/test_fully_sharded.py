@@ -32,6 +32,7 @@ holds the gathers to the compute dtype.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import pytest
@@ -39,6 +40,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import parallelism_conformance.reference.data_parallel as ref
+from parallelism_conformance.conformance import by_design
 from parallelism_conformance.conformance.compute_dtype import compute_dtype_examples, judge_one_step, run_one_step
 from parallelism_conformance.conformance.examples import Layout, handout_fsdp_model, training_examples
 from parallelism_conformance.conformance.examples import TrainingExample as Example
@@ -159,7 +161,21 @@ def judge_training(example: Example, micro_batches: int, ranks, target, request,
     )
     model = models.build(example.model, example.seed)
     exact = {name for name, p in model.named_parameters() if not p.requires_grad} | {n for n, _ in model.named_buffers()}
-    expected = ref.train(model, example.optimizer, batch, example.steps, micro_batches)
+
+    def trained(**design):
+        return ref.train(models.build(example.model, example.seed), example.optimizer, batch, example.steps, micro_batches, **design)
+
+    judge_steps = functools.partial(judge_fully_sharded_steps, judge, example, micro_batches, outputs, batch, exact, target)
+    # the contract's judgement; where it fails, a design the library declares, judged whole (conformance/by_design.py)
+    by_design.judged(
+        ranks.designs, lambda: judge_steps(trained()), {by_design.UNUSED_GET_ZERO_GRAD: lambda: judge_steps(trained(unused_get_zero_grad=True))}
+    )
+
+
+def judge_fully_sharded_steps(
+    judge: Judge, example: Example, micro_batches: int, outputs: dict, batch: dict, exact: set, target, expected
+) -> None:
+    n = example.world_size
     memory = memory_bound(example)
     before = expected.initial
     for s in range(example.steps):

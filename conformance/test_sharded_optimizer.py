@@ -38,6 +38,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import parallelism_conformance.reference.data_parallel as ref
+from parallelism_conformance.conformance import by_design
 from parallelism_conformance.conformance.examples import TrainingExample as Example
 from parallelism_conformance.conformance.examples import training_examples as examples
 from parallelism_conformance.conformance.verdict import Judge, check_names, run_refusable
@@ -60,7 +61,13 @@ def run_training(ranks, example: Example) -> tuple[dict, dict, ref.Trajectory]:
             for r in range(example.world_size)
         ],
     )
-    return outputs, batch, ref.train(models.build(example.model, example.seed), example.optimizer, batch, example.steps)
+    expected = ref.train(models.build(example.model, example.seed), example.optimizer, batch, example.steps)
+    # what a library that declares it does (conformance/by_design.py), computed only if judged
+    expected.designed = (
+        ranks.designs,
+        lambda: ref.train(models.build(example.model, example.seed), example.optimizer, batch, example.steps, unused_get_zero_grad=True),
+    )
+    return outputs, batch, expected
 
 
 def judge_state_sharding(
@@ -115,6 +122,16 @@ def judge_state_sharding(
 def judge_training(
     judge: Judge, example: Example, outputs: dict, batch: dict, expected: ref.Trajectory, device: str = "cpu", scope: str = "contract"
 ) -> None:
+    """The contract's judgement; where it fails, a design the library declares (run_training), judged whole."""
+    designs, variant = getattr(expected, "designed", (None, None))
+    by_design.judged(
+        designs,
+        lambda: judge_steps(judge, example, outputs, batch, expected, device, scope),
+        {by_design.UNUSED_GET_ZERO_GRAD: lambda: judge_steps(judge, example, outputs, batch, variant(), device, scope)},
+    )
+
+
+def judge_steps(judge: Judge, example: Example, outputs: dict, batch: dict, expected: ref.Trajectory, device: str, scope: str) -> None:
     world = range(example.world_size)
     model = models.build(example.model, example.seed)
     exact = {name: "frozen parameter" for name, p in model.named_parameters() if not p.requires_grad}

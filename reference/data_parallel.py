@@ -107,6 +107,7 @@ def train(
     set_to_none: bool = True,
     clip: dict | None = None,
     per_token: bool = False,
+    unused_get_zero_grad: bool = False,
 ) -> Trajectory:
     """``steps`` optimizer steps of ``model`` (trained in place) on the whole ``batch``:
     zero_grad(set_to_none); for each of the ``micro_batches`` global micro-batches, loss =
@@ -115,7 +116,11 @@ def train(
     then steps it (momentum, weight decay) like any other. ``clip`` ({"max_norm", "norm_type"}):
     the gradients are clipped before every step (``clip_gradients``). ``per_token``: the model
     returns the sum of its per-token losses, and each micro-batch's is divided by the step's count
-    of valid targets (reference/token_loss.py)."""
+    of valid targets (reference/token_loss.py). ``unused_get_zero_grad``: a trainable parameter no
+    forward used gets a zero gradient each step and is stepped like any other (weight decay,
+    momentum): not the contract's semantics but a documented design of some libraries (DeepSpeed
+    reduces a zero gradient for it so every rank reduces the same sizes), judged apart as "differs
+    by design" (conformance/by_design.py)."""
     opt = optimizer(optimizer_spec, model.parameters())
     trajectory = Trajectory(state(model), [], [], [], [])
     scale = 1.0 / valid_targets(batch) if per_token else 1.0
@@ -124,6 +129,9 @@ def train(
         for micro in split_micro_batches(batch, micro_batches):
             loss = model(micro["inputs"], micro["targets"]) * scale
             loss.backward()
+        for p in model.parameters() if unused_get_zero_grad else ():
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
         trajectory.grads.append({name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None})
         if clip is not None:
             trajectory.norms.append(clip_gradients(model, clip["max_norm"], clip["norm_type"]))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from parallelism_conformance.conformance import by_design
 from parallelism_conformance.harness.driver import capabilities
 from parallelism_conformance.harness.driver.libraries import __main__ as command
 from parallelism_conformance.harness.driver.libraries.document import update, write
@@ -51,6 +52,8 @@ def test_every_run_names_an_adapter_that_exists_and_capabilities_the_registry_kn
         for run in library.runs:
             by_adapter.setdefault(run.adapter, []).extend(run.capabilities)
         assert all(len(caps) == len(set(caps)) for caps in by_adapter.values()), f"{library.name}: two runs of one adapter map one capability"
+        for name, (what, source) in library.by_design.items():  # a design the reference can run, with its source
+            assert name in by_design.KNOWN and what and source, (library.name, name)
 
 
 def test_the_warm_up_and_the_suites_ranks_run_the_venvs_own_tools(tmp_path):

@@ -1,7 +1,8 @@
 """The three verdicts kept apart (issue 56): *wrong* (a value, a semantic or a rule of the contract)
 always fails and is named first; *costs more* (bytes above the theory's bound) fails only where
-bounds are required and is otherwise a pass with its ratio, its own verdict in the scorecard, the
-JUnit XML and results.json."""
+bounds are required and is otherwise a pass with its ratio; *differs by design* (a library's
+documented behaviour, declared with its source, reproduced whole by the reference run with it).
+Each its own verdict in the scorecard, the JUnit XML and results.json."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from parallelism_conformance.conformance import by_design
 from parallelism_conformance.conformance.audit.common import Audited, check
 from parallelism_conformance.conformance.verdict import Judge
 from parallelism_conformance.harness.driver import audit
+from parallelism_conformance.harness.driver.plugin.state import Designs
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RECORDS = {
@@ -67,3 +70,28 @@ def test_right_values_and_more_bytes_read_costs_more_never_fail_unless_asked(sui
     assert '<property name="verdict" value="costs more"' in (tmp_path / "no" / "junit.xml").read_text()
     strict = suite_runner.run(*common, *chosen, "--require-bounds", "yes")
     assert strict.returncode == 1 and "(2.00x)" in strict.stdout, strict.stdout[-3000:]
+
+
+def _fails(message: str):
+    def judge():
+        raise AssertionError(message)
+
+    return judge
+
+
+def test_a_declared_design_explains_only_a_difference_its_reference_reproduces_whole():
+    designs = Designs({"unused_parameters_get_zero_grad": ("unused parameters get a zero gradient", "engine.py")})
+    variants = {"unused_parameters_get_zero_grad": lambda: None}  # the design's reference holds on every check
+    by_design.judged(designs, _fails("rank 0 'aux.weight' after step 2: expected 1.0, got 0.9"), variants)
+    by_design.judged(designs, _fails("rank 0 'aux.weight' after step 2: expected 1.0, got 0.9"), variants)  # a second example
+    assert designs.findings == [
+        "differs by design: unused parameters get a zero gradient (source: engine.py); the contract's check: "
+        "rank 0 'aux.weight' after step 2: expected 1.0, got 0.9"
+    ]
+    with pytest.raises(AssertionError, match="'w' after step 1"):  # the design's reference fails too: the contract's failure
+        by_design.judged(designs, _fails("'w' after step 1"), {"unused_parameters_get_zero_grad": _fails("'w' differs there too")})
+    undeclared = Designs()  # a student's implementation, or any run under the grading profile, declares none
+    with pytest.raises(AssertionError, match="aux.weight"):
+        by_design.judged(undeclared, _fails("aux.weight"), variants)
+    by_design.judged(undeclared, lambda: None, variants)  # the contract's judgement passing is a pass
+    assert undeclared.findings == []

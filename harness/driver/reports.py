@@ -148,7 +148,7 @@ def _entry(result: TestResult, value: int, maximum: int, number: str, visibility
         "status": status,
         "output": formatted_output(output, output_format),
         "visibility": visibility,
-        "tags": [result.capability, *(["costs more"] if result.costs_more else [])],
+        "tags": [result.capability, *(["costs more"] if result.costs_more else []), *(["differs by design"] if result.by_design else [])],
     }
 
 
@@ -283,6 +283,7 @@ def write(
             "points_possible": possible,
             "not_graded": [entry["name"] for r, entry in pairs if r.outcome == "skipped" and r.output.startswith(NOT_GRADED)],
             "costs_more": [entry["name"] for r, entry in pairs if r.costs_more],
+            "differs_by_design": [entry["name"] for r, entry in pairs if r.by_design],
             **run,
         },
     }

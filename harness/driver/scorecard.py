@@ -18,6 +18,9 @@ NOT_RUN = (
 # The verdict of a test that passed with bytes above the theory's bound reported (a JUnit property,
 # and a capability's verdict when none of its tests failed)
 COSTS_MORE = "costs more"
+# and of one whose values differ from the contract's exactly as a design its library documents
+# (conformance/by_design.py): neither a pass nor a fail, counted apart
+DIFFERS_BY_DESIGN = "differs by design"
 # The exit status of a run whose only failures are functions or classes the implementation does not
 # provide (pytest's own: 0 passed, 1 some test failed, 2 interrupted, 3 internal error, 4 usage
 # error, 5 no tests). CI can tell "claims less than it was asked for" (name its capabilities with
@@ -34,6 +37,7 @@ class TestResult:
     seconds: float
     line: int = 0  # of the test's definition in its file (report.location): the grading files' order
     costs_more: bool = False  # passed, with bytes above the theory's bound reported (--require-bounds off)
+    by_design: bool = False  # passed against a design its library documents, not the contract's semantics
 
 
 def _capability_of(report) -> str | None:
@@ -68,6 +72,8 @@ def verdict(results: list[TestResult]) -> str:
     backend refuses the case)."""
     if any(r.outcome == "failed" for r in results):
         return "not implemented" if any(r.output.startswith("not implemented") for r in results) else "FAIL"
+    if any(r.by_design for r in results):
+        return DIFFERS_BY_DESIGN
     if any(r.costs_more for r in results):
         return COSTS_MORE  # right values, more bytes than the theory: never "FAIL", never a plain "pass"
     return "pass" if any(r.outcome == "passed" for r in results) else "not tested"
@@ -110,8 +116,10 @@ class Scorecard:
             outcome = "skipped" if report.skipped else ("passed" if report.passed else "failed")
             output = _notes(report) if outcome == "passed" else _explain(report)
             line = (getattr(report, "location", None) or ("", 0, ""))[1] or 0  # None: pytest found no line
-            costs_more = any(key == "verdict" and value == COSTS_MORE for key, value in getattr(report, "user_properties", ()))
-            self.results[report.nodeid] = TestResult(report.nodeid, capability, outcome, output, report.duration, line, costs_more)
+            verdicts = {value for key, value in getattr(report, "user_properties", ()) if key == "verdict"}
+            self.results[report.nodeid] = TestResult(
+                report.nodeid, capability, outcome, output, report.duration, line, COSTS_MORE in verdicts, DIFFERS_BY_DESIGN in verdicts
+            )
 
     def only_not_implemented(self) -> bool:
         """Some test failed, and every failure is a function or class the implementation lacks."""
@@ -152,7 +160,11 @@ class Scorecard:
         verdicts = [verdict(results) for results in rows.values()]
         terminalreporter.write_line(
             "capabilities: "
-            + ", ".join(f"{verdicts.count(v)} {v}" for v in ("pass", COSTS_MORE, "FAIL", "not implemented", "not tested") if v in verdicts)
+            + ", ".join(
+                f"{verdicts.count(v)} {v}"
+                for v in ("pass", COSTS_MORE, DIFFERS_BY_DESIGN, "FAIL", "not implemented", "not tested")
+                if v in verdicts
+            )
             + (
                 "; --capability names what an implementation claims (unclaimed capabilities are not run)"
                 if "not implemented" in verdicts

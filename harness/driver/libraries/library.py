@@ -36,6 +36,10 @@ class Library:
     extra_requirements: tuple[str, ...] = ()
     # (test id prefix, as "test_file.py::test_name", or a capability) -> why it fails or is refused
     explained: dict = field(default_factory=dict)
+    # documented behaviours the reference does not share, judged as "differs by design" where the
+    # reference run with them reproduces the library exactly (conformance/by_design.py):
+    # name (by_design.KNOWN) -> (the behaviour, the library's source or documentation that says so)
+    by_design: dict = field(default_factory=dict)
     # the version the test command runs the adapters on (one example of each mapped capability), where
     # the pinned one cannot run them ("" = the pinned); its explanation says why
     runs_on: str = ""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from parallelism_conformance.harness.driver.libraries.table import Library, Run
 from parallelism_conformance.harness.driver.libraries.venvs import ROOT, InstallFailed, Venv, ensure, venv_of
-from parallelism_conformance.harness.driver.scorecard import COSTS_MORE
+from parallelism_conformance.harness.driver.scorecard import COSTS_MORE, DIFFERS_BY_DESIGN
 
 # an audit test of a capability the run does not claim skips saying so: not a refusal of the library
 UNCLAIMED = "is not claimed (--capability)"
@@ -29,7 +29,7 @@ class Verdict:
     version: str
     run: str
     capability: str
-    verdict: str  # "pass", "costs more", "fail", "refused", "not installed"
+    verdict: str  # "pass", "costs more", "differs by design", "fail", "refused", "not installed"
     detail: str = ""
     tests: dict = field(default_factory=dict)  # outcome -> count
     why: str = ""
@@ -49,6 +49,7 @@ def verdicts_of(junit: Path, library: Library, version: str, run: Run) -> list[V
     cases: dict[str, list[tuple[str, str, str]]] = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
         properties = {p.get("name"): p.get("value") for p in case.iter("property")}
+        verdicts = {p.get("value") for p in case.iter("property") if p.get("name") == "verdict"}
         capability = properties.get("capability", "?")
         module = case.get("file") or case.get("classname", "").replace(".", "/") + ".py"
         test = f"{Path(module).name}::{case.get('name')}"
@@ -56,11 +57,10 @@ def verdicts_of(junit: Path, library: Library, version: str, run: Run) -> list[V
         skipped = case.find("skipped")
         if failure is not None:
             cases.setdefault(capability, []).append(("failed", test, _first_line(failure.get("message") or failure.text)))
-        elif skipped is None and properties.get("verdict") == COSTS_MORE:
-            notes = [
-                p.get("value") for p in case.iter("property") if p.get("name") == "note" and (p.get("value") or "").startswith("costs more")
-            ]
-            cases.setdefault(capability, []).append(("costs more", test, notes[0] if notes else ""))
+        elif skipped is None and verdicts & {COSTS_MORE, DIFFERS_BY_DESIGN}:
+            verdict = DIFFERS_BY_DESIGN if DIFFERS_BY_DESIGN in verdicts else COSTS_MORE
+            notes = [p.get("value") for p in case.iter("property") if p.get("name") == "note" and (p.get("value") or "").startswith(verdict)]
+            cases.setdefault(capability, []).append((verdict, test, notes[0] if notes else ""))
         elif skipped is not None and UNCLAIMED not in (skipped.get("message") or ""):
             cases.setdefault(capability, []).append(("skipped", test, (skipped.get("message") or "").strip()))
         elif skipped is None:
@@ -68,13 +68,17 @@ def verdicts_of(junit: Path, library: Library, version: str, run: Run) -> list[V
     verdicts = []
     for capability in (*run.capabilities, *(("audit",) if run.audit else ())):
         rows = cases.get(capability, [])
-        counts = {outcome: sum(1 for o, _, _ in rows if o == outcome) for outcome in ("passed", "failed", "skipped", COSTS_MORE)}
+        outcomes = ("passed", "failed", "skipped", COSTS_MORE, DIFFERS_BY_DESIGN)
+        counts = {outcome: sum(1 for o, _, _ in rows if o == outcome) for outcome in outcomes}
         counts["passed"] += counts.pop(COSTS_MORE)  # right values: passed, with the cost said apart
         failed = [(test, message) for outcome, test, message in rows if outcome == "failed"]
         costly = [(test, message) for outcome, test, message in rows if outcome == COSTS_MORE]
+        designed = [(test, message) for outcome, test, message in rows if outcome == DIFFERS_BY_DESIGN]
         skipped = [(test, message) for outcome, test, message in rows if outcome == "skipped"]
         if failed:
             verdict, detail = "fail", f"{failed[0][0]}: {failed[0][1]}"
+        elif designed:  # counted apart from pass and fail, with the library's source in the detail
+            verdict, detail = DIFFERS_BY_DESIGN, f"{designed[0][0]}: {designed[0][1][:600]}"
         elif costly:
             verdict, detail = (
                 COSTS_MORE,

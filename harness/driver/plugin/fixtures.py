@@ -11,10 +11,10 @@ import pytest
 
 from parallelism_conformance.harness.driver import perturbation
 from parallelism_conformance.harness.driver.plugin.contain import contained
-from parallelism_conformance.harness.driver.plugin.options import attached_world, perturb_timing
+from parallelism_conformance.harness.driver.plugin.options import attached_world, declared_designs, perturb_timing
 from parallelism_conformance.harness.driver.plugin.profiles import current_profile
 from parallelism_conformance.harness.driver.plugin.refusals import Refusals
-from parallelism_conformance.harness.driver.plugin.state import STATE, Target, backend_plan
+from parallelism_conformance.harness.driver.plugin.state import STATE, Designs, Target, backend_plan
 from parallelism_conformance.harness.driver.pool import WorldPool
 
 
@@ -93,6 +93,7 @@ def _per_test_records(request):
     state.world_sizes.clear()
     state.refusals.clear()
     state.costs.clear()
+    state.designs.clear()
     items = request.session.items
     state.share.start(len(items) - items.index(request.node) if request.node in items else 1)
     state.refusals.watch_failures(request.function, after_passed=state.share.check)
@@ -102,10 +103,11 @@ class Ranks:
     """Runs a rank program on the members of a group inside a persistent world and returns what
     each member produced, keyed by global rank. Non-members take part in creating the group only."""
 
-    def __init__(self, pool: WorldPool, target: Target, refusals: Refusals | None = None):
+    def __init__(self, pool: WorldPool, target: Target, refusals: Refusals | None = None, designs: Designs | None = None):
         self.pool = pool
         self.target = target
         self.refusals = refusals if refusals is not None else Refusals()
+        self.designs = designs if designs is not None else Designs()  # what the library under test declares
 
     def run(self, world_size: int, members, program: str, per_member: list[dict], timeout_s: float | None = None) -> dict:
         __tracebackhide__ = True
@@ -143,4 +145,5 @@ class Ranks:
 
 @pytest.fixture(scope="session")
 def ranks(world_pool, target, pytestconfig) -> Ranks:
-    return Ranks(world_pool, target, pytestconfig.stash[STATE].refusals)
+    state = pytestconfig.stash[STATE]
+    return Ranks(world_pool, target, state.refusals, Designs(declared_designs(pytestconfig), state.designs))

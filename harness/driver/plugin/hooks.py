@@ -19,7 +19,7 @@ from parallelism_conformance.harness.driver.plugin.state import PLAN, STATE, Bud
 from parallelism_conformance.harness.driver.plugin.time_share import ShareSpent
 from parallelism_conformance.harness.driver.reports import older_torch_warning
 from parallelism_conformance.harness.driver.rubric import load_rubric
-from parallelism_conformance.harness.driver.scorecard import COSTS_MORE, Scorecard
+from parallelism_conformance.harness.driver.scorecard import COSTS_MORE, DIFFERS_BY_DESIGN, Scorecard
 
 
 def pytest_report_header(config):
@@ -151,10 +151,11 @@ def pytest_runtest_makereport(item, call):
     notes = []
     if call.when == "call" and state is not None:
         notes += state.memory_kills_since_last()
-    if call.when == "call" and state is not None and state.costs and report.passed:
-        notes += state.costs  # right, and more bytes than the theory: its own verdict (--require-bounds off)
-        item.user_properties.append(("verdict", COSTS_MORE))
-        report.user_properties.append(("verdict", COSTS_MORE))
+    for findings, verdict in ((state.designs, DIFFERS_BY_DESIGN), (state.costs, COSTS_MORE)) if call.when == "call" and state else ():
+        if findings and report.passed:  # each its own verdict, never "fail" nor a plain "pass"
+            notes += findings
+            item.user_properties.append(("verdict", verdict))
+            report.user_properties.append(("verdict", verdict))
     if call.when == "call" and state is not None and state.share.stopped and report.passed:
         notes.append(state.share.stopped)
     if refusals is not None and refusals.reasons and report.passed:

@@ -215,6 +215,19 @@ def claimed(config) -> frozenset[str]:
     return capabilities.select(config.getoption("--capability"))
 
 
+def library_of(impl: str):
+    """The training library whose adapter ``impl`` is (harness/driver/libraries/table.py), or None."""
+    return next((library for library in LIBRARIES.values() if any(run.adapter == impl for run in library.runs)), None)
+
+
+def declared_designs(config) -> dict:
+    """The documented behaviours of the library under test that its table entry declares (name ->
+    (behaviour, source)): none for any other implementation, and none under the grading profile,
+    where only the contract's semantics grade."""
+    library = library_of(config.getoption("--impl"))
+    return {} if library is None or current_profile() == "grading" else dict(library.by_design)
+
+
 def bounds_required(config) -> bool:
     """--require-bounds resolved: a library teams train with is held to its values and its rules, and
     its costs above the theory are reported as such, unless asked; a student's or a team's own
@@ -224,5 +237,4 @@ def bounds_required(config) -> bool:
         return option == "yes"
     if current_profile() == "grading":
         return True
-    adapters = {run.adapter for library in LIBRARIES.values() for run in library.runs}
-    return config.getoption("--impl") not in adapters
+    return library_of(config.getoption("--impl")) is None

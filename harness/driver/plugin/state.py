@@ -101,6 +101,16 @@ def live_ranks(config) -> LiveRanks:
 
 
 @dataclass
+class Designs:
+    """What the library under test declares of its documented behaviours (name -> (the behaviour, its
+    source): options.declared_designs) and the current test's "differs by design" findings
+    (RunState.designs; conformance/by_design.py judges them)."""
+
+    declared: dict = field(default_factory=dict)
+    findings: list = field(default_factory=list)
+
+
+@dataclass
 class RunState:
     """What the driver keeps about this run between tests (in config.stash, made in pytest_configure)."""
 
@@ -112,6 +122,7 @@ class RunState:
     share: TimeShare | None = None  # the current test's share of the budget (made with the state)
 
     costs: list = field(default_factory=list)  # the current test's costs-more findings (conformance/audit/common.py: check)
+    designs: list = field(default_factory=list)  # the current test's differs-by-design findings (conformance/by_design.py)
     memory_kills_reported: int = 0  # of live_ranks.memory.kills, those already noted on a test
 
     def __post_init__(self):
