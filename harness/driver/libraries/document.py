@@ -1,7 +1,8 @@
 """docs/libraries.md from the matrix's verdicts: per library, version, run and capability the
-verdict (pass; fail with the first failing test and why; refused with the library's reason; not
-installed with pip's or the import's line), then every shim the adapters apply and what each
-failure is, from harness/driver/libraries/table.py."""
+verdict (pass; costs more with its ratio; differs by design with the library's source; fail with
+the first failing test and why; refused with the library's reason; not installed with pip's or the
+import's line), then every shim the adapters apply and what each failure is, from
+harness/driver/libraries/table.py."""
 
 from __future__ import annotations
 
@@ -21,6 +22,14 @@ Each row: one run of the suite on the library's adapter (`--impl`) for one capab
 communication audit of the run's capabilities. Every fail and refusal says why (the last column,
 from the table's `explained`, or the library's own words in the detail); a library's bug is shown by
 a standalone reproduction in `tests/libraries/` that does not use the suite.
+
+Three verdicts, never mixed (issue 56). **fail**: a value or a semantic differs from the reference
+(a gradient, a parameter, which parameters hold a gradient). **costs more**: right values, and bytes
+above the theory's bound, shown with the ratio and the calls that make it (a failure only under
+`--require-bounds yes`, which grading and a team's own implementation get by default). **differs by
+design**: a difference that the reference, run with a behaviour the library's table entry declares
+with its source (`by_design`), reproduces exactly; the contract's failure otherwise stands. A row's
+verdict is its worst: fail, then differs by design, then costs more, then pass.
 
 In the test command: `scripts/libraries --prepare --adapters-only` makes the venv of each library's
 tested version (the pinned one; nanotron 0.2, since 0.4 does not import) while `tests/` runs, and
@@ -62,6 +71,9 @@ def _section(library) -> list[str]:
         lines.append("Ranks run with " + ", ".join(f"`{k}={v}`" for k, v in library.environment.items()) + ".")
     lines += ["", "Shims (each stands in for one library line, never for its arithmetic or communication):", ""]
     lines += [f"- {what} (stands in for: {line})" for what, line in library.shims] or ["- none"]
+    if library.by_design:
+        lines += ["", "Differs by design (documented behaviours the reference runs too, with their sources):", ""]
+        lines += [f"- `{name}`: {what} ({source})" for name, (what, source) in library.by_design.items()]
     if library.explained:
         lines += ["", "Every failure and refusal explained:", ""]
         lines += [f"- `{key}`: {text}" for key, text in library.explained.items()]
