@@ -138,3 +138,33 @@ def test_a_second_opinions_own_profile_gives_way_to_the_tiers_and_a_run_without_
     assert second_opinion(["conformance", "--hypothesis-profile=brief"], "smoke") == ["conformance", "--hypothesis-profile=smoke"]
     assert second_opinion(["conformance", "--hypothesis-profile=brief"], None) == ["conformance", "--hypothesis-profile=brief"]
     assert second_opinion(["conformance"], "smoke") == ["conformance"]  # it runs under --profile
+
+
+def test_a_kill_at_some_seeds_only_is_weak_and_fails_the_run_naming_the_seeds_that_missed(capsys):
+    from pathlib import Path
+
+    from parallelism_conformance.harness.driver.mutation import at, seeded, seeds_of
+    from parallelism_conformance.harness.driver.mutation_report import report_mutants
+
+    lucky = Mutant(Path("mutants/collectives/lucky.py"), "caught by a lucky draw", "test_all_reduce", "conformance/test_collectives.py")
+    steady = Mutant(Path("mutants/collectives/steady.py"), "caught every time", "test_all_reduce", "conformance/test_collectives.py")
+    runs = {m.path.stem: [Job(f"mutant: collectives/{m.path.stem}{at(s)}", "mutant", None) for s in (11, 22, 33)] for m in (lucky, steady)}
+    caught = (1, "E       AssertionError: rank 1 tensor: element [0] expected 2.0, got 1.0\n", 1.0)
+    outcome = {"mutant: collectives/lucky (seed 22)": (0, "3 passed", 1.0)}
+    killed, survived, deadline_only = report_mutants([lucky, steady], [runs["lucky"], runs["steady"]], lambda job: outcome.get(job.key, caught))
+    printed = capsys.readouterr().out
+    assert killed == ["collectives/steady"] and survived == ["collectives/lucky (2/3 seeds)"] and deadline_only == []
+    assert "WEAK" in printed and "killed at 2/3 seeds; not at 22" in printed and "(at 3/3 seeds)" in printed
+    assert seeded("mutation", None) == ["--hypothesis-profile=mutation"]
+    assert seeded("mutation", 7) == ["--hypothesis-profile=mutation_random", "--hypothesis-seed=7"]
+    assert seeds_of(0) == [None] and len(set(seeds_of(5))) == 5
+
+
+def test_every_derandomized_profile_has_a_random_twin_for_the_seeded_runs():
+    from hypothesis import settings
+
+    from parallelism_conformance.harness.driver.plugin.profiles import PROFILES
+
+    for name in ("mutation", "ci", "grading"):
+        twin = settings.get_profile(f"{name}_random")
+        assert not twin.derandomize and twin.max_examples == PROFILES[name]["max_examples"]

@@ -55,10 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from parallelism_conformance.harness.driver.mutation_catalog import (
-    HANG,
     MUTANT_RANK_TIMEOUT_S,
-    RACE,
-    RACE_EVIDENCE,
     ROOT,
     Mutant,
     Outsider,
@@ -67,11 +64,18 @@ from parallelism_conformance.harness.driver.mutation_catalog import (
     outsiders,
     rotated,
 )
+from parallelism_conformance.harness.driver.mutation_report import (  # noqa: F401 - failing_line, only_a_deadline: the runner's rules
+    failing_line,
+    listed,
+    only_a_deadline,
+    report_known_good,
+    report_mutants,
+    report_outsiders,
+)
 from parallelism_conformance.harness.driver.warm_pytest import WarmPytest
 from parallelism_conformance.harness.rank.preload import PRELOAD
 
 PERTURBED = ("--perturb-timing", "on")  # every known-good run: a false failure under it is the perturbation's bug
-DEADLINE = "no result within the"  # how a deadline's failure reads (harness/driver/world.py, World._fail)
 DURATIONS_FILE = ROOT / ".mutation-durations.json"  # each run's seconds in the last run (git ignores it)
 # A run never timed is placed by its kind: the median seconds of each kind, measured on the 2-core
 # machine with tests/ beside the runner (known-good runs were 36-279 s: first in any order).
@@ -97,26 +101,6 @@ def second_opinion(args: list[str], profile: str | None) -> list[str]:
     if profile is None:
         return args
     return [f"--hypothesis-profile={profile}" if a.startswith("--hypothesis-profile") else a for a in args]
-
-
-def first_failure(output: str) -> list[str]:
-    """The message of the first failure pytest printed: its first block of "E" lines."""
-    block: list[str] = []
-    for line in output.splitlines():
-        if line.startswith("E  ") or (block and line == "E"):
-            block.append(line[1:].strip())
-        elif block:
-            break
-    return block
-
-
-def failing_line(output: str) -> str:
-    return next((line[:140] for line in first_failure(output) if line), "(no assertion line)")
-
-
-def only_a_deadline(output: str) -> bool:
-    """The first failure is a task's deadline, which load alone can cause (a deadlock report is not)."""
-    return any(DEADLINE in line for line in first_failure(output))
 
 
 @dataclass(frozen=True)
@@ -200,6 +184,15 @@ def main(argv=None) -> int:
         "chosen by --rotation-seed; 1 (the default) runs every one",
     )
     parser.add_argument("--rotation-seed", default="0", help="what chooses the rotation's share (the test command passes the commit's hash)")
+    # issue 59: a kill that rests on a lucky draw is caught until the next unrelated edit of a test
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=0,
+        metavar="K",
+        help="run every mutant and buggy outsider at K random seeds (derandomization off, the seeds printed) and "
+        "fail unless each is caught at all K (the nightly tier: 5); 0 (the default): once, derandomized",
+    )
     parser.add_argument("--mutants-only", action="store_true", help="skip the known-good runs")
     parser.add_argument(
         "--outsiders-only", action="store_true", help="only the implementations under outsiders/ (no known-good runs, no mutants)"
@@ -224,7 +217,22 @@ def _name(path: Path) -> str:
     return f"{path.parent.name}/{path.stem}"
 
 
-def run_mutant(runner: WarmPytest, mutant: Mutant, profile: str) -> tuple[int, str, float]:
+def seeds_of(k: int) -> list[int | None]:
+    """--seeds K: K random seeds, drawn anew each run (so that K runs over nights reach K new ones),
+    or [None]: one derandomized run."""
+    return [None] if k < 1 else [int.from_bytes(os.urandom(4), "big") for _ in range(k)]
+
+
+def at(seed: int | None) -> str:
+    return "" if seed is None else f" (seed {seed})"
+
+
+def seeded(profile: str, seed: int | None) -> list[str]:
+    """A buggy run's profile, or its random twin at ``seed`` (profiles.py: "<name>_random")."""
+    return [f"--hypothesis-profile={profile}"] if seed is None else [f"--hypothesis-profile={profile}_random", f"--hypothesis-seed={seed}"]
+
+
+def run_mutant(runner: WarmPytest, mutant: Mutant, profile: str, seed: int | None = None) -> tuple[int, str, float]:
     impl, env = mutant.impl_and_env()
     return pytest(
         runner,
@@ -238,15 +246,16 @@ def run_mutant(runner: WarmPytest, mutant: Mutant, profile: str) -> tuple[int, s
             str(MUTANT_RANK_TIMEOUT_S),
             "--perturb-timing",
             "every" if mutant.race else "off",  # every call late: a read before its wait always holds poison
+            *seeded(profile, seed),
         ],
         profile,
         env,
     )
 
 
-def run_outsider(runner: WarmPytest, outsider: Outsider, impl: str, options) -> tuple[int, str, float]:
+def run_outsider(runner: WarmPytest, outsider: Outsider, impl: str, options, seed: int | None = None) -> tuple[int, str, float]:
     profile = options.outsider_profile if outsider.verdict == "pass" else options.mutant_profile
-    perturbed = ["--perturb-timing", "on"] if outsider.verdict == "pass" else []  # a correct one passes under it
+    perturbed = ["--perturb-timing", "on"] if outsider.verdict == "pass" else seeded(profile, seed)  # a correct one passes under it
     code, output, seconds = pytest(runner, impl, [*outsider.pytest_args(), *perturbed], profile)
     if outsider.audit and code == 0:  # right values; the audit must then find what its author chose
         audit_code, audit_output, audit_seconds = pytest(runner, impl, outsider.audit_args(), options.mutant_profile)
@@ -277,11 +286,21 @@ def _run_all(options, runner: WarmPytest, scratch: Path) -> int:
         )
         for impl, args, env in goods
     ]
-    mutant_jobs = [Job(f"mutant: {_name(m.path)}", "mutant", lambda m=m: run_mutant(runner, m, options.mutant_profile)) for m in every_mutant]
-    outsider_jobs = [
-        Job(f"outsider: {o.name}", "outsider", lambda o=o: run_outsider(runner, o, impls[o.path], options)) for o in every_outsider
+    seeds = seeds_of(options.seeds)
+    if seeds != [None]:
+        print(f"=== every mutant and buggy outsider at {len(seeds)} random seeds: {', '.join(map(str, seeds))}", flush=True)
+    mutant_jobs = [
+        [Job(f"mutant: {_name(m.path)}{at(s)}", "mutant", lambda m=m, s=s: run_mutant(runner, m, options.mutant_profile, s)) for s in seeds]
+        for m in every_mutant
     ]
-    jobs = [*good_jobs, *outsider_jobs, *mutant_jobs]
+    outsider_jobs = [
+        [
+            Job(f"outsider: {o.name}{at(s)}", "outsider", lambda o=o, s=s: run_outsider(runner, o, impls[o.path], options, s))
+            for s in (seeds if o.verdict == "fail" else [None])  # a correct one runs once, as before
+        ]
+        for o in every_outsider
+    ]
+    jobs = [*good_jobs, *(j for each in outsider_jobs for j in each), *(j for each in mutant_jobs for j in each)]
     started = time.monotonic()
     seconds: dict[str, float] = {}
     with ThreadPoolExecutor(max_workers=options.jobs) as workers:
@@ -292,9 +311,9 @@ def _run_all(options, runner: WarmPytest, scratch: Path) -> int:
             seconds[job.key] = taken
             return code, output, taken
 
-        false_failures = _report_known_good(goods, [result(job) for job in good_jobs])
-        killed, survived, deadline_only = _report_mutants(every_mutant, mutant_jobs, result)
-        caught, missed, outside_false = _report_outsiders(every_outsider, outsider_jobs, result)
+        false_failures = report_known_good(goods, [result(job) for job in good_jobs])
+        killed, survived, deadline_only = report_mutants(every_mutant, mutant_jobs, result)
+        caught, missed, outside_false = report_outsiders(every_outsider, outsider_jobs, result)
     write_durations(options.durations_file, seconds)
     total = len(killed) + len(survived) + len(deadline_only)
     rate = 100.0 * len(killed) / total if total else 0.0
@@ -302,7 +321,7 @@ def _run_all(options, runner: WarmPytest, scratch: Path) -> int:
     correct = len(every_outsider) - buggy
     print(
         f"\n=== kill rate: {len(killed)}/{total} mutants killed ({rate:.0f}%)"
-        + _listed("killed only by a deadline", deadline_only)
+        + listed("killed only by a deadline", deadline_only)
         + f"; false failures: {len(false_failures)}/{len(goods)} known-good implementations"
         + (f" ({', '.join(false_failures)})" if false_failures else "")
     )
@@ -316,84 +335,6 @@ def _run_all(options, runner: WarmPytest, scratch: Path) -> int:
     ran = total or options.outsiders_only
     failed = survived or deadline_only or false_failures or missed or outside_false
     return 0 if ran and not failed else 1
-
-
-def _listed(what: str, names: list[str]) -> str:
-    return f"; {len(names)} {what}: {', '.join(names)}" if names else ""
-
-
-def _report_known_good(goods, results) -> list[str]:
-    false_failures = []
-    for (impl, args, _env), (code, output, seconds) in zip(goods, results):
-        print(f"\n=== known good: {impl} ({' '.join(args)}), {seconds:.0f} s\n{output.rstrip()}", flush=True)
-        if code != 0:
-            false_failures.append(f"{impl} (exit code {code})")
-    return false_failures
-
-
-def _report_mutants(every_mutant, jobs, result) -> tuple[list[str], list[str], list[str]]:
-    print("\n=== known-buggy implementations (each must fail)")
-    killed, survived, deadline_only = [], [], []
-    for mutant, job in zip(every_mutant, jobs):
-        code, output, seconds = result(job)
-        name = _name(mutant.path)
-        head = f"{name:<50} {seconds:5.1f} s  {mutant.bug}"
-        if code == 1 and only_a_deadline(output) and not mutant.hang:
-            deadline_only.append(name)
-            print(
-                f"DEADLINE {head}\n         killed only by a deadline: the runner cannot tell this from load "
-                f"({failing_line(output)}); if its bug is a hang, its docstring says '{HANG}'",
-                flush=True,
-            )
-        elif code == 1 and mutant.race and RACE_EVIDENCE not in output:
-            survived.append(name)
-            print(
-                f"UNNAMED  {head}\n         failed, but not with --perturb-timing naming the call ('{RACE}' in its "
-                f"docstring): {failing_line(output)}",
-                flush=True,
-            )
-        elif code == 1:
-            killed.append(name)
-            print(f"killed   {head}\n         caught by: {failing_line(output)}", flush=True)
-        else:
-            why = {0: "every selected test passed", 5: "its targets select no test"}.get(code, f"pytest exit code {code}")
-            survived.append(name)
-            print(f"SURVIVED {head}\n         ({why})", flush=True)
-    return killed, survived, deadline_only
-
-
-def _report_outsiders(every_outsider, jobs, result) -> tuple[list[str], list[str], list[str]]:
-    print("\n=== implementations written from the contract alone (outsiders/): correct ones must pass, buggy ones must fail")
-    caught, missed, outside_false = [], [], []
-    for outsider, job in zip(every_outsider, jobs):
-        code, output, seconds = result(job)
-        name = outsider.name
-        head = f"{name:<50} {seconds:5.1f} s  {outsider.summary}"
-        if outsider.verdict == "pass":
-            ok = code == 0
-            if not ok:
-                outside_false.append(name)
-            print(
-                f"{'passes  ' if ok else 'FAILS   '} {head}"
-                + (f"\n         (values pass; the audit fails it, as its author chose: {outsider.audit})" if ok and outsider.audit else "")
-                + ("" if ok else f"\n         (pytest exit code {code}: {failing_line(output)})"),
-                flush=True,
-            )
-        elif code == 1 and only_a_deadline(output) and not outsider.hang:
-            missed.append(name)
-            print(
-                f"DEADLINE {head}\n         caught only by a deadline: the runner cannot tell this from load "
-                f"({failing_line(output)}); if its bug is a hang, its docstring says '{HANG}'",
-                flush=True,
-            )
-        elif code == 1:
-            caught.append(name)
-            print(f"caught   {head}\n         by: {failing_line(output)}", flush=True)
-        else:
-            missed.append(name)
-            why = {0: "every test passed", 5: "no test selected"}.get(code, f"pytest exit code {code}")
-            print(f"MISSED   {head}\n         ({why})", flush=True)
-    return caught, missed, outside_false
 
 
 if __name__ == "__main__":

@@ -27,6 +27,9 @@ PROFILES = {
     # For tests/test_libraries.py: one drawn example of one test, that a library's adapter runs in its venv
     "smoke": dict(max_examples=1, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate]),
 }
+# Each derandomized profile's random twin ("mutation_random"): the same settings, the examples drawn
+# from --hypothesis-seed (the mutation runner's --seeds: a kill must not rest on one lucky draw)
+PROFILES.update({f"{name}_random": {**options, "derandomize": False} for name, options in list(PROFILES.items()) if options.get("derandomize")})
 for _name, _options in PROFILES.items():
     settings.register_profile(_name, **_options, **_COMMON)
 settings.load_profile("quick")  # without --hypothesis-profile
