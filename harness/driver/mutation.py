@@ -195,6 +195,12 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--mutants-only", action="store_true", help="skip the known-good runs")
     parser.add_argument(
+        "--only",
+        default="",
+        metavar="FOLDERS",
+        help="only the mutants and outsiders of these folders (mutants/<folder>, outsiders/<folder>; comma-separated)",
+    )
+    parser.add_argument(
         "--outsiders-only", action="store_true", help="only the implementations under outsiders/ (no known-good runs, no mutants)"
     )
     parser.add_argument("--jobs", type=int, default=2, help="pytest runs at a time (default 2)")
@@ -275,6 +281,10 @@ def _run_all(options, runner: WarmPytest, scratch: Path) -> int:
     every_mutant, every_outsider, said = rotated(
         [] if options.outsiders_only else mutants(), outsiders(), options.rotate, options.rotation_seed
     )
+    if options.only:  # the folders asked for: a sweep of one capability's buggy implementations
+        chosen = set(options.only.split(","))
+        every_mutant = [m for m in every_mutant if m.path.parent.name in chosen]
+        every_outsider = [o for o in every_outsider if o.name.split("/")[0] in chosen]
     if said:
         print(f"=== {said}", flush=True)
     impls = {o.path: o.impl(scratch) for o in every_outsider}
