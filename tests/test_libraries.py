@@ -19,7 +19,7 @@ from parallelism_conformance.conformance import by_design
 from parallelism_conformance.harness.driver import capabilities
 from parallelism_conformance.harness.driver.libraries import __main__ as command
 from parallelism_conformance.harness.driver.libraries.document import update, write
-from parallelism_conformance.harness.driver.libraries.matrix import Verdict, verdicts_of
+from parallelism_conformance.harness.driver.libraries.matrix import Verdict, _first_line, verdicts_of
 from parallelism_conformance.harness.driver.libraries.table import LIBRARIES, Library, Run
 from parallelism_conformance.harness.driver.libraries.venvs import (
     LOCK,
@@ -100,6 +100,8 @@ def test_a_capability_passes_fails_with_its_first_failure_or_is_refused_with_the
     assert got["fully_sharded"].why == "a bug, shown by x.py"
     assert got["zero2"].verdict == "refused" and "cannot keep parameters" in got["zero2"].detail
     assert got["audit"].verdict == "costs more" and "(1.49x)" in got["audit"].detail  # right values: never "fail"
+    assert _first_line("E   ExceptionGroup: two ranks failed\nE   more") == "ExceptionGroup: two ranks failed"  # not "xceptionGroup"
+    assert _first_line("ExceptionGroup: raised") == "ExceptionGroup: raised"
     assert got["audit"].tests["passed"] == 1 and got["audit"].tests["failed"] == 0
     doc = tmp_path / "libraries.md"
     write([*got.values(), Verdict("deepspeed", "0.0.1", "-", "-", "not installed", "pip cannot install it")], doc, "")

@@ -37,7 +37,8 @@ class Verdict:
 
 def _first_line(text: str) -> str:
     """The message's first line, with the next one where it ends in a colon ("communication audit:")."""
-    lines = [line.strip().removeprefix("E").strip() for line in (text or "").splitlines()]
+    # pytest's "E   " marker, not a message's own first letter ("ExceptionGroup" kept whole)
+    lines = [re.sub(r"^E(\s+|$)", "", line.strip()).strip() for line in (text or "").splitlines()]
     lines = [line for line in lines if line and not line.startswith(("Traceback", "File ", "^"))]
     if not lines:
         return ""
