@@ -282,3 +282,24 @@ def test_each_standalone_reproduction_still_reproduces(library, version, script)
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "reproduced" in done.stdout
+
+
+def test_capability_narrows_each_run_to_what_it_maps_and_rewrites_only_those_rows(tmp_path):
+    from parallelism_conformance.harness.driver.libraries.matrix import asked_capabilities, narrowed
+
+    asked, rest = asked_capabilities(["--capability", "sharded_optimizer", "-x", "--hypothesis-profile=brief"])
+    assert asked == {"sharded_optimizer"} and rest == ["-x", "--hypothesis-profile=brief"]
+    assert asked_capabilities(["--capability=a,audit"])[0] == {"a", "audit"} and asked_capabilities(["-x"]) == (None, ["-x"])
+    zero1 = Run("ZeRO-1", "parallelism_conformance.adapters.deepspeed", ("sharded_optimizer",), audit=True)
+    zero3 = Run("ZeRO-3", "parallelism_conformance.adapters.deepspeed", ("fully_sharded", "zero2"), audit=True)
+    assert narrowed(zero1, asked) == Run("ZeRO-1", zero1.adapter, ("sharded_optimizer",), False)  # its own, not every run's
+    assert narrowed(zero3, asked) is None  # maps none of them: not run, never "refused"
+    assert narrowed(zero3, None) is zero3
+    libraries = {"a": Library("a", "2", runs=())}
+    doc = tmp_path / "libraries.md"
+    write(
+        [Verdict("a", "2", "R", "c", "pass"), Verdict("a", "2", "R", "audit", "pass"), Verdict("a", "2", "S", "d", "pass")], doc, "", libraries
+    )
+    update([Verdict("a", "2", "R", "c", "fail", "now")], doc, "--capability c", libraries, narrowed=True)
+    rows = [line for line in doc.read_text().splitlines() if line.startswith("| a |")]
+    assert "| a | 2 | R | c | **fail** | now |  |" in rows and "| a | 2 | R | audit | **pass** |  |  |" in rows and len(rows) == 3, rows

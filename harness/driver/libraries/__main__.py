@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from parallelism_conformance.harness.driver.libraries.document import update, write
-from parallelism_conformance.harness.driver.libraries.matrix import from_reports, run_library
+from parallelism_conformance.harness.driver.libraries.matrix import asked_capabilities, from_reports, run_library
 from parallelism_conformance.harness.driver.libraries.table import LIBRARIES
 from parallelism_conformance.harness.driver.libraries.venvs import ROOT, InstallFailed, ensure, venv_of
 
@@ -91,7 +91,10 @@ def main(arguments: list[str]) -> int:
     print("\nlibrary     version  " + "run".ljust(width) + "  capability         verdict")
     for v in verdicts:
         print(f"{v.library:<11} {v.version:<8} {v.run:<{width}}  {v.capability:<18} {v.verdict}: {v.detail[:160]}")
-    (write if whole else update)(verdicts, DOC, " ".join(options))
+    if whole:
+        write(verdicts, DOC, " ".join(options))
+    else:
+        update(verdicts, DOC, " ".join(options), narrowed=asked_capabilities(options)[0] is not None)
     print(f"[libraries] wrote {Path(DOC).relative_to(ROOT)}" + ("" if whole else f" (the rows of {', '.join(f'{n}=={v}' for n, v in chosen)})"))
     return 0
 

@@ -102,12 +102,18 @@ def _key(row: str) -> tuple[str, str]:
     return cells[0].removeprefix("| "), cells[1]
 
 
+def _cell_key(row: str) -> tuple[str, str, str, str]:
+    """library, version, run, capability of a row (the run unescaped as _cell wrote it)."""
+    cells = row.split(" | ")
+    return cells[0].removeprefix("| "), cells[1], cells[2].replace("\\|", "|"), cells[3]
+
+
 def _version_order(line: str, name: str, versions: tuple) -> int:
     version = line.removeprefix(f"Rows of {name} ").partition(" last run:")[0]
     return versions.index(version) if version in versions else len(versions)
 
 
-def update(verdicts: list[Verdict], path: Path, options: str, libraries: dict = LIBRARIES) -> None:
+def update(verdicts: list[Verdict], path: Path, options: str, libraries: dict = LIBRARIES, narrowed: bool = False) -> None:
     """The verdicts of some library==version runs (``scripts/libraries NAME[==VERSION]``) into the
     document as it stands: the rows of each library==version run replaced, the rows ordered by the
     table's libraries and each one's pinned then older versions (the others' order kept), the
@@ -116,7 +122,9 @@ def update(verdicts: list[Verdict], path: Path, options: str, libraries: dict = 
     if not path.exists():
         return write(verdicts, path, options, libraries)
     lines = path.read_text().splitlines()
-    ran = {(v.library, v.version) for v in verdicts}
+    # a run narrowed by --capability replaces only its own rows; a whole one every row of its version
+    ran = {(v.library, v.version, v.run, v.capability) for v in verdicts} if narrowed else {(v.library, v.version) for v in verdicts}
+    key = _cell_key if narrowed else _key
     rule = lines.index("|---|---|---|---|---|---|---|")
     end = rule + 1
     while end < len(lines) and lines[end].startswith("| "):
@@ -129,7 +137,7 @@ def update(verdicts: list[Verdict], path: Path, options: str, libraries: dict = 
         versions = (library.pinned, *library.older) if library else ()
         return (names.index(name) if name in names else len(names), versions.index(version) if version in versions else len(versions))
 
-    rows = sorted([row for row in lines[rule + 1 : end] if _key(row) not in ran] + [_row(v) for v in verdicts], key=order)
+    rows = sorted([row for row in lines[rule + 1 : end] if key(row) not in ran] + [_row(v) for v in verdicts], key=order)
     lines[rule + 1 : end] = rows
     for name in dict.fromkeys(v.library for v in verdicts if v.library in libraries):
         heading, section = f"## {name}", _section(libraries[name])

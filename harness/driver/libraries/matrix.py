@@ -172,8 +172,33 @@ def run_suite(venv: Venv, run: Run, pytest_options: list[str], report: Path, log
     return verdicts_of(junit, venv.library, venv.version, run)
 
 
+def asked_capabilities(pytest_options: list[str]) -> tuple[set[str] | None, list[str]]:
+    """``--capability X[,Y]`` taken out of the pytest options (None: not given) and the rest."""
+    asked, rest, options = None, [], iter(pytest_options)
+    for option in options:
+        if option == "--capability":
+            asked = set(next(options, "").split(","))
+        elif option.startswith("--capability="):
+            asked = set(option.split("=", 1)[1].split(","))
+        else:
+            rest.append(option)
+    return asked, rest
+
+
+def narrowed(run: Run, asked: set[str] | None) -> Run | None:
+    """The run with only the capabilities asked for (its audit where "audit" is asked), None where it
+    maps none of them; the run itself where nothing was asked."""
+    if asked is None:
+        return run
+    capabilities = tuple(c for c in run.capabilities if c in asked)
+    audit = run.audit and "audit" in asked
+    return Run(run.label, run.adapter, capabilities, audit) if capabilities or audit else None
+
+
 def run_library(library: Library, version: str, pytest_options: list[str], report: Path, log=print) -> list[Verdict]:
-    """Every run of one library==version; one "not installed" line when it cannot be installed or imported."""
+    """Every run of one library==version (``--capability`` among the options narrows each run to
+    what it maps of them, and skips a run that maps none); one "not installed" line when it cannot
+    be installed or imported."""
     try:
         venv = ensure(venv_of(library, version), log)
     except InstallFailed as failed:
@@ -182,4 +207,15 @@ def run_library(library: Library, version: str, pytest_options: list[str], repor
         why = library.explained.get(f"{library.name} {version}", library.explained.get(library.name, ""))
         return [Verdict(library.name, version, "-", "-", "not installed", str(failed), why=why)]
     report.mkdir(parents=True, exist_ok=True)
-    return [v for run in library.runs for v in run_suite(venv, run, pytest_options, report, log)]
+    asked, options = asked_capabilities(pytest_options)
+    runs = [r for r in (narrowed(run, asked) for run in library.runs) if r is not None]
+    if not runs:
+        log(f"[libraries] {library.name}: no run maps {', '.join(sorted(asked))}")
+    return [
+        v for i, run in enumerate(runs, 1) for v in run_suite(venv, run, options, report, lambda text, i=i: log(_numbered(text, i, len(runs))))
+    ]
+
+
+def _numbered(text: str, i: int, of: int) -> str:
+    """A run's log lines say which of the library's runs it is (progress, for a matrix that takes minutes)."""
+    return text.replace("[libraries] ", f"[libraries] run {i}/{of}: ", 1) if text.startswith("[libraries] ") else text
