@@ -146,7 +146,7 @@ def update(verdicts: list[Verdict], path: Path, options: str, libraries: dict = 
         # one "last run" line per version: this run's, and the earlier ones of the versions it did not run
         when = {
             version: f"Rows of {name} {version} last run: {datetime.date.today().isoformat()}, {_options(options)}."
-            for n, version in ran
+            for n, version, *_ in ran
             if n == name
         }
         for line in lines[start:stop]:
