@@ -73,3 +73,23 @@ def test_no_limit_keeps_every_world_and_a_number_caps_too():
     assert LiveRanks(memory=MemoryBudget(None)).cap() is None
     assert LiveRanks(5, MemoryBudget(None)).cap() == 5
     assert LiveRanks(5, MemoryBudget(600 * MiB)).cap() == 1  # one world always runs: the cap never refuses a task
+
+
+def _adj(pid: int) -> int:
+    with open(f"/proc/{pid}/oom_score_adj") as file:
+        return int(file.read())
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as file:
+        return int(file.read().rsplit(")", 1)[1].split()[1])
+
+
+def test_the_oom_killer_takes_ranks_then_the_forkserver_and_never_the_driver_first():
+    from parallelism_conformance.harness.driver.pool import WorldPool
+
+    with WorldPool("gloo") as pool:
+        (rank,) = pool.world(1).pids()
+        forkserver = _parent(rank)
+        assert (_adj(rank), _adj(forkserver)) == (1000, 500)
+        assert _adj(os.getpid()) < 500  # this process, the driver: last in line

@@ -14,7 +14,10 @@ from multiprocessing.connection import Connection, wait
 from parallelism_conformance.harness.driver import memory_cgroup, output_pipe, rank_memory, rank_output
 from parallelism_conformance.harness.rank.loop import STACK_DUMP_SIGNAL
 
-STACK_DUMP_WAIT_S = 5.0  # a hung rank writes its stacks in milliseconds; this bounds one that will not
+STACK_DUMP_WAIT_S = 5.0
+# multiprocessing's exit code of a forkserver child whose forkserver died (popen_forkserver.poll:
+# "perhaps the forkserver process itself got killed"); the ranks die with it (PR_SET_PDEATHSIG)
+FORKSERVER_GONE = 255  # a hung rank writes its stacks in milliseconds; this bounds one that will not
 
 
 @dataclass
@@ -61,9 +64,10 @@ class RankHandle:
         self.oom_kills_before = None if self.memory is None else self.memory.oom_kills()
 
     def killed_for_memory(self) -> bool:
-        """It died by SIGKILL and its memory cgroup's OOM kill count rose since the task started:
-        the kernel's OOM killer killed it (harness/driver/memory_cgroup.py)."""
-        if self.process is None or self.process.exitcode != -signal.SIGKILL or self.oom_kills_before is None:
+        """It died by SIGKILL, or with its forkserver, and its memory cgroup's OOM kill count rose since
+        it last finished a task or started one: the kernel's OOM killer killed it or its forkserver
+        (harness/driver/memory_cgroup.py, harness/rank/oom_order.py)."""
+        if self.process is None or self.process.exitcode not in (-signal.SIGKILL, FORKSERVER_GONE) or self.oom_kills_before is None:
             return False
         after = self.memory.oom_kills()
         return after is not None and after > self.oom_kills_before
@@ -85,7 +89,8 @@ class RankHandle:
         if self.killed_for_memory():
             peak = None if self.cost is None else self.cost.last_peak
             seen = "" if peak is None else f"; its resident set had peaked at {peak / 2**20:.0f} MiB when last read"
-            return memory_cgroup.describe_oom_kill(self.memory.limit()) + seen
+            how = " (with its forkserver: multiprocessing reads exit code 255)" if self.process.exitcode == FORKSERVER_GONE else ""
+            return memory_cgroup.describe_oom_kill(self.memory.limit()) + how + seen
         return _describe_exit(self.process.exitcode)
 
     def read_new_output(self) -> str:

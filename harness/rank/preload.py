@@ -6,7 +6,9 @@ them before the submission, so that what it measures is what the submission adds
 # first optimizer's constructor, and that import cost each rank about 0.9 s of CPU in its first
 # training task (1.4 s under load): 9 s of a 12 s data-parallel mutant run with worlds of 1-4.
 # Loaded once in the forkserver, every rank shares it.
+# oom_order: the forkserver and the ranks it forks go to the OOM killer before the driver does
 PRELOAD = (
+    "parallelism_conformance.harness.rank.oom_order",
     "torch",
     "torch.distributed",
     "torch._dynamo",
