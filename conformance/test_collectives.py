@@ -315,7 +315,7 @@ def test_large_message(collective, ranks, target, reproduce):
 
 @pytest.mark.capability("all_reduce")
 @pytest.mark.parametrize("n", [3, 4])
-def test_all_reduce_sum_of_order_sensitive_values_is_bitwise_identical_on_every_rank(n, ranks, target, reproduce):
+def test_order_sensitive_values_reduce_to_the_same_bits_on_every_rank(n, ranks, target, reproduce):
     """Values whose float32 sum changes with the order of addition, which a drawn example may never hold."""
     judge_order_sensitive_sum(n, ranks, target, reproduce)
 

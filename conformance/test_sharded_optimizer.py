@@ -93,8 +93,8 @@ def judge_state_sharding(
         judge.fail(
             f"after {step}: the ranks' local optimizers hold {sum(held.values())} state elements in all "
             f"({per_rank}), {sum(held.values()) - total} more than one process's {total}, beyond the {padding} "
-            f"a flat split padded to a multiple of 2n may add ({k} state tensors x (2n - 1)): some element's "
-            f"state is held on more than one rank (ZeRO stage 1 keeps each element's state on one rank)"
+            f"a flat split padded to a multiple of 2n may add ({k} state tensors x (2n - 1)): state is replicated, "
+            f"some element's held on more than one rank (ZeRO stage 1 keeps each element's state on one rank)"
         )
     bound = math.ceil(total / n) + largest + k
     balanced_in_elements = max(held.values()) <= bound

@@ -1,5 +1,5 @@
 """all_reduce reduces in a rank-dependent order in floating point, so ranks disagree in the last bits.
-targets: test_all_reduce and SUM
+targets: test_all_reduce and SUM or order_sensitive
 """
 
 import torch
