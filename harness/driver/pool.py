@@ -210,26 +210,24 @@ class WorldPool:
         __tracebackhide__ = True
         if self._on_run is not None:
             self._on_run(size)
-        try:
-            return self._run_once(size, program, args_per_rank, impl=impl, timeout_s=timeout_s, schedules=schedules)
-        except TASK_FAILURES as failure:
-            killed = killed_for_memory(failure)
-            if not killed:
-                raise
-            first = killed
-        self.live_ranks.after_kill(self, size, f"{program} on {size} ranks: {first}")
-        try:
-            return self._run_once(size, program, args_per_rank, impl=impl, timeout_s=timeout_s, schedules=schedules)
-        except TASK_FAILURES as failure:
-            again = killed_for_memory(failure)
-            if not again:
-                raise
+        kills: list[str] = []  # how the kernel's OOM killer ended each attempt
+        while True:
+            try:
+                return self._run_once(size, program, args_per_rank, impl=impl, timeout_s=timeout_s, schedules=schedules)
+            except TASK_FAILURES as failure:
+                killed = killed_for_memory(failure)
+                if not killed:
+                    raise
+            kills.append(killed)
+            if len(kills) == 1:  # the container's, not the implementation's: again, with it to itself
+                self.live_ranks.after_kill(self, size, f"{program} on {size} ranks: {killed}")
+                continue
             if self.live_ranks.memory is not None:
-                self.live_ranks.memory.note_kill(f"{program} on {size} ranks, run alone: {again}")
+                self.live_ranks.memory.note_kill(f"{program} on {size} ranks, run alone: {killed}")
             raise ContainerMemory(
-                f"{NOT_GRADED}: {program} on {size} ranks: {first}; run again with "
-                f"every other world closed, {again}. The kernel killed it, not the implementation: "
-                "this test counts neither for nor against (a larger memory tier grades it)"
+                f"{NOT_GRADED}: {program} on {size} ranks: {kills[0]}; run again with every other world closed, "
+                f"{kills[1]}. The kernel killed it, not the implementation: this test counts neither for nor "
+                "against (a larger memory tier grades it)"
             ) from None
 
     def _run_once(
