@@ -34,7 +34,8 @@ def judged(designs: Designs | None, contract: Callable[[], None], variants: dict
                 continue
             try:
                 variant()
-            except AssertionError:
+            except AssertionError as differs_too:  # the contract's failure stands; say what the design's judge saw
+                failure.add_note(f"  and against the library's declared design {name}: {str(differs_too).strip().splitlines()[0][:300]}")
                 continue
             what, source = designs.declared[name]
             said = f"differs by design: {what} (source: {source})"

@@ -93,3 +93,22 @@ def test_the_oom_killer_takes_ranks_then_the_forkserver_and_never_the_driver_fir
         forkserver = _parent(rank)
         assert (_adj(rank), _adj(forkserver)) == (1000, 500)
         assert _adj(os.getpid()) < 500  # this process, the driver: last in line
+
+
+def test_the_base_beside_the_ranks_is_what_the_container_cannot_reclaim_less_theirs():
+    from parallelism_conformance.harness.driver import memory_cgroup
+
+    v1 = "cache 900\nrss 5\ntotal_cache 4096000\ntotal_rss 700\ntotal_mapped_file 200\ntotal_shmem 100\n"
+    assert memory_cgroup.held(v1, 1) == 1000  # page cache nobody maps is reclaimed first: left out
+    assert memory_cgroup.held("anon 600\nfile 90000\nfile_mapped 300\nshmem 0\n", 2) == 900
+    assert memory_cgroup.held("anon 600\n", 2) is None
+    budget = MemoryBudget(1536 * MiB)
+    assert budget.ranks_that_fit() == (1536 - 450) // 128  # the first estimate against the calibrated driver
+    budget.observe([168 * MiB - IDLE_RANK_BYTES], "heavy")
+    assert budget.ranks_that_fit() == (1536 - 450) // 168
+    assert budget.observe_base(1400 * MiB, 800 * MiB)  # 600 MiB held beside the ranks: one fewer fits
+    assert budget.ranks_that_fit() == (1536 - 600) // 168 and "beside 600 MiB" in budget.describe()
+    assert not budget.observe_base(1000 * MiB, 800 * MiB)  # the base never falls
+    light = MemoryBudget(1536 * MiB, base_bytes=600 * MiB)
+    light.observe([51 * MiB], "light")  # measured lighter than the first estimate: the calibrated cap stands
+    assert light.ranks_that_fit() == (1536 - 450) // 128

@@ -102,6 +102,19 @@ def v2_limit(maxima: list[str]) -> int | None:
     return min(numbers) if numbers else None
 
 
+# What a cgroup holds that the kernel cannot reclaim without killing: anonymous memory, the file pages
+# its processes map (libraries: charged once, whoever maps them) and shared memory. Page cache no
+# process maps is left out: the kernel reclaims it before it kills. memory.stat's names, per version.
+HELD = {1: ("total_rss", "total_mapped_file", "total_shmem"), 2: ("anon", "file_mapped", "shmem")}
+
+
+def held(stat: str, version: int) -> int | None:
+    """The sum of HELD's fields in the text of a cgroup's memory.stat; None where one is missing."""
+    values = dict(line.split()[:2] for line in stat.splitlines() if len(line.split()) >= 2)
+    fields = [values.get(name) for name in HELD[version]]
+    return None if any(v is None or not v.isdigit() for v in fields) else sum(int(v) for v in fields)
+
+
 OOM_KILLED = "was killed by the kernel's out-of-memory killer"
 
 
@@ -124,6 +137,11 @@ class MemoryCgroup:
         name = "memory.oom_control" if self.version == 1 else "memory.events"
         text = _read(os.path.join(self.directory, name))
         return None if text is None else oom_kills(text)
+
+    def held(self) -> int | None:
+        """What it holds that the kernel cannot reclaim (``held``); None where memory.stat says not."""
+        text = _read(os.path.join(self.directory, "memory.stat"))
+        return None if text is None else held(text, self.version)
 
     def limit(self) -> int | None:
         if self.version == 1:

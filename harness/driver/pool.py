@@ -85,7 +85,13 @@ class LiveRanks:
     def observe(self, pool: WorldPool, size: int, growths: list[int], where: str) -> None:
         """A task's ranks' measured growth: where it raised the cost of a rank, idle worlds close
         now, before the next task's ranks need the room."""
-        if self.memory is not None and self.memory.observe(growths, where):
+        if self.memory is None:
+            return
+        rose = self.memory.observe(growths, where)
+        if self.memory.cgroup is not None:  # the base beside the ranks: what the container holds, less theirs
+            private = sum(other_pool.current_private(other) for other_pool, other in self._order)
+            rose = self.memory.observe_base(self.memory.cgroup.held(), private) or rose
+        if rose:
             self.make_room(size, keep=(pool, size))
 
     def after_kill(self, pool: WorldPool, size: int, what: str) -> None:
@@ -271,6 +277,11 @@ class WorldPool:
             raise
         self.live_ranks.observe(self, size, world.growths(), f"{program} on {size} ranks")
         return result
+
+    def current_private(self, size: int) -> int:
+        """What the live world of ``size`` ranks holds of its own now (World.current_private), 0 if none."""
+        world = self._worlds.get(size)
+        return 0 if world is None else world.current_private()
 
     def disagreements(self, size: int) -> list[str]:
         """The flight recorders' account of the last task on the world of ``size`` ranks, if it is

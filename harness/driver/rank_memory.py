@@ -73,7 +73,12 @@ class MemoryBudget:
     driver_bytes: int = DRIVER_BYTES
     measured_bytes: int = 0  # the largest cost of one rank seen in this run
     measured_where: str = ""  # which task of which world showed it
+    # what the container held beside its ranks' own memory, at its largest (observe_base): the driver,
+    # the forkserver, the libraries every process maps. Measured ranks are counted against it, the
+    # first estimate (a PSS share, calibrated with DRIVER_BYTES) against driver_bytes
+    base_bytes: int = 0
     kills: list[str] = field(default_factory=list)  # every rank the kernel killed for memory, as the report says it
+    cgroup: object = None  # the driver's memory cgroup (memory_cgroup.MemoryCgroup), read for observe_base
 
     def rank_bytes(self) -> int:
         """What one live rank is taken to cost: the larger of the first estimate and the largest measured."""
@@ -84,7 +89,18 @@ class MemoryBudget:
         worlds, it never refuses the task at hand); None without a limit."""
         if self.limit_bytes is None:
             return None
-        return max(SMALLEST_WORLD, (self.limit_bytes - self.driver_bytes) // self.rank_bytes())
+        first = (self.limit_bytes - self.driver_bytes) // self.first_rank_bytes
+        measured = (self.limit_bytes - max(self.driver_bytes, self.base_bytes)) // self.measured_bytes if self.measured_bytes else first
+        return max(SMALLEST_WORLD, min(first, measured))
+
+    def observe_base(self, held: int | None, ranks_private: int) -> bool:
+        """The container held ``held`` bytes it cannot reclaim (memory_cgroup.held) while its live
+        ranks' own memory came to ``ranks_private``: the rest is the base every rank is counted
+        against; True when it rose (fewer ranks now fit)."""
+        if held is None or held - ranks_private <= self.base_bytes:
+            return False
+        before, self.base_bytes = self.ranks_that_fit(), held - ranks_private
+        return self.ranks_that_fit() != before
 
     def observe(self, peaks: list[int], where: str) -> bool:
         """Take the costs of a task's ranks (``peaks``: each rank's growth past its join, from
@@ -104,8 +120,8 @@ class MemoryBudget:
         is taken to cost at least a share of the room that ``alive - 1`` would fill)."""
         if self.limit_bytes is None or alive <= 1:
             return
-        floor = (self.limit_bytes - self.driver_bytes) // (alive - 1)  # then exactly alive - 1 fit
-        if floor > self.rank_bytes():
+        floor = (self.limit_bytes - max(self.driver_bytes, self.base_bytes)) // (alive - 1)  # then exactly alive - 1 fit
+        if floor > self.measured_bytes:
             self.measured_bytes, self.measured_where = floor, f"raised after a kill with {alive} ranks alive"
 
     def describe(self) -> str:
@@ -113,9 +129,10 @@ class MemoryBudget:
         measured = f"{self.measured_bytes / 2**20:.0f} MiB measured ({self.measured_where})" if self.measured_bytes else "none measured yet"
         if self.limit_bytes is None:
             return f"no memory limit: every world stays warm (largest rank {measured})"
+        base = f", beside {self.base_bytes / 2**20:.0f} MiB the container held besides its ranks" if self.base_bytes else ""
         return (
             f"{self.limit_bytes / 2**20:.0f} MiB: at most {self.ranks_that_fit()} live ranks of "
-            f"{self.rank_bytes() / 2**20:.0f} MiB each (largest rank {measured})"
+            f"{self.rank_bytes() / 2**20:.0f} MiB each (largest rank {measured}{base})"
         )
 
 
@@ -132,6 +149,11 @@ class RankCost:
     def note_join(self) -> None:
         status = read_status(self.pid)
         self.joined_anon = None if status is None else status[2]
+
+    def current(self) -> int:
+        """What the rank holds of its own now: its anonymous growth since it joined and the idle share."""
+        status = read_status(self.pid)
+        return IDLE_RANK_BYTES + (0 if status is None or self.joined_anon is None else max(0, status[2] - self.joined_anon))
 
     def growth(self) -> int | None:
         """How far the rank's anonymous memory has peaked above its size at join: what it holds now

@@ -302,6 +302,10 @@ class World:
         names = ", ".join(f"rank {r.rank} {r.detail}" for r in reports if r.status != "ok")
         raise RanksCrashed(RankFailure(f"{program} on {self.size} ranks not started: {names}", reports))
 
+    def current_private(self) -> int:
+        """What its local ranks hold of their own now (rank_memory.RankCost.current), summed."""
+        return sum(rank.cost.current() for rank in self._ranks if rank.cost is not None)
+
     def growths(self) -> list[int]:
         """How far each local rank's resident set has peaked above its size at join (the kernel's
         high-water mark: harness/driver/rank_memory.py), for the ranks where it can be read."""

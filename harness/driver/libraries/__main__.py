@@ -84,17 +84,18 @@ def main(arguments: list[str]) -> int:
     except SystemExit as bad:
         print(bad, file=sys.stderr)
         return 2
-    verdicts = []
+    verdicts, started = [], time.monotonic()
     for name, version in chosen:
         verdicts += run_library(LIBRARIES[name], version, options, REPORT)
+    took = time.monotonic() - started
     width = max((len(v.run) for v in verdicts), default=3)
     print("\nlibrary     version  " + "run".ljust(width) + "  capability         verdict")
     for v in verdicts:
         print(f"{v.library:<11} {v.version:<8} {v.run:<{width}}  {v.capability:<18} {v.verdict}: {v.detail[:160]}")
     if whole:
-        write(verdicts, DOC, " ".join(options))
+        write(verdicts, DOC, " ".join(options), took_s=took)
     else:
-        update(verdicts, DOC, " ".join(options), narrowed=asked_capabilities(options)[0] is not None)
+        update(verdicts, DOC, " ".join(options), narrowed=asked_capabilities(options)[0] is not None, took_s=took)
     print(f"[libraries] wrote {Path(DOC).relative_to(ROOT)}" + ("" if whole else f" (the rows of {', '.join(f'{n}=={v}' for n, v in chosen)})"))
     return 0
 

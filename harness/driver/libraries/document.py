@@ -84,10 +84,14 @@ def _options(options: str) -> str:
     return f"with pytest options `{options}`" if options else "Hypothesis profile `quick`"
 
 
-def write(verdicts: list[Verdict], path: Path, options: str, libraries: dict = LIBRARIES) -> None:
+def _took(seconds: float | None) -> str:
+    return "" if seconds is None else f", {seconds:.0f} s for the runs"
+
+
+def write(verdicts: list[Verdict], path: Path, options: str, libraries: dict = LIBRARIES, took_s: float | None = None) -> None:
     lines = [
         HEAD,
-        f"Last run: {datetime.date.today().isoformat()}, {_options(options)}.\n",
+        f"Last run: {datetime.date.today().isoformat()}, {_options(options)}{_took(took_s)}.\n",
         "| library | version | run | capability | verdict | detail | why |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -113,14 +117,16 @@ def _version_order(line: str, name: str, versions: tuple) -> int:
     return versions.index(version) if version in versions else len(versions)
 
 
-def update(verdicts: list[Verdict], path: Path, options: str, libraries: dict = LIBRARIES, narrowed: bool = False) -> None:
+def update(
+    verdicts: list[Verdict], path: Path, options: str, libraries: dict = LIBRARIES, narrowed: bool = False, took_s: float | None = None
+) -> None:
     """The verdicts of some library==version runs (``scripts/libraries NAME[==VERSION]``) into the
     document as it stands: the rows of each library==version run replaced, the rows ordered by the
     table's libraries and each one's pinned then older versions (the others' order kept), the
     section of each library run rewritten from its table entry with this run's date and options;
     every other row and line kept as it was."""
     if not path.exists():
-        return write(verdicts, path, options, libraries)
+        return write(verdicts, path, options, libraries, took_s)
     lines = path.read_text().splitlines()
     # a run narrowed by --capability replaces only its own rows; a whole one every row of its version
     ran = {(v.library, v.version, v.run, v.capability) for v in verdicts} if narrowed else {(v.library, v.version) for v in verdicts}
@@ -145,7 +151,7 @@ def update(verdicts: list[Verdict], path: Path, options: str, libraries: dict = 
         stop = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
         # one "last run" line per version: this run's, and the earlier ones of the versions it did not run
         when = {
-            version: f"Rows of {name} {version} last run: {datetime.date.today().isoformat()}, {_options(options)}."
+            version: f"Rows of {name} {version} last run: {datetime.date.today().isoformat()}, {_options(options)}{_took(took_s)}."
             for n, version, *_ in ran
             if n == name
         }

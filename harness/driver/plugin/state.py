@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from parallelism_conformance.harness.driver import memory_cgroup
 from parallelism_conformance.harness.driver.backends import BackendPlan, visible_gpus
 from parallelism_conformance.harness.driver.gradescope import limits
 from parallelism_conformance.harness.driver.plugin.options import GRADING_BUDGET_S, attached_world
@@ -94,7 +95,7 @@ def live_ranks(config) -> LiveRanks:
     --rank-memory MiB where given (the autograder's: a light rank plus what the submission's import
     added)."""
     option, first = config.getoption("--max-live-ranks"), config.getoption("--rank-memory")
-    memory = MemoryBudget(limits.read().memory_bytes)
+    memory = MemoryBudget(limits.read().memory_bytes, cgroup=memory_cgroup.of_process(os.getpid()))
     if first != "auto":
         memory.first_rank_bytes = int(first) << 20
     return LiveRanks(None if option == "auto" else int(option), memory)
