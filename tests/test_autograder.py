@@ -240,16 +240,16 @@ def test_a_cs336_autograder_carries_the_handouts_packages_by_default_and_a_cours
 
 def test_a_2026_cs336_repository_gets_full_marks_from_the_zip_with_the_handouts_packages(installed):
     """``scripts/autograder --expects cs336``: the handout's packages are in autograder.json and in
-    the image; the repository's FSDP (its layers found where its own tests import them), its ranks as
-    heavy as a real 2026 repository's while they train (adapters_heavy.py: several times what its
-    import adds), gets full marks: the live-rank cap starts from what its import measured and follows
-    what its ranks cost running, and a rank the kernel kills for memory is rerun, named, never a
-    lost point (issue 60). Built after ``installed`` (its venv seeds this one: only the course's
-    packages are added)."""
+    the image; the repository's FSDP (its layers found where its own tests import them) gets full
+    marks: the live-rank cap starts from what its import measured and follows what its ranks cost
+    running, and a rank the kernel kills for memory is rerun, named, never a lost point (issue 60).
+    The same repository with ranks as heavy as a real 2026 one's (adapters_heavy.py) is graded at
+    every tier by perf/test_grading_tiers.py ("cs336 heavy": 23 s more than this test per commit).
+    Built after ``installed`` (its venv seeds this one: only the course's packages are added)."""
     chosen, _ = build.configure(build_arguments("--expects", "cs336", "--capability", "fully_sharded"))
     course = trial.install(chosen)
     try:
-        graded = trial.grade(course, trial.cs336_repository("adapters_heavy.py"), TIER, timeout_s=900)
+        graded = trial.grade(course, trial.cs336_repository(), TIER, timeout_s=900)
     finally:
         trial.remove(course)
     results, outcome = graded.results, graded.outcome
@@ -260,7 +260,7 @@ def test_a_2026_cs336_repository_gets_full_marks_from_the_zip_with_the_handouts_
     first = round(limits.first_rank_bytes(platform["import_mib"] << 20) / 2**20)
     assert f"--rank-memory {first}" in outcome.stdout  # the first estimate; the run then measures its ranks
     measured = re.search(r"largest rank (\d+) MiB measured", results["extra_data"]["memory"])
-    assert measured and int(measured[1]) >= 150, results["extra_data"]["memory"]  # the training rank, not the import
+    assert measured and int(measured[1]) > platform["import_mib"], results["extra_data"]["memory"]  # the training rank, not the import
     assert not results["extra_data"]["not_graded"] and not outcome.leftovers
     assert not results["extra_data"]["memory_kills"] or outcome.oom_kills, results["extra_data"]  # a kill it names, the kernel counted
 
