@@ -88,7 +88,9 @@ class LiveRanks:
         if self.memory is None:
             return
         rose = self.memory.observe(growths, where)
-        if self.memory.cgroup is not None:  # the base beside the ranks: what the container holds, less theirs
+        # the base beside the ranks (what the container holds, less theirs): read only where a limit makes
+        # it matter, since it costs a memory.stat and every live rank's /proc status after each task
+        if self.memory.cgroup is not None and self.memory.limit_bytes is not None:
             private = sum(other_pool.current_private(other) for other_pool, other in self._order)
             rose = self.memory.observe_base(self.memory.cgroup.held(), private) or rose
         if rose:
