@@ -285,6 +285,9 @@ CAPABILITIES: tuple[Capability, ...] = (
                contract="Data, tensor and pipeline parallelism on one mesh",
                files=_files(("mesh", "topology", "pipeline_parallel", "tensor_parallel"), None, "pipeline_parallel",
                             "mesh_composition", "torch_native", "mesh_composition")),
+    # a team's own function over a named DeviceMesh (--parallelize): it provides no contract names
+    Capability("parallelize", (), "conformance/test_parallelize.py", None, contract="A parallelize function",
+               files=(*_files(("parallelize",), None, "parallelize"), "harness/rank/decoder_lm.py", "parallelize_examples")),
     # the audit's rules are stated in each strategy's section of CONTRACT.md ("Communication")
     Capability("audit", COLLECTIVES, "conformance/audit", "audit",
                files=("reference/cost_model.py", "harness/rank/recording.py", "harness/driver/audit.py",

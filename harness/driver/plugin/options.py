@@ -79,6 +79,13 @@ def pytest_addoption(parser):
         help="with --attach: the address attached ranks dial (the driver listens on PORT on every interface and serves its store on PORT+1)",
     )
     group.addoption("--attach-timeout", type=float, default=300.0, help="with --attach: seconds to wait for the attached ranks to connect")
+    group.addoption(
+        "--parallelize",
+        default=None,
+        metavar="MODULE:FUNCTION",
+        help="grade a function parallelize(model, mesh) -> model (or PATH.py:FUNCTION) on the suite's decoder LM, step by step "
+        "against one process (capability parallelize; CONTRACT.md, 'A parallelize function'); without it that test is skipped",
+    )
     group.addoption("--report-dir", default=None, help="write grading files here: Gradescope results.json, junit.xml, summary.txt")
     group.addoption("--rubric", default=str(DEFAULT_RUBRIC), help="TOML file of points per capability (default: grading/rubric.toml)")
     group.addoption(

@@ -1,0 +1,289 @@
+"""Conformance of a team's parallelize function (capability ``parallelize``, ``--parallelize
+MODULE:FUNCTION``; CONTRACT.md, "A parallelize function"): ``function(model, mesh) -> model`` applied
+to the suite's decoder LM (harness/rank/decoder_lm.py, torchtitan's Llama module paths) on a named
+DeviceMesh, trained K steps on the ranks (harness/rank/programs/parallelize.py), judged step by step
+in the driver against the dense twin built from the same seed on the global batch
+(reference/parallelize.py: why each step is judged from the state the ranks reached, and the bound).
+
+The function declares the mesh dimensions it handles (``function.mesh_dims``, among dp_replicate,
+dp_shard, tp); the suite draws only meshes over those (every factorisation of worlds 1 to
+--max-world-size, a declared dimension of size 1 too) and says which it did not draw. Each example
+draws the mesh, the model (heads and key/value heads multiples of tp, ffn a multiple of tp, dim,
+vocabulary, 1-2 layers; a row-parallel layer's input at least 2 wide, see ``examples``), rows per replica, sequence length, 1-3 steps, SGD (momentum, weight decay)
+or AdamW (weight decay), and the loss normalisation: each rank's mean over its tokens (no padding),
+or the global batch's valid-token mean (about a quarter of the targets ignored: each rank's summed
+loss times dp / N). Data-parallel ranks (dp_replicate x dp_shard) take their rows of the global
+batch; tensor-parallel peers the same rows.
+
+In the driver, per step s and rank: every gradient, then the loss, against the dense model at the
+parameters rank 0 held before step s; every parameter after the step against the optimizer's step
+from the rank's own parameters and gradient, and against rank 0's. A failure names the step, the
+rank, the parameter's module path and the mesh dimensions it is sharded on (its placements), and
+the first module whose forward output at step 1 already differs from the dense model's rows of that
+rank (modules whose output is a shard of another shape are passed over). Before the first step
+every rank's gathered parameters must be the dense model's, exactly: a plan moves data, it does not
+change it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import parallelism_conformance.reference.parallelize as ref
+from parallelism_conformance.conformance.examples import Layout
+from parallelism_conformance.conformance.verdict import Judge, check_names, mismatch
+from parallelism_conformance.harness.rank import decoder_lm
+from parallelism_conformance.harness.rank.programs.parallelize import load_function
+
+PROGRAM = "parallelize:parallelize_steps"
+DIMS = ("dp_replicate", "dp_shard", "tp")  # the mesh's order, outermost first (torchtitan's)
+DATA_DIMS = ("dp_replicate", "dp_shard")
+
+pytestmark = pytest.mark.capability("parallelize")
+
+
+def declared(config) -> tuple[str, object, tuple[str, ...]]:
+    """(the --parallelize spec, the function, its declared mesh dims, in DIMS order); skips when no
+    function was given, fails naming the cause when it cannot be loaded or declares none."""
+    spec = config.getoption("--parallelize")
+    if spec is None:
+        pytest.skip("no --parallelize MODULE:FUNCTION given: there is no parallelize function to grade")
+    try:
+        function = load_function(spec, os.getcwd())
+    except Exception as error:  # noqa: BLE001 - whatever the module raises is the reason it failed
+        pytest.fail(f"--parallelize {spec}: could not load the function: {error!r}", pytrace=False)
+    dims = getattr(function, "mesh_dims", None)
+    if dims is None:
+        pytest.fail(
+            f"--parallelize {spec}: the function declares no mesh dimensions: set {function.__name__}.mesh_dims to those it "
+            f"handles, a tuple among {DIMS} (CONTRACT.md, 'A parallelize function')",
+            pytrace=False,
+        )
+    unknown = [d for d in ([dims] if isinstance(dims, str) else dims) if d not in DIMS]
+    if isinstance(dims, str) or unknown or not dims:
+        pytest.fail(f"--parallelize {spec}: mesh_dims must be a non-empty tuple among {DIMS}, got {dims!r}", pytrace=False)
+    return spec, function, tuple(d for d in DIMS if d in dims)
+
+
+def mesh_choices(dims: tuple[str, ...], max_world_size: int) -> tuple[list[tuple], list[tuple]]:
+    """(the meshes drawn, the meshes not drawn): every factorisation of worlds 1..max_world_size over
+    DIMS, as ((name, size), ...) over ``dims``; not drawn, those with a dimension not in ``dims`` above 1."""
+    drawn, skipped = [], []
+    for sizes in itertools.product(range(1, max_world_size + 1), repeat=len(DIMS)):
+        if torch.tensor(sizes).prod() > max_world_size:
+            continue
+        mesh = tuple(zip(DIMS, sizes))
+        if all(size == 1 or name in dims for name, size in mesh):
+            drawn.append(tuple((name, size) for name, size in mesh if name in dims))
+        else:
+            skipped.append(mesh)
+    return drawn, skipped
+
+
+def describe_mesh(mesh) -> str:
+    return " x ".join(f"{name}={size}" for name, size in mesh)
+
+
+@dataclass(frozen=True)
+class Example:
+    mesh: tuple  # ((name, size), ...)
+    model: dict
+    per_replica: int
+    seq: int
+    steps: int
+    optimizer: dict
+    normalisation: str  # "mean" (each rank's mean, no padding) or "global_tokens"
+    seed: int
+    data_seed: int
+
+    @property
+    def sizes(self) -> dict:
+        return {name: dict(self.mesh).get(name, 1) for name in DIMS}
+
+    @property
+    def world_size(self) -> int:
+        return int(torch.tensor(list(self.sizes.values())).prod())
+
+    @property
+    def dp(self) -> int:
+        return self.sizes["dp_replicate"] * self.sizes["dp_shard"]
+
+    def data_index(self, rank: int) -> int:
+        """The rank's data-parallel index: init_device_mesh lays ranks out row-major over DIMS."""
+        return rank // self.sizes["tp"]
+
+    def __str__(self) -> str:
+        return (
+            f"mesh {describe_mesh(self.mesh)}, model={self.model}, {self.per_replica} rows per replica of {self.seq} tokens, "
+            f"{self.steps} steps of {self.optimizer}, loss: {self.normalisation}, seed={self.seed}, data_seed={self.data_seed}"
+        )
+
+
+@st.composite
+def examples(draw, meshes: list) -> Example:
+    mesh = draw(st.sampled_from(meshes), label="mesh")
+    tp = dict(mesh).get("tp", 1)
+    kv_heads = tp * draw(st.integers(1, 2), label="key/value heads per tp rank")
+    heads = kv_heads * draw(st.integers(1, 2), label="query heads per key/value head")
+    # a row-parallel layer's input is at least 2 wide: torch 2.13's DTensor cannot flatten [b, 1, 1]
+    # sharded on its last dimension ("would remove or reshape sharded dimension 2"), a limit of torch's
+    # own plans on a mesh of tp = 1 with seq 1, not of the plan under test
+    model = {
+        "vocab": draw(st.integers(2, 12), label="vocab"),
+        "dim": draw(st.integers(2, 8), label="dim"),
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "head_dim": draw(st.integers(1 if heads > 1 else 2, 2), label="head_dim"),
+        "ffn": tp * draw(st.integers(1 if tp > 1 else 2, 3), label="ffn per tp rank"),
+        "layers": draw(st.integers(1, 2), label="layers"),
+        "dtype": "float64",
+    }
+    if draw(st.sampled_from(["sgd", "adamw"]), label="optimizer") == "sgd":
+        momentum, decay = draw(st.sampled_from([0.0, 0.9]), label="momentum"), draw(st.sampled_from([0.0, 0.01]), label="weight decay")
+        optimizer = {"name": "sgd", "lr": 0.1, "momentum": momentum, "weight_decay": decay}
+    else:
+        decay = draw(st.sampled_from([0.0, 0.1]), label="weight decay")
+        optimizer = {"name": "adamw", "lr": 0.01, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": decay}
+    return Example(
+        mesh,
+        model,
+        draw(st.integers(1, 2), label="rows per replica"),
+        draw(st.integers(1, 4), label="seq"),
+        draw(st.integers(1, 3), label="steps"),
+        optimizer,
+        draw(st.sampled_from(["mean", "global_tokens"]), label="loss normalisation"),
+        draw(st.integers(0, 2**16), label="seed"),
+        draw(st.integers(0, 2**16), label="data_seed"),
+    )
+
+
+def test_the_function_declares_the_meshes_it_takes(pytestconfig, target, capsys):
+    spec, _, dims = declared(pytestconfig)
+    drawn, skipped = mesh_choices(dims, target.max_world_size)
+    line = f"--parallelize {spec}: mesh_dims {dims}; draws {len(drawn)} meshes of worlds 1-{target.max_world_size}"
+    if skipped:
+        missing = sorted({name for mesh in skipped for name, size in mesh if size > 1 and name not in dims})
+        line += f"; not drawn: {len(skipped)} meshes that need {', '.join(missing)} (not declared): " + ", ".join(map(describe_mesh, skipped))
+    with capsys.disabled():
+        print(f"\n[parallelize] {line}")
+
+
+@given(data=st.data())
+def test_the_plan_trains_step_by_step_as_one_process(data, pytestconfig, ranks, target, reproduce):
+    spec, _, dims = declared(pytestconfig)
+    example = data.draw(examples(mesh_choices(dims, target.max_world_size)[0]), label="example")
+    padding = 0.25 if example.normalisation == "global_tokens" else 0.0
+    batch = decoder_lm.make_tokens(example.model, example.dp * example.per_replica, example.seq, example.data_seed, padding)
+    inputs, targets = torch.tensor_split(batch["inputs"], example.dp), torch.tensor_split(batch["targets"], example.dp)
+    scale = None if padding == 0 else example.dp / int((batch["targets"] != -100).sum())
+    common = {
+        "function": spec,
+        "base": os.getcwd(),
+        "mesh": [[name, size] for name, size in example.mesh],
+        "model": example.model,
+        "seed": example.seed,
+        "optimizer": example.optimizer,
+        "steps": example.steps,
+        "scale": scale,
+    }
+    per_rank = [
+        {**common, "inputs": inputs[example.data_index(r)], "targets": targets[example.data_index(r)]} for r in range(example.world_size)
+    ]
+    judge = Judge(str(example), f"{reproduce} --parallelize {spec}")
+    outputs = judge.run(ranks, Layout(example.world_size), PROGRAM, per_rank)
+    StepJudge(judge, example, outputs, batch, scale).verdict()
+
+
+class StepJudge:
+    """The verdict on one example, from what the ranks returned (see the module docstring)."""
+
+    def __init__(self, judge: Judge, example: Example, outputs: dict, batch: dict, scale: float | None):
+        self.judge, self.example, self.outputs, self.batch, self.scale = judge, example, outputs, batch, scale
+        self.dense = decoder_lm.build(example.model, example.seed)
+        self.initial = {name: p.detach().clone() for name, p in self.dense.named_parameters()}
+        self.truth_forward = ref.forward(self.dense, batch["inputs"])
+        self.rows = [torch.tensor_split(batch[key], example.dp) for key in ("inputs", "targets")]
+
+    def verdict(self) -> None:
+        example, outputs = self.example, self.outputs
+        for rank in range(example.world_size):
+            got = outputs[rank]
+            check_names(self.judge, got["initial"], self.initial, f"rank {rank}: the parameters of the model the plan returned")
+            for name, want in self.initial.items():
+                self.judge.tensor(
+                    got["initial"][name], want, what=f"rank {rank} parameter '{name}' before the first step ({self.where(rank, name)})"
+                )
+        replays = {rank: ref.Replay(example.optimizer, outputs[rank]["initial"]) for rank in range(example.world_size)}
+        for s in range(example.steps):
+            before = {rank: outputs[rank]["initial"] if s == 0 else outputs[rank]["params"][s - 1] for rank in range(example.world_size)}
+            ref.load(self.dense, before[0])
+            _, grads = ref.loss_and_grads(self.dense, self.batch["inputs"], self.batch["targets"])
+            for name in self.initial:
+                for rank in range(example.world_size):
+                    self.check(rank, s, name, outputs[rank]["grads"][s].get(name), grads[name], "gradient", grads, "grads")
+            for rank in range(example.world_size):
+                want = self.slice_loss(example.data_index(rank))
+                self.check(rank, s, None, outputs[rank]["losses"][s], want, "loss", None, None)
+            for rank in range(example.world_size):
+                after = replays[rank].step(before[rank], outputs[rank]["grads"][s])
+                for name in self.initial:
+                    what = "parameter after the optimizer's step from its own parameters and gradient"
+                    self.check(rank, s, name, outputs[rank]["params"][s][name], after[name], what, None, None)
+                    what = "parameter after the step, against rank 0's"
+                    self.check(rank, s, name, outputs[rank]["params"][s][name], outputs[0]["params"][s][name], what, None, None)
+
+    def slice_loss(self, d: int) -> torch.Tensor:
+        """Data index ``d``'s loss at the dense model's current state, as the rank computes it."""
+        logits = self.dense(self.rows[0][d]).detach()
+        if self.scale is None:
+            return ref.mean_token_loss(logits, self.rows[1][d])
+        flat, labels = logits.reshape(-1, logits.shape[-1]), self.rows[1][d].reshape(-1)
+        return torch.nn.functional.cross_entropy(flat, labels, ignore_index=-100, reduction="sum") * self.scale
+
+    def check(self, rank: int, s: int, name, actual, expected, kind: str, every: dict | None, key: str | None) -> None:
+        if actual is not None and not mismatch(actual, expected, ref.atol(expected)):
+            return
+        subject = f"'{name}' ({self.where(rank, name)})" if name else "the loss"
+        what = f"step {s + 1}, rank {rank}: {kind} of {subject}"
+        if every is not None:
+            wrong = [n for n in every if any(mismatch(self.outputs[r][key][s].get(n), every[n], ref.atol(every[n])) for r in self.outputs)]
+            what += f"; {len(wrong)} of {len(every)} parameters' {kind}s differ at this step ({', '.join(wrong[:6])}{', ...' if len(wrong) > 6 else ''})"
+        what += self.first_divergence(rank)
+        if actual is None:
+            self.judge.fail(f"{what}: none (the parameter got no gradient)")
+        self.judge.tensor(actual, expected, atol=ref.atol(expected), what=what)
+
+    def where(self, rank: int, name: str) -> str:
+        """The mesh dims the parameter is sharded on, from its placements on this rank."""
+        placements = self.outputs[rank]["placements"].get(name)
+        if not placements:
+            return "a plain tensor: a whole copy on this rank"
+        sharded = [f"{dim} as {p}" for dim, p in placements.items() if not p.startswith("Replicate")]
+        replicated = [dim for dim, p in placements.items() if p.startswith("Replicate")]
+        return ("sharded on " + ", ".join(sharded) if sharded else "not sharded") + (
+            f"; replicated on {', '.join(replicated)}" if replicated else ""
+        )
+
+    def first_divergence(self, rank: int) -> str:
+        """'; the first module whose forward output differs at step 1: ...' from the rank's forward hooks."""
+        d = self.example.data_index(rank)
+        passed_over = 0
+        for path, got in self.outputs[rank]["forward"]:
+            truth = self.truth_forward.get(path)
+            if truth is None:
+                continue
+            want = torch.tensor_split(truth, self.example.dp)[d] if truth.dim() else truth
+            if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype:
+                passed_over += 1
+                continue
+            if mismatch(got, want, ref.atol(want)):
+                error = float((got - want).abs().max())
+                return f"; the first module whose forward output differs at step 1 on rank {rank}: '{path}' (max error {error:.3g})"
+        return f"; every module's forward output at step 1 on rank {rank} matches ({passed_over} shards of another shape passed over)"

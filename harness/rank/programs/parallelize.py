@@ -1,0 +1,132 @@
+"""Rank program for ``--parallelize`` (capability ``parallelize``): a team's function
+``parallelize(model, mesh) -> model`` applied to the suite's small decoder LM
+(harness/rank/decoder_lm.py) on a named DeviceMesh, then K optimizer steps. Programs never judge:
+this one returns plain CPU tensors and strings, and the driver (conformance/test_parallelize.py)
+compares them with one process training the dense twin.
+
+Per rank: the mesh ``init_device_mesh(device type, sizes, mesh_dim_names=names)`` over the whole
+world (every declared dimension, of size 1 too, so ``mesh["tp"]`` always exists); the model built
+from the spec and seed, bitwise what the driver builds; ``function(model, mesh)``, whose return
+value is the model trained (an nn.Module, else a TypeError naming what came back); the optimizer
+over its parameters (DTensors where the plan made them so). Each step: zero_grad(set_to_none=True),
+logits of this rank's rows (the driver gave it its data-parallel share; tensor-parallel peers get
+the same rows), cross entropy, ``loss * scale`` backward, then every gradient and, after
+``optimizer.step()``, every parameter gathered whole (``DTensor.full_tensor()``, a collective every
+rank joins; a plain tensor is this rank's own copy). ``scale`` is 1 for the mean over the rank's
+tokens, or dp / N with N the global batch's valid tokens and the cross entropy summed (the
+gradient the plan averages over dp is then the global token mean's).
+
+Returns {"losses": [the rank's unscaled-by-dp loss per step], "grads": [{name: tensor | None}],
+"params": [{name: tensor}] (after each step), "initial": {name: tensor} (after the plan, before
+the first step), "placements": {name: {mesh dim: placement}} ({} for a plain tensor),
+"forward": [[module path, output]] in the order the first step's forward ran them (DTensor outputs
+gathered, a tuple's first tensor, anything else skipped)}."""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from parallelism_conformance.harness.rank import decoder_lm, models
+from parallelism_conformance.harness.rank.context import RankContext
+from parallelism_conformance.harness.rank.loader import load_implementation
+
+
+def load_function(spec: str, base: str | None = None):
+    """``module:function`` or ``path/to/file.py:function`` (relative to ``base``): the function, or
+    an ImportError / AttributeError that names the spec."""
+    where, _, name = spec.rpartition(":")
+    if not where or not name:
+        raise ValueError(f"--parallelize {spec!r}: expected MODULE:FUNCTION or PATH.py:FUNCTION")
+    module = load_implementation(where, base) if where.endswith(".py") else importlib.import_module(where)
+    try:
+        return getattr(module, name)
+    except AttributeError:
+        raise AttributeError(f"--parallelize {spec!r}: {where} has no {name!r}") from None
+
+
+def whole(tensor):
+    """A DTensor gathered whole (a collective), anything else as it is; detached."""
+    if tensor is None:
+        return None
+    if hasattr(tensor, "full_tensor"):
+        tensor = tensor.full_tensor()
+    return tensor.detach().clone()
+
+
+def placements(parameter) -> dict:
+    """{mesh dim name: repr(placement), "Shard(dim=0)"} of a DTensor parameter; {} for a plain tensor."""
+    if not hasattr(parameter, "placements"):
+        return {}
+    names = parameter.device_mesh.mesh_dim_names or tuple(str(i) for i in range(parameter.device_mesh.ndim))
+    return {name: repr(p) for name, p in zip(names, parameter.placements)}
+
+
+def _record_forward(model: nn.Module, record: list) -> list:
+    def hook(path):
+        def run(module, args, output):
+            first = output[0] if isinstance(output, (tuple, list)) and output else output
+            if isinstance(first, torch.Tensor):
+                record.append([path or "(root)", whole(first)])
+
+        return run
+
+    return [module.register_forward_hook(hook(path)) for path, module in model.named_modules()]
+
+
+def parallelize_steps(
+    ctx: RankContext,
+    impl,
+    function: str,
+    mesh: list,
+    model: dict,
+    seed: int,
+    optimizer: dict,
+    steps: int,
+    inputs,
+    targets,
+    scale: float | None = None,
+    base: str | None = None,
+    group=None,
+) -> dict:
+    """See the module docstring. ``mesh``: [[dim name, size], ...] in order, sizes multiplying to
+    the world size; ``scale``: None for each rank's mean loss, else the factor of its summed loss."""
+    if group is not None:
+        raise ValueError("a mesh spans the whole world")
+    from torch.distributed.device_mesh import init_device_mesh
+
+    parallelize = load_function(function, base)
+    device_mesh = init_device_mesh(ctx.device.type, tuple(size for _, size in mesh), mesh_dim_names=tuple(name for name, _ in mesh))
+    dense = decoder_lm.build(model, seed).to(ctx.device)
+    trained = parallelize(dense, device_mesh)
+    if not isinstance(trained, nn.Module):
+        raise TypeError(f"{function} returned {type(trained).__name__}, not the model (an nn.Module)")
+    named = dict(trained.named_parameters())
+    out = {
+        "initial": {name: whole(p) for name, p in named.items()},
+        "placements": {name: placements(p) for name, p in named.items()},
+        "losses": [],
+        "grads": [],
+        "params": [],
+        "forward": [],
+    }
+    opt = models.build_optimizer(optimizer, trained.parameters())
+    x, y = ctx.to_device(inputs), ctx.to_device(targets)
+    for step in range(steps):
+        hooks = _record_forward(trained, out["forward"]) if step == 0 else []
+        opt.zero_grad(set_to_none=True)
+        logits = trained(x)
+        for handle in hooks:
+            handle.remove()
+        logits = logits.full_tensor() if hasattr(logits, "full_tensor") else logits
+        flat, labels = logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
+        loss = F.cross_entropy(flat, labels) if scale is None else F.cross_entropy(flat, labels, reduction="sum") * scale
+        loss.backward()
+        out["losses"].append(whole(loss))
+        out["grads"].append({name: whole(p.grad) for name, p in named.items()})
+        opt.step()
+        out["params"].append({name: whole(p) for name, p in named.items()})
+    return ctx.to_cpu(out)

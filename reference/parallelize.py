@@ -1,0 +1,107 @@
+"""Single-process truth for ``--parallelize``: the dense twin (harness/rank/decoder_lm.py, built
+from the same spec and seed) at a given state, on the global batch. Never imports torch.distributed.
+
+Why step by step from the state the ranks reached, not one independent dense trajectory: AdamW's
+update m / (sqrt(v) + eps) divides by the gradient's own magnitude, so a rounding difference delta in
+a gradient element near zero moves the parameter by up to lr delta / eps, and the next step starts
+from that state (torchtitan PR 1341 found AdamW "not identical" and Adam "exactly the same" between
+layouts; llm-foundry PR 1521 chased the same). No bound from the reduction order survives that
+amplification over several steps. Each step is therefore judged one step of rounding deep:
+
+* the loss and every gradient of step s against the dense model's at the parameters the ranks held
+  before step s (``loss_and_grads``), the mean over the global batch's valid tokens;
+* every parameter after step s against the optimizer's step (``replay``) from the rank's own
+  parameters with the rank's own gradient (the gradient itself judged just before): an optimizer
+  is elementwise, so only the plan's handling of the update (a shard stepped twice, a weight decay
+  applied on a copy) can move it;
+* at the first step only, each module's forward output against the dense model's (``forward``),
+  to name where a wrong value first appears.
+
+Tolerance: ``atol`` = RELATIVE (1 + |expected|) elementwise, in float64 (u = 2^-53). A plan sums
+the same terms as the dense model in another order (FSDP's reduce-scatter, a row-parallel layer's
+all-reduce of partial products, the data-parallel average), each sum of K terms erring by K u sum
+|terms| (Higham, 2nd ed., sec. 3.1). Here K <= 128 (dim <= 8, heads x head_dim <= 8 tp <= 64,
+ffn <= 3 tp <= 24, the rows x seq <= 2 dp x 4 <= 64 summed into a weight gradient at worlds up to
+8), at most ~12 nested sums deep
+(two blocks of attention and SwiGLU, the norms, the head, their backward), with terms below 10^2 in
+magnitude (unit-scale weights, the residual projections scaled by 1 / (2 L), RMSNorm), so an error
+stays below 12 x 128 x 1.1e-16 x 10^2 ~ 1.7e-11, under RELATIVE by a factor of ~600. The replayed
+optimizer's step differs from the rank's by at most a few u |p| (the same elementwise formula,
+perhaps foreach against single-tensor). The bugs judged (a gradient not averaged over a replica
+group, a partial sum left unreduced, a divide factor applied twice) move values by O(0.01) or more.
+Measured (good.py's fsdp_tp, 25 examples at worlds 1-4, 7578 checks): the largest difference of
+any check was 1e-7 of its bound, i.e. about 1e-15.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from parallelism_conformance.reference.data_parallel import IGNORE, optimizer
+
+RELATIVE = 1e-8
+
+
+def atol(expected: Tensor) -> Tensor:
+    """RELATIVE (1 + |expected|), elementwise (the derivation is in the module docstring)."""
+    return RELATIVE * (1 + expected.detach().to(torch.float64).abs())
+
+
+def load(model: nn.Module, params: dict[str, Tensor]) -> nn.Module:
+    """``model`` with every parameter set to ``params[name]`` (in place)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(params[name])
+    return model
+
+
+def mean_token_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    """The mean cross entropy over the valid targets (IGNORE marks padding)."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
+
+
+def loss_and_grads(model: nn.Module, inputs: Tensor, targets: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    """(the mean loss over the global batch's valid tokens, {name: its gradient}) at ``model``'s
+    current parameters."""
+    model.zero_grad(set_to_none=True)
+    loss = mean_token_loss(model(inputs), targets)
+    loss.backward()
+    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return loss.detach(), grads
+
+
+def forward(model: nn.Module, inputs: Tensor) -> dict[str, Tensor]:
+    """{module path: its output} of one forward on ``inputs`` ("(root)" for the model's logits)."""
+    outputs: dict[str, Tensor] = {}
+
+    def hook(path):
+        return lambda module, args, output: outputs.setdefault(path or "(root)", output.detach().clone())
+
+    handles = [module.register_forward_hook(hook(path)) for path, module in model.named_modules()]
+    with torch.no_grad():
+        model(inputs)
+    for handle in handles:
+        handle.remove()
+    return outputs
+
+
+class Replay:
+    """The optimizer of ``spec`` stepping copies of one rank's parameters with that rank's gradients:
+    what its parameters must be after each step (see the module docstring)."""
+
+    def __init__(self, spec: dict, initial: dict[str, Tensor]):
+        self.params = {name: nn.Parameter(t.detach().clone()) for name, t in initial.items()}
+        self.optimizer = optimizer(spec, list(self.params.values()))
+
+    def step(self, before: dict[str, Tensor], grads: dict[str, Tensor | None]) -> dict[str, Tensor]:
+        """From the rank's parameters ``before`` the step and its ``grads`` (None: no gradient, the
+        parameter skipped): the parameters after ``optimizer.step()``."""
+        with torch.no_grad():
+            for name, p in self.params.items():
+                p.copy_(before[name])
+                p.grad = None if grads.get(name) is None else grads[name].detach().clone()
+        self.optimizer.step()
+        return {name: p.detach().clone() for name, p in self.params.items()}
