@@ -54,3 +54,17 @@ def gradient_divided_twice(model, mesh):
 
 
 gradient_divided_twice.mesh_dims = ("dp_shard",)
+
+
+def down_projection_left_replicated(model, mesh):
+    """The SwiGLU's up projections ``w1`` and ``w3`` column-parallel, its down projection ``w2`` left
+    out of the plan (a whole, replicated nn.Linear). Not wrong values but a crash at tp >= 2: w2 gets
+    each rank's ffn / tp columns and expects ffn ("mat1 and mat2 shapes cannot be multiplied"); the
+    rank's traceback is the failure, the example names the mesh."""
+    plan = {name: style for name, style in good.TP_PLAN.items() if name != "feed_forward.w2"}
+    for block in model.layers:
+        parallelize_module(block, mesh["tp"], plan)
+    return model
+
+
+down_projection_left_replicated.mesh_dims = ("tp",)

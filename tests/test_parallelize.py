@@ -64,6 +64,14 @@ def test_a_known_bad_plan_fails_naming_the_step_and_the_parameter(suite_runner, 
         assert text in result.stdout, (text, result.stdout[-4000:])
 
 
+def test_a_plan_that_crashes_the_ranks_fails_its_test_with_their_traceback(suite_runner):
+    """The down projection left out of the tensor-parallel plan: a shape error on every tp rank at
+    tp = 2, one failed test naming the mesh, never a crashed run."""
+    result = run_plan(suite_runner, "bad.py:down_projection_left_replicated", "brief")
+    assert result.returncode == 1 and "1 failed" in result.stdout, result.stdout[-4000:]
+    assert "mat1 and mat2 shapes cannot be multiplied" in result.stdout and "example: mesh tp=2" in result.stdout, result.stdout[-4000:]
+
+
 class Config:
     def __init__(self, spec):
         self.spec = spec
