@@ -12,11 +12,11 @@ over its parameters (DTensors where the plan made them so). Each step: zero_grad
 logits of this rank's rows (the driver gave it its data-parallel share; tensor-parallel peers get
 the same rows), cross entropy, ``loss * scale`` backward, then every gradient and, after
 ``optimizer.step()``, every parameter gathered whole (``DTensor.full_tensor()``, a collective every
-rank joins; a plain tensor is this rank's own copy). ``scale`` is 1 for the mean over the rank's
-tokens, or dp / N with N the global batch's valid tokens and the cross entropy summed (the
-gradient the plan averages over dp is then the global token mean's).
+rank joins; a plain tensor is this rank's own copy). ``scale`` None: the loss is the mean over
+the rank's tokens; else the cross entropy summed times ``scale`` = dp / N, N the global batch's
+valid tokens (the gradient the plan averages over dp is then the global token mean's).
 
-Returns {"losses": [the rank's unscaled-by-dp loss per step], "grads": [{name: tensor | None}],
+Returns {"losses": [the loss this rank backpropagated, per step], "grads": [{name: tensor | None}],
 "params": [{name: tensor}] (after each step), "initial": {name: tensor} (after the plan, before
 the first step), "placements": {name: {mesh dim: placement}} ({} for a plain tensor),
 "forward": [[module path, output]] in the order the first step's forward ran them (DTensor outputs
