@@ -20,13 +20,17 @@ object", names the hooks the rank programs call for that).
   (ZeRO-1 and ZeRO-3) and adapters/deepspeed_zero2_offload.py.
 
 The configuration keeps what the contract's loop does, nothing more: ``gradient_clipping`` 0
-(DeepSpeed 0.19 clips at 1.0 by default; the loop does not clip), one micro-batch per engine step
-(``gradient_accumulation_steps`` 1: the loop's several backwards per step are the contract's
-accumulation, and DeepSpeed scales a loss by 1 / that count), ``zero_allow_untested_optimizer``
+(DeepSpeed 0.19 clips at 1.0 by default; the loop does not clip), ``gradient_accumulation_steps``
+the loop's micro-batches a step (the ``accumulate`` hook: DeepSpeed's own counter, ``engine.step()``
+after every micro-batch, as its users accumulate; with 1 and several backwards a step, ZeRO-2 keeps
+only the last micro-batch's gradient, allenai/open-instruct#1498; DeepSpeed divides each loss by the
+count, and the driver's reference does the same for it: the table's ``averages_micro_batches``),
+``zero_allow_untested_optimizer``
 (the contract's optimizers are torch's SGD and AdamW), ZeRO-3's ``stage3_param_persistence_threshold``
 0 (by default ZeRO-3 keeps every parameter under 100,000 elements whole on every rank, which is
 every parameter of the suite's models: the contract asks for them sharded) and, with offload, ``zero_force_ds_cpu_optimizer``
 off (DeepSpeed otherwise insists on its own CPU Adam, which is not the optimizer the loop asked for).
+Over those, the keys its users set, drawn by the driver from the table entry (``configure``).
 
 What it cannot run (NotImplementedError on every rank, before anything is built):
 * float64 models: DeepSpeed reduces float32, float16 and bfloat16 gradients only (ZeRO stage 0:
@@ -53,14 +57,42 @@ REFUSED_DTYPE = (
 )
 
 
+# The keys the driver drew for this task (``configure``; {} = DeepSpeed's defaults): what a user
+# writes into the config beside the keys the contract's loop fixes. Module state because the rank
+# loop configures the adapter before a task builds anything (harness/rank/library_loop.py).
+_drawn: dict = {}
+
+
+def configure(configuration: dict) -> None:
+    """The contract's hook for a library's configuration ({dotted key: value}, from the library's
+    table entry, harness/driver/libraries/table.py): merged into every config built from here on.
+    A key this DeepSpeed does not know is refused by name (DeepSpeed itself ignores an unknown
+    top-level key and rejects an unknown ``zero_optimization`` one at initialize)."""
+    import deepspeed
+    from deepspeed.runtime import constants
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    known_zero = {f.alias or name for name, f in DeepSpeedZeroConfig.model_fields.items()} | set(DeepSpeedZeroConfig.model_fields)
+    known_top = {v for k, v in vars(constants).items() if k.isupper() and isinstance(v, str)}
+    for key in configuration:
+        section, _, name = key.rpartition(".")
+        if (section == "zero_optimization" and name not in known_zero) or (not section and key not in known_top):
+            raise NotImplementedError(
+                f"DeepSpeed {deepspeed.__version__} cannot take the configuration key {key!r}: this version has no such key"
+            )
+    _drawn.clear()
+    _drawn.update(configuration)
+
+
 def config(stage: int, offload: bool) -> dict:
-    """The DeepSpeed configuration of one contract call (the module docstring says why each key)."""
+    """The DeepSpeed configuration of one contract call (the module docstring says why each key),
+    with the drawn keys (``configure``) over it."""
     zero = {"stage": stage}
     if stage == 3:
         zero["stage3_param_persistence_threshold"] = 0  # shard every parameter, small ones too (below)
     if offload:
         zero["offload_optimizer"] = {"device": "cpu"}
-    return {
+    built = {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": 0.0,
@@ -70,6 +102,22 @@ def config(stage: int, offload: bool) -> dict:
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
     }
+    for key, value in _drawn.items():
+        section, _, name = key.rpartition(".")
+        (built[section] if section else built)[name] = value
+    return built
+
+
+def _backward(engine, loss) -> None:
+    """One micro-batch as DeepSpeed's users run it: ``engine.backward(loss)`` (which divides the loss
+    by gradient_accumulation_steps), then, before the boundary, ``engine.step()``, which only counts
+    the micro-batch (the loop's own step is the boundary's). With ``managed_gradient_accumulation``
+    false the caller owns the boundary: backwards only accumulate, and the loop's step reduces."""
+    managed = engine.managed_gradient_accumulation() if hasattr(engine, "managed_gradient_accumulation") else True
+    boundary = engine.is_gradient_accumulation_boundary()
+    engine.backward(loss)
+    if managed and not boundary:
+        engine.step()
 
 
 def _refuse_dtypes(parameters) -> None:
@@ -95,7 +143,16 @@ def _initialize(model: nn.Module, optimizer, cfg: dict):
     # assertion's words: "please ensure LOCAL_RANK is set prior to initializing deepspeed"). The
     # suite's CPU ranks share one host, so the local rank is the rank.
     os.environ.setdefault("LOCAL_RANK", str(dist.get_rank()))
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=cfg)
+    try:
+        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=cfg)
+    except Exception as error:
+        # its config's validation, and the sanity checks initialize asserts on key combinations
+        if type(error).__name__ not in ("ValidationError", "DeepSpeedConfigError", "AssertionError") or not _drawn:
+            raise
+        # a configuration DeepSpeed rejects is a refusal with its message, not a failure (issue 56)
+        raise NotImplementedError(
+            f"DeepSpeed {deepspeed.__version__} cannot run the configuration {_drawn}, which it rejects: {error}"
+        ) from error
     return engine
 
 
@@ -163,8 +220,15 @@ class _EngineModule(nn.Module):
             raise RuntimeError("DeepSpeed's engine is built by take_optimizer(optimizer), before the first forward")
         return self.engine(*args, **kwargs)
 
+    def accumulate(self, micro_batches: int) -> None:
+        """The contract's hook (harness/rank/library_loop.py): k backwards a step are DeepSpeed's
+        gradient_accumulation_steps k, its own counter, as its users accumulate."""
+        if self.engine is not None:
+            raise RuntimeError("accumulate(k) comes before take_optimizer: DeepSpeed fixes its count at initialize")
+        self.config["gradient_accumulation_steps"] = micro_batches
+
     def backward(self, loss) -> None:
-        self.engine.backward(loss)
+        _backward(self.engine, loss)
 
     def finish_gradient_synchronization(self) -> None:
         """Nothing to do: ``engine.backward`` has all-reduced every gradient (ZeRO stage 0)."""
@@ -208,7 +272,7 @@ class _ShardedOptimizer:
         return self._stepper.optim
 
     def backward(self, loss) -> None:
-        self._engine.backward(loss)
+        _backward(self._engine, loss)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._engine is not None:

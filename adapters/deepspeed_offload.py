@@ -2,8 +2,8 @@
 and its step on the CPU, as the contract's ShardedOptimizer and fully_shard (adapters/deepspeed.py
 says how)."""
 
-from parallelism_conformance.adapters.deepspeed import full_parameters, fully_shard_of, sharded_optimizer_of
+from parallelism_conformance.adapters.deepspeed import configure, full_parameters, fully_shard_of, sharded_optimizer_of
 
 ShardedOptimizer = sharded_optimizer_of(1, offload=True)
 fully_shard = fully_shard_of(offload=True)
-__all__ = ["ShardedOptimizer", "full_parameters", "fully_shard"]
+__all__ = ["ShardedOptimizer", "configure", "full_parameters", "fully_shard"]

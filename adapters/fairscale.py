@@ -40,6 +40,23 @@ from torch import nn
 os.environ.setdefault("ENABLE_NCCL_BASE_COLLECTIVES", "0")  # read once, when fairscale's FSDP is imported
 
 
+# The keys the driver drew for this task (``configure``; {} = fairscale's defaults), each "Class.keyword"
+# of the object the adapter builds, or "zero_grad": which object's zero_grad the loop's call reaches.
+_drawn: dict = {}
+
+
+def configure(configuration: dict) -> None:
+    """The contract's hook for a library's configuration (harness/driver/libraries/table.py's
+    fairscale settings): keywords of ShardedDataParallel and FullyShardedDataParallel, and which
+    object the loop zeroes through."""
+    _drawn.clear()
+    _drawn.update(configuration)
+
+
+def _keywords(cls: str) -> dict:
+    return {key.partition(".")[2]: value for key, value in _drawn.items() if key.startswith(f"{cls}.")}
+
+
 def _refuse_keywords(**given) -> None:
     named = [name for name, value in given.items() if value is not None]
     if named:
@@ -61,14 +78,17 @@ class _OSSWithSDP:
     def wrap_model(self, model: nn.Module) -> nn.Module:
         from fairscale.nn import ShardedDataParallel
 
-        return ShardedDataParallel(model, self._oss)
+        self._model = ShardedDataParallel(model, self._oss, **_keywords("ShardedDataParallel"))
+        return self._model
 
     @property
     def optim(self):
         return self._oss.optim
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self._oss.zero_grad(set_to_none=set_to_none)
+        # fairscale's users zero through either object (ShardedDataParallel.zero_grad exists for it)
+        owner = getattr(self, "_model", None) if _drawn.get("zero_grad") == "model" else None
+        (owner or self._oss).zero_grad(set_to_none=set_to_none)
 
     def step(self, closure=None):
         return self._oss.step(closure)
@@ -101,7 +121,7 @@ def fully_shard(
     module; any other is a unit, marked and returned as it is (the contract shards the units
     first, then the root; a model with no unit to shard is not in the suite's models)."""
     _refuse_keywords(compute_dtype=compute_dtype, gradient_divide_factor=gradient_divide_factor)
-    options = {"process_group": group, "reshard_after_forward": reshard_after_forward}
+    options = {"process_group": group, "reshard_after_forward": reshard_after_forward, **_keywords("FullyShardedDataParallel")}
     units = [
         (owner, name, child) for owner in module.modules() for name, child in owner.named_children() if "_fairscale_unit" in child.__dict__
     ]

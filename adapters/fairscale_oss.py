@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from parallelism_conformance.adapters.fairscale import _OSSWithSDP
+from parallelism_conformance.adapters.fairscale import _OSSWithSDP, configure
+
+__all__ = ["ShardedOptimizer", "configure"]
 
 
 class _OSSWithDDP(_OSSWithSDP):

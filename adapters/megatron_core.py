@@ -55,7 +55,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from parallelism_conformance.adapters import megatron_core_refusals as refusals
-from parallelism_conformance.adapters.megatron_core_ddp import DataParallel  # noqa: F401 - re-exported: the contract's names
+from parallelism_conformance.adapters.megatron_core_ddp import DataParallel, configure  # noqa: F401 - re-exported: the contract's names
 
 __all__ = [
     "ColumnParallelLinear",

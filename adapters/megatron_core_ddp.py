@@ -51,6 +51,29 @@ def _ddp_class():
     return _MegatronDataParallel
 
 
+# The keys the driver drew for this task (``configure``; {} = the adapter's own: overlap_grad_reduce on),
+# each "DistributedDataParallelConfig.<field>".
+_drawn: dict = {}
+
+
+def configure(configuration: dict) -> None:
+    """The contract's hook for a library's configuration (harness/driver/libraries/table.py's
+    megatron-core settings): fields of DistributedDataParallelConfig over the adapter's own. A field
+    this version lacks is refused by name."""
+    from dataclasses import fields
+
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    known = {f.name for f in fields(DistributedDataParallelConfig)}
+    for key in configuration:
+        if key.partition(".")[2] not in known:
+            raise NotImplementedError(
+                f"megatron-core cannot take the configuration key {key!r}: this version's DistributedDataParallelConfig has no such field"
+            )
+    _drawn.clear()
+    _drawn.update(configuration)
+
+
 def DataParallel(module, bucket_size_mb=None, gradient_divide_factor=None, compute_dtype=None):
     from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallelConfig
@@ -69,7 +92,10 @@ def DataParallel(module, bucket_size_mb=None, gradient_divide_factor=None, compu
     parameters = [p for p in module.parameters() if p.requires_grad]
     itemsize = parameters[0].element_size() if parameters else 4
     bucket = None if bucket_size_mb is None else max(1, int(bucket_size_mb * 2**20 / itemsize))
-    ddp_config = DistributedDataParallelConfig(overlap_grad_reduce=True, bucket_size=bucket)
+    drawn = {key.partition(".")[2]: value for key, value in _drawn.items()}
+    if drawn.get("average_in_collective") and torch.distributed.get_backend() == "gloo":
+        raise NotImplementedError("megatron-core cannot average in the collective on gloo: gloo has no ReduceOp.AVG (average_in_collective)")
+    ddp_config = DistributedDataParallelConfig(**{"overlap_grad_reduce": True, "bucket_size": bucket, **drawn})
     # the model's config as DDP reads it (calculate_per_token_loss and the like); the sizes are unused here
     config = TransformerConfig(
         num_layers=1,

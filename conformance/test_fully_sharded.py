@@ -44,6 +44,7 @@ from parallelism_conformance.conformance import by_design
 from parallelism_conformance.conformance.compute_dtype import compute_dtype_examples, judge_one_step, run_one_step
 from parallelism_conformance.conformance.examples import Layout, handout_fsdp_model, training_examples
 from parallelism_conformance.conformance.examples import TrainingExample as Example
+from parallelism_conformance.conformance.library_configurations import drawn
 from parallelism_conformance.conformance.verdict import Judge, check_names, run_or_skip
 from parallelism_conformance.harness.rank import models
 from parallelism_conformance.harness.rank.programs.fully_sharded import units
@@ -131,14 +132,25 @@ def check_training(data, ranks, target, request, reshard: bool) -> None:
     judge_training(example, micro_batches, ranks, target, request, reshard)
 
 
+@pytest.mark.library_configuration
+@pytest.mark.capability("fully_sharded")
+@given(data=st.data())
+def test_training_matches_one_process_in_the_configurations_users_set(data, ranks, target, request):
+    """A library's adapter in a configuration drawn from its table entry (conformance/library_configurations.py)."""
+    with drawn(data, ranks, "fully_sharded") as configuration:
+        example = data.draw(training_examples(target.max_world_size, max_steps=4), label="example")
+        judge_training(example, data.draw(st.integers(1, 3), label="micro_batches"), ranks, target, request, True, configuration)
+
+
 def handout_example(example: Example) -> Example:
     """--scope cs336: the example on the handout's model (conformance.examples.handout_fsdp_model);
     one backward per step is the caller's."""
     return dataclasses.replace(example, model=handout_fsdp_model(example.model, example.world_size))
 
 
-def judge_training(example: Example, micro_batches: int, ranks, target, request, reshard: bool) -> None:
-    judge = Judge(f"{example}, micro_batches={micro_batches}, reshard_after_forward={reshard}", target.reproduce(request.node.nodeid))
+def judge_training(example: Example, micro_batches: int, ranks, target, request, reshard: bool, configuration: str = "") -> None:
+    described = f"{example}, micro_batches={micro_batches}, reshard_after_forward={reshard}" + (f"; {configuration}" if configuration else "")
+    judge = Judge(described, target.reproduce(request.node.nodeid))
     n = example.world_size
     batch = models.make_batch(example.model, n * example.per_rank_batch * micro_batches, example.data_seed)
     micro = [ref.split_batch(b, n) for b in ref.split_micro_batches(batch, micro_batches)]
@@ -163,7 +175,10 @@ def judge_training(example: Example, micro_batches: int, ranks, target, request,
     exact = {name for name, p in model.named_parameters() if not p.requires_grad} | {n for n, _ in model.named_buffers()}
 
     def trained(**design):
-        return ref.train(models.build(example.model, example.seed), example.optimizer, batch, example.steps, micro_batches, **design)
+        scale = ranks.micro_batch_scale(micro_batches)  # 1/k for a library that divides each loss by its own count
+        return ref.train(
+            models.build(example.model, example.seed), example.optimizer, batch, example.steps, micro_batches, micro_batch_scale=scale, **design
+        )
 
     judge_steps = functools.partial(judge_fully_sharded_steps, judge, example, micro_batches, outputs, batch, exact, target)
     # the contract's judgement; where it fails, a design the library declares, judged whole (conformance/by_design.py)

@@ -41,6 +41,7 @@ import parallelism_conformance.reference.data_parallel as ref
 from parallelism_conformance.conformance import by_design
 from parallelism_conformance.conformance.examples import TrainingExample as Example
 from parallelism_conformance.conformance.examples import training_examples as examples
+from parallelism_conformance.conformance.library_configurations import drawn
 from parallelism_conformance.conformance.verdict import Judge, check_names, run_refusable
 from parallelism_conformance.harness.rank import models
 
@@ -185,6 +186,18 @@ def test_sharded_training_matches_one_process_with_the_whole_state(data, ranks, 
     judge = Judge(str(example), reproduce)
     outputs, batch, expected = run_training(ranks, example)
     judge_training(judge, example, outputs, batch, expected, target.plan.device_type(example.world_size), target.scope)
+
+
+@pytest.mark.library_configuration
+@pytest.mark.capability("sharded_optimizer")
+@given(data=st.data())
+def test_sharded_training_matches_one_process_in_the_configurations_users_set(data, ranks, target, reproduce):
+    """A library's adapter in a configuration drawn from its table entry (conformance/library_configurations.py)."""
+    with drawn(data, ranks, "sharded_optimizer") as configuration:
+        example = data.draw(examples(target.max_world_size), label="example")
+        judge = Judge(f"{example}; {configuration}", reproduce)
+        outputs, batch, expected = run_training(ranks, example)
+        judge_training(judge, example, outputs, batch, expected, target.plan.device_type(example.world_size), target.scope)
 
 
 # A fixed case a draw may never hold (issue 59: an outsider whose partition is built at the first

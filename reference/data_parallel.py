@@ -44,6 +44,7 @@ class Trajectory:
     losses: list[Tensor]  # the global-batch loss at step s (the state before the step)
     optimizer_state: list[dict[str, int]]  # after step s: {parameter: elements of its optimizer state}
     norms: list[Tensor] = field(default_factory=list)  # with clipping: the total gradient norm at step s
+    micro_batch_scale: float = 1.0  # each micro-batch's loss was multiplied by this before its backward (``train``)
 
 
 @dataclass
@@ -108,6 +109,7 @@ def train(
     clip: dict | None = None,
     per_token: bool = False,
     unused_get_zero_grad: bool = False,
+    micro_batch_scale: float = 1.0,
 ) -> Trajectory:
     """``steps`` optimizer steps of ``model`` (trained in place) on the whole ``batch``:
     zero_grad(set_to_none); for each of the ``micro_batches`` global micro-batches, loss =
@@ -120,15 +122,17 @@ def train(
     forward used gets a zero gradient each step and is stepped like any other (weight decay,
     momentum): not the contract's semantics but a documented design of some libraries (DeepSpeed
     reduces a zero gradient for it so every rank reduces the same sizes), judged apart as "differs
-    by design" (conformance/by_design.py)."""
+    by design" (conformance/by_design.py). ``micro_batch_scale`` s: each micro-batch's backward is
+    of s L_j (the step's gradient s sum_j grad L_j: 1/k averages the k micro-batches, as a library
+    that divides each loss by its own count of them does); the losses recorded are the L_j."""
     opt = optimizer(optimizer_spec, model.parameters())
-    trajectory = Trajectory(state(model), [], [], [], [])
+    trajectory = Trajectory(state(model), [], [], [], [], micro_batch_scale=micro_batch_scale)
     scale = 1.0 / valid_targets(batch) if per_token else 1.0
     for _ in range(steps):
         opt.zero_grad(set_to_none=set_to_none)
         for micro in split_micro_batches(batch, micro_batches):
             loss = model(micro["inputs"], micro["targets"]) * scale
-            loss.backward()
+            (loss * micro_batch_scale if micro_batch_scale != 1.0 else loss).backward()
         for p in model.parameters() if unused_get_zero_grad else ():
             if p.requires_grad and p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -189,7 +193,13 @@ def load_state(model: nn.Module, values: dict[str, Tensor]) -> nn.Module:
 
 
 def evaluate(
-    model: nn.Module, batch: dict[str, Tensor], world_size: int, micro_batches: int = 1, had_grad: frozenset = frozenset(), device: str = "cpu"
+    model: nn.Module,
+    batch: dict[str, Tensor],
+    world_size: int,
+    micro_batches: int = 1,
+    had_grad: frozenset = frozenset(),
+    device: str = "cpu",
+    micro_batch_scale: float = 1.0,
 ) -> Evaluation:
     """The next step at ``model``'s current state (on copies: ``model``, buffers included, is left
     alone): the loss L_r and gradient grad L_r of each rank's slice, and their mean over ranks
@@ -209,9 +219,10 @@ def evaluate(
 
     ``device``: where each slice's forward and backward run ("cuda" when the ranks compute on
     GPUs): the same kernels as the ranks', so that the identity above holds to the last bit there
-    too; the results come back to the CPU, where the average is taken."""
+    too; the results come back to the CPU, where the average is taken. ``micro_batch_scale``: as
+    in ``train`` (each micro-batch's gradient is that of s L_j)."""
     micro = split_micro_batches(batch, micro_batches)
-    per_rank = [_losses_and_grads(model, [split_batch(b, world_size)[r] for b in micro], device) for r in range(world_size)]
+    per_rank = [_losses_and_grads(model, [split_batch(b, world_size)[r] for b in micro], device, micro_batch_scale) for r in range(world_size)]
     losses = [torch.stack(rank_losses) for rank_losses, _ in per_rank]
     terms = [rank_terms for _, rank_terms in per_rank]  # terms[r][j]: {name: grad L_rj}
     used = [[name for name, _ in model.named_parameters() if any(name in t for t in rank_terms)] for rank_terms in terms]
@@ -242,15 +253,17 @@ def _sum(tensors):
     return total
 
 
-def _losses_and_grads(model: nn.Module, batches: list[dict[str, Tensor]], device: str = "cpu") -> tuple[list[Tensor], list[dict[str, Tensor]]]:
+def _losses_and_grads(
+    model: nn.Module, batches: list[dict[str, Tensor]], device: str = "cpu", scale: float = 1.0
+) -> tuple[list[Tensor], list[dict[str, Tensor]]]:
     """One copy of ``model`` (the model itself is left alone) run on ``batches`` in order, on
-    ``device``: each batch's loss and the gradients of that loss alone, back on the CPU."""
+    ``device``: each batch's loss and the gradients of that loss alone (of ``scale`` times it), back on the CPU."""
     replica = copy.deepcopy(model).to(device)
     named = [(name, p) for name, p in replica.named_parameters() if p.requires_grad]
     losses, grads = [], []
     for batch in batches:
         loss = replica(batch["inputs"].to(device), batch["targets"].to(device))
-        found = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+        found = torch.autograd.grad(loss * scale if scale != 1.0 else loss, [p for _, p in named], allow_unused=True)
         losses.append(loss.detach().cpu())
         grads.append({name: g.cpu() for (name, _), g in zip(named, found) if g is not None})
     return losses, grads

@@ -26,3 +26,26 @@ def wrap_model(optimizer, model):
     optimizer has one (DeepSpeed's engine, fairscale's ShardedDataParallel), else the model."""
     hook = getattr(optimizer, "wrap_model", None)
     return hook(model) if callable(hook) else model
+
+
+def accumulate(owner, micro_batches: int) -> None:
+    """``owner.accumulate(k)`` where it has one, before the loop takes its optimizer: each step will
+    run k backwards and then one step. A library that counts micro-batches itself (DeepSpeed's
+    ``gradient_accumulation_steps``) is told its count, so that the loop's accumulation is the one its
+    users run (a backward per micro-batch, the step at the boundary), not several boundaries a step."""
+    hook = getattr(owner, "accumulate", None)
+    if callable(hook):
+        hook(micro_batches)
+
+
+def configure(impl, configuration: dict) -> None:
+    """``impl.configure(configuration)``: the keys a library's users set ({dotted key: value}, drawn
+    by the driver from the library's table entry; {} = the library's defaults), before a task builds
+    anything. Sent only to a library's adapter that declares such keys; one without ``configure``
+    is told so by name."""
+    hook = getattr(impl, "configure", None)
+    if not callable(hook):
+        raise NotImplementedError(
+            f"the driver sent a library configuration ({sorted(configuration)}) to an implementation without configure(configuration)"
+        )
+    hook(dict(configuration))

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from multiprocessing.connection import Client
 
-from parallelism_conformance.harness.rank import containment, flight_recorder, syscall_filter, wire
+from parallelism_conformance.harness.rank import containment, flight_recorder, library_loop, syscall_filter, wire
 from parallelism_conformance.harness.rank.context import MissingFunction, RankContext
 from parallelism_conformance.harness.rank.loader import MissingDependency, load_implementation
 
@@ -141,6 +141,8 @@ def serve(config: RankConfig) -> None:
                 recorder.start()
             if late is not None:
                 late.begin(schedule)
+            if "library_configuration" in kwargs:  # a library adapter's drawn configuration, set before anything is built
+                library_loop.configure(impl, kwargs.pop("library_configuration"))
             result = _resolve(program)(context, impl, **kwargs)
             reply = ("done", task_id, result, json.dumps(recorder.stop()) if recorder else "", late.report() if late is not None else [])
             payload = wire.encode_untrusted(reply)  # the result as the program left it, before end() below

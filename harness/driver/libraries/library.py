@@ -15,6 +15,23 @@ class Run:
 
 
 @dataclass(frozen=True)
+class Setting:
+    """One configuration key a library's users set, as the table declares it: the values the suite
+    draws, the library's own default first (Hypothesis shrinks toward the first value, so a failure
+    shrinks toward the library's defaults and the report names only the keys away from them)."""
+
+    key: str  # as the library spells it ("zero_optimization.overlap_comm": a dotted path into its config)
+    values: tuple  # the library's default first
+    capabilities: tuple[str, ...]  # the runs (by the capability they map) where users set it
+    why: str = ""  # what it changes, with the library's source line
+    since: str = ""  # the first version that has the key ("" = every version the table runs): not drawn before it
+
+    @property
+    def default(self):
+        return self.values[0]
+
+
+@dataclass(frozen=True)
 class Library:
     name: str  # the pip name, also the key on the command line
     pinned: str
@@ -46,6 +63,13 @@ class Library:
     # version -> the standalone reproductions (tests/libraries/) run in that version's venv by the
     # project's tests, each exiting 0 while the library still behaves as its docstring says
     reproductions: dict = field(default_factory=dict)
+    # the configuration keys its users set (conformance/library_configurations.py draws them); an
+    # empty tuple says the adapter's path has none the contract's loop can vary, ``settings_note`` why
+    settings: tuple[Setting, ...] = ()
+    # where the library divides each micro-batch's loss by its own count of them (the reference then
+    # averages the k micro-batches' gradients where the contract sums them): the source that says so
+    averages_micro_batches: str = ""
+    settings_note: str = ""
 
     def requirement(self, version: str) -> str:
         return f"{self.name}=={version}"
@@ -58,6 +82,10 @@ class Library:
     def tested(self) -> str:
         """The version the test command runs the adapters on."""
         return self.runs_on or self.pinned
+
+    def settings_for(self, capability: str) -> tuple[Setting, ...]:
+        """The keys users set on the runs that map ``capability``."""
+        return tuple(s for s in self.settings if capability in s.capabilities)
 
     def tested_versions(self) -> tuple[str, ...]:
         """Every version the project's tests need a venv of: the adapters' and the reproductions'."""

@@ -12,12 +12,86 @@ Adding a library is one entry here and its adapter under adapters/."""
 
 from __future__ import annotations
 
-from parallelism_conformance.harness.driver.libraries.library import Library, Run
+from parallelism_conformance.harness.driver.libraries.library import Library, Run, Setting
 
-__all__ = ["LIBRARIES", "Library", "Run"]
+__all__ = ["LIBRARIES", "Library", "Run", "Setting"]
+
+_DP, _ZERO12, _ZERO3 = ("data_parallel",), ("sharded_optimizer",), ("fully_sharded",)
+_ANY_STAGE = ("data_parallel", "sharded_optimizer", "fully_sharded")
+# The keys DeepSpeed's users set (runtime/zero/config.py's DeepSpeedZeroConfig and runtime/constants.py,
+# 0.19.8; the default first). Each leaves the contract's values as they are: bucket sizes, overlap,
+# partition order and where the average is divided change how the same sum is reduced, not what it is.
+# A finding (2026-12-07, 0.19.8), shown without the suite: ZeRO-3, and ZeRO-1/2 with the optimizer
+# offloaded, step a parameter no forward used in a step with its last gradient again
+STALE_GRADIENT = (
+    "a parameter no forward used in a step (aux.weight, used on every other call) is stepped with the gradient of "
+    "the last step that used it: ZeRO-3's flat gradient buffer keeps each parameter's slice from its last backward "
+    "(stage3.py: the epilogue hands the optimizer every trainable parameter's __param_id_to_grad_partition slice, "
+    "zero_grad clears only param.grad), and the offloaded ZeRO-1/2 path keeps its CPU partitions the same way. Neither "
+    "the contract (no gradient, no step) nor DeepSpeed's documented design (a zero gradient, as ZeRO-0 and ZeRO-1/2 "
+    "without offload do) moves it so. Shown without the suite by tests/libraries/"
+    "deepspeed_stale_gradient_of_a_skipped_parameter.py 3 (and '1 offload', '2 offload'): DeepSpeed matches a "
+    "one-process AdamW handed the last gradient again to the bit, at 2 ranks. No upstream issue found"
+)
+_BUCKET = 500_000_000  # reduce_bucket_size and allgather_bucket_size: pp_int(5e8) elements
+DEEPSPEED_SETTINGS = (
+    Setting(
+        "prescale_gradients", (False, True), _ANY_STAGE, "divide the gradients before the all-reduce instead of after (engine.allreduce_bucket)"
+    ),
+    Setting("gradient_predivide_factor", (1.0, 2.0), _ANY_STAGE, "divide by f before the reduction and by n/f after (engine.allreduce_bucket)"),
+    Setting(
+        "zero_optimization.contiguous_gradients", (True, False), _ZERO12 + _ZERO3, "copy each gradient into one flat buffer as it is produced"
+    ),
+    Setting(
+        "zero_optimization.overlap_comm",
+        (False, True),
+        _ZERO12,
+        "reduce buckets on a side stream while backward goes on (stage 1-2 default: off)",
+    ),
+    Setting("zero_optimization.overlap_comm", (True, False), _ZERO3, "stage 3's default: on"),
+    Setting("zero_optimization.reduce_scatter", (True, False), _ZERO12, "reduce or reduce-scatter the buckets instead of all-reducing them"),
+    Setting(
+        "zero_optimization.reduce_bucket_size",
+        (_BUCKET, 64),
+        _ZERO12 + _ZERO3,
+        "elements reduced at a time: 64 makes a bucket per few parameters",
+    ),
+    Setting("zero_optimization.allgather_bucket_size", (_BUCKET, 64), _ZERO12, "elements all-gathered at a time after the step"),
+    Setting("zero_optimization.round_robin_gradients", (False, True), _ZERO12, "assign the gradients to the partitions round robin"),
+    Setting(
+        "zero_optimization.use_multi_rank_bucket_allreduce",
+        (True, False),
+        _ZERO12,
+        "all-reduce the ranks' buckets together instead of a reduce each",
+    ),
+    Setting(
+        "zero_optimization.stage3_prefetch_bucket_size",
+        (50_000_000, 0),
+        _ZERO3,
+        "elements gathered ahead of the module that needs them (0: none)",
+    ),
+    Setting("zero_optimization.stage3_max_live_parameters", (1_000_000_000, 64), _ZERO3, "elements kept gathered at once before release"),
+    Setting(
+        "zero_optimization.stage3_max_reuse_distance",
+        (1_000_000_000, 0),
+        _ZERO3,
+        "keep a gathered parameter for reuse within this distance (0: never)",
+    ),
+    Setting(
+        "managed_gradient_accumulation",
+        (True, False),
+        _ZERO12 + _ZERO3,
+        "false: backward only accumulates and step() reduces and updates (engine.step: 'Unmanaged boundary'); not drawn for "
+        "ZeRO-0, which then reduces inside step(), after the contract reads the synchronised gradients",
+        since="0.19.8",
+    ),
+)
 
 DEEPSPEED = Library(
     name="deepspeed",
+    settings=DEEPSPEED_SETTINGS,
+    averages_micro_batches="runtime/engine.py, backward: 'loss = loss / self.gradient_accumulation_steps() if scale_wrt_gas', "
+    "and the adapter makes the loop's k micro-batches DeepSpeed's gradient_accumulation_steps (CONTRACT.md, accumulate)",
     by_design={
         "unused_parameters_get_zero_grad": (
             "a parameter no forward used gets a zero gradient, reduced and stepped like any other (weight decay moves it)",
@@ -27,7 +101,13 @@ DEEPSPEED = Library(
             "0.19.8, shown standalone by tests/libraries/deepspeed_unused_parameter_moves.py",
         )
     },
-    reproductions={"0.19.8": ("deepspeed_buffers_not_broadcast.py", "deepspeed_unused_parameter_moves.py")},
+    reproductions={
+        "0.19.8": (
+            "deepspeed_buffers_not_broadcast.py",
+            "deepspeed_unused_parameter_moves.py",
+            "deepspeed_stale_gradient_of_a_skipped_parameter.py",
+        )
+    },
     pinned="0.19.8",
     older=("0.18.3",),
     # deepspeed.init_distributed JIT-builds its deepspeed_shm_comm op on every machine (about 100 s
@@ -62,19 +142,9 @@ DEEPSPEED = Library(
         "test_data_parallel.py::test_gradient_accumulation_and_both_zero_grad_modes": "the unused parameter, as in test_tied_frozen_and_unused_parameters "
         "(aux.weight, which no forward uses, has a .grad after the step's synchronisation)",
         # explained per run first: matrix.explanation takes the first key that matches
-        "ZeRO-1 + offload_optimizer cpu: test_sharded_optimizer.py::test_sharded_training_matches_one_process_with_the_whole_state": "aux.weight moves as in ZeRO-1 (a zero gradient for a "
-        "parameter no forward used), but the declared design's reference (torch's optimizer stepping that zero gradient) "
-        "reproduces only the first steps: with the optimizer offloaded (DeepSpeedCPUAdam) it differs by about 1% on "
-        "aux.weight from the third step (2026-12-07, brief profile). Not explained yet: the suite's own until a "
-        "standalone reproduction shows it",
-        "ZeRO-2 + offload_optimizer cpu: test_sharded_optimizer.py::test_sharded_training_matches_one_process_with_the_whole_state": "as ZeRO-1 + offload_optimizer cpu: the declared design "
-        "reproduces the plain runs exactly, not the offloaded optimizer's steps; not explained yet",
-        "test_fully_sharded.py::test_training_matches_one_process_and_memory_is_sharded": "aux.weight ends step 2 away from one "
-        "process (2026-12-07: world 1, 3 micro-batches a step, aux used in micro-batches 1 and 3 and not 2, AdamW without "
-        "weight decay), and the declared design's reference does not reproduce it: not the unused-parameter design "
-        "(tests/libraries/deepspeed_unused_parameter_moves.py 3 shows that one) but something of ZeRO-3 under a backward "
-        "per micro-batch with gradient_accumulation_steps 1, the suite's way of accumulating outside DeepSpeed's counter "
-        "(issue 56, item 5). Not explained yet: the suite's own until a standalone reproduction shows it",
+        "ZeRO-1 + offload_optimizer cpu: test_sharded_optimizer.py": STALE_GRADIENT,
+        "ZeRO-2 + offload_optimizer cpu: test_sharded_optimizer.py": STALE_GRADIENT,
+        "test_fully_sharded.py::test_training_matches_one_process": STALE_GRADIENT,
         "test_sharded_optimizer.py::test_sharded_training_matches_one_process_with_the_whole_state": "ZeRO-1/2 pad each flat fp32 partition group to a multiple "
         "of 2n elements (stage_1_and_2.py: alignment = nccl_start_alignment_factor * world size, '4-byte "
         "alignment/sizeof(fp16) = 2') and hold optimizer state for the padding: the contract allows it "
@@ -108,6 +178,25 @@ DEEPSPEED = Library(
 
 FAIRSCALE = Library(
     name="fairscale",
+    # fairscale 0.4.13's keywords (nn/data_parallel/sharded_ddp.py, fully_sharded_data_parallel.py), default first
+    settings=(
+        Setting(
+            "ShardedDataParallel.reduce_buffer_size",
+            (2**23, 0),
+            _ZERO12,
+            "bucket small gradients up to this many bytes (0: reduce each alone); the OSS + torch DDP run ignores it",
+        ),
+        Setting(
+            "zero_grad", ("optimizer", "model"), _ZERO12, "the loop's zero_grad reaches OSS's or ShardedDataParallel's (its docs use both)"
+        ),
+        Setting(
+            "FullyShardedDataParallel.flatten_parameters",
+            (True, False),
+            _ZERO3,
+            "one FlatParameter per wrapped module, or each parameter sharded alone",
+        ),
+        Setting("FullyShardedDataParallel.bucket_cap_mb", (25, 0), _ZERO3, "reduce-scatter buckets of this many MB (0: each gradient alone)"),
+    ),
     reproductions={"0.4.13": ("fairscale_sdp_zero_grad_set_to_none.py",)},
     pinned="0.4.13",
     older=("0.4.12",),
@@ -160,6 +249,24 @@ FAIRSCALE = Library(
 
 MEGATRON_CORE = Library(
     name="megatron-core",
+    # megatron/core/distributed/distributed_data_parallel_config.py (0.16.1); the adapter's value first
+    settings=(
+        Setting(
+            "DistributedDataParallelConfig.overlap_grad_reduce",
+            (True, False),
+            _DP,
+            "reduce each bucket as its gradients are ready, or all at finish_grad_sync (the adapter's value first; Megatron's default is False)",
+        ),
+        Setting(
+            "DistributedDataParallelConfig.average_in_collective",
+            (False, True),
+            _DP,
+            "average inside the collective (ReduceOp.AVG) instead of scaling by 1/n before it",
+        ),
+        Setting("DistributedDataParallelConfig.check_for_nan_in_grad", (False, True), _DP, "check every gradient for NaN before its reduction"),
+    ),
+    settings_note="the tensor-parallel, sequence-parallel and pipeline runs build from the contract's own keywords; "
+    "label_smoothing (vocab_parallel_cross_entropy) is not in the contract yet (issue 56, item 5)",
     reproductions={"0.16.1": ("megatron_cross_entropy_float32.py", "megatron_ddp_buffers_and_unused_parameters.py")},
     pinned="0.16.1",
     older=("0.15.3",),
@@ -243,6 +350,8 @@ MEGATRON_CORE = Library(
 
 NANOTRON = Library(
     name="nanotron",
+    settings_note="its run is tensor parallelism alone, whose every choice (the mode, ALL_REDUCE or REDUCE_SCATTER, "
+    "async communication) the adapter takes from the contract's own keywords: no key beside them reaches the layers",
     reproductions={"0.4": ("nanotron_circular_import.py",), "0.2": ("nanotron_row_bias_on_rank0.py",)},
     pinned="0.4",
     older=("0.2",),
@@ -280,6 +389,9 @@ NANOTRON = Library(
 
 TORCHTITAN = Library(
     name="torchtitan",
+    settings_note="its runs call torch's own fully_shard and pipeline schedules through torchtitan's wrappers with the "
+    "contract's keywords; its job config (parallelism degrees, float8, compile) needs its models and trainer, "
+    "which issue 57's --parallelize takes on",
     reproductions={
         "0.3.0": ("torchtitan_imports_triton.py", "torchtitan_fsdp_sums_on_gloo.py", "torchtitan_llama_parallelize_on_gloo.py"),
         "0.2.2": ("torchtitan_imports_triton.py",),

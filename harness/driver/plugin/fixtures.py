@@ -11,7 +11,7 @@ import pytest
 
 from parallelism_conformance.harness.driver import perturbation
 from parallelism_conformance.harness.driver.plugin.contain import contained
-from parallelism_conformance.harness.driver.plugin.options import attached_world, declared_designs, perturb_timing
+from parallelism_conformance.harness.driver.plugin.options import attached_world, declared_designs, library_of, perturb_timing
 from parallelism_conformance.harness.driver.plugin.profiles import current_profile
 from parallelism_conformance.harness.driver.plugin.refusals import Refusals
 from parallelism_conformance.harness.driver.plugin.state import STATE, Designs, Target, backend_plan
@@ -103,11 +103,21 @@ class Ranks:
     """Runs a rank program on the members of a group inside a persistent world and returns what
     each member produced, keyed by global rank. Non-members take part in creating the group only."""
 
-    def __init__(self, pool: WorldPool, target: Target, refusals: Refusals | None = None, designs: Designs | None = None):
+    def __init__(self, pool: WorldPool, target: Target, refusals: Refusals | None = None, designs: Designs | None = None, library=None):
         self.pool = pool
         self.target = target
         self.refusals = refusals if refusals is not None else Refusals()
         self.designs = designs if designs is not None else Designs()  # what the library under test declares
+        # the training library whose adapter is under test (harness/driver/libraries/table.py), or None;
+        # where it declares configuration keys, every task tells the adapter the current test's draw
+        self.library = library
+        self.configuration: dict = {}  # {dotted key: value} the current test drew ({}: the library's defaults)
+
+    def micro_batch_scale(self, micro_batches: int) -> float:
+        """What the reference multiplies each micro-batch's loss by: 1 (the contract sums the k
+        micro-batches' gradients), or 1/k for a library that divides each loss by its own count
+        (DeepSpeed's gradient_accumulation_steps: the table's ``averages_micro_batches``)."""
+        return 1.0 / micro_batches if self.library is not None and self.library.averages_micro_batches else 1.0
 
     def run(self, world_size: int, members, program: str, per_member: list[dict], timeout_s: float | None = None) -> dict:
         __tracebackhide__ = True
@@ -115,9 +125,10 @@ class Ranks:
         if len(per_member) != len(ranks):
             raise ValueError(f"{len(per_member)} argument sets for {len(ranks)} members")
         group = list(members) if members is not None else None
-        args = [{"group": group} for _ in range(world_size)]
+        told = {"library_configuration": dict(self.configuration)} if self.library is not None and self.library.settings else {}
+        args = [{"group": group, **told} for _ in range(world_size)]
         for rank, kwargs in zip(ranks, per_member):
-            args[rank] = {**kwargs, "group": group}
+            args[rank] = {**kwargs, "group": group, **told}
         if not program.startswith("parallelism_conformance.harness.rank.programs."):
             program = f"parallelism_conformance.harness.rank.programs.{program}"
         schedules = perturbation.draw(world_size, every_call=self.target.perturb == "every") if self.pool.perturb else None
@@ -146,4 +157,5 @@ class Ranks:
 @pytest.fixture(scope="session")
 def ranks(world_pool, target, pytestconfig) -> Ranks:
     state = pytestconfig.stash[STATE]
-    return Ranks(world_pool, target, state.refusals, Designs(declared_designs(pytestconfig), state.designs))
+    library = None if current_profile() == "grading" else library_of(pytestconfig.getoption("--impl"))
+    return Ranks(world_pool, target, state.refusals, Designs(declared_designs(pytestconfig), state.designs), library)

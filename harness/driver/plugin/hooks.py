@@ -13,7 +13,8 @@ from parallelism_conformance.harness.driver.plugin import profiles  # noqa: F401
 from parallelism_conformance.harness.driver.plugin.contain import CONTAINED, containment_note, decide_containment
 from parallelism_conformance.harness.driver.plugin.grading_files import GradingFiles, junit_key
 from parallelism_conformance.harness.driver.plugin.nondeterminism import is_flaky, nondeterminism_report
-from parallelism_conformance.harness.driver.plugin.options import SCOPES, check_options, claimed
+from parallelism_conformance.harness.driver.plugin.options import SCOPES, check_options, claimed, library_of
+from parallelism_conformance.harness.driver.plugin.profiles import current_profile
 from parallelism_conformance.harness.driver.plugin.refusals import EnoughRefused
 from parallelism_conformance.harness.driver.plugin.state import PLAN, STATE, Budget, RunState, backend_plan, live_ranks
 from parallelism_conformance.harness.driver.plugin.time_share import ShareSpent
@@ -38,6 +39,7 @@ WARNINGS_IGNORED = ("ignore::FutureWarning", "ignore:Failed to initialize NumPy"
 def pytest_configure(config):
     config.addinivalue_line("markers", "capability(name): the capability a test grades (scorecard row)")
     config.addinivalue_line("markers", "min_ranks(n): skipped, in the driver, where no world of n ranks can be drawn")
+    config.addinivalue_line("markers", "library_configuration: draws a listed library's configuration; collected for its adapter only")
     for ignored in WARNINGS_IGNORED:
         config.addinivalue_line("filterwarnings", ignored)
     check_options(config)
@@ -67,10 +69,14 @@ def pytest_collection_modifyitems(config, items):
     test is tagged with its capability here, before any fixture runs, so that a test whose session
     fixture fails at setup (a probe that crashed, a budget spent) is still reported for its capability."""
     chosen = claimed(config)
+    # a library's configuration draws exist only for a listed library's adapter, never under grading
+    # (conformance/library_configurations.py): for any other implementation they are not collected
+    library = current_profile() != "grading" and library_of(config.getoption("--impl")) is not None
     keep, drop = [], []
     for item in items:
         marker = item.get_closest_marker("capability")
         dropped = marker is not None and marker.args[0] not in chosen
+        dropped = dropped or (not library and item.get_closest_marker("library_configuration") is not None)
         if marker is not None and not dropped:
             item.user_properties.append(("capability", marker.args[0]))
         (drop if dropped else keep).append(item)

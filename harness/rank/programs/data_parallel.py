@@ -56,9 +56,10 @@ def train(
             f"{', '.join(missing)}: the contract needs .module and finish_gradient_synchronization()"
         )
     module = wrapped.module
+    micro = [(ctx.to_device(b["inputs"]), ctx.to_device(b["targets"])) for b in batches]
+    library_loop.accumulate(wrapped, len(micro))
     opt = library_loop.take_optimizer(wrapped, models.build_optimizer(optimizer, module.parameters()))
     result = {"wrapped": models.state(module), "steps": []}
-    micro = [(ctx.to_device(b["inputs"]), ctx.to_device(b["targets"])) for b in batches]
     clip_grad_norm_ = require(impl, "clip_grad_norm_") if clip is not None else None
     start = getattr(wrapped, "on_train_batch_start", None)
     for _ in range(steps):

@@ -86,9 +86,10 @@ def train(
         raise ValueError("fully sharded data parallelism is tested on the whole world, not a subgroup")
     full_parameters = require(impl, "full_parameters")
     net = sharded_model(ctx, impl, model, seed, reshard_after_forward, compute_dtype, divide_factor)
+    micro = [(ctx.to_device(b["inputs"]), ctx.to_device(b["targets"])) for b in batches]
+    library_loop.accumulate(net, len(micro))
     opt = library_loop.take_optimizer(net, models.build_optimizer(optimizer, net.parameters()))
     clip_grad_norm_ = require(impl, "clip_grad_norm_") if clip is not None else None
-    micro = [(ctx.to_device(b["inputs"]), ctx.to_device(b["targets"])) for b in batches]
     result = {"steps": []}
     for step in range(steps):
         opt.zero_grad(set_to_none=True)
