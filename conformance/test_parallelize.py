@@ -6,13 +6,20 @@ in the driver against the dense twin built from the same seed on the global batc
 (reference/parallelize.py: why each step is judged from the state the ranks reached, and the bound).
 
 The function declares the mesh dimensions it handles (``function.mesh_dims``, among dp_replicate,
-dp_shard, tp); the suite draws only meshes over those (every factorisation of worlds 1 to
---max-world-size, a declared dimension of size 1 too) and says which it did not draw. Each example
-draws the mesh, the model (heads and key/value heads multiples of tp, ffn a multiple of tp, dim,
-vocabulary, 1-2 layers; a row-parallel layer's input at least 2 wide, see ``examples``), rows per replica, sequence length, 1-3 steps, SGD (momentum, weight decay)
-or AdamW (weight decay), and the loss normalisation: each rank's mean over its tokens (no padding),
+dp_shard, tp). The test is parametrized by mesh, the parity matrix: one test per factorisation of
+worlds 1 to --max-world-size over the declared dimensions (a declared dimension of size 1 too; id
+``dp_shard2-tp2``, so ``-k "[dp_shard2-tp2]"`` runs one), and every other factorisation skipped with
+the dimension it needs. Hypothesis draws the rest per mesh: the model (heads and key/value heads
+multiples of tp, ffn a multiple of tp, dim, vocabulary, 1-2 layers; a row-parallel layer's input at
+least 2 wide, see ``examples``), rows per replica, sequence length, 1-3 steps, SGD (momentum,
+weight decay) or AdamW (weight decay), and the loss normalisation: each rank's mean over its tokens (no padding),
 or the global batch's valid-token mean (about a quarter of the targets ignored: each rank's summed
-loss times dp / N). Data-parallel ranks (dp_replicate x dp_shard) take their rows of the global
+loss times dp / N). A function that shards the sequence or the vocabulary over tp (torchtitan's
+sequence parallel, a row-parallel embedding) declares ``function.divisible_by_tp = ("seq",
+"vocab")`` and gets those in multiples of tp: torch 2.13's DTensor fails on uneven shards there
+(an empty sequence shard: a view of 0 elements and a peer hung; vocabulary rows: the embedding's
+gradient accumulation "in-place operations that require placement changes"), and torchtitan's
+models have such sizes. Data-parallel ranks (dp_replicate x dp_shard) take their rows of the global
 batch; tensor-parallel peers the same rows.
 
 In the driver, per step s and rank: every gradient, then the loss, against the dense model at the
@@ -35,12 +42,13 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from hypothesis import event, given
+from hypothesis import given
 from hypothesis import strategies as st
 
 import parallelism_conformance.reference.parallelize as ref
 from parallelism_conformance.conformance.examples import Layout
 from parallelism_conformance.conformance.verdict import Judge, check_names, mismatch
+from parallelism_conformance.harness.driver.plugin.state import backend_plan
 from parallelism_conformance.harness.rank import decoder_lm
 from parallelism_conformance.harness.rank.programs.parallelize import load_function
 
@@ -72,6 +80,17 @@ def declared(config) -> tuple[str, object, tuple[str, ...]]:
     if isinstance(dims, str) or unknown or not dims:
         pytest.fail(f"--parallelize {spec}: mesh_dims must be a non-empty tuple among {DIMS}, got {dims!r}", pytrace=False)
     return spec, function, tuple(d for d in DIMS if d in dims)
+
+
+DIVISIBLE = ("seq", "vocab")  # what a function may declare it needs in multiples of tp
+
+
+def divisible_by_tp(spec: str, function) -> tuple[str, ...]:
+    """The function's ``divisible_by_tp`` (default none), checked against DIVISIBLE."""
+    sizes = getattr(function, "divisible_by_tp", ())
+    if isinstance(sizes, str) or any(size not in DIVISIBLE for size in sizes):
+        pytest.fail(f"--parallelize {spec}: divisible_by_tp must be a tuple among {DIVISIBLE}, got {sizes!r}", pytrace=False)
+    return tuple(sizes)
 
 
 def mesh_choices(dims: tuple[str, ...], max_world_size: int) -> tuple[list[tuple], list[tuple]]:
@@ -129,8 +148,8 @@ class Example:
 
 
 @st.composite
-def examples(draw, meshes: list) -> Example:
-    mesh = draw(st.sampled_from(meshes), label="mesh")
+def examples(draw, mesh: tuple, by_tp: tuple = ()) -> Example:
+    """``by_tp``: the sizes among DIVISIBLE the function declares it needs in multiples of tp."""
     tp = dict(mesh).get("tp", 1)
     kv_heads = tp * draw(st.integers(1, 2), label="key/value heads per tp rank")
     heads = kv_heads * draw(st.integers(1, 2), label="query heads per key/value head")
@@ -138,7 +157,7 @@ def examples(draw, meshes: list) -> Example:
     # sharded on its last dimension ("would remove or reshape sharded dimension 2"), a limit of torch's
     # own plans on a mesh of tp = 1 with seq 1, not of the plan under test
     model = {
-        "vocab": draw(st.integers(2, 12), label="vocab"),
+        "vocab": tp * draw(st.integers(1, 3), label="vocab / tp") if "vocab" in by_tp else draw(st.integers(2, 12), label="vocab"),
         "dim": draw(st.integers(2, 8), label="dim"),
         "heads": heads,
         "kv_heads": kv_heads,
@@ -157,7 +176,7 @@ def examples(draw, meshes: list) -> Example:
         mesh,
         model,
         draw(st.integers(1, 2), label="rows per replica"),
-        draw(st.integers(1, 4), label="seq"),
+        tp * draw(st.integers(1, 2), label="seq / tp") if "seq" in by_tp else draw(st.integers(1, 4), label="seq"),
         draw(st.integers(1, 3), label="steps"),
         optimizer,
         draw(st.sampled_from(["mean", "global_tokens"]), label="loss normalisation"),
@@ -166,22 +185,39 @@ def examples(draw, meshes: list) -> Example:
     )
 
 
-def test_the_function_declares_the_meshes_it_takes(pytestconfig, target, capsys):
-    spec, _, dims = declared(pytestconfig)
-    drawn, skipped = mesh_choices(dims, target.max_world_size)
-    line = f"--parallelize {spec}: mesh_dims {dims}; draws {len(drawn)} meshes of worlds 1-{target.max_world_size}"
-    if skipped:
-        missing = sorted({name for mesh in skipped for name, size in mesh if size > 1 and name not in dims})
-        line += f"; not drawn: {len(skipped)} meshes that need {', '.join(missing)} (not declared): " + ", ".join(map(describe_mesh, skipped))
-    with capsys.disabled():
-        print(f"\n[parallelize] {line}")
+def mesh_id(mesh) -> str:
+    return "-".join(f"{name}{size}" for name, size in mesh)
+
+
+def pytest_generate_tests(metafunc):
+    """One test per mesh (the parity matrix: a verdict per factorisation): every mesh the function
+    declares, and, skipped with the reason, every other factorisation of worlds 1 to the largest.
+    Without a function, or one that cannot be loaded or declares nothing, one test whose body
+    skips or fails saying why (never a collection error)."""
+    if "mesh" not in metafunc.fixturenames:
+        return
+    try:
+        spec, _, dims = declared(metafunc.config)
+    except (pytest.skip.Exception, pytest.fail.Exception):
+        metafunc.parametrize(
+            "mesh", [pytest.param(None, id="no-function" if metafunc.config.getoption("--parallelize") is None else "the-function")]
+        )
+        return
+    drawn, skipped = mesh_choices(dims, backend_plan(metafunc.config).max_world_size)
+    params = [pytest.param(mesh, id=mesh_id(mesh)) for mesh in drawn]
+    for mesh in skipped:
+        missing = ", ".join(name for name, size in mesh if size > 1 and name not in dims)
+        why = f"{describe_mesh(mesh)} needs {missing}, which {spec} does not declare (mesh_dims {dims})"
+        params.append(pytest.param(None, id=mesh_id(mesh), marks=pytest.mark.skip(reason=why)))
+    metafunc.parametrize("mesh", params)
 
 
 @given(data=st.data())
-def test_the_plan_trains_step_by_step_as_one_process(data, pytestconfig, ranks, target, reproduce):
-    spec, _, dims = declared(pytestconfig)
-    example = data.draw(examples(mesh_choices(dims, target.max_world_size)[0]), label="example")
-    event(f"mesh {describe_mesh(example.mesh)}")  # --hypothesis-show-statistics: the meshes that ran
+def test_the_plan_trains_step_by_step_as_one_process(data, mesh, pytestconfig, ranks, target, reproduce):
+    spec, function, _ = declared(pytestconfig)
+    if mesh is None:
+        pytest.fail(f"--parallelize {spec}: no mesh was collected for it (its declaration changed after collection?)", pytrace=False)
+    example = data.draw(examples(mesh, divisible_by_tp(spec, function)), label="example")
     padding = 0.25 if example.normalisation == "global_tokens" else 0.0
     batch = decoder_lm.make_tokens(example.model, example.dp * example.per_replica, example.seq, example.data_seed, padding)
     inputs, targets = torch.tensor_split(batch["inputs"], example.dp), torch.tensor_split(batch["targets"], example.dp)

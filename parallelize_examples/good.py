@@ -3,14 +3,16 @@ own FSDP2 and tensor-parallel styles on harness/rank/decoder_lm.py's module path
 ``parallelize_llama`` applies them. Each declares the mesh dimensions it handles (``mesh_dims``).
 All of them run on gloo CPU ranks with torch 2.13 (DTensor's CPU ops, FSDP2's reduce-scatter).
 
-Not here: ``SequenceParallel`` on the norms and loss parallel (the model's norms and head are
-replicated over tp here: each tp rank computes their whole, identical gradient, which needs no
-reduction), and the composable ``replicate`` (HSDP's replicate dimension stands in for it)."""
+Not here: loss parallel, and the composable ``replicate`` (HSDP's replicate dimension stands in for
+it). In ``tensor_parallel`` the norms, embedding and head are replicated over tp: each tp rank
+computes their whole, identical gradient, which needs no reduction; ``sequence_parallel`` shards
+them along the sequence as torchtitan does."""
 
 from __future__ import annotations
 
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel, parallelize_module
 
 # Megatron's pairing (Shoeybi et al. 2019): column-parallel projections out of the residual stream
 # (each tp rank its heads, its ffn columns), row-parallel back into it (the partial products summed
@@ -65,3 +67,37 @@ def fsdp_tp(model, mesh):
 
 
 fsdp_tp.mesh_dims = ("dp_shard", "tp")
+
+
+def sequence_parallel(model, mesh):
+    """torchtitan's Llama plan (``apply_tp``, without loss parallel): the embedding row-parallel with
+    its output sharded along the sequence, the norms ``SequenceParallel`` (each tp rank normalises its
+    tokens), attention and SwiGLU gathering the sequence on entry and reduce-scattering it on exit
+    (``RowwiseParallel(output_layouts=Shard(1))``), the head column-parallel from the sequence shards
+    to whole logits. The residual stream between blocks is a DTensor sharded along the sequence."""
+    parallelize_module(
+        model,
+        mesh["tp"],
+        {
+            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            "norm": SequenceParallel(),
+            "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+        },
+    )
+    gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    plan = {
+        **TP_PLAN,
+        "attention_norm": SequenceParallel(),
+        "attention": gather,
+        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "ffn_norm": SequenceParallel(),
+        "feed_forward": gather,
+        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+    }
+    for block in model.layers:
+        parallelize_module(block, mesh["tp"], plan)
+    return model
+
+
+sequence_parallel.mesh_dims = ("tp",)
+sequence_parallel.divisible_by_tp = ("seq", "vocab")  # uneven shards of either fail in torch 2.13 (test_parallelize.py)

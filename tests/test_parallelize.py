@@ -1,6 +1,7 @@
-"""``--parallelize`` (conformance/test_parallelize.py) on the known plans of parallelize_examples/: the
-good one passes on 2-D meshes, each bad one fails naming the step, the parameter and the mesh
-dimension it is sharded on; and, in this process, the declaration's errors and the meshes drawn."""
+"""``--parallelize`` (conformance/test_parallelize.py) on the known plans of parallelize_examples/, each
+on one mesh of the matrix (the test's id selects it): the good one passes on dp_shard x tp, each
+bad one fails naming the step, the parameter and the mesh dimension it is sharded on; and, in this
+process, the declaration's errors, the meshes collected and those skipped."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 from parallelism_conformance.conformance import test_parallelize as suite
 
 
-def run_plan(suite_runner, spec: str, profile: str, *args: str):
+def run_plan(suite_runner, spec: str, profile: str, mesh: str, *args: str):
+    """The conformance test on one mesh (its id, ``dp_shard2-tp2``)."""
     return suite_runner.run(
         "conformance/test_parallelize.py",
         "-q",
@@ -23,26 +25,24 @@ def run_plan(suite_runner, spec: str, profile: str, *args: str):
         "4",
         f"--hypothesis-profile={profile}",
         "-k",
-        "step_by_step",
+        f"step_by_step and [{mesh}]",
         *args,
     )
 
 
 def test_a_known_good_two_dimensional_plan_passes(suite_runner):
     """FSDP2 over torch's tensor-parallel styles on dp_shard x tp (parallelize_examples/good.py)."""
-    result = run_plan(suite_runner, "good.py:fsdp_tp", "second_opinion", "--hypothesis-show-statistics")
-    assert result.returncode == 0 and "1 passed" in result.stdout, result.stdout[-4000:]
-    # its 5 derandomized examples include the 2-D mesh (an edit of the conformance test that moves
-    # them off it fails here: draw more examples then, a pass on 1-D meshes alone proves less)
-    assert "mesh dp_shard=2 x tp=2" in result.stdout, result.stdout[-4000:]
+    result = run_plan(suite_runner, "good.py:fsdp_tp", "second_opinion", "dp_shard2-tp2")
+    assert result.returncode == 0 and "1 passed" in result.stdout and "deselected" in result.stdout, result.stdout[-4000:]
 
 
 @pytest.mark.parametrize(
-    "plan, named",
+    "plan, mesh, named",
     [
         # the wrong value appears at w2's output: its weight's gradient is named, with its tp placement
         (
             "rowwise_output_left_partial",
+            "tp2",
             [
                 "gradient of 'layers.0.feed_forward.w2.weight' (sharded on tp as Shard(dim=1))",
                 "first module whose forward output differs at step 1 on rank 0: 'layers.0.feed_forward.w2'",
@@ -51,13 +51,18 @@ def test_a_known_good_two_dimensional_plan_passes(suite_runner):
         # every forward right, every gradient a replica's own: the first parameter, on a dp_replicate mesh
         (
             "replicas_not_averaged",
-            ["gradient of 'tok_embeddings.weight' (a plain tensor", "every module's forward output", "mesh dp_replicate="],
+            "dp_replicate2",
+            ["gradient of 'tok_embeddings.weight' (a plain tensor", "every module's forward output", "mesh dp_replicate=2"],
         ),
-        ("gradient_divided_twice", ["gradient of 'tok_embeddings.weight' (sharded on dp_shard as Shard(dim=0))", "mesh dp_shard="]),
+        (
+            "gradient_divided_twice",
+            "dp_shard2",
+            ["gradient of 'tok_embeddings.weight' (sharded on dp_shard as Shard(dim=0))", "mesh dp_shard=2"],
+        ),
     ],
 )
-def test_a_known_bad_plan_fails_naming_the_step_and_the_parameter(suite_runner, plan, named):
-    result = run_plan(suite_runner, f"bad.py:{plan}", "brief")
+def test_a_known_bad_plan_fails_naming_the_step_and_the_parameter(suite_runner, plan, mesh, named):
+    result = run_plan(suite_runner, f"bad.py:{plan}", "brief", mesh)
     assert result.returncode == 1 and "1 failed" in result.stdout, result.stdout[-4000:]
     assert "AssertionError: step 1, rank " in result.stdout, result.stdout[-4000:]
     for text in named:
@@ -67,9 +72,23 @@ def test_a_known_bad_plan_fails_naming_the_step_and_the_parameter(suite_runner, 
 def test_a_plan_that_crashes_the_ranks_fails_its_test_with_their_traceback(suite_runner):
     """The down projection left out of the tensor-parallel plan: a shape error on every tp rank at
     tp = 2, one failed test naming the mesh, never a crashed run."""
-    result = run_plan(suite_runner, "bad.py:down_projection_left_replicated", "brief")
+    result = run_plan(suite_runner, "bad.py:down_projection_left_replicated", "brief", "tp2")
     assert result.returncode == 1 and "1 failed" in result.stdout, result.stdout[-4000:]
     assert "mat1 and mat2 shapes cannot be multiplied" in result.stdout and "example: mesh tp=2" in result.stdout, result.stdout[-4000:]
+
+
+def test_the_matrix_has_a_test_per_declared_mesh_and_skips_the_others_saying_why(suite_runner):
+    def run(*args):
+        options = ("--parallelize", "parallelize_examples/good.py:fsdp", "--max-world-size", "2")
+        return suite_runner.run("conformance/test_parallelize.py", "-q", "-p", "no:cacheprovider", *options, *args)
+
+    listed = run("--collect-only").stdout
+    ids = sorted(line.split("[")[1].rstrip("]") for line in listed.splitlines() if "one_process[" in line)
+    assert ids == ["dp_replicate1-dp_shard1-tp2", "dp_replicate2-dp_shard1-tp1", "dp_shard1", "dp_shard2"], listed[-3000:]
+    skipped = run("-rs", "-k", "tp2 or dp_replicate2").stdout
+    assert skipped.strip().splitlines()[-1].startswith("2 skipped, 2 deselected"), skipped[-3000:]
+    assert "dp_replicate=2 x dp_shard=1 x tp=1 needs dp_replicate, which parallelize_examples/good.py:fsdp does not declare" in skipped
+    assert "dp_replicate=1 x dp_shard=1 x tp=2 needs tp, which" in skipped, skipped[-3000:]
 
 
 class Config:
