@@ -54,7 +54,6 @@ from parallelism_conformance.harness.rank.programs.parallelize import load_funct
 
 PROGRAM = "parallelize:parallelize_steps"
 DIMS = ("dp_replicate", "dp_shard", "tp")  # the mesh's order, outermost first (torchtitan's)
-DATA_DIMS = ("dp_replicate", "dp_shard")
 
 pytestmark = pytest.mark.capability("parallelize")
 

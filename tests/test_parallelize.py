@@ -91,6 +91,26 @@ def test_the_matrix_has_a_test_per_declared_mesh_and_skips_the_others_saying_why
     assert "dp_replicate=1 x dp_shard=1 x tp=2 needs tp, which" in skipped, skipped[-3000:]
 
 
+def test_a_function_that_returns_no_model_fails_saying_so(suite_runner, tmp_path):
+    """torchtitan's parallelize functions return the model; one that works in place and returns None
+    is one failed test that says what it returned, not a crash further on."""
+    plan = tmp_path / "in_place.py"
+    plan.write_text("def parallelize(model, mesh):\n    model.zero_grad()\n\n\nparallelize.mesh_dims = ('tp',)\n")
+    result = suite_runner.run(
+        "conformance/test_parallelize.py",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--parallelize",
+        f"{plan}:parallelize",
+        "--max-world-size",
+        "1",
+        "--hypothesis-profile=brief",
+    )
+    assert result.returncode == 1 and "1 failed" in result.stdout, result.stdout[-3000:]
+    assert f"TypeError: {plan}:parallelize returned NoneType, not the model (an nn.Module)" in result.stdout, result.stdout[-3000:]
+
+
 class Config:
     def __init__(self, spec):
         self.spec = spec
