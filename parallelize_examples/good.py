@@ -101,3 +101,27 @@ def sequence_parallel(model, mesh):
 
 sequence_parallel.mesh_dims = ("tp",)
 sequence_parallel.divisible_by_tp = ("seq", "vocab")  # uneven shards of either fail in torch 2.13 (test_parallelize.py)
+
+
+def ddp(model, mesh):
+    """torch's DistributedDataParallel across dp_replicate (its gradient all-reduce, averaged): the
+    model comes back wrapped, its names under ``module.`` (the suite takes the wrapper's part out)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, process_group=mesh.get_group("dp_replicate"))
+
+
+ddp.mesh_dims = ("dp_replicate",)
+
+
+def fsdp_checkpointed(model, mesh):
+    """``fsdp`` with each block's activations recomputed in backward (torchtitan applies activation
+    checkpointing before FSDP, ``checkpoint_wrapper``: names gain ``_checkpoint_wrapped_module``)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    for i, block in enumerate(model.layers):
+        model.layers[i] = checkpoint_wrapper(block)
+    return fsdp(model, mesh)
+
+
+fsdp_checkpointed.mesh_dims = ("dp_shard",)

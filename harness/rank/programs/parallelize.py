@@ -7,7 +7,8 @@ compares them with one process training the dense twin.
 Per rank: the mesh ``init_device_mesh(device type, sizes, mesh_dim_names=names)`` over the whole
 world (every declared dimension, of size 1 too, so ``mesh["tp"]`` always exists); the model built
 from the spec and seed, bitwise what the driver builds; ``function(model, mesh)``, whose return
-value is the model trained (an nn.Module, else a TypeError naming what came back); the optimizer
+value is the model trained (an nn.Module, else a TypeError naming what came back; a wrapper's
+parts of the names, WRAPPERS, taken out); the optimizer
 over its parameters (DTensors where the plan made them so). Each step: zero_grad(set_to_none=True),
 logits of this rank's rows (the driver gave it its data-parallel share; tensor-parallel peers get
 the same rows), cross entropy, ``loss * scale`` backward, then every gradient and, after
@@ -48,6 +49,16 @@ def load_function(spec: str, base: str | None = None):
         raise AttributeError(f"--parallelize {spec!r}: {where} has no {name!r}") from None
 
 
+# what wrappers insert into names: DistributedDataParallel's "module.", activation checkpointing's
+# checkpoint_wrapper, torch.compile's OptimizedModule
+WRAPPERS = ("module", "_checkpoint_wrapped_module", "_orig_mod")
+
+
+def plain_name(name: str) -> str:
+    """A parameter's or module's name with the wrappers' parts taken out (the dense model's name)."""
+    return ".".join(part for part in name.split(".") if part not in WRAPPERS)
+
+
 def whole(tensor):
     """A DTensor gathered whole (a collective), anything else as it is; detached."""
     if tensor is None:
@@ -70,7 +81,7 @@ def _record_forward(model: nn.Module, record: list) -> list:
         def run(module, args, output):
             first = output[0] if isinstance(output, (tuple, list)) and output else output
             if isinstance(first, torch.Tensor):
-                record.append([path or "(root)", whole(first)])
+                record.append([plain_name(path) or "(root)", whole(first)])
 
         return run
 
@@ -104,7 +115,7 @@ def parallelize_steps(
     trained = parallelize(dense, device_mesh)
     if not isinstance(trained, nn.Module):
         raise TypeError(f"{function} returned {type(trained).__name__}, not the model (an nn.Module)")
-    named = dict(trained.named_parameters())
+    named = {plain_name(name): p for name, p in trained.named_parameters()}
     out = {
         "initial": {name: whole(p) for name, p in named.items()},
         "placements": {name: placements(p) for name, p in named.items()},
