@@ -280,7 +280,8 @@ class StepJudge:
 
     def slice_loss(self, d: int) -> torch.Tensor:
         """Data index ``d``'s loss at the dense model's current state, as the rank computes it."""
-        logits = self.dense(self.rows[0][d]).detach()
+        with torch.no_grad():
+            logits = self.dense(self.rows[0][d])
         if self.scale is None:
             return ref.mean_token_loss(logits, self.rows[1][d])
         flat, labels = logits.reshape(-1, logits.shape[-1]), self.rows[1][d].reshape(-1)

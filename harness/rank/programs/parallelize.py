@@ -26,6 +26,8 @@ gathered, a tuple's first tensor, anything else skipped)}."""
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +44,13 @@ def load_function(spec: str, base: str | None = None):
     where, _, name = spec.rpartition(":")
     if not where or not name:
         raise ValueError(f"--parallelize {spec!r}: expected MODULE:FUNCTION or PATH.py:FUNCTION")
-    module = load_implementation(where, base) if where.endswith(".py") else importlib.import_module(where)
+    if where.endswith(".py"):
+        # loaded once per process: each example would run the file again, and put its folder on sys.path again
+        path = os.path.abspath(os.path.join(base or os.getcwd(), where))
+        loaded = sys.modules.get("impl_under_test_" + os.path.splitext(os.path.basename(path))[0])
+        module = loaded if getattr(loaded, "__file__", None) == path else load_implementation(where, base)
+    else:
+        module = importlib.import_module(where)
     try:
         return getattr(module, name)
     except AttributeError:
