@@ -256,6 +256,12 @@ class _ShardedOptimizer:
         self._config = config(stage, offload)
         self._engine = None
 
+    def accumulate(self, micro_batches: int) -> None:
+        """As _EngineModule.accumulate: k backwards a step are DeepSpeed's gradient_accumulation_steps."""
+        if self._engine is not None:
+            raise RuntimeError("accumulate(k) comes before wrap_model: DeepSpeed fixes its count at initialize")
+        self._config["gradient_accumulation_steps"] = micro_batches
+
     def wrap_model(self, model: nn.Module) -> nn.Module:
         mine = {id(p) for p in self._parameters}
         if any(id(p) not in mine for p in model.parameters()):

@@ -49,25 +49,23 @@ PROGRAM = "sharded_optimizer:train"
 STATE_TENSORS = {"sgd": 1, "adamw": 2}  # K: state tensors per parameter element
 
 
-def run_training(ranks, example: Example) -> tuple[dict, dict, ref.Trajectory]:
-    batch = models.make_batch(example.model, example.world_size * example.per_rank_batch, example.data_seed)
-    slices = ref.split_batch(batch, example.world_size)
-    outputs = run_refusable(
-        ranks,
-        example,
-        example.world_size,
-        PROGRAM,
-        [
-            {"model": example.model, "seed": example.seed, "optimizer": example.optimizer, "steps": example.steps, "batch": slices[r]}
-            for r in range(example.world_size)
-        ],
-    )
-    expected = ref.train(models.build(example.model, example.seed), example.optimizer, batch, example.steps)
-    # what a library that declares it does (conformance/by_design.py), computed only if judged
-    expected.designed = (
-        ranks.designs,
-        lambda: ref.train(models.build(example.model, example.seed), example.optimizer, batch, example.steps, unused_get_zero_grad=True),
-    )
+def run_training(ranks, example: Example, micro_batches: int = 1) -> tuple[dict, dict, ref.Trajectory]:
+    """With ``micro_batches`` k > 1 each rank gets its slices of k micro-batches (gradient accumulation)."""
+    n, k = example.world_size, micro_batches
+    batch = models.make_batch(example.model, n * example.per_rank_batch * k, example.data_seed)
+    micro = [ref.split_batch(b, n) for b in ref.split_micro_batches(batch, k)]
+    given = [{"batch": micro[0][r]} if k == 1 else {"batches": [slices[r] for slices in micro]} for r in range(n)]
+    common = {"model": example.model, "seed": example.seed, "optimizer": example.optimizer, "steps": example.steps}
+    outputs = run_refusable(ranks, example, n, PROGRAM, [{**common, **given[r]} for r in range(n)])
+    scale = ranks.micro_batch_scale(k)  # 1/k for a library that divides each loss by its own count
+
+    def trained(**design):
+        return ref.train(
+            models.build(example.model, example.seed), example.optimizer, batch, example.steps, k, micro_batch_scale=scale, **design
+        )
+
+    expected = trained()
+    expected.designed = (ranks.designs, lambda: trained(unused_get_zero_grad=True))  # computed only if judged (conformance/by_design.py)
     return outputs, batch, expected
 
 
@@ -121,18 +119,27 @@ def judge_state_sharding(
 
 
 def judge_training(
-    judge: Judge, example: Example, outputs: dict, batch: dict, expected: ref.Trajectory, device: str = "cpu", scope: str = "contract"
+    judge: Judge,
+    example: Example,
+    outputs: dict,
+    batch: dict,
+    expected: ref.Trajectory,
+    device: str = "cpu",
+    scope: str = "contract",
+    micro_batches: int = 1,
 ) -> None:
     """The contract's judgement; where it fails, a design the library declares (run_training), judged whole."""
     designs, variant = getattr(expected, "designed", (None, None))
     by_design.judged(
         designs,
-        lambda: judge_steps(judge, example, outputs, batch, expected, device, scope),
-        {by_design.UNUSED_GET_ZERO_GRAD: lambda: judge_steps(judge, example, outputs, batch, variant(), device, scope)},
+        lambda: judge_steps(judge, example, outputs, batch, expected, device, scope, micro_batches),
+        {by_design.UNUSED_GET_ZERO_GRAD: lambda: judge_steps(judge, example, outputs, batch, variant(), device, scope, micro_batches)},
     )
 
 
-def judge_steps(judge: Judge, example: Example, outputs: dict, batch: dict, expected: ref.Trajectory, device: str, scope: str) -> None:
+def judge_steps(
+    judge: Judge, example: Example, outputs: dict, batch: dict, expected: ref.Trajectory, device: str, scope: str, micro_batches: int = 1
+) -> None:
     world = range(example.world_size)
     model = models.build(example.model, example.seed)
     exact = {name: "frozen parameter" for name, p in model.named_parameters() if not p.requires_grad}
@@ -143,12 +150,12 @@ def judge_steps(judge: Judge, example: Example, outputs: dict, batch: dict, expe
     before = expected.initial
     for s in range(example.steps):
         step = f"step {s + 1}"
-        truth = ref.evaluate(ref.load_state(models.build(example.model, 0), before), batch, example.world_size, device=device)
+        truth = ref.evaluate(ref.load_state(models.build(example.model, 0), before), batch, example.world_size, micro_batches, device=device)
         for r in world:
             got = outputs[r]["steps"][s]
             judge.tensor(
                 got["loss"],
-                truth.slice_losses[r][0],
+                truth.slice_losses[r][0] if micro_batches == 1 else truth.slice_losses[r],
                 atol=ref.loss_atol(truth, r),
                 what=f"rank {r} loss at {step} (the mean loss over its own slice of the batch)",
             )
@@ -195,9 +202,10 @@ def test_sharded_training_matches_one_process_in_the_configurations_users_set(da
     """A library's adapter in a configuration drawn from its table entry (conformance/library_configurations.py)."""
     with drawn(data, ranks, "sharded_optimizer") as configuration:
         example = data.draw(examples(target.max_world_size), label="example")
-        judge = Judge(f"{example}; {configuration}", reproduce)
-        outputs, batch, expected = run_training(ranks, example)
-        judge_training(judge, example, outputs, batch, expected, target.plan.device_type(example.world_size), target.scope)
+        k = data.draw(st.integers(1, 3), label="micro_batches")  # gradient accumulation, through the library's own counter
+        judge = Judge(f"{example}, micro_batches={k}; {configuration}", reproduce)
+        outputs, batch, expected = run_training(ranks, example, k)
+        judge_training(judge, example, outputs, batch, expected, target.plan.device_type(example.world_size), target.scope, k)
 
 
 # A fixed case a draw may never hold (issue 59: an outsider whose partition is built at the first

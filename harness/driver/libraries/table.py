@@ -83,7 +83,7 @@ DEEPSPEED_SETTINGS = (
         _ZERO12 + _ZERO3,
         "false: backward only accumulates and step() reduces and updates (engine.step: 'Unmanaged boundary'); not drawn for "
         "ZeRO-0, which then reduces inside step(), after the contract reads the synchronised gradients",
-        since="0.19.8",
+        since="0.19.4",  # constants.py: MANAGED_GRADIENT_ACCUMULATION first in 0.19.4 (absent in 0.19.3)
     ),
 )
 
@@ -106,10 +106,12 @@ DEEPSPEED = Library(
             "deepspeed_buffers_not_broadcast.py",
             "deepspeed_unused_parameter_moves.py",
             "deepspeed_stale_gradient_of_a_skipped_parameter.py",
-        )
+        ),
+        "0.18.2": ("deepspeed_zero2_accumulation_keeps_the_last_micro_batch.py",),
     },
     pinned="0.19.8",
-    older=("0.18.3",),
+    # 0.18.2 and 0.18.3: a known-buggy release and its fix (deepspeedai/DeepSpeed#7718, ZeRO-2 accumulation)
+    older=("0.18.3", "0.18.2"),
     # deepspeed.init_distributed JIT-builds its deepspeed_shm_comm op on every machine (about 100 s
     # the first time, cached in ~/.cache/torch_extensions); a compiler that fails is an error there
     system_packages={"g++": "g++", "ninja": "ninja-build"},

@@ -26,15 +26,30 @@ def local_state_tensors(optim) -> int:
     return sum(1 for p, st in optim.state.items() if any(torch.is_tensor(v) and v.shape == p.shape for v in st.values()))
 
 
-def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps: int, batch: dict, group=None) -> dict:
+def train(
+    ctx: RankContext,
+    impl,
+    model: dict,
+    seed: int,
+    optimizer: dict,
+    steps: int,
+    batch: dict | None = None,
+    group=None,
+    batches: list | None = None,
+) -> dict:
     """Per step: opt.zero_grad(set_to_none=True); loss = net(inputs, targets); loss.backward();
-    opt.step()."""
+    opt.step(). With ``batches`` (this rank's slices of k micro-batches) instead of ``batch``: a
+    forward and backward per micro-batch before the step (gradient accumulation, the hook
+    ``accumulate(k)`` told first), each step's losses reported stacked."""
     if group is not None:
         raise ValueError("the sharded optimizer is tested on the whole world, not a subgroup")
     ShardedOptimizer = require(impl, "ShardedOptimizer")
     net = models.build(model, seed).to(ctx.device)
     optimizer_class, options = models.optimizer_class(optimizer)
     opt = ShardedOptimizer(net.parameters(), optimizer_class, **options)
+    micro = [(ctx.to_device(b["inputs"]), ctx.to_device(b["targets"])) for b in (batches if batches is not None else [batch])]
+    if batches is not None:
+        library_loop.accumulate(opt, len(micro))
     forward = library_loop.wrap_model(opt, net)  # a library's engine: .optim exists from here on
     missing = [name for name in CONTRACT if not hasattr(opt, name)]
     if missing:
@@ -42,16 +57,18 @@ def train(ctx: RankContext, impl, model: dict, seed: int, optimizer: dict, steps
             f"ShardedOptimizer(params, optimizer_class, **defaults) returned a {type(opt).__name__} "
             f"without {', '.join(missing)}: the contract needs step(), zero_grad() and .optim"
         )
-    inputs, targets = ctx.to_device(batch["inputs"]), ctx.to_device(batch["targets"])
     result = {"steps": []}
     for _ in range(steps):
         opt.zero_grad(set_to_none=True)
-        loss = forward(inputs, targets)
-        library_loop.backward(opt, loss)
+        losses = []
+        for inputs, targets in micro:
+            loss = forward(inputs, targets)
+            library_loop.backward(opt, loss)
+            losses.append(loss.detach())
         opt.step()
         result["steps"].append(
             {
-                "loss": loss.detach(),
+                "loss": torch.stack(losses) if batches is not None else losses[0],
                 "state": models.state(net),
                 "optimizer_state_numel": local_state_numel(opt.optim),
                 "optimizer_state_tensors": local_state_tensors(opt.optim),
