@@ -71,6 +71,22 @@ def _section(library) -> list[str]:
         lines.append("Ranks run with " + ", ".join(f"`{k}={v}`" for k, v in library.environment.items()) + ".")
     lines += ["", "Shims (each stands in for one library line, never for its arithmetic or communication):", ""]
     lines += [f"- {what} (stands in for: {line})" for what, line in library.shims] or ["- none"]
+    lines += [
+        "",
+        "Configurations its users set (drawn per example by the tests marked `library_configuration`, the default first; a failure shrinks toward the defaults):",
+        "",
+    ]
+    lines += [
+        f"- `{s.key}`: {', '.join(f'`{v!r}`' for v in s.values)}, for {', '.join(s.capabilities)}{f' (since {s.since})' if s.since else ''}: {s.why}"
+        for s in library.settings
+    ] or [f"- none: {library.settings_note}"]
+    if library.settings and library.settings_note:
+        lines.append(f"- beside them: {library.settings_note}")
+    if library.averages_micro_batches:
+        lines += [
+            "",
+            f"Gradient accumulation through its own counter averages the micro-batches, and the reference does the same for it: {library.averages_micro_batches}.",
+        ]
     if library.by_design:
         lines += ["", "Differs by design (documented behaviours the reference runs too, with their sources):", ""]
         lines += [f"- `{name}`: {what} ({source})" for name, (what, source) in library.by_design.items()]

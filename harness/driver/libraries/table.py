@@ -145,6 +145,17 @@ DEEPSPEED = Library(
         "(aux.weight, which no forward uses, has a .grad after the step's synchronisation)",
         # explained per run first: matrix.explanation takes the first key that matches
         "ZeRO-1 + offload_optimizer cpu: test_sharded_optimizer.py": STALE_GRADIENT,
+        "ZeRO-1: test_sharded_optimizer.py::test_sharded_training_matches_one_process_in_the_configurations_users_set": "0.19.8: with "
+        "3 micro-batches through DeepSpeed's counter and a parameter some of them skip (aux.linear.weight, skips_in_unit), it "
+        "ends step 1 about 1e-3 relative away from one process (brief profile, not shrunk); 0.18.2 and 0.18.3: as ZeRO-2's. Not "
+        "explained yet: the suite's own until a standalone reproduction shows it (2026-12-07)",
+        "ZeRO-2: test_sharded_optimizer.py::test_sharded_training_matches_one_process_in_the_configurations_users_set": "0.18.2: "
+        "deepspeedai/DeepSpeed#7718, ZeRO-2 with gradient_accumulation_steps > 1 steps on the last micro-batch's gradient over k "
+        "(shrunk to world 1, a 1-1-1 MLP, 2 micro-batches, every drawn key at its default), reproduced without the suite by "
+        "tests/libraries/deepspeed_zero2_accumulation_keeps_the_last_micro_batch.py; fixed in 0.18.3, where that script matches "
+        "the mean. 0.18.3 still fails here (fc1.weight after step 1 at the value of a summed gradient, on world 1 with 2 "
+        "micro-batches and on world 2 with 1), which standalone runs of the same configuration (one engine or two in a process, "
+        "the loss inside or outside the model, every key explicit) do not show: the suite's own until shown (2026-12-07)",
         "ZeRO-2 + offload_optimizer cpu: test_sharded_optimizer.py": STALE_GRADIENT,
         "test_fully_sharded.py::test_training_matches_one_process": STALE_GRADIENT,
         "test_sharded_optimizer.py::test_sharded_training_matches_one_process_with_the_whole_state": "ZeRO-1/2 pad each flat fp32 partition group to a multiple "
@@ -233,6 +244,10 @@ FAIRSCALE = Library(
         ),
     ),
     explained={
+        "FullyShardedDataParallel: test_fully_sharded.py::test_training_matches_one_process_in_the_configurations_users_set": "with "
+        "flatten_parameters false and 2 micro-batches (world 2, a 1-1-1 MLP, SGD, shrunk), fc1.bias ends step 1 at -0.296 where "
+        "one process has -0.189; flattened (the default) it trains right. Not explained yet: the suite's own until a standalone "
+        "reproduction (which needs the CPU stream shims of adapters/fairscale_cpu.py) shows it (2026-12-07)",
         "OSS + ShardedDataParallel: test_sharded_optimizer.py::test_sharded_training_matches_one_process": "a bug of fairscale: after OSS.zero_grad(set_to_none=True) (torch 2's default, the contract's call) "
         "ShardedDataParallel reduces its bucket, no longer the parameters' fresh .grad, and training leaves one "
         "process's from the second step on. Shown without the suite by tests/libraries/"
@@ -333,6 +348,9 @@ MEGATRON_CORE = Library(
         "test_data_parallel.py::test_training_matches_one_process_on_the_global_batch": "the buffers or the unused parameter, as in test_buffers_start_from_rank_0s and "
         "test_tied_frozen_and_unused_parameters (the first failing example says which)",
         "test_data_parallel.py::test_gradient_accumulation_and_both_zero_grad_modes": "the unused parameter, as in test_tied_frozen_and_unused_parameters",
+        "test_data_parallel.py::test_training_matches_one_process_in_the_configurations_users_set": "the unused parameter, as in "
+        "test_tied_frozen_and_unused_parameters: with overlap_grad_reduce (the adapter's value) a model whose aux.linear.weight "
+        "skips a step raises 'Communication call has not been issued for this bucket' (brief profile, 2026-12-07)",
         "test_data_parallel.py::test_bucketed_gradients_are_the_mean_over_ranks": "the unused parameter, as in test_tied_frozen_and_unused_parameters",
         "test_tensor_parallel.py::test_tensor_parallel_traffic": "the values pass (tensor_parallel, tp_norm); the audit's bound for the sequence-parallel MLP's backward "
         "counts one all-gather, and megatron-core does two: fc2's all-gather of the output gradient and fc1's "
