@@ -168,3 +168,41 @@ def test_every_derandomized_profile_has_a_random_twin_for_the_seeded_runs():
     for name in ("mutation", "ci", "grading"):
         twin = settings.get_profile(f"{name}_random")
         assert not twin.derandomize and twin.max_examples == PROFILES[name]["max_examples"]
+
+
+def test_a_mutant_that_does_not_load_is_not_killed_and_fails_the_run(capsys):
+    """Every CS336 mutant once failed to import (its fixture's package read metadata that only the
+    fixture's root declares) and the runner counted the import error as ten kills."""
+    from pathlib import Path
+
+    from parallelism_conformance.harness.driver.mutation_report import report_mutants
+
+    broken = Mutant(Path("mutants/fully_sharded/broken.py"), "never loads", "test_x", "conformance/test_fully_sharded.py")
+    unloadable = (
+        1,
+        "E       parallelism_conformance.harness.driver.failures.ImplementationUnloadable: the implementation under test cannot be loaded here\n",
+        1.0,
+    )
+    killed, survived, _ = report_mutants([broken], [[Job("mutant: fully_sharded/broken", "mutant", None)]], lambda job: unloadable)
+    assert killed == [] and survived == ["fully_sharded/broken"]
+    assert "UNLOADED" in capsys.readouterr().out
+
+
+def test_every_cs336_mutant_loads_its_fixture():
+    """In one process (torch imported once): adapters.cs336 loaded again for each CS336 mutant."""
+    import subprocess
+    import sys
+
+    from parallelism_conformance.harness.driver.libraries.venvs import ROOT
+
+    paths = [str(m.impl_and_env()[1]["CS336_SUBMISSION"]) for m in mutants() if m.submission]
+    script = (
+        "import importlib, os, sys\n"
+        "for path in sys.argv[1:]:\n"
+        "    os.environ['CS336_SUBMISSION'] = path\n"
+        "    module = sys.modules.get('parallelism_conformance.adapters.cs336')\n"
+        "    importlib.reload(module) if module else importlib.import_module('parallelism_conformance.adapters.cs336')\n"
+        "    print('loaded', path)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, *paths], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.count("loaded") == len(paths) >= 10, done.stdout[-1000:] + done.stderr[-2000:]

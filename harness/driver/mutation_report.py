@@ -51,12 +51,15 @@ def report_known_good(goods, results) -> list[str]:
 
 
 def _mutant_outcome(mutant, code: int, output: str) -> tuple[str, str]:
-    """One run of a mutant: ("killed" | "deadline" | "unnamed" | "survived", what to print)."""
+    """One run of a mutant: ("killed" | "deadline" | "unnamed" | "unloaded" | "survived", what to print)."""
     if code == 1 and only_a_deadline(output) and not mutant.hang:
         return "deadline", (
             f"killed only by a deadline: the runner cannot tell this from load ({failing_line(output)}); "
             f"if its bug is a hang, its docstring says '{HANG}'"
         )
+    if code == 1 and "ImplementationUnloadable" in failing_line(output):
+        # a mutant that does not load fails every test and kills nothing: its bug was never run
+        return "unloaded", f"does not load, so its bug was never run (not a kill): {failing_line(output)}"
     if code == 1 and mutant.race and RACE_EVIDENCE not in output:
         return "unnamed", f"failed, but not with --perturb-timing naming the call ('{RACE}' in its docstring): {failing_line(output)}"
     if code == 1:
@@ -72,14 +75,14 @@ def report_mutants(every_mutant, jobs, result) -> tuple[list[str], list[str], li
     """``jobs``: per mutant, its runs (one per seed). Killed only when every run kills it."""
     print("\n=== known-buggy implementations (each must fail)")
     killed, survived, deadline_only = [], [], []
-    label = {"killed": "killed  ", "deadline": "DEADLINE", "unnamed": "UNNAMED ", "survived": "SURVIVED"}
+    label = {"killed": "killed  ", "deadline": "DEADLINE", "unnamed": "UNNAMED ", "unloaded": "UNLOADED", "survived": "SURVIVED"}
     for mutant, runs in zip(every_mutant, jobs):
         outcomes = [(job, *result(job)) for job in runs]
         name = _name(mutant.path)
         seconds = sum(taken for _, _, _, taken in outcomes)
         judged = [(job, *_mutant_outcome(mutant, code, output)) for job, code, output, _ in outcomes]
         kinds = [kind for _, kind, _ in judged]
-        worst = next((k for k in ("survived", "unnamed", "deadline") if k in kinds), "killed")
+        worst = next((k for k in ("survived", "unloaded", "unnamed", "deadline") if k in kinds), "killed")
         head = f"{name:<50} {seconds:5.1f} s  {mutant.bug}"
         if len(runs) > 1 and worst != "killed" and "killed" in kinds:  # caught at some seeds only: a lucky draw
             missed = [job for job, kind, _ in judged if kind != "killed"]

@@ -7,10 +7,17 @@ installed packages would be."""
 import sys
 from pathlib import Path
 
+from parallelism_conformance.adapters import cs336_metadata
+
 SUBMISSION = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "cs336_submission"
 for folder in (SUBMISSION / "cs336-basics", SUBMISSION):
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
+# The fixture's package reads its own version at import (importlib.metadata, as the 2026 template
+# does); adapters.cs336 declares the distributions of the submission it loads, whose root here is
+# mutants/, not the fixture: declared for the fixture, or every CS336 mutant failed to load and
+# the runner counted that as its kill
+cs336_metadata.declare(str(SUBMISSION))
 
 from cs336_systems import fsdp  # noqa: E402 - importable only once the folders above are on the path
 
