@@ -131,6 +131,8 @@ def report_outsiders(every_outsider, jobs, result) -> tuple[list[str], list[str]
                         f"if its bug is a hang, its docstring says '{HANG}'",
                     )
                 )
+            elif code == 1 and "ImplementationUnloadable" in failing_line(output):
+                escaped.append((job, f"does not load, so its bug was never run (not a catch): {failing_line(output)}"))
             elif code != 1:
                 escaped.append((job, "(" + {0: "every test passed", 5: "no test selected"}.get(code, f"pytest exit code {code}") + ")"))
         if not escaped:
