@@ -47,7 +47,7 @@ def test_a_test_that_ran_examples_stops_at_the_budget_and_its_note_says_so(in_hy
     assert [refuse(refusals) for _ in range(Refusals.REFUSAL_BUDGET - 3)] == [UnsatisfiedAssumption] * 47
     assert refuse(refusals) is EnoughRefused
     assert refusals.note().startswith(
-        "1 examples ran; 50 drawn examples torch's library cannot run were not, and drawing stopped there, as: 50x "
+        "1 examples ran; 50 drawn examples the library under test cannot run were not, and drawing stopped there, as: 50x "
     )
 
 

@@ -181,7 +181,7 @@ def test_an_example_torch_cannot_run_is_rejected_and_the_test_goes_on(suite_runn
         -3000:
     ]
     notes = re.findall(
-        r'name="note" value="(\d+) examples ran; (\d+) drawn examples torch\'s library cannot run '
+        r'name="note" value="(\d+) examples ran; (\d+) drawn examples the library under test cannot run '
         r"were not(, and drawing stopped there)?, as: \d+x torch.distributed.pipelining cannot run a "
         r"schedule",
         junit.read_text(),

@@ -115,7 +115,7 @@ class Refusals:
 
     def note(self) -> str:
         stopped = ", and drawing stopped there" if self.total() >= self.REFUSAL_BUDGET else ""
-        return f"{self.ran()} examples ran; {self.total()} drawn examples torch's library cannot run were not{stopped}, as: {self.summary()}"
+        return f"{self.ran()} examples ran; {self.total()} drawn examples the library under test cannot run were not{stopped}, as: {self.summary()}"
 
 
 @dataclass(frozen=True)
