@@ -115,10 +115,8 @@ def parallelize_steps(
     the world size; ``scale``: None for each rank's mean loss, else the factor of its summed loss."""
     if group is not None:
         raise ValueError("a mesh spans the whole world")
-    from torch.distributed.device_mesh import init_device_mesh
-
     parallelize = load_function(function, base)
-    device_mesh = init_device_mesh(ctx.device.type, tuple(size for _, size in mesh), mesh_dim_names=tuple(name for name, _ in mesh))
+    device_mesh = ctx.device_mesh(mesh)  # made once per world (RankContext.device_mesh says why)
     dense = decoder_lm.build(model, seed).to(ctx.device)
     trained = parallelize(dense, device_mesh)
     if not isinstance(trained, nn.Module):
