@@ -14,6 +14,11 @@ class Run:
     audit: bool = True  # run the capability's communication audit too
 
 
+# the capabilities a training library's runs map, as its settings name them
+DP, ZERO12, ZERO3 = ("data_parallel",), ("sharded_optimizer",), ("fully_sharded",)
+ANY_STAGE = DP + ZERO12 + ZERO3
+
+
 @dataclass(frozen=True)
 class Setting:
     """One configuration key a library's users set, as the table declares it: the values the suite
