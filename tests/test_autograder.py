@@ -24,6 +24,9 @@ from tests.autograder_trial import TIER, grade
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
 CORRECT = "from parallelism_conformance.impls import *  # noqa: F403 - the bundled implementations, handed in as a student's file\n"
+# a correct submission of its author's own (written from CONTRACT.md alone): the bundled code handed in
+# scores 0 (tests/test_autograder_attacks.py, class 6)
+OWN = ROOT / "outsiders" / "collectives" / "c2_correct.py"
 
 
 def _statuses(results: dict) -> set[str]:
@@ -33,7 +36,7 @@ def _statuses(results: dict) -> set[str]:
 def test_a_correct_submission_gets_full_marks_in_the_container_within_the_courses_time_limit(installed):
     # in a subfolder, as a zip of a folder arrives; the course's limit of 5 minutes sets the budget;
     # broadcast only (2 tests), to keep the test command short
-    outcome, results, _ = grade(installed, {"hw2/student_impl.py": CORRECT}, settings={"time_limit_s": 300, "capability": "broadcast"})
+    outcome, results, _ = grade(installed, {"hw2/student_impl.py": OWN}, settings={"time_limit_s": 300, "capability": "broadcast"})
     assert outcome.returncode == 0, outcome.stdout[-3000:] + outcome.stderr[-3000:]
     assert "graded hw2/student_impl.py" in outcome.stdout, outcome.stdout[:2000]
     assert results["extra_data"]["complete"], results["output"]

@@ -10,7 +10,9 @@ model):
 3. root never acts for the student: no link in the submission is followed, ranks inherit no
    descriptor of a root process;
 4. a grade always arrives: waits on contained children are bounded, replies bounded by the memory;
-5. nothing a world's uid left outlives the world.
+5. nothing a world's uid left outlives the world;
+6. the submission is read by the driver (issue 58, item 3): what it takes from the suite's bundled
+   implementations scores 0, and its reaches into the grader are flagged for review.
 
 Classes 1, 3 (descriptors), 4 (replies) and 5 share one grading run of one hostile submission
 (tests/fixtures/grade_never_earned_impl.py), each checked by a test of its own.
@@ -58,7 +60,7 @@ def hostile(installed):
         installed,
         {"student_impl.py": FIXTURES / "grade_never_earned_impl.py"},
         env={"HOSTILE_LOG": str(log), "HOSTILE_SHM_NAME": name},
-        settings={"capability": HOSTILE_CLAIM},
+        settings={"capability": HOSTILE_CLAIM, "bundled_code": "report"},  # its correct parts are the bundled code's
     )
     attempts = log.read_text().splitlines()
     yield outcome, results, attempts, witness
@@ -188,6 +190,18 @@ def test_class_4_an_import_that_stops_itself_gets_an_answer_in_bounded_time():
     problem = precheck.import_problem(found, contain=True, timeout_s=60)
     assert problem is not None and "gave no answer" in problem.message, problem
     assert time.monotonic() - started < 45  # the reap's patience is 10 s; the import itself a few
+
+
+def test_class_6_the_suites_own_answer_imported_scores_zero_and_is_flagged(installed):
+    """Class 6 (issue 58): a submission whose whole text imports the suite's bundled implementation
+    (installed in the image, so every rank could import it) got full marks; the driver now reads it
+    before any rank starts, and each claimed capability scores 0 saying why, every test flagged."""
+    outcome, results, _ = grade(installed, {"student_impl.py": CORRECT}, settings={"capability": "broadcast"})
+    assert results["extra_data"]["complete"] and results["score"] == 0 and results["max_score"] == 4.0, outcome.stdout[-3000:]
+    for test in results["tests"]:
+        assert test["status"] == "failed" and "is not the submission's own code" in test["output"], test
+        assert "review: grader access" in test["tags"] and "parallelism_conformance.impls" in test["output"], test
+    assert results["extra_data"]["submission"]["bundled_code"], results["extra_data"]
 
 
 def test_the_correct_submission_is_not_left_out_by_staging(tmp_path):

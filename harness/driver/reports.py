@@ -31,6 +31,7 @@ from parallelism_conformance.harness.driver.failures import NOT_GRADED
 from parallelism_conformance.harness.driver.report_summary import as_text, rendered, summarize
 from parallelism_conformance.harness.driver.rubric import Rubric
 from parallelism_conformance.harness.driver.scorecard import Scorecard, TestResult
+from parallelism_conformance.harness.driver.submission.reading import flag_entries
 
 # the package's __init__.py (parallelism_conformance/), in a checkout and installed alike: it holds __version__
 VERSION_FILE = Path(parallelism_conformance.__file__)
@@ -226,6 +227,8 @@ def _header(scorecard: Scorecard, rubric_path: Path, impl: str, run: dict, possi
         header.append(("hypothesis", _drawn(run["hypothesis"])))
     if possible is not None:
         header.append(("points", f"scaled so that what ran is out of {possible:g} (points_possible)"))
+    if run.get("submission", {}).get("grader_access"):  # the driver's reading: harness/driver/submission
+        header.append(("review", f"the submission reaches into the grader: {'; '.join(run['submission']['grader_access'][:8])}"))
     warning = older_torch_warning(torch.__version__)
     return header + ([("WARNING", warning)] if warning else [])
 
@@ -265,6 +268,7 @@ def write(
         summarize(rows, pairs, totals, rubric, header, complete=complete, for_students=True, claimed=claimed), rubric.output_format
     )
     report_dir.mkdir(parents=True, exist_ok=True)
+    flag_entries([entry for _, entry in pairs], run.get("submission"), rubric.test_output_format)  # reaches into the grader
     results = {
         "score": sum(s for s, _ in totals.values()) / 100,
         "max_score": sum(m for _, m in totals.values()) / 100,

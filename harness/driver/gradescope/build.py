@@ -67,6 +67,7 @@ def configure(args: argparse.Namespace) -> tuple[AutograderConfig, Path]:
         time_limit_s=args.time_limit_minutes * 60,
         points_possible=args.points_possible,
         contain_ranks=args.contain_ranks,
+        reject_grader_access=args.reject_grader_access,
         suite_version=suite_version(),
     ).check()
     unpriced = sorted(capabilities.select(config.capability) - set(rubric))
@@ -134,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
         default="yes",
         choices=("yes", "no"),
         help="no: grade uncontained where the platform cannot contain ranks (the report says so)",
+    )
+    parser.add_argument(
+        "--reject-grader-access",
+        action="store_true",
+        help="a submission whose own files reach into the grader scores 0, saying why (default: flagged for review; docs/options.md)",
     )
     args = parser.parse_args(argv)
     try:

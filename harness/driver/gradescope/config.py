@@ -21,6 +21,7 @@ CS336 = "cs336"  # ``expects``: a CS336 assignment 2 repository, graded through 
 PLATFORM_DEFAULT_LIMIT_S = 600  # Gradescope's default time limit (10 minutes; 40 at most)
 PLATFORM_MAX_LIMIT_S = 2400
 CONTAIN_CHOICES = ("yes", "no")
+BUNDLED_CHOICES = ("reject", "report")
 
 
 class ConfigError(ValueError):
@@ -37,6 +38,10 @@ class AutograderConfig:
     contain_ranks: str = "yes"  # "no" only where the platform cannot contain ranks (the report says so)
     suite_version: str = ""
     requirements: tuple[str, ...] = ()  # "name==version", installed by setup.sh under the lock's constraints
+    # --bundled-code: a capability taken from the suite's bundled code scores 0 ("reject"), or is only
+    # reported ("report": the project's own trials of attacks built on the bundled code)
+    bundled_code: str = "reject"
+    reject_grader_access: bool = False  # --reject-grader-access: a reach into the grader scores 0, not flagged
 
     def __post_init__(self):
         if isinstance(self.requirements, list):  # as JSON gives it back
@@ -75,6 +80,10 @@ class AutograderConfig:
             check_requirements(self.requirements)
         except RequirementError as error:
             raise ConfigError(f"requirements: {error}") from None
+        if self.bundled_code not in BUNDLED_CHOICES:
+            raise ConfigError(f"bundled_code = {self.bundled_code!r}: expected one of {', '.join(BUNDLED_CHOICES)}")
+        if not isinstance(self.reject_grader_access, bool):
+            raise ConfigError(f"reject_grader_access = {self.reject_grader_access!r}: expected true or false")
         if self.contain_ranks not in CONTAIN_CHOICES:
             raise ConfigError(f"contain_ranks = {self.contain_ranks!r}: expected one of {', '.join(CONTAIN_CHOICES)}")
         return self

@@ -115,6 +115,7 @@ def suite_command(config: AutograderConfig, found: precheck.Found, results: Path
         "--contain-ranks",
         config.contain_ranks,
     ]
+    command += ["--bundled-code", config.bundled_code] + (["--reject-grader-access"] if config.reject_grader_access else [])
     if config.capability:
         command += ["--capability", config.capability]
     if config.points_possible is not None:

@@ -7,9 +7,10 @@
 * refusals.py: what torch's library or the backend cannot run, rejected instead of failed;
 * time_share.py: under a time budget, each test's share of it (examples cut, never whole tests);
 * grading_files.py: results.json, junit.xml and summary.txt, written as the run goes;
+* submission.py: the submission read by the driver before any rank starts, and what it costs;
 * hooks.py: the session's hooks (scorecard, deselection, the budget, outcomes);
 * fixtures.py: the world pools and the ``ranks`` and ``target`` fixtures (``backend_refusals`` is
   conformance/conftest.py's: it calls the collectives from conformance/collective_table.py).
 """
 
-PLUGINS = [f"parallelism_conformance.harness.driver.plugin.{name}" for name in ("options", "hooks", "fixtures")]
+PLUGINS = [f"parallelism_conformance.harness.driver.plugin.{name}" for name in ("options", "hooks", "submission", "fixtures")]
