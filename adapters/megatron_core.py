@@ -323,15 +323,24 @@ def _tensor_parallel_group(group):
         parallel_state._TENSOR_MODEL_PARALLEL_GROUP = before
 
 
-def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, group=None):
+def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, group=None, label_smoothing: float = 0.0):
+    """Megatron's smoothing alpha puts alpha / (V - 1) on each class but the target and 1 - alpha on the
+    target (cross_entropy.py's docstring, after NeMo); the contract's eps, torch's, puts eps / V on
+    every class: the same distribution at alpha = eps (V - 1) / V, passed so."""
     from megatron.core import tensor_parallel
 
     group = _group(group)
     width = logits.shape[-1]
+    if label_smoothing and width * group.size() != vocab_size:
+        raise NotImplementedError(
+            f"megatron-core cannot smooth over a padded vocabulary ({vocab_size} real of {width * group.size()} columns): "
+            "its smoothing averages the log-probabilities of every column it is given, and the padding's are -inf"
+        )
+    alpha = label_smoothing * (vocab_size - 1) / vocab_size
     columns = torch.arange(width, device=logits.device) + group.rank() * width
     masked = logits.masked_fill(columns >= vocab_size, float("-inf"))
     with _tensor_parallel_group(group):
-        return tensor_parallel.vocab_parallel_cross_entropy(masked, targets)
+        return tensor_parallel.vocab_parallel_cross_entropy(masked, targets, label_smoothing=alpha)
 
 
 def ShardedOptimizer(params, optimizer_class, group=None, **defaults):

@@ -47,7 +47,14 @@ class _LossParallel(torch.autograd.Function):
         return ctx.leaf.grad, None, None, None
 
 
-def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, group=None):
+def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, group=None, label_smoothing: float = 0.0):
+    if label_smoothing:
+        # measured on torch 2.13: F.cross_entropy(..., label_smoothing=0.1) under loss_parallel raises
+        # "aten.masked_fill_.Scalar: in-place operations that require placement changes are not supported"
+        raise NotImplementedError(
+            "torch's loss_parallel cannot take label_smoothing: its documentation says 'Currently not supported' "
+            "(torch/distributed/tensor/parallel/loss.py, loss_parallel)"
+        )
     return _LossParallel.apply(logits, targets, vocab_size, group)
 
 

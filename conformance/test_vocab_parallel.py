@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import parallelism_conformance.reference.vocab_parallel as ref
 from parallelism_conformance.conformance.examples import layouts
-from parallelism_conformance.conformance.verdict import Judge
+from parallelism_conformance.conformance.verdict import Judge, run_or_skip
 from parallelism_conformance.reference.tolerance import unit_roundoff
 
 PROGRAM = "tensor_parallel:vocab_cross_entropy"
@@ -113,3 +113,46 @@ def test_the_embedding_equals_the_dense_embedding(data, ranks, target, reproduce
             what=f"rank {rank} weight gradient (its rows of the dense gradient; zero in the padding)",
         )
     judge.bitwise_identical({rank: outputs[rank]["output"] for rank in layout.ranks}, what="the output")
+
+
+@pytest.mark.capability("vocab_label_smoothing")
+@given(data=st.data())
+def test_label_smoothing_spreads_over_the_whole_vocabulary(data, ranks, target, reproduce):
+    """``label_smoothing=eps``: the target distribution (1 - eps) onehot(t) + eps / V over the V real
+    columns of the whole vocabulary (torch's ``F.cross_entropy``). Megatron-LM#737 / #7464: a mean of
+    the log-probabilities over a rank's own columns (and eps scaled by the local width) gives each
+    rank another loss at TP > 1. float32 only: the dtypes are the test above's, and one dtype keeps a
+    library's float32 loss of float64 logits (by design for megatron-core) out of this verdict."""
+    layout = data.draw(layouts(target.max_world_size), label="layout")
+    n = layout.size
+    vocab = data.draw(st.integers(2, 4 * n + 3), label="vocab")
+    leading = tuple(data.draw(st.lists(st.integers(1, 3), min_size=1, max_size=2), label="leading dims"))
+    eps = data.draw(st.sampled_from((0.1, 0.3, 0.05, 0.9)), label="label_smoothing")
+    seed = data.draw(st.integers(0, 2**16), label="seed")
+    g = torch.Generator().manual_seed(seed)
+    padded = ref.padded_vocabulary(vocab, n)
+    # rank-distinct means: each rank's columns shifted apart, so a mean over a rank's own columns is far off
+    logits = 2 * torch.randn((*leading, padded), generator=g) + torch.arange(padded) // max(1, padded // n)
+    logits[..., vocab:] = PADDING_LOGIT
+    targets = torch.randint(0, vocab, leading, generator=g)
+    grad_output = torch.randn(leading, generator=g)
+    judge = Judge(f"{layout}, vocab={vocab} (padded to {padded}), leading dims {leading}, label_smoothing={eps}, seed={seed}", reproduce)
+    dense = ref.cross_entropy(logits, targets, vocab, grad_output, label_smoothing=eps)
+    atol = ref.cross_entropy_atol(logits, vocab, grad_output)
+    arguments = {"targets": targets, "vocab_size": vocab, "grad_output": grad_output, "label_smoothing": eps}
+    per_member = [{"logits": ref.logits_shard(logits, n, i), **arguments} for i in range(n)]
+    outputs = run_or_skip(judge, ranks, layout, PROGRAM, per_member)  # a library without smoothing refuses, named
+    for i, rank in enumerate(layout.ranks):
+        judge.tensor(
+            outputs[rank]["loss"],
+            dense["loss"],
+            atol=atol["loss"],
+            what=f"rank {rank} per-token losses (lse - (1 - {eps}) z_t - {eps} mean of the {vocab} real logits)",
+        )
+        judge.tensor(
+            outputs[rank]["grad_logits"],
+            ref.logits_shard(dense["grad_logits"], n, i),
+            atol=ref.logits_shard(atol["grad_logits"], n, i),
+            what=f"rank {rank} gradient of its logit columns (softmax - (1 - {eps}) onehot - {eps} / {vocab}, zero in the padding)",
+        )
+    judge.bitwise_identical({rank: outputs[rank]["loss"] for rank in layout.ranks}, what="the per-token losses")

@@ -1,6 +1,6 @@
 """The vocabulary split across a group (Megatron-LM, Shoeybi et al. 2019, section 3), on the bundled
 point-to-point collectives: ``VocabParallelEmbedding.from_dense(embedding, group=None)`` and
-``vocab_parallel_cross_entropy(logits, targets, vocab_size, group=None)``.
+``vocab_parallel_cross_entropy(logits, targets, vocab_size, group=None, label_smoothing=0.0)``.
 
 The embedding: rank r keeps rows [r V_pad / n, (r + 1) V_pad / n) of the table padded with zero
 rows to V_pad = n ceil(V / n); a token's row comes from the rank that holds it, zeros from the
@@ -13,6 +13,13 @@ logits (all-reduce MAX), the sum of exp(z - m) over the real columns (all-reduce
 target's logit, which one rank holds (all-reduce SUM of it or zero); loss = m + log(sum) - z_t.
 Backward needs no communication: softmax(z) - onehot(t) on this rank's real columns, zero on the
 padding, times the token's upstream gradient. The logits are never gathered.
+
+Label smoothing eps (Szegedy et al. 2016, sec. 7; torch's F.cross_entropy): the target distribution
+is (1 - eps) onehot(t) + eps / V on each of the V real columns, so the loss is
+lse(z) - (1 - eps) z_t - eps mean_j z_j, the mean over all V real columns: one more all-reduce SUM
+of each rank's sum of its real logits (a mean over a rank's own columns, or over V_pad, is
+Megatron-LM#737's bug). Its gradient is softmax(z) - (1 - eps) onehot(t) - eps / V on the real
+columns, zero on the padding.
 
 Never imports reference/.
 """
@@ -56,7 +63,7 @@ class VocabParallelEmbedding(nn.Module):
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, targets, vocab_size, group):
+    def forward(ctx, logits, targets, vocab_size, group, label_smoothing):
         rank = dist.get_rank(group)
         width = logits.shape[-1]
         start = rank * width
@@ -76,21 +83,40 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         softmax = torch.zeros_like(logits)
         softmax[..., :real] = shifted / total.unsqueeze(-1)
         ctx.save_for_backward(softmax, mine, local_index)
-        return top + torch.log(total) - target_logit
+        ctx.real, ctx.vocab_size, ctx.label_smoothing = real, vocab_size, label_smoothing
+        loss = top + torch.log(total) - target_logit
+        if not label_smoothing:
+            return loss
+        return loss + label_smoothing * (target_logit - mean_logit(z, vocab_size, group))
 
     @staticmethod
     def backward(ctx, grad_loss):
         softmax, mine, local_index = ctx.saved_tensors
         grad = softmax.clone()
         hit = torch.zeros_like(grad).scatter_(-1, local_index.unsqueeze(-1), mine.unsqueeze(-1).to(grad.dtype))
-        return (grad - hit) * grad_loss.unsqueeze(-1), None, None, None
+        grad = grad - (1.0 - ctx.label_smoothing) * hit
+        grad[..., : ctx.real] -= ctx.label_smoothing / ctx.vocab_size
+        return grad * grad_loss.unsqueeze(-1), None, None, None, None
 
 
-def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, group=None) -> torch.Tensor:
+def mean_logit(real_logits: torch.Tensor, vocab_size: int, group) -> torch.Tensor:
+    """mean_j z_j over the V real columns of the whole group: each rank's sum of its real columns,
+    summed over the group (all-reduce SUM), over V."""
+    total = real_logits.sum(dim=-1).contiguous()
+    collectives.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+    return total / vocab_size
+
+
+def vocab_parallel_cross_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, group=None, label_smoothing: float = 0.0
+) -> torch.Tensor:
     """Per-token cross entropy over the vocabulary split across ``group`` (module docstring):
-    ``logits`` [..., V_pad / n] this rank's columns, ``targets`` [...] global ids < vocab_size;
-    returns the per-token losses [...], the same on every rank, differentiable in ``logits``."""
+    ``logits`` [..., V_pad / n] this rank's columns, ``targets`` [...] global ids < vocab_size,
+    ``label_smoothing`` eps in [0, 1]; returns the per-token losses [...], the same on every rank,
+    differentiable in ``logits``."""
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
     n = dist.get_world_size(group)
     if logits.shape[-1] * n < vocab_size:
         raise ValueError(f"{n} ranks of {logits.shape[-1]} logit columns hold {logits.shape[-1] * n} < the vocabulary {vocab_size}")
-    return _VocabParallelCrossEntropy.apply(logits, targets, vocab_size, group)
+    return _VocabParallelCrossEntropy.apply(logits, targets, vocab_size, group, float(label_smoothing))

@@ -17,6 +17,15 @@ which the ranks get from one max (all-reduce MAX), one sum of exp (all-reduce SU
 logit (held by one rank: all-reduce SUM of it or zero). Its gradient with respect to z is
 softmax(z) - onehot(t), times the upstream gradient of the token; zero in the padding columns.
 
+With label smoothing eps (Szegedy et al. 2016, sec. 7, as torch's ``F.cross_entropy``), the
+target distribution is (1 - eps) onehot(t) + eps / V over the V real columns, so
+
+    loss = lse(z) - (1 - eps) z_t - eps mean_j z_j,   gradient softmax(z) - (1 - eps) onehot(t) - eps / V,
+
+the mean over the V real columns of the whole vocabulary (never a rank's own columns, nor the
+padding). Megatron's convention (ε / (V - 1) on each other class, target 1 - ε) is this one at
+eps (V - 1) / V.
+
 Tolerance: log-sum-exp evaluated in another order errs by about (V + 4) u (|m| + 1) (Higham,
 2nd ed., §4.2 for the sum of V positive terms, each exp and the log one u); the gradient, a
 softmax, by (V + 4) u per element times the upstream gradient. Computed in float64 from the values
@@ -63,12 +72,14 @@ def logits_shard(logits: Tensor, n: int, index: int) -> Tensor:
     return logits[..., index * each : (index + 1) * each].clone()
 
 
-def cross_entropy(logits: Tensor, targets: Tensor, vocab: int, grad_output: Tensor) -> dict[str, Tensor]:
-    """Per-token losses over the first ``vocab`` columns of the padded ``logits`` [..., V_pad], and
-    the gradient with respect to all of them for the upstream gradient ``grad_output`` [...]
-    (zero in the padding columns). Keys: loss, grad_logits."""
+def cross_entropy(logits: Tensor, targets: Tensor, vocab: int, grad_output: Tensor, label_smoothing: float = 0.0) -> dict[str, Tensor]:
+    """Per-token losses over the first ``vocab`` columns of the padded ``logits`` [..., V_pad], with
+    ``label_smoothing`` eps spread over those columns, and the gradient with respect to all of them
+    for the upstream gradient ``grad_output`` [...] (zero in the padding columns). Keys: loss,
+    grad_logits."""
     z = logits.detach().double().requires_grad_(True)
-    loss = F.cross_entropy(z[..., :vocab].reshape(-1, vocab), targets.reshape(-1), reduction="none")
+    real = z[..., :vocab].reshape(-1, vocab)
+    loss = F.cross_entropy(real, targets.reshape(-1), reduction="none", label_smoothing=label_smoothing)
     loss = loss.reshape(targets.shape)
     (grad,) = torch.autograd.grad(loss, z, grad_output.double())
     return {"loss": loss.detach().to(logits.dtype), "grad_logits": grad.to(logits.dtype)}

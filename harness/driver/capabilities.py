@@ -196,6 +196,9 @@ CAPABILITIES: tuple[Capability, ...] = (
                "vocab_parallel", contract="Vocabulary-parallel cross entropy",
                files=_files(("vocab_parallel",), "vocab_parallel", "tensor_parallel", adapter="torch_vocab_parallel",
                             outsiders="vocab_parallel")),
+    Capability("vocab_label_smoothing", ("vocab_parallel_cross_entropy",), "conformance/test_vocab_parallel.py",
+               "vocab_label_smoothing", contract="Vocabulary-parallel cross entropy",
+               files=_files(("vocab_parallel",), "vocab_parallel", "tensor_parallel", adapter="torch_vocab_parallel")),
     Capability("composition", ("TensorParallelMLP", "all_reduce"), "conformance/test_composition.py", "composition",
                contract="Composition on a device mesh",
                files=_files(("mesh", "topology", "tensor_parallel"), None, "composition", "composition", "torch_native",
@@ -286,7 +289,7 @@ CAPABILITIES: tuple[Capability, ...] = (
                files=_files(("mesh", "topology", "pipeline_parallel", "tensor_parallel"), None, "pipeline_parallel",
                             "mesh_composition", "torch_native", "mesh_composition")),
     # a team's own function over a named DeviceMesh (--parallelize): it provides no contract names
-    Capability("parallelize", (), "conformance/test_parallelize.py", None, contract="A parallelize function",
+    Capability("parallelize", (), "conformance/test_parallelize.py", "parallelize", contract="A parallelize function",
                files=(*_files(("parallelize",), None, "parallelize"), "harness/rank/decoder_lm.py", "parallelize_examples")),
     # the audit's rules are stated in each strategy's section of CONTRACT.md ("Communication")
     Capability("audit", COLLECTIVES, "conformance/audit", "audit",

@@ -109,9 +109,15 @@ MEGATRON_CORE = Library(
         ),
         Setting("DistributedDataParallelConfig.check_for_nan_in_grad", (False, True), DP, "check every gradient for NaN before its reduction"),
     ),
-    settings_note="the tensor-parallel, sequence-parallel and pipeline runs build from the contract's own keywords; "
-    "label_smoothing (vocab_parallel_cross_entropy) is not in the contract yet (issue 56, item 5)",
-    reproductions={"0.16.1": ("megatron_cross_entropy_float32.py", "megatron_ddp_buffers_and_unused_parameters.py")},
+    settings_note="the tensor-parallel, sequence-parallel and pipeline runs build from the contract's own keywords "
+    "(label_smoothing of vocab_parallel_cross_entropy among them, drawn by its own test)",
+    reproductions={
+        "0.16.1": (
+            "megatron_cross_entropy_float32.py",
+            "megatron_ddp_buffers_and_unused_parameters.py",
+            "megatron_label_smoothing_local_mean.py",
+        )
+    },
     pinned="0.16.1",
     older=("0.15.3",),
     import_name="megatron.core",
@@ -119,7 +125,7 @@ MEGATRON_CORE = Library(
         Run(
             "tensor_parallel layers, MLP (sequence parallelism), vocabulary",
             "parallelism_conformance.adapters.megatron_core",
-            ("tensor_parallel", "tp_norm", "vocab_parallel", "tp_dropout", "tp_compute_dtype"),
+            ("tensor_parallel", "tp_norm", "vocab_parallel", "vocab_label_smoothing", "tp_dropout", "tp_compute_dtype"),
         ),
         Run("DistributedDataParallel (overlap_grad_reduce, buckets)", "parallelism_conformance.adapters.megatron_core", ("data_parallel",)),
         Run("DistributedOptimizer (ZeRO-1)", "parallelism_conformance.adapters.megatron_core", ("sharded_optimizer",), audit=False),
@@ -149,6 +155,11 @@ MEGATRON_CORE = Library(
             "tensor_parallel/cross_entropy.py: group=get_tensor_model_parallel_group()",
         ),
         (
+            "label_smoothing eps (the contract's, torch's: eps / V on every class) is passed as alpha = eps (V - 1) / V "
+            "(Megatron's: alpha / (V - 1) on each other class, 1 - alpha on the target): the same distribution",
+            "tensor_parallel/cross_entropy.py, _VocabParallelCrossEntropy.forward: the comment under 'if label_smoothing > 0' (after NeMo's smoothed_cross_entropy.py)",
+        ),
+        (
             "the LayerNorm before the MLP is torch.nn.LayerNorm with Megatron's sequence_parallel attribute on its "
             "weight and bias (WrappedTorchNorm asserts 'sequence parallel not supported by torch LayerNorm'; "
             "FusedLayerNorm needs Apex)",
@@ -161,6 +172,13 @@ MEGATRON_CORE = Library(
         "loss, where the contract wants the logits' dtype and float64's rounding. Shown without the suite by "
         "tests/libraries/megatron_cross_entropy_float32.py. By design for bf16/fp16 logits; a downcast for "
         "float64; no upstream issue found",
+        "test_vocab_parallel.py::test_label_smoothing_spreads_over_the_whole_vocabulary": "a finding, wrong at TP > 1 "
+        "(2026-12-07, 0.16.1): with label smoothing megatron-core averages the log-probabilities over the rank's own "
+        "columns and scales the smoothing by the rank's own width (cross_entropy.py: vocab_size = exp_logits.size(-1); "
+        "mean_log_probs = log_probs.mean(dim=-1), no reduction over the group), so each rank has another loss, and a rank "
+        "of one column divides by zero. Right at TP = 1. Shown without the suite by tests/libraries/"
+        "megatron_label_smoothing_local_mean.py (0.15 and 0.21 apart at 2 ranks). Open upstream: NVIDIA/Megatron-LM#737, "
+        "#7464 (fixes #5522 and #7466 unmerged), so no fixed release to pair it with",
         "test_data_parallel.py::test_buffers_start_from_rank_0s": "megatron-core's DistributedDataParallel broadcasts parameters only (broadcast_params iterates "
         "self.module.parameters()); buffers stay each rank's own, where the contract, as torch's DDP, makes them "
         "rank 0's. Shown by tests/libraries/megatron_ddp_buffers_and_unused_parameters.py. A contract question "

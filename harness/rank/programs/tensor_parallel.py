@@ -193,13 +193,23 @@ def vocab_embedding(ctx: RankContext, impl, process_group, weight: torch.Tensor,
 
 @on_members
 def vocab_cross_entropy(
-    ctx: RankContext, impl, process_group, logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, grad_output: torch.Tensor
+    ctx: RankContext,
+    impl,
+    process_group,
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    vocab_size: int,
+    grad_output: torch.Tensor,
+    label_smoothing: float = 0.0,
 ) -> dict:
     """The implementation's ``vocab_parallel_cross_entropy`` on this rank's logit columns, then
-    backward with the upstream gradient: the per-token losses and the gradient of the columns."""
+    backward with the upstream gradient: the per-token losses and the gradient of the columns.
+    ``label_smoothing`` is passed only when drawn (nonzero), so the plain call stays the contract's
+    four arguments."""
     function = require(impl, "vocab_parallel_cross_entropy")
     logits = ctx.to_device(logits).requires_grad_(True)
-    loss = function(logits, ctx.to_device(targets), vocab_size, group=process_group)
+    smoothing = {"label_smoothing": label_smoothing} if label_smoothing else {}
+    loss = function(logits, ctx.to_device(targets), vocab_size, group=process_group, **smoothing)
     loss.backward(ctx.to_device(grad_output))
     return ctx.to_cpu({"loss": _local(loss), "grad_logits": logits.grad})
 
