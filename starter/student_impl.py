@@ -170,9 +170,11 @@ class VocabParallelEmbedding:
         raise NotImplementedError("VocabParallelEmbedding")
 
 
-def vocab_parallel_cross_entropy(logits, targets, vocab_size, group=None):
+def vocab_parallel_cross_entropy(logits, targets, vocab_size, group=None, label_smoothing=0.0):
     """Per-token cross entropy over a vocabulary split across the group (padded to a multiple of
-    its size; the padding columns never reach the softmax), without gathering the logits."""
+    its size; the padding columns never reach the softmax), without gathering the logits.
+    label_smoothing eps: (1 - eps) on the target, eps / V on every real column (capability
+    vocab_label_smoothing; the suite passes it only when it draws eps > 0)."""
     raise NotImplementedError("vocab_parallel_cross_entropy")
 
 
