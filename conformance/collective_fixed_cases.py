@@ -105,13 +105,13 @@ def judge_large_message(collective: str, ranks, target, reproduce) -> None:
     judge_results(judge, outputs, entry, entry.expected(inputs, case), layout.ranks, root)
 
 
-def order_sensitive_inputs(n: int, numel: int = 24) -> list[torch.Tensor]:
-    """float32 inputs whose sum depends on the order of addition: in each element one rank holds
-    +2^25, one -2^25 and the rest 1 (in float32 2^25 + 1 rounds back to 2^25), the big ones on
-    different ranks from element to element, so any order that depends on the rank adding changes
-    some element's bits, and the value stays within the reference's tolerance either way."""
-    big = float(2**25)
-    inputs = [torch.ones(numel, dtype=torch.float32) for _ in range(n)]
+def order_sensitive_inputs(n: int, numel: int = 24, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    """Inputs whose sum depends on the order of addition: in each element one rank holds +big, one
+    -big and the rest 1, big = 4 / eps (float32: 2^25, where 2^25 + 1 rounds back to 2^25), the big
+    ones on different ranks from element to element, so any order that depends on the rank adding
+    changes some element's bits, and the value stays within the reference's tolerance either way."""
+    big = 4 / torch.finfo(dtype).eps
+    inputs = [torch.ones(numel, dtype=dtype) for _ in range(n)]
     for j in range(numel):
         inputs[j % n][j] = big
         inputs[(j + 1 + (j // n) % (n - 1)) % n][j] = -big

@@ -1,11 +1,10 @@
 """Conformance of the eleven collectives, against reference/collectives.py.
 
-Each test draws an example (world size, subgroup, dtype, shape, values, op, root), runs the
-implementation under test on the ranks through the harness, and judges every rank's output in the
-driver: exact where the arithmetic is exact, within reference.tolerance's bound otherwise;
-replicated results bitwise identical across ranks; outputs pre-filled with a sentinel; inputs of
-out-of-place collectives unchanged. Then fixed cases a draw may never reach, and equivalences
-between the functions under test (all_reduce == reduce_scatter then all_gather, and so on)."""
+Each test draws an example (world size, subgroup, dtype, shape, values, op, root), runs the implementation
+under test on the ranks through the harness, and judges every rank's output in the driver: exact where the
+arithmetic is exact, within reference.tolerance's bound otherwise; replicated results bitwise identical across
+ranks; outputs pre-filled with a sentinel; inputs of out-of-place collectives unchanged. Its first examples are
+its strata, whatever the seed (STRATA). Then fixed cases a draw may never reach, and equivalences."""
 
 from __future__ import annotations
 
@@ -26,6 +25,7 @@ from parallelism_conformance.conformance.collective_fixed_cases import (
     judge_order_sensitive_sum,
     judge_root_in_a_group,
 )
+from parallelism_conformance.conformance.collective_strata import STRATA  # noqa: F401 - read by harness/driver/plugin/strata.py
 from parallelism_conformance.conformance.examples import PER_MEMBER, sentinel, shapes
 from parallelism_conformance.reference.tolerance import reduction_atol
 

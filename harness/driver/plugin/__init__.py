@@ -6,6 +6,7 @@
 * contain.py: whether ranks run contained, decided before any rank starts;
 * refusals.py: what torch's library or the backend cannot run, rejected instead of failed;
 * time_share.py: under a time budget, each test's share of it (examples cut, never whole tests);
+* strata.py: each test's declared strata, run before its draws (a slow one fails on time, named);
 * grading_files.py: results.json, junit.xml and summary.txt, written as the run goes;
 * submission.py: the submission read by the driver before any rank starts, and what it costs;
 * hooks.py: the session's hooks (scorecard, deselection, the budget, outcomes);
@@ -13,4 +14,4 @@
   conformance/conftest.py's: it calls the collectives from conformance/collective_table.py).
 """
 
-PLUGINS = [f"parallelism_conformance.harness.driver.plugin.{name}" for name in ("options", "hooks", "submission", "fixtures")]
+PLUGINS = [f"parallelism_conformance.harness.driver.plugin.{name}" for name in ("options", "hooks", "submission", "fixtures", "strata")]
