@@ -73,7 +73,7 @@ def _check(kind: str, p: int, m: int, v: int) -> None:
     if kind not in KINDS and kind not in TORCH_ONLY:
         raise ValueError(f"unknown schedule kind {kind!r} (known: {', '.join((*KINDS, *TORCH_ONLY))})")
     if kind in TORCH_ONLY and not hasattr(_ir, TORCH_ONLY[kind]):
-        raise NotImplementedError(f"torch.distributed.pipelining {torch.__version__} has no {TORCH_ONLY[kind]}")
+        raise NotImplementedError(f"torch.distributed.pipelining {torch.__version__} cannot run {kind}: it has no {TORCH_ONLY[kind]}")
     if p < 1 or m < 1 or v < 1:
         raise ValueError(f"num_ranks, num_microbatches and stages_per_rank must be at least 1, got {p}, {m}, {v}")
     if kind in ON_THE_V and v != 2:

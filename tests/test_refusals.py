@@ -114,3 +114,60 @@ def test_a_probe_that_does_not_finish_is_an_error_naming_it_never_a_base_excepti
     with pytest.raises(RuntimeError, match="the probe of gloo's own collectives on 2 ranks") as raised:
         probe_refusals(HangingPool(), plan)
     assert isinstance(raised.value, Exception) and asked == [("closed", 2), PROBE_TIMEOUT_S]
+
+
+def _refusal_texts():
+    """Every ``raise NotImplementedError(...)`` in adapters/, as (where, the text or the constant's
+    value): a literal or f-string read as written, a name or ``module.NAME`` looked up in the adapter's
+    own module or its refusals module (read with ast: a library's adapter is not importable here)."""
+    import ast
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "adapters"
+    constants: dict[str, str] = {}
+    trees = {path: ast.parse(path.read_text()) for path in sorted(folder.glob("*.py"))}
+    for path, tree in trees.items():
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets):
+                try:
+                    value = ast.literal_eval(node.value)
+                except ValueError:
+                    continue
+                if isinstance(value, str):
+                    constants.update({f"{path.stem}.{t.id}": value for t in node.targets})
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and getattr(node.exc.func, "id", "") == "NotImplementedError"):
+                continue
+            argument = node.exc.args[0] if node.exc.args else None
+            where = f"{path.name}:{node.lineno}"
+            if isinstance(argument, ast.Name):
+                yield where, constants.get(f"{path.stem}.{argument.id}", "")
+            elif isinstance(argument, ast.Attribute) and isinstance(argument.value, ast.Name):
+                yield where, constants.get(f"{_imported_as(tree).get(argument.value.id, argument.value.id)}.{argument.attr}", "")
+            elif isinstance(argument, ast.Call):
+                yield where, None  # a function builds it: its own test checks the words
+            else:
+                yield where, ast.unparse(argument) if argument is not None else ""
+
+
+def _imported_as(tree) -> dict[str, str]:
+    """The names a module gives the modules it imports (``from ... import megatron_core_refusals as
+    refusals``: refusals -> megatron_core_refusals), by their last dotted part."""
+    import ast
+
+    names = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update({alias.asname or alias.name: alias.name.rsplit(".", 1)[-1] for alias in node.names})
+    return names
+
+
+def test_every_adapter_refusal_says_cannot():
+    """A library adapter's NotImplementedError is a refusal (the example is rejected, the library is
+    not failed) only when its last line says "cannot" (conformance/verdict.py, adapter_cannot); one
+    that does not would score a library "not implemented" for what it cannot run."""
+    texts = list(_refusal_texts())
+    assert len(texts) > 20, texts  # the walk found the adapters' refusals
+    silent = [(where, text) for where, text in texts if text is not None and "cannot" not in text]
+    assert not silent, f"refusals without 'cannot' (they would read as not implemented): {silent}"
