@@ -144,11 +144,23 @@ def test_the_zip_is_the_same_bytes_for_the_same_choices_and_carries_them(tmp_pat
         (dict(expects="impl.py", capability="collectivez"), "no capability or group 'collectivez'"),
         (dict(expects="impl.py", time_limit_s=3600), "60 to 2400 seconds"),
         (dict(expects="impl.py", contain_ranks="maybe"), "contain_ranks"),
+        (dict(expects="impl.py", bundled_code="allow"), "bundled_code"),
     ],
 )
 def test_a_bad_choice_is_refused_naming_it(choices, words):
     with pytest.raises(config.ConfigError, match=re.escape(words)):
         config.AutograderConfig(**choices).check()
+
+
+def test_the_suite_is_told_what_the_course_chose_of_the_submissions_reading():
+    """Bundled code scores 0 unless the course chose otherwise; a reach into the grader is flagged
+    unless it chose to reject it (docs/options.md: --bundled-code, --reject-grader-access)."""
+    found = precheck.Found("/s/student_impl.py", {})
+    default = run.suite_command(config.AutograderConfig("a.py"), found, Path("/r"), 100)
+    assert default[default.index("--bundled-code") + 1] == "reject" and "--reject-grader-access" not in default
+    chosen = config.AutograderConfig("a.py", bundled_code="report", reject_grader_access=True).check()
+    command = run.suite_command(chosen, found, Path("/r"), 100)
+    assert command[command.index("--bundled-code") + 1] == "report" and "--reject-grader-access" in command
 
 
 def test_an_unknown_key_in_the_zips_choices_is_refused(tmp_path):
