@@ -253,6 +253,7 @@ def run_mutant(runner: WarmPytest, mutant: Mutant, profile: str, seed: int | Non
             "--perturb-timing",
             "every" if mutant.race else "off",  # every call late: a read before its wait always holds poison
             *seeded(profile, seed),
+            *mutant.graded_args(),
         ],
         profile,
         env,

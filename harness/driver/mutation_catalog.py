@@ -25,6 +25,8 @@ CS336_MUTANT = "graded as: a CS336 submission"  # the docstring line of a mutant
 # by a failure that names the call (harness/driver/perturbation.py), not by values the scheduler garbled
 RACE = "race:"
 RACE_EVIDENCE = "a race, found by --perturb-timing"
+PARALLELIZE = "parallelize"  # the mutants folder whose files are parallelize functions, not implementations
+PARALLELIZE_FILE = "conformance/test_parallelize.py"
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,16 @@ class Mutant:
         course grades one; any other is the implementation itself."""
         if self.submission:
             return "parallelism_conformance.adapters.cs336", {"CS336_SUBMISSION": str(self.path)}
+        if self.path.parent.name == PARALLELIZE:  # a team's function: graded through graded_args, beside the bundled impls
+            return "parallelism_conformance.impls", None
         return str(self.path.relative_to(ROOT)), None
+
+    def graded_args(self) -> list[str]:
+        """What its run adds to the pytest arguments: a mutant under mutants/parallelize/ is a team's
+        function, ``--parallelize <its file>:parallelize`` (CONTRACT.md, 'A parallelize function')."""
+        if self.path.parent.name != PARALLELIZE:
+            return []
+        return ["--parallelize", f"{self.path.relative_to(ROOT)}:parallelize", "--capability", PARALLELIZE]
 
 
 @dataclass(frozen=True)
@@ -153,6 +164,14 @@ def known_good() -> list[tuple[str, list[str], dict[str, str]]]:
         # longest run, under brief (10) about half as long (171 s beside tests/), under
         # second_opinion (5) every test still runs
         ("parallelism_conformance.adapters.torch_native", ["conformance", "--hypothesis-profile=second_opinion"]),
+    ]
+    # a team's parallelize function (--parallelize): torch's own plans of parallelize_examples/good.py, one
+    # run each (the option takes one function), beside the bundled implementations; tensor_parallel and fsdp
+    # alone are fsdp_tp's meshes of one dimension
+    graded = ["--capability", "parallelize", "--hypothesis-profile=second_opinion"]
+    plans = ("fsdp_tp", "hsdp", "sequence_parallel", "ddp", "fsdp_checkpointed")
+    runs += [
+        ("parallelism_conformance.impls", [PARALLELIZE_FILE, "--parallelize", f"parallelize_examples/good.py:{p}", *graded]) for p in plans
     ]
     runs = [(impl, args, {}) for impl, args in runs]
     runs.append(
