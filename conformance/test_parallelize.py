@@ -48,12 +48,14 @@ from hypothesis import strategies as st
 import parallelism_conformance.reference.parallelize as ref
 from parallelism_conformance.conformance.examples import Layout
 from parallelism_conformance.conformance.verdict import Judge, check_names, mismatch
+from parallelism_conformance.harness.driver.parallelize_matrix import Matrix
 from parallelism_conformance.harness.driver.plugin.state import backend_plan
 from parallelism_conformance.harness.rank import decoder_lm
 from parallelism_conformance.harness.rank.programs.parallelize import load_function
 
 PROGRAM = "parallelize:parallelize_steps"
 DIMS = ("dp_replicate", "dp_shard", "tp")  # the mesh's order, outermost first (torchtitan's)
+MATRIX = "parallelize-matrix"  # the plugin's name (harness/driver/parallelize_matrix.py)
 
 pytestmark = pytest.mark.capability("parallelize")
 
@@ -209,6 +211,10 @@ def pytest_generate_tests(metafunc):
         why = f"{describe_mesh(mesh)} needs {missing}, which {spec} does not declare (mesh_dims {dims})"
         params.append(pytest.param(None, id=mesh_id(mesh), marks=pytest.mark.skip(reason=why)))
     metafunc.parametrize("mesh", params)
+    meshes = {mesh_id(mesh): (tuple((d, dict(mesh).get(d, 1)) for d in DIMS), "") for mesh in drawn}
+    meshes.update({mesh_id(mesh): (mesh, f"needs {', '.join(n for n, s in mesh if s > 1 and n not in dims)}") for mesh in skipped})
+    if not metafunc.config.pluginmanager.has_plugin(MATRIX):  # the parity matrix, from these tests' reports
+        metafunc.config.pluginmanager.register(Matrix(spec, meshes, metafunc.config.getoption("--parallelize-matrix")), MATRIX)
 
 
 @given(data=st.data())
@@ -295,10 +301,29 @@ class StepJudge:
         if every is not None:
             wrong = [n for n in every if any(mismatch(self.outputs[r][key][s].get(n), every[n], ref.atol(every[n])) for r in self.outputs)]
             what += f"; {len(wrong)} of {len(every)} parameters' {kind}s differ at this step ({', '.join(wrong[:6])}{', ...' if len(wrong) > 6 else ''})"
+            what += self.across(s, name, key)
         what += self.first_divergence(rank)
         if actual is None:
             self.judge.fail(f"{what}: none (the parameter got no gradient)")
         self.judge.tensor(actual, expected, atol=ref.atol(expected), what=what)
+
+    def across(self, s: int, name: str, key: str) -> str:
+        """'; the ranks' values differ along tp' (the mesh dimensions along which two ranks that differ
+        only in that coordinate hold different gathered values: a reduction over it missing or wrong),
+        or that every rank holds the same value (the error is in the value all of them computed)."""
+        sizes = [self.example.sizes[d] for d in DIMS]
+        coords = [list(c) for c in itertools.product(*(range(n) for n in sizes))]  # init_device_mesh's row-major order
+        value = lambda coord: self.outputs[coords.index(coord)][key][s].get(name)
+        along = []
+        for i, dim in enumerate(DIMS):
+            pairs = ((c, [*c[:i], k, *c[i + 1 :]]) for c in coords if c[i] == 0 for k in range(1, sizes[i]))
+            if any(a is None or b is None or mismatch(b, a, ref.atol(a)) for a, b in ((value(c), value(d)) for c, d in pairs)):
+                along.append(dim)
+        if len(coords) == 1:
+            return ""
+        if along:
+            return f"; the ranks' values differ along {', '.join(along)} (not reduced over it, or not alike on its ranks)"
+        return "; every rank holds the same value"
 
     def where(self, rank: int, name: str) -> str:
         """The mesh dims the parameter is sharded on, from its placements on this rank."""

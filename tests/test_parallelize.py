@@ -1,7 +1,9 @@
-"""``--parallelize`` (conformance/test_parallelize.py) on the known plans of parallelize_examples/, each
-on one mesh of the matrix (the test's id selects it): the good one passes on dp_shard x tp, each
-bad one fails naming the step, the parameter and the mesh dimension it is sharded on; and, in this
-process, the declaration's errors, the meshes collected and those skipped."""
+"""``--parallelize`` (conformance/test_parallelize.py) on the known plans of parallelize_examples/ and
+mutants/parallelize/, each on one mesh of the matrix (the test's id selects it): the good one passes
+on dp_shard x tp, each bad one fails naming the step, the parameter and the mesh dimension it is
+sharded on or the ranks differ along; the parity matrix printed and written
+(harness/driver/parallelize_matrix.py); and, in this process, the declaration's errors, the meshes
+collected and those skipped, and how the mutation runner grades the mutants."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ def run_plan(suite_runner, spec: str, profile: str, mesh: str, *args: str):
         "-p",
         "no:randomly",
         "--parallelize",
-        f"parallelize_examples/{spec}",
+        spec if spec.startswith("mutants/") else f"parallelize_examples/{spec}",
         "--max-world-size",
         "4",
         f"--hypothesis-profile={profile}",
@@ -30,10 +32,18 @@ def run_plan(suite_runner, spec: str, profile: str, mesh: str, *args: str):
     )
 
 
-def test_a_known_good_two_dimensional_plan_passes(suite_runner):
-    """FSDP2 over torch's tensor-parallel styles on dp_shard x tp (parallelize_examples/good.py)."""
-    result = run_plan(suite_runner, "good.py:fsdp_tp", "second_opinion", "dp_shard2-tp2")
+def test_a_known_good_two_dimensional_plan_passes_and_its_matrix_is_written(suite_runner, tmp_path):
+    """FSDP2 over torch's tensor-parallel styles on dp_shard x tp (parallelize_examples/good.py); the
+    parity matrix printed and written, the meshes deselected 'not run'."""
+    matrix = tmp_path / "matrix" / "fsdp_tp.md"
+    result = run_plan(suite_runner, "good.py:fsdp_tp", "second_opinion", "dp_shard2-tp2", "--parallelize-matrix", str(matrix))
     assert result.returncode == 0 and "1 passed" in result.stdout and "deselected" in result.stdout, result.stdout[-4000:]
+    assert "the parity matrix of parallelize_examples/good.py:fsdp_tp" in result.stdout, result.stdout[-4000:]
+    assert "world 4  dp_replicate=1 x dp_shard=2 x tp=2" in result.stdout, result.stdout[-4000:]
+    table = matrix.read_text()
+    assert "| 4 | 1 | 2 | 2 | pass |" in table and "| 1 | 1 | 1 | 1 | not run |" in table, table
+    assert "| 2 | 2 | 1 | 1 | skipped: needs dp_replicate |" in table and "1 pass, 0 fail, 12 skipped or not run." in table, table
+    assert matrix.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"  # matplotlib is in this venv (the plots extra)
 
 
 @pytest.mark.parametrize(
@@ -57,12 +67,22 @@ def test_a_known_good_two_dimensional_plan_passes(suite_runner):
         (
             "gradient_divided_twice",
             "dp_shard2",
-            ["gradient of 'tok_embeddings.weight' (sharded on dp_shard as Shard(dim=0))", "mesh dp_shard=2"],
+            ["gradient of 'tok_embeddings.weight' (sharded on dp_shard as Shard(dim=0))", "every rank holds the same value", "mesh dp_shard=2"],
+        ),
+        # a plain weight each tp rank holds: the dimension is the one its ranks' gradients differ along
+        (
+            "mutants/parallelize/sequence_parallel_norm_left_local.py:parallelize",
+            "tp2",
+            [
+                "gradient of 'layers.0.ffn_norm.weight' (a plain tensor",
+                "the ranks' values differ along tp",
+                "FAIL at step 1: gradient of 'layers.0.ffn_norm.weight', rank 0, error",
+            ],
         ),
     ],
 )
 def test_a_known_bad_plan_fails_naming_the_step_and_the_parameter(suite_runner, plan, mesh, named):
-    result = run_plan(suite_runner, f"bad.py:{plan}", "brief", mesh)
+    result = run_plan(suite_runner, plan if plan.startswith("mutants/") else f"bad.py:{plan}", "brief", mesh)
     assert result.returncode == 1 and "1 failed" in result.stdout, result.stdout[-4000:]
     assert "AssertionError: step 1, rank " in result.stdout, result.stdout[-4000:]
     for text in named:
@@ -75,6 +95,7 @@ def test_a_plan_that_crashes_the_ranks_fails_its_test_with_their_traceback(suite
     result = run_plan(suite_runner, "bad.py:down_projection_left_replicated", "brief", "tp2")
     assert result.returncode == 1 and "1 failed" in result.stdout, result.stdout[-4000:]
     assert "mat1 and mat2 shapes cannot be multiplied" in result.stdout and "example: mesh tp=2" in result.stdout, result.stdout[-4000:]
+    assert "world 2  dp_replicate=1 x dp_shard=1 x tp=2       FAIL: RuntimeError: mat1 and mat2" in result.stdout, result.stdout[-4000:]
 
 
 def test_the_matrix_has_a_test_per_declared_mesh_and_skips_the_others_saying_why(suite_runner):
@@ -109,6 +130,38 @@ def test_a_function_that_returns_no_model_fails_saying_so(suite_runner, tmp_path
     )
     assert result.returncode == 1 and "1 failed" in result.stdout, result.stdout[-3000:]
     assert f"TypeError: {plan}:parallelize returned NoneType, not the model (an nn.Module)" in result.stdout, result.stdout[-3000:]
+
+
+# bad input (issue 57, item 7): each one failed test on the mesh tp = 1 that says why, never a crashed run
+BAD_INPUT = {
+    "raises": "def parallelize(model, mesh):\n    raise ValueError(f'this plan takes no mesh of {mesh.size()} ranks')\n",
+    "another_model": "import torch\n\n\ndef parallelize(model, mesh):\n    return torch.nn.Linear(2, 2).double()\n",
+    "does_not_import": "import a_module_no_one_installed\n\n\ndef parallelize(model, mesh):\n    return model\n",
+}
+
+
+@pytest.mark.parametrize(
+    "case, said",
+    [
+        (
+            "raises",
+            ["ValueError: this plan takes no mesh of 1 ranks", "(model, mesh) on the mesh [['tp', 1]], before any step", "FAIL: ValueError"],
+        ),
+        (
+            "another_model",
+            ["rank 0: the parameters of the model the plan returned: expected ['layers.0.attention.wk.weight'", "unexpected ['bias'"],
+        ),
+        ("does_not_import", ["could not load the function", "No module named 'a_module_no_one_installed'"]),
+    ],
+)
+def test_bad_input_is_one_failed_test_saying_why(suite_runner, tmp_path, case, said):
+    plan = tmp_path / f"{case}.py"
+    plan.write_text(BAD_INPUT[case] + "\n\nparallelize.mesh_dims = ('tp',)\n")
+    options = ("--parallelize", f"{plan}:parallelize", "--max-world-size", "1", "--hypothesis-profile=smoke")
+    result = suite_runner.run("conformance/test_parallelize.py", "-q", "-p", "no:cacheprovider", *options)
+    assert result.returncode == 1 and "1 failed" in result.stdout, result.stdout[-3000:]
+    for text in said:
+        assert text in result.stdout, (text, result.stdout[-3000:])
 
 
 class Config:
@@ -146,3 +199,17 @@ def test_the_meshes_drawn_are_every_factorisation_over_the_declared_dimensions()
     assert len(drawn) == 8 and len(drawn) + len(skipped) == 13
     assert (("dp_shard", 2), ("tp", 2)) in drawn and (("dp_shard", 1), ("tp", 1)) in drawn
     assert all(dict(mesh)["dp_replicate"] > 1 for mesh in skipped)
+
+
+def test_the_mutation_runner_grades_each_parallelize_mutant_through_the_option():
+    """mutants/parallelize/<file>.py is a team's function: run with --parallelize <file>:parallelize
+    beside the bundled implementations (harness/driver/mutation_catalog.py), never as the --impl."""
+    from parallelism_conformance.harness.driver.mutation_catalog import mutants
+
+    ours = [m for m in mutants() if m.path.parent.name == "parallelize"]
+    assert len(ours) >= 7, [m.path.name for m in ours]
+    for mutant in ours:
+        assert mutant.test_file == "conformance/test_parallelize.py" and mutant.impl_and_env() == ("parallelism_conformance.impls", None)
+        spec = f"mutants/parallelize/{mutant.path.name}:parallelize"
+        assert mutant.graded_args() == ["--parallelize", spec, "--capability", "parallelize"]
+        assert suite.declared(Config(spec))[1].__name__ in ("parallelize", mutant.path.stem)

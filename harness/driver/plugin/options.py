@@ -86,6 +86,13 @@ def pytest_addoption(parser):
         help="grade a function parallelize(model, mesh) -> model (or PATH.py:FUNCTION) on the suite's decoder LM, step by step "
         "against one process (capability parallelize; CONTRACT.md, 'A parallelize function'); without it that test is skipped",
     )
+    group.addoption(
+        "--parallelize-matrix",
+        default=None,
+        metavar="PATH.md",
+        help="with --parallelize: write the parity matrix (every mesh factorisation against its verdict, also printed at "
+        "the end) as markdown to PATH.md and as a heat map to PATH.png (where matplotlib is installed)",
+    )
     group.addoption("--report-dir", default=None, help="write grading files here: Gradescope results.json, junit.xml, summary.txt")
     group.addoption("--rubric", default=str(DEFAULT_RUBRIC), help="TOML file of points per capability (default: grading/rubric.toml)")
     group.addoption(
@@ -218,8 +225,13 @@ def perturb_timing(config) -> str:
 
 
 def claimed(config) -> frozenset[str]:
-    """The capabilities the implementation claims (--capability; every one by default)."""
-    return capabilities.select(config.getoption("--capability"))
+    """The capabilities the implementation claims (--capability; every one by default, but only
+    ``parallelize`` where --parallelize names a team's function: its run grades that function, not
+    the bundled implementations)."""
+    spec = config.getoption("--capability")
+    if spec is None and config.getoption("--parallelize") is not None:
+        return frozenset({"parallelize"})
+    return capabilities.select(spec)
 
 
 def library_of(impl: str):

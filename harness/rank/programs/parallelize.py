@@ -19,7 +19,8 @@ valid tokens (the gradient the plan averages over dp is then the global token me
 
 Returns {"losses": [the loss this rank backpropagated, per step], "grads": [{name: tensor | None}],
 "params": [{name: tensor}] (after each step), "initial": {name: tensor} (after the plan, before
-the first step), "placements": {name: {mesh dim: placement}} ({} for a plain tensor),
+the first step; a model whose parameter names are not the dense model's is returned here, untrained),
+"placements": {name: {mesh dim: placement}} ({} for a plain tensor),
 "forward": [[module path, output]] in the order the first step's forward ran them (DTensor outputs
 gathered, a tuple's first tensor, anything else skipped)}."""
 
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import sys
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +37,8 @@ from parallelism_conformance.harness.rank import decoder_lm, models
 from parallelism_conformance.harness.rank.context import RankContext
 from parallelism_conformance.harness.rank.loader import load_implementation
 
+_LOADED: dict = {}  # a PATH.py's absolute path -> its module, once loaded whole
+
 
 def load_function(spec: str, base: str | None = None):
     """``module:function`` or ``path/to/file.py:function`` (relative to ``base``): the function, or
@@ -45,10 +47,10 @@ def load_function(spec: str, base: str | None = None):
     if not where or not name:
         raise ValueError(f"--parallelize {spec!r}: expected MODULE:FUNCTION or PATH.py:FUNCTION")
     if where.endswith(".py"):
-        # loaded once per process: each example would run the file again, and put its folder on sys.path again
+        # loaded once per process: each example would run the file again, and put its folder on sys.path again;
+        # only a whole load is kept (a module that raised stays half made in sys.modules: it is loaded again, and says why again)
         path = os.path.abspath(os.path.join(base or os.getcwd(), where))
-        loaded = sys.modules.get("impl_under_test_" + os.path.splitext(os.path.basename(path))[0])
-        module = loaded if getattr(loaded, "__file__", None) == path else load_implementation(where, base)
+        module = _LOADED[path] = _LOADED.get(path) or load_implementation(where, base)
     else:
         module = importlib.import_module(where)
     try:
@@ -118,7 +120,12 @@ def parallelize_steps(
     parallelize = load_function(function, base)
     device_mesh = ctx.device_mesh(mesh)  # made once per world (RankContext.device_mesh says why)
     dense = decoder_lm.build(model, seed).to(ctx.device)
-    trained = parallelize(dense, device_mesh)
+    names = {name for name, _ in dense.named_parameters()}  # before the plan: it may replace modules
+    try:
+        trained = parallelize(dense, device_mesh)
+    except Exception as error:  # the plan's own error (a mesh it cannot take): said so, then the rank's traceback
+        error.add_note(f"raised by {function}(model, mesh) on the mesh {mesh}, before any step")
+        raise
     if not isinstance(trained, nn.Module):
         raise TypeError(f"{function} returned {type(trained).__name__}, not the model (an nn.Module)")
     named = {plain_name(name): p for name, p in trained.named_parameters()}
@@ -130,6 +137,8 @@ def parallelize_steps(
         "params": [],
         "forward": [],
     }
+    if set(named) != names:  # another model: not trained (its forward may not take tokens); the driver names what differs
+        return ctx.to_cpu(out)
     opt = models.build_optimizer(optimizer, trained.parameters())
     x, y = ctx.to_device(inputs), ctx.to_device(targets)
     for step in range(steps):

@@ -1,0 +1,154 @@
+"""The parity matrix of ``--parallelize`` (issue 57): every mesh factorisation of worlds 1 to
+--max-world-size against its verdict, the table teams build by hand from loss curves ("FSDP 2
+against FSDP 2 + TP 2"), here from the per-mesh tests of conformance/test_parallelize.py.
+
+Nothing runs twice: a pytest plugin (``Matrix``, registered by that test module's collection when a
+function is given) reads each mesh's test report as it comes and, at the end, prints the table in
+the terminal summary and, with ``--parallelize-matrix PATH.md``, writes it as markdown there and as a
+PNG heat map beside it (PATH.png; only where matplotlib is installed, the ``plots`` extra: the
+markdown then says so). A cell is ``pass``, the first diverging step with the parameter, the rank,
+the largest element error and the mesh dimension the ranks differ along (from the judge's message),
+the rank's error for a plan that raised, ``skipped`` with the dimension the function does not
+declare, or ``not run`` (deselected, or the run stopped first)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TEST = "test_the_plan_trains_step_by_step_as_one_process"
+# the judge's failure (conformance/test_parallelize.py, StepJudge.check): step, rank, what, whose
+STEP = re.compile(r"AssertionError: step (\d+), rank (\d+): (.+?) of ('[^']+'|the loss)")
+VALUES = re.compile(r"expected (\S+), got (\S+?),")
+ALONG = re.compile(r"the ranks' values differ along ([\w, ]+?) \(")
+RAISED = re.compile(r"^E\s+(\w*(?:Error|Exception|Failure|Hung|Crashed|Deadlocked)): (.*)$", re.M)
+
+
+def cell(longrepr: str) -> str:
+    """A failed mesh's verdict in one line, read from its report's text."""
+    found = STEP.search(longrepr)
+    if found is None:
+        raised = RAISED.findall(longrepr)
+        if not raised:
+            return "FAIL (see the test's report)"
+        kind, message = raised[-1]  # the innermost: a rank's own error after the driver's RankFailure
+        return f"FAIL: {kind}: {message[:140]}"
+    step, rank, what, whose = found.groups()
+    text = f"FAIL at step {step}: {what} of {whose}, rank {rank}"
+    values = VALUES.search(longrepr, found.end())
+    if values:
+        try:
+            text += f", error {abs(float(values.group(1)) - float(values.group(2))):.3g}"
+        except ValueError:
+            pass
+    along = ALONG.search(longrepr, found.end())
+    if along:
+        text += f", ranks differ along {along.group(1)}"
+    return text
+
+
+@dataclass
+class Matrix:
+    """The plugin: ``meshes`` {test id: (((dim, size), ...) over every dimension, why skipped or '')},
+    in the order the test module collected them."""
+
+    spec: str
+    meshes: dict
+    path: str | None = None
+    verdicts: dict = field(default_factory=dict)
+
+    def pytest_runtest_logreport(self, report):
+        if f"{TEST}[" not in report.nodeid:
+            return
+        mesh = report.nodeid.rsplit("[", 1)[1].rstrip("]")
+        if report.failed:
+            self.verdicts[mesh] = cell(report.longreprtext)
+        elif report.skipped and report.when == "setup":
+            self.verdicts[mesh] = "skipped"
+        elif report.passed and report.when == "call":
+            self.verdicts[mesh] = "pass"
+
+    def rows(self) -> list[tuple[int, tuple, str]]:
+        """(world size, ((dim, size), ...), verdict), by world, then in collection order."""
+        rows = []
+        for mesh_id, (mesh, why) in self.meshes.items():
+            world = 1
+            for _, size in mesh:
+                world *= size
+            verdict = self.verdicts.get(mesh_id, "not run")
+            rows.append((world, mesh, f"skipped: {why}" if why else verdict))  # undeclared: skipped, deselected too
+        return sorted(rows, key=lambda row: row[0])
+
+    def markdown(self, png_note: str = "") -> str:
+        rows = self.rows()
+        dims = [name for name, _ in rows[0][1]] if rows else []
+        lines = [
+            f"# Parity matrix: `{self.spec}`",
+            "",
+            "Each mesh factorisation against one process (conformance/test_parallelize.py).",
+            "",
+            "| world | " + " | ".join(dims) + " | verdict |",
+            "|---:|" + "---:|" * len(dims) + "---|",
+        ]
+        for world, mesh, verdict in rows:
+            lines.append(f"| {world} | " + " | ".join(str(size) for _, size in mesh) + f" | {verdict.replace('|', '/')} |")
+        passed = sum(verdict == "pass" for *_, verdict in rows)
+        failed = sum(verdict.startswith("FAIL") for *_, verdict in rows)
+        lines += ["", f"{passed} pass, {failed} fail, {len(rows) - passed - failed} skipped or not run." + png_note, ""]
+        return "\n".join(lines)
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if not self.verdicts:
+            return
+        terminalreporter.section(f"the parity matrix of {self.spec}")
+        for world, mesh, verdict in self.rows():
+            label = " x ".join(f"{name}={size}" for name, size in mesh)
+            terminalreporter.write_line(f"world {world}  {label:<40} {verdict}")
+        if self.path:
+            png_note = write(self, Path(self.path))
+            terminalreporter.write_line(f"written: {self.path}.{png_note}")
+
+
+def write(matrix: Matrix, path: Path) -> str:
+    """The markdown at ``path`` and the heat map at ``path`` with the suffix .png; a note on the PNG."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        heat_map(matrix.rows(), path.with_suffix(".png"), matrix.spec)
+        note = f" Heat map: {path.with_suffix('.png').name}."
+    except ImportError:
+        note = " No heat map: matplotlib is not installed (`pip install parallelism-conformance[plots]`)."
+    path.write_text(matrix.markdown(note))
+    return note
+
+
+COLOURS = {"pass": "#4caf50", "FAIL": "#e53935", "skipped": "#bdbdbd", "not run": "#ffffff"}
+
+
+def heat_map(rows: list, path: Path, spec: str) -> None:
+    """Columns the tp size, rows the data-parallel part (every other dimension), a cell per mesh
+    coloured by its verdict and labelled with it (the failing step). ImportError without matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    key = lambda mesh: " x ".join(f"{n}={s}" for n, s in mesh if n != "tp") or "(no dp)"
+    columns = sorted({dict(mesh).get("tp", 1) for _, mesh, _ in rows})
+    lines = list(dict.fromkeys(key(mesh) for _, mesh, _ in rows))
+    figure, axes = plt.subplots(figsize=(2.2 + 1.6 * len(columns), 0.9 + 0.45 * len(lines)))
+    for _, mesh, verdict in rows:
+        x, y = columns.index(dict(mesh).get("tp", 1)), lines.index(key(mesh))
+        kind = next((k for k in COLOURS if verdict.startswith(k)), "not run")
+        axes.add_patch(Rectangle((x, y), 1, 1, facecolor=COLOURS[kind], edgecolor="black"))
+        short = verdict.split(":")[0].replace("FAIL at ", "") if kind == "FAIL" else kind
+        axes.text(x + 0.5, y + 0.5, short, ha="center", va="center", fontsize=8)
+    axes.set_xlim(0, len(columns))
+    axes.set_ylim(len(lines), 0)
+    axes.set_xticks([i + 0.5 for i in range(len(columns))], [f"tp={c}" for c in columns])
+    axes.set_yticks([i + 0.5 for i in range(len(lines))], lines, fontsize=8)
+    axes.set_title(f"parity matrix: {spec.replace(chr(92), '/').rsplit('/', 1)[-1]}", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
