@@ -5,7 +5,7 @@ the top). Everything else is in pyproject.toml."""
 from setuptools import find_packages, setup
 
 PACKAGE = "parallelism_conformance"
-FOLDERS = ("reference", "impls", "harness", "conformance", "adapters")
+FOLDERS = ("reference", "impls", "harness", "conformance", "adapters", "parallelize_examples")  # the last: known plans, --parallelize
 DATA = {"grading": ["rubric.toml", "cs336-requirements.txt", "gradescope/*"]}  # read by path, not imported
 
 packages, package_dir = [PACKAGE], {PACKAGE: PACKAGE}

@@ -1,8 +1,8 @@
 """The suite's one import name: every module of it is ``parallelism_conformance.<folder>.<module>``,
 and nothing else lands at the top level of an environment it is installed into.
 
-Installed (a wheel, an sdist), the folders ``reference``, ``impls``, ``harness``, ``conformance`` and
-``adapters`` are subpackages inside this one (setup.py maps each folder under it). In a checkout they
+Installed (a wheel, an sdist), the folders ``reference``, ``impls``, ``harness``, ``conformance``,
+``adapters`` and ``parallelize_examples`` are subpackages inside this one (setup.py maps each folder under it). In a checkout they
 stay at the repository's top level, as the project's layout has them: this package's search path
 then ends with the repository root, so ``parallelism_conformance.reference`` is ``reference/`` and
 no file exists twice. Which of the two holds is read from the disk, once, here."""

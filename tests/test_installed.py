@@ -26,6 +26,20 @@ def broadcast(tensor, src, group=None, async_op=False):
     return None
 '''
 
+# a team's function (issue 57), written in the directory the command runs in, named as a module
+MINE = '''"""FSDP2 on dp_shard: each block a unit, then the root."""
+from torch.distributed.fsdp import fully_shard
+
+
+def parallelize(model, mesh):
+    for block in model.layers:
+        fully_shard(block, mesh=mesh["dp_shard"])
+    return fully_shard(model, mesh=mesh["dp_shard"])
+
+
+parallelize.mesh_dims = ("dp_shard",)
+'''
+
 
 def _run(command: list, cwd: Path, timeout_s: float = 300) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
@@ -57,7 +71,7 @@ def test_the_wheel_holds_one_top_level_name(installed):
     assert tops == {"parallelism_conformance", "parallelism_conformance-0.1.0.dist-info"}, tops
     empty = installed.parent.parent / "names"
     empty.mkdir()
-    for generic in ("adapters", "conformance", "harness", "reference", "impls"):
+    for generic in ("adapters", "conformance", "harness", "reference", "impls", "parallelize_examples"):
         imported = _run([installed / "python", "-c", f"import {generic}"], empty)
         assert "ModuleNotFoundError" in imported.stderr, (generic, imported.stderr)
     where = _run([installed / "python", "-c", "import parallelism_conformance as p; print(p.__path__)"], empty)
@@ -95,3 +109,17 @@ def test_the_command_grades_a_module_of_the_current_directory_by_path_and_by_nam
     if impl == "mine.py":  # the printed command reruns the one test (once: the name resolves as the path did)
         rerun = _run([installed / "parallelism-conformance", *reproduce.split("reproduce: parallelism-conformance ")[1].split()], tmp_path)
         assert rerun.returncode == 1 and "1 failed" in rerun.stdout, rerun.stdout[-3000:]
+
+
+def test_a_teams_parallelize_function_runs_through_the_installed_command(installed, tmp_path):
+    """``parallelism-conformance --parallelize mine:parallelize`` in a fresh directory: only that
+    capability runs (no --capability given), one test per mesh of worlds 1-2 (the two over dp_shard
+    pass, the two it does not declare are skipped); the known plans ship in the wheel."""
+    (tmp_path / "mine.py").write_text(MINE)
+    command = [installed / "parallelism-conformance", "--parallelize", "mine:parallelize", "--max-world-size", "2"]
+    done = _run([*command, "--hypothesis-profile=smoke", "-rs"], tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "2 passed, 2 skipped" in done.stdout and "capabilities: 1 pass" in done.stdout, done.stdout[-3000:]
+    assert "world 2  dp_replicate=1 x dp_shard=2 x tp=1" in done.stdout and "needs tp, which mine:parallelize does not declare" in done.stdout
+    shipped = "from parallelism_conformance.parallelize_examples import good, bad; print(good.fsdp_tp.mesh_dims)"
+    assert "('dp_shard', 'tp')" in _run([installed / "python", "-c", shipped], tmp_path).stdout

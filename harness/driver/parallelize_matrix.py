@@ -48,7 +48,7 @@ def cell(longrepr: str) -> str:
     return text
 
 
-@dataclass
+@dataclass(eq=False)  # a plugin is a key of pluggy's tables: hashed by identity
 class Matrix:
     """The plugin: ``meshes`` {test id: (((dim, size), ...) over every dimension, why skipped or '')},
     in the order the test module collected them."""
