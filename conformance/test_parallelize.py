@@ -25,13 +25,15 @@ batch; tensor-parallel peers the same rows.
 In the driver, per step s and rank: every gradient, then the loss, against the dense model at the
 parameters rank 0 held before step s; every parameter after the step against the optimizer's step
 from the rank's own parameters and gradient, and against rank 0's. A failure names the step, the
-rank, the parameter's module path and the mesh dimensions it is sharded on (its placements), and
-the first module whose forward output at step 1 already differs from the dense model's rows of that
+rank, the parameter's module path and the mesh dimensions it is sharded on (its placements), the
+dimensions along which the ranks' gathered values differ (a reduction over them missing) or that
+every rank holds the same wrong value, and the first module whose forward output at step 1 already differs from the dense model's rows of that
 rank (modules whose output is a shard of another shape are passed over); the gradients of that
 module's parameters are judged first, so the parameter named is where the wrong value appears
 (with none, in the model's order: a data-parallel bug leaves every forward right). Before the first step
 every rank's gathered parameters must be the dense model's, exactly: a plan moves data, it does not
-change it.
+change it. The parity matrix of the run (every mesh against its verdict) is printed at the end and,
+with --parallelize-matrix, written: harness/driver/parallelize_matrix.py, registered here.
 """
 
 from __future__ import annotations
