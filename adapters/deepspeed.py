@@ -35,9 +35,9 @@ Over those, the keys its users set, drawn by the driver from the table entry (``
 What it cannot run (NotImplementedError on every rank, before anything is built):
 * float64 models: DeepSpeed reduces float32, float16 and bfloat16 gradients only (ZeRO stage 0:
   "attempting to reduce an unsupported grad type: torch.float64", runtime/engine.py);
-* ``compute_dtype``, ``gradient_divide_factor``: DeepSpeed's mixed precision is its fp16 / bf16
-  optimizer with loss scaling, and its gradient division is ``gradient_predivide_factor`` around a
-  world-size average; neither is the contract's keyword;
+* ``gradient_divide_factor``: DeepSpeed's gradient division is ``gradient_predivide_factor``
+  around a world-size average; ``compute_dtype`` on ``fully_shard`` (ZeRO-3). ``DataParallel``'s
+  ``compute_dtype`` is DeepSpeed's own ``bf16`` / ``fp16`` flag (adapters/deepspeed_precision.py);
 * ``reshard_after_forward=False`` (capability ``zero2``): ZeRO-3 has no switch that keeps a
   module's gathered parameters from its forward to its backward (``stage3_max_reuse_distance``
   acts only once the parameter trace of a first step is recorded).
@@ -50,6 +50,8 @@ import os
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from parallelism_conformance.adapters import deepspeed_precision
 
 REFUSED_DTYPE = (
     "DeepSpeed cannot reduce float64 gradients: its ZeRO stage 0 asserts 'attempting to reduce an "
@@ -233,17 +235,23 @@ class _EngineModule(nn.Module):
     def finish_gradient_synchronization(self) -> None:
         """Nothing to do: ``engine.backward`` has all-reduced every gradient (ZeRO stage 0)."""
 
+    def masters(self) -> nn.Module:
+        """The contract's hook (harness/rank/library_loop.py): under bf16, the float32 copies
+        DeepSpeed's optimizer steps (adapters/deepspeed_precision.py); else the model."""
+        return deepspeed_precision.masters(self.engine, self.module)
+
 
 def DataParallel(module, bucket_size_mb=None, gradient_divide_factor=None, compute_dtype=None):
-    _refuse_keywords(gradient_divide_factor=gradient_divide_factor, compute_dtype=compute_dtype)
+    _refuse_keywords(gradient_divide_factor=gradient_divide_factor)
     _refuse_dtypes(module.parameters())
+    precision = deepspeed_precision.mixed_precision(compute_dtype)
     if bucket_size_mb is not None:
         raise NotImplementedError(
             "DeepSpeed cannot bucket ZeRO stage 0's gradients by a size: engine.allreduce_gradients "
             "reduces them after backward in buckets of MEMORY_OPT_ALLREDUCE_SIZE (500,000,000) "
             "elements, a constant no configuration key reaches"
         )
-    return _EngineModule(module, config(0, offload=False))
+    return _EngineModule(module, {**config(0, offload=False), **precision})
 
 
 class _ShardedOptimizer:

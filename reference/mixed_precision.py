@@ -141,13 +141,19 @@ def check_exact(model: nn.Module, per_rank: list[list[dict[str, Tensor]]], dtype
             )
 
 
-def one_step(model: nn.Module, optimizer: dict, per_rank: list[list[dict[str, Tensor]]], dtype: torch.dtype) -> OneStep:
+def one_step(
+    model: nn.Module, optimizer: dict, per_rank: list[list[dict[str, Tensor]]], dtype: torch.dtype, micro_batch_scale: float = 1.0
+) -> OneStep:
     """The ranks' first optimizer step in compute dtype ``dtype`` (``per_rank[r][j]``: rank r's slice
     of micro-batch j), for SGD (``{"name": "sgd", "lr", "momentum", "weight_decay"}``, lr and the
     weight decay powers of two or zero): the first step's momentum buffer is the gradient itself, so
-    p' = p - lr (g + wd p), g = sum_j (1/n) sum_r g_rj, computed exactly in float64."""
+    p' = p - lr (g + wd p), g = s sum_j (1/n) sum_r g_rj, computed exactly in float64. ``s``
+    (``micro_batch_scale``) is 1, or 1/k for a library that divides each of the k micro-batches' losses
+    by k (DeepSpeed's gradient_accumulation_steps), a power of two so that the scaled loss stays exact."""
     if optimizer["name"] != "sgd" or not all(_power_of_two(optimizer[k]) or optimizer[k] == 0 for k in ("lr", "weight_decay")):
         raise ValueError(f"the exact one-step reference takes SGD with lr and weight decay powers of two, got {optimizer}")
+    if not _power_of_two(micro_batch_scale):
+        raise ValueError(f"the exact one-step reference scales the micro-batches by a power of two, got {micro_batch_scale}")
     check_exact(model, per_rank, dtype)
     n, lr, decay = len(per_rank), optimizer["lr"], optimizer["weight_decay"]
     terms = [rank_terms(model, slices, dtype) for slices in per_rank]
@@ -159,7 +165,7 @@ def one_step(model: nn.Module, optimizer: dict, per_rank: list[list[dict[str, Te
             after[name], atol[name] = p.detach().double(), torch.zeros(p.shape, dtype=torch.float64)
             continue
         per_micro = [[grads[j][name] for _, grads in terms] for j in range(len(per_rank[0]))]
-        averages = [sum(g.double() for g in gs) / n for gs in per_micro]
+        averages = [micro_batch_scale * sum(g.double() for g in gs) / n for gs in per_micro]
         error = sum(reduction_atol(gs, "AVG") for gs in per_micro)
         k = len(per_micro)
         error = error + (k - 1) * unit_roundoff(dtype) * sum(a.abs() for a in averages) * (1 + 2 * unit_roundoff(dtype))

@@ -147,7 +147,7 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability("dp_compute_dtype", ("DataParallel",), "conformance/test_data_parallel.py", "dp_compute_dtype",
                contract="Data parallelism",
                files=(*_files(("mixed_precision", "tolerance"), "data_parallel", "data_parallel", adapter="torch_ddp",
-                              outsiders="dp_compute_dtype"), "conformance/compute_dtype.py")),
+                              outsiders="dp_compute_dtype"), "conformance/compute_dtype.py", "adapters/deepspeed_precision.py")),
     Capability("grad_clipping", ("clip_grad_norm_",), "conformance/test_grad_clipping.py", "grad_clipping",
                contract="Gradient clipping by the global norm",
                files=(*_files((*_DP, "tensor_parallel"), "grad_clipping", "fully_sharded", "grad_clipping",

@@ -38,6 +38,14 @@ def accumulate(owner, micro_batches: int) -> None:
         hook(micro_batches)
 
 
+def masters(owner, module):
+    """What the optimizer steps, to read its gradients and values from: ``owner.masters()`` where it
+    has one (DeepSpeed under its bf16 flag keeps the model in bfloat16 and steps float32 copies of
+    it inside its optimizer), else ``module`` itself."""
+    hook = getattr(owner, "masters", None)
+    return hook() if callable(hook) else module
+
+
 def configure(impl, configuration: dict) -> None:
     """``impl.configure(configuration)``: the keys a library's users set ({dotted key: value}, drawn
     by the driver from the library's table entry; {} = the library's defaults), before a task builds

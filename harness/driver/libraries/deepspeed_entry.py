@@ -95,6 +95,7 @@ DEEPSPEED = Library(
             "deepspeed_buffers_not_broadcast.py",
             "deepspeed_unused_parameter_moves.py",
             "deepspeed_stale_gradient_of_a_skipped_parameter.py",
+            "deepspeed_fp16_optimizer_steps_at_initialize.py",
         ),
         "0.18.2": ("deepspeed_zero2_accumulation_keeps_the_last_micro_batch.py",),
     },
@@ -108,7 +109,7 @@ DEEPSPEED = Library(
     # more on 2 shared cores) outlasts the suite's 60 s rank deadline
     warm_up="from deepspeed.comm.torch import build_shm_op; build_shm_op()",
     runs=(
-        Run("ZeRO-0", "parallelism_conformance.adapters.deepspeed", ("data_parallel",)),
+        Run("ZeRO-0", "parallelism_conformance.adapters.deepspeed", ("data_parallel", "dp_compute_dtype")),
         Run("ZeRO-1", "parallelism_conformance.adapters.deepspeed", ("sharded_optimizer",)),
         Run("ZeRO-1 + offload_optimizer cpu", "parallelism_conformance.adapters.deepspeed_offload", ("sharded_optimizer",)),
         Run("ZeRO-2", "parallelism_conformance.adapters.deepspeed_zero2", ("sharded_optimizer",)),
@@ -117,6 +118,15 @@ DEEPSPEED = Library(
         Run("ZeRO-3 + offload_optimizer cpu", "parallelism_conformance.adapters.deepspeed_offload", ("fully_sharded", "zero2")),
     ),
     explained={
+        "test_data_parallel.py::test_compute_dtype_in_data_parallelism_keeps_float32_masters": "a finding (2026-12-07, "
+        "0.19.8), wrong where the optimizer decays weights: under bf16 or fp16 at ZeRO stage 0, initialize steps the "
+        "client's optimizer once with zero gradients (runtime/fp16/unfused_optimizer.py: FP16_UnfusedOptimizer.__init__ -> "
+        "initialize_optimizer_states -> self.optimizer.step()), so SGD's weight decay (and AdamW's, which also counts the "
+        "step) moves the float32 masters by lr * wd * p before the first real step: shrunk to world 1, one micro-batch, "
+        "SGD weight_decay 1/16, expected 1.1171875, got 1.10943603515625. ZeRO-1/2/3 stopped stepping at initialize "
+        "(DeepSpeed#5104) and BF16_Optimizer too (#6485); bf16 at stage 0 reached this optimizer through #7515. Shown "
+        "without the suite by tests/libraries/deepspeed_fp16_optimizer_steps_at_initialize.py; no upstream issue found "
+        "for the unfused path",
         "test_data_parallel.py::test_buffers_start_from_rank_0s": "DeepSpeed's engine broadcasts rank 0's parameters at initialize and never its buffers "
         "(engine._broadcast_model iterates self.module.named_parameters() only); the contract, as torch's DDP, makes "
         "every rank hold rank 0's buffers. Shown without the suite by tests/libraries/"

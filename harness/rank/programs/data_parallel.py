@@ -73,7 +73,8 @@ def train(
             library_loop.backward(wrapped, loss * scale if divide_factor is not None else loss)
             wrapped.finish_gradient_synchronization()
             losses.append(loss.detach())
-        grads = {name: p.grad.detach().clone() for name, p in module.named_parameters() if p.grad is not None}
+        stepped = library_loop.masters(wrapped, module)  # the model itself but where a library steps copies
+        grads = {name: p.grad.detach().clone() for name, p in stepped.named_parameters() if p.grad is not None}
         norm = None
         if clip_grad_norm_ is not None:
             norm = clip_grad_norm_(module, clip["max_norm"], clip["norm_type"])
@@ -83,10 +84,10 @@ def train(
             {
                 "loss": torch.stack(losses),
                 "grads": grads,
-                "state": models.state(module),
+                "state": models.state(library_loop.masters(wrapped, module)),
                 "norm": norm,
                 "count": count,
-                "dtypes": models.dtypes_held(models.tensors_held(list(module.parameters()), opt)),
+                "dtypes": models.dtypes_held(models.tensors_held(list(library_loop.masters(wrapped, module).parameters()), opt)),
                 "logits_dtype": getattr(module, "logits_dtype", None),
             }
         )
