@@ -314,3 +314,20 @@ def test_the_plugin_writes_the_options_end_to_end(suite_runner, tmp_path):
     assert "| broadcast | 10.00/10.00 | 1 | 0 | 0 |" in report["output"]
     bad = suite_runner.run(*command[:-1], "0")
     assert bad.returncode == 4 and "--points-possible must be a positive number" in bad.stderr, bad.stderr[-2000:]
+
+
+def test_the_autograder_zip_carries_every_folder_the_package_ships():
+    """setup.py's FOLDERS become the installed package; the zip's setup.sh installs the suite from
+    the zip, so a folder setup.py names and the zip lacks fails every grading install ("package
+    directory ... does not exist": parallelize_examples/ did, 2026-12-07)."""
+    import ast
+    from pathlib import Path
+
+    from parallelism_conformance.harness.driver.gradescope.build import SUITE_FOLDERS
+
+    setup = Path(__file__).resolve().parents[1] / "setup.py"
+    assigned = next(
+        node.value for node in ast.parse(setup.read_text()).body if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "FOLDERS"
+    )
+    missing = sorted(set(ast.literal_eval(assigned)) - set(SUITE_FOLDERS))
+    assert not missing, f"setup.py ships {missing}, which the autograder's zip does not carry (build.SUITE_FOLDERS)"
