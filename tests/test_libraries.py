@@ -74,12 +74,24 @@ def test_arguments_are_libraries_then_pytest_options():
         command.parse(["megatron==0.1"])
 
 
+def test_help_runs_nothing_and_writes_nothing(capsys, monkeypatch):
+    """scripts/libraries --help once ran the whole matrix with pytest's --help and rewrote docs/libraries.md."""
+
+    monkeypatch.setattr(command, "run_library", lambda *a, **k: pytest.fail("--help ran a library"))
+    monkeypatch.setattr(command, "write", lambda *a, **k: pytest.fail("--help wrote the document"))
+    assert command.main(["--help"]) == 0 and command.main(["-h"]) == 0
+    assert "scripts/libraries" in capsys.readouterr().out
+
+
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
 <testcase classname="parallelism_conformance.conformance.test_sharded_optimizer" name="test_a" file="conformance/test_sharded_optimizer.py">
   <properties><property name="capability" value="sharded_optimizer"/></properties></testcase>
 <testcase classname="parallelism_conformance.conformance.test_fully_sharded" name="test_b" file="conformance/test_fully_sharded.py">
   <properties><property name="capability" value="fully_sharded"/></properties>
-  <failure message="AssertionError: rank 0 'w' after step 1: expected 1.0, got 2.0">E   AssertionError</failure></testcase>
+  <failure message="AssertionError: rank 0 'w' after step 1: expected 1.0, got 2.0">E   AssertionError
+E     example: world_size=2, weight_decay=0.5
+E   Falsifying example, shrunk
+E     example: world_size=1, weight_decay=0.0625</failure></testcase>
 <testcase classname="parallelism_conformance.conformance.test_fully_sharded" name="test_c" file="conformance/test_fully_sharded.py">
   <properties><property name="capability" value="zero2"/></properties>
   <skipped message="no drawn example ran: 10x X cannot keep parameters"/></testcase>
@@ -97,6 +109,7 @@ def test_a_capability_passes_fails_with_its_first_failure_or_is_refused_with_the
     got = {v.capability: v for v in verdicts_of(junit, library, "1.0", run)}
     assert got["sharded_optimizer"].verdict == "pass"
     assert got["fully_sharded"].verdict == "fail" and "expected 1.0, got 2.0" in got["fully_sharded"].detail
+    assert got["fully_sharded"].detail.endswith("(the example: world_size=1, weight_decay=0.0625)")  # the last, shrunk one
     assert got["fully_sharded"].why == "a bug, shown by x.py"
     assert got["zero2"].verdict == "refused" and "cannot keep parameters" in got["zero2"].detail
     assert got["audit"].verdict == "costs more" and "(1.49x)" in got["audit"].detail  # right values: never "fail"
@@ -306,3 +319,7 @@ def test_capability_narrows_each_run_to_what_it_maps_and_rewrites_only_those_row
     update([Verdict("a", "2", "R", "c", "fail", "now")], doc, "--capability c", libraries, narrowed=True)
     rows = [line for line in doc.read_text().splitlines() if line.startswith("| a |")]
     assert "| a | 2 | R | c | **fail** | now |  |" in rows and "| a | 2 | R | audit | **pass** |  |  |" in rows and len(rows) == 3, rows
+    # the whole run's line stays (the other rows are its), the narrowed rerun said after it, once
+    update([Verdict("a", "2", "R", "c", "pass", "again")], doc, "--capability c", libraries, narrowed=True)
+    (said,) = [line for line in doc.read_text().splitlines() if line.startswith("Rows of a 2 last run:")]
+    assert said.count("rerun alone since: the c rows") == 1 and "`--capability c`" in said, said

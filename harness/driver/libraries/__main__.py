@@ -66,6 +66,10 @@ def prepare(names: list[str], adapters_only: bool = False) -> int:
 
 
 def main(arguments: list[str]) -> int:
+    if arguments[:1] in (["-h"], ["--help"]):
+        # before anything runs: as a pytest option it started the whole matrix and rewrote docs/libraries.md
+        print(__doc__.replace("``", "`"))
+        return 0
     if arguments[:1] == ["--prepare"]:
         rest = arguments[1:]
         return prepare([a for a in rest if a != "--adapters-only"], adapters_only="--adapters-only" in rest)

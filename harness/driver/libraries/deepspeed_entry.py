@@ -98,10 +98,12 @@ DEEPSPEED = Library(
             "deepspeed_fp16_optimizer_steps_at_initialize.py",
         ),
         "0.18.2": ("deepspeed_zero2_accumulation_keeps_the_last_micro_batch.py",),
+        "0.18.5": ("deepspeed_zero0_bf16_gradient_divided_by_loss_scale.py",),
     },
     pinned="0.19.8",
-    # 0.18.2 and 0.18.3: a known-buggy release and its fix (deepspeedai/DeepSpeed#7718, ZeRO-2 accumulation)
-    older=("0.18.3", "0.18.2"),
+    # known-buggy releases and their fixes: 0.18.2 and 0.18.3 (deepspeedai/DeepSpeed#7718, ZeRO-2 accumulation),
+    # 0.18.5 and 0.18.6 (#7837 / #7839, bf16 at ZeRO-0 divides the gradients by 65536)
+    older=("0.18.6", "0.18.5", "0.18.3", "0.18.2"),
     # deepspeed.init_distributed JIT-builds its deepspeed_shm_comm op on every machine (about 100 s
     # the first time, cached in ~/.cache/torch_extensions); a compiler that fails is an error there
     system_packages={"g++": "g++", "ninja": "ninja-build"},
@@ -126,7 +128,10 @@ DEEPSPEED = Library(
         "SGD weight_decay 1/16, expected 1.1171875, got 1.10943603515625. ZeRO-1/2/3 stopped stepping at initialize "
         "(DeepSpeed#5104) and BF16_Optimizer too (#6485); bf16 at stage 0 reached this optimizer through #7515. Shown "
         "without the suite by tests/libraries/deepspeed_fp16_optimizer_steps_at_initialize.py; no upstream issue found "
-        "for the unfused path",
+        "for the unfused path. On 0.18.5 the test fails first without weight decay: bf16's step divides every gradient "
+        "by the loss scale 65536 that backward never applied (DeepSpeed#7837, fixed by #7839 in 0.18.6), shrunk to SGD "
+        "without weight decay, bf16, world 1: expected 1.125, got 1.0000019073486328; shown without the suite by "
+        "tests/libraries/deepspeed_zero0_bf16_gradient_divided_by_loss_scale.py (exit 0 on 0.18.5, 1 on 0.19.8)",
         "test_data_parallel.py::test_buffers_start_from_rank_0s": "DeepSpeed's engine broadcasts rank 0's parameters at initialize and never its buffers "
         "(engine._broadcast_model iterates self.module.named_parameters() only); the contract, as torch's DDP, makes "
         "every rank hold rank 0's buffers. Shown without the suite by tests/libraries/"

@@ -47,8 +47,20 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+
+def _shortened(detail: str, limit: int = 500) -> str:
+    """A row's detail within ``limit`` characters, keeping the example's end, where the keys that make
+    it fail sit (a message cut from the end lost them: "weight_decay=0.0625")."""
+    if len(detail) <= limit:
+        return detail
+    message, marker, example = detail.partition(" (the example: ")
+    if not marker:
+        return detail[:limit]
+    room = max(limit - len(marker) - 200, 100)
+    return f"{message[:200]}...{marker}...{example[-room:]}"
+
 def _row(v: Verdict) -> str:
-    return f"| {v.library} | {v.version} | {_cell(v.run)} | {v.capability} | **{v.verdict}** | {_cell(v.detail[:500])} | {_cell(v.why)} |"
+    return f"| {v.library} | {v.version} | {_cell(v.run)} | {v.capability} | **{v.verdict}** | {_cell(_shortened(v.detail))} | {_cell(v.why)} |"
 
 
 def _section(library) -> list[str]:
@@ -166,15 +178,24 @@ def update(
         start = lines.index(heading) if heading in lines else len(lines)
         stop = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
         # one "last run" line per version: this run's, and the earlier ones of the versions it did not run
-        when = {
-            version: f"Rows of {name} {version} last run: {datetime.date.today().isoformat()}, {_options(options)}{_took(took_s)}."
-            for n, version, *_ in ran
-            if n == name
+        earlier = {
+            line.removeprefix(f"Rows of {name} ").partition(" last run:")[0]: line
+            for line in lines[start:stop]
+            if line.startswith(f"Rows of {name} ")
         }
-        for line in lines[start:stop]:
-            version = line.removeprefix(f"Rows of {name} ").partition(" last run:")[0]
-            if line.startswith(f"Rows of {name} ") and version not in when:
-                when[version] = line
+        today = f"{datetime.date.today().isoformat()}, {_options(options)}{_took(took_s)}"
+        when = {}
+        for n, version, *cell in ran:
+            if n != name:
+                continue
+            if narrowed and version in earlier:  # the whole run's line stays; the rows rerun are said after it
+                capabilities = sorted({c for m, w, _, c in ran if (m, w) == (name, version)})
+                kept = earlier[version].split("; rerun alone since:")[0].rstrip(".")
+                when[version] = f"{kept}; rerun alone since: the {', '.join(capabilities)} rows, {today}."
+            else:
+                when[version] = f"Rows of {name} {version} last run: {today}."
+        for version, line in earlier.items():
+            when.setdefault(version, line)
         versions = (libraries[name].pinned, *libraries[name].older)
         for line in reversed(sorted(when.values(), key=lambda line: _version_order(line, name, versions))):
             section[3:3] = [line, ""]  # a paragraph each

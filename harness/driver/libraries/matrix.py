@@ -45,6 +45,13 @@ def _first_line(text: str) -> str:
     return (f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0])[:500]
 
 
+def _example(text: str) -> str:
+    """The failing example as the judge printed it ("example: world_size=1, ..., weight_decay=0.0625"):
+    with the last example Hypothesis shrank to, the smallest configuration that still fails."""
+    found = [line.split("example:", 1)[1].strip() for line in (text or "").splitlines() if line.lstrip("E ").startswith("example:")]
+    return found[-1][:500] if found else ""
+
+
 def verdicts_of(junit: Path, library: Library, version: str, run: Run) -> list[Verdict]:
     """Per capability of ``run`` (and the audit, per capability it audits), from pytest's JUnit XML."""
     cases: dict[str, list[tuple[str, str, str]]] = {}
@@ -57,7 +64,9 @@ def verdicts_of(junit: Path, library: Library, version: str, run: Run) -> list[V
         failure = case.find("failure") if case.find("failure") is not None else case.find("error")
         skipped = case.find("skipped")
         if failure is not None:
-            cases.setdefault(capability, []).append(("failed", test, _first_line(failure.get("message") or failure.text)))
+            example = _example(failure.text or "")
+            message = _first_line(failure.get("message") or failure.text) + (f" (the example: {example})" if example else "")
+            cases.setdefault(capability, []).append(("failed", test, message))
         elif skipped is None and verdicts & {COSTS_MORE, DIFFERS_BY_DESIGN}:
             verdict = DIFFERS_BY_DESIGN if DIFFERS_BY_DESIGN in verdicts else COSTS_MORE
             notes = [p.get("value") for p in case.iter("property") if p.get("name") == "note" and (p.get("value") or "").startswith(verdict)]
