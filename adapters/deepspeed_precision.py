@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+
 def mixed_precision(compute_dtype) -> dict:
     """The config keys for the contract's ``compute_dtype`` (None: none)."""
     if compute_dtype is None or compute_dtype == torch.float32:
@@ -68,8 +69,7 @@ def _master_of(optimizer):
         found = safe_get_full_fp32_param(parameter)
         if found is None:
             raise NotImplementedError(
-                f"the DeepSpeed adapter cannot find the float32 master of a {parameter.dtype} parameter under "
-                f"{type(optimizer).__name__}"
+                f"the DeepSpeed adapter cannot find the float32 master of a {parameter.dtype} parameter under {type(optimizer).__name__}"
             )
         return found
 

@@ -327,7 +327,9 @@ def test_the_autograder_zip_carries_every_folder_the_package_ships():
 
     setup = Path(__file__).resolve().parents[1] / "setup.py"
     assigned = next(
-        node.value for node in ast.parse(setup.read_text()).body if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "FOLDERS"
+        node.value
+        for node in ast.parse(setup.read_text()).body
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "FOLDERS"
     )
     missing = sorted(set(ast.literal_eval(assigned)) - set(SUITE_FOLDERS))
     assert not missing, f"setup.py ships {missing}, which the autograder's zip does not carry (build.SUITE_FOLDERS)"

@@ -137,7 +137,9 @@ def _refusal_texts():
                     constants.update({f"{path.stem}.{t.id}": value for t in node.targets})
     for path, tree in trees.items():
         for node in ast.walk(tree):
-            if not (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and getattr(node.exc.func, "id", "") == "NotImplementedError"):
+            if not (
+                isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and getattr(node.exc.func, "id", "") == "NotImplementedError"
+            ):
                 continue
             argument = node.exc.args[0] if node.exc.args else None
             where = f"{path.name}:{node.lineno}"

@@ -28,7 +28,17 @@ from parallelism_conformance.harness.driver.gradescope.config import CS336, FILE
 SUITE = Path(__file__).resolve().parents[3]
 PLATFORM_FILES = ("setup.sh", "run_autograder")  # at the zip's root, where the platform looks for them
 SUITE_FILES = ("pyproject.toml", "setup.py", "requirements.lock", "conftest.py", "CONTRACT.md", "README.md")
-SUITE_FOLDERS = ("parallelism_conformance", "reference", "impls", "harness", "conformance", "adapters", "parallelize_examples", "grading", "starter")
+SUITE_FOLDERS = (
+    "parallelism_conformance",
+    "reference",
+    "impls",
+    "harness",
+    "conformance",
+    "adapters",
+    "parallelize_examples",
+    "grading",
+    "starter",
+)
 COURSE_RUBRIC = "grading/course-rubric.toml"  # where a rubric given with --rubric goes in the zip
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)
 

@@ -47,7 +47,6 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-
 def _shortened(detail: str, limit: int = 500) -> str:
     """A row's detail within ``limit`` characters, keeping the example's end, where the keys that make
     it fail sit (a message cut from the end lost them: "weight_decay=0.0625")."""
@@ -58,6 +57,7 @@ def _shortened(detail: str, limit: int = 500) -> str:
         return detail[:limit]
     room = max(limit - len(marker) - 200, 100)
     return f"{message[:200]}...{marker}...{example[-room:]}"
+
 
 def _row(v: Verdict) -> str:
     return f"| {v.library} | {v.version} | {_cell(v.run)} | {v.capability} | **{v.verdict}** | {_cell(_shortened(v.detail))} | {_cell(v.why)} |"
@@ -185,7 +185,7 @@ def update(
         }
         today = f"{datetime.date.today().isoformat()}, {_options(options)}{_took(took_s)}"
         when = {}
-        for n, version, *cell in ran:
+        for n, version, *_ in ran:
             if n != name:
                 continue
             if narrowed and version in earlier:  # the whole run's line stays; the rows rerun are said after it

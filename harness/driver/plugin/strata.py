@@ -31,6 +31,7 @@ from hypothesis.control import BuildContext
 from hypothesis.errors import StopTest, UnsatisfiedAssumption
 from hypothesis.internal.conjecture.data import ConjectureData
 
+from parallelism_conformance.harness.driver.failures import BudgetExhausted
 from parallelism_conformance.harness.driver.plugin.state import STATE
 
 TRIES = 3  # seeds tried for the drawn rest of a stratum that a strategy's filter or assume rejected
@@ -105,6 +106,14 @@ def run_strata(item, strata: list[dict], share) -> list[str]:
         seed = zlib.crc32(f"{item.nodeid}|{name(stratum)}".encode())
         try:
             why = run_one(body, arguments, stratum, seed)
+        except BudgetExhausted:
+            # the run's whole budget ran out inside a stratum: the test is as short of its strata as
+            # when its own share ran out between two (a load that slows the session's start gets here)
+            pytest.fail(
+                f"too slow to cover its strata: covered {index} of {len(strata)} strata before the run's time budget ran "
+                f"out; not covered: {'; '.join(map(name, strata[index:]))}",
+                pytrace=False,
+            )
         except BaseException as failure:
             if not isinstance(failure, (KeyboardInterrupt, SystemExit)):
                 failure.add_note(f"  stratum {index + 1} of {len(strata)}: {name(stratum)} (run first, whatever the seed)")
