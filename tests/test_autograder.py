@@ -226,20 +226,8 @@ def test_a_courses_package_that_is_not_pinned_or_changes_the_lock_is_refused(tmp
 
 
 def build_arguments(*words: str):
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    for option, default in (
-        ("--expects", "student_impl.py"),
-        ("--capability", None),
-        ("--rubric", None),
-        ("--requirements", None),
-        ("--points-possible", None),
-    ):
-        parser.add_argument(option, default=default)
-    parser.add_argument("--time-limit-minutes", type=float, default=10)
-    parser.add_argument("--contain-ranks", default="yes")
-    return parser.parse_args(list(words))
+    """scripts/autograder's own parser: an option it gains is in what these tests build."""
+    return build.arguments().parse_args(list(words))
 
 
 def test_a_cs336_autograder_carries_the_handouts_packages_by_default_and_a_course_can_name_its_own(tmp_path):

@@ -112,7 +112,9 @@ def build(config: AutograderConfig, rubric_path: Path, out: Path, root: Path = S
     return hashlib.sha256(out.read_bytes()).hexdigest()
 
 
-def main(argv: list[str] | None = None) -> int:
+def arguments() -> argparse.ArgumentParser:
+    """scripts/autograder's options (the tests parse theirs with it too, so an option added here is
+    never missing from what they build)."""
     parser = argparse.ArgumentParser(prog="scripts/autograder", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("autograder.zip"))
     parser.add_argument(
@@ -151,6 +153,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="a submission whose own files reach into the grader scores 0, saying why (default: flagged for review; docs/options.md)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = arguments()
     args = parser.parse_args(argv)
     try:
         config, rubric_path = configure(args)
