@@ -5,6 +5,12 @@ DeviceMesh, trained K steps on the ranks (harness/rank/programs/parallelize.py),
 in the driver against the dense twin built from the same seed on the global batch
 (reference/parallelize.py: why each step is judged from the state the ranks reached, and the bound).
 
+torchtitan's form, ``function(model, parallel_dims, job_config)`` (``function.form =
+"torchtitan"``), gets torchtitan's ParallelDims and config sections instead of the mesh
+(harness/rank/torchtitan_form.py), and a function may declare torchtitan's own Llama as its model
+(``function.model = "torchtitan_llama3"``; harness/rank/parallelize_models.py): both need torchtitan
+here, in its venv.
+
 The function declares the mesh dimensions it handles (``function.mesh_dims``, among dp_replicate,
 dp_shard, tp). The test is parametrized by mesh, the parity matrix: one test per factorisation of
 worlds 1 to --max-world-size over the declared dimensions (a declared dimension of size 1 too; id
@@ -14,8 +20,10 @@ multiples of tp, ffn a multiple of tp, dim, vocabulary, 1-2 layers; a row-parall
 least 2 wide, see ``examples``), rows per replica, sequence length, 1-3 steps, SGD (momentum,
 weight decay) or AdamW (weight decay), and the loss normalisation: each rank's mean over its tokens (no padding),
 or the global batch's valid-token mean (about a quarter of the targets ignored: each rank's summed
-loss times dp / N). A function that shards the sequence or the vocabulary over tp (torchtitan's
-sequence parallel, a row-parallel embedding) declares ``function.divisible_by_tp = ("seq",
+loss times dp / N). In torchtitan's form the loss is always torchtitan's train_step's, each rank's
+summed loss over N (with or without padding), and the plan sums the gradients over dp, as
+torchtitan's FSDP does (divide factor 1). A function that shards the sequence or the vocabulary
+over tp (torchtitan's sequence parallel, a row-parallel embedding) declares ``function.divisible_by_tp = ("seq",
 "vocab")`` and gets those in multiples of tp: torch 2.13's DTensor fails on uneven shards there
 (an empty sequence shard: a view of 0 elements and a peer hung; vocabulary rows: the embedding's
 gradient accumulation "in-place operations that require placement changes"), and torchtitan's
@@ -40,7 +48,6 @@ from __future__ import annotations
 
 import itertools
 import os
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -49,14 +56,15 @@ from hypothesis import strategies as st
 
 import parallelism_conformance.reference.parallelize as ref
 from parallelism_conformance.conformance.examples import Layout
+from parallelism_conformance.conformance.parallelize_draws import DIMS, DIVISIBLE, Example, describe_mesh, examples, mesh_choices, mesh_id
 from parallelism_conformance.conformance.verdict import Judge, check_names, mismatch
 from parallelism_conformance.harness.driver.parallelize_matrix import Matrix
 from parallelism_conformance.harness.driver.plugin.state import backend_plan
-from parallelism_conformance.harness.rank import decoder_lm
+from parallelism_conformance.harness.rank import decoder_lm, parallelize_models
 from parallelism_conformance.harness.rank.programs.parallelize import load_function
+from parallelism_conformance.harness.rank.torchtitan_form import FORM, FORMS
 
 PROGRAM = "parallelize:parallelize_steps"
-DIMS = ("dp_replicate", "dp_shard", "tp")  # the mesh's order, outermost first (torchtitan's)
 MATRIX = "parallelize-matrix"  # the plugin's name (harness/driver/parallelize_matrix.py)
 
 pytestmark = pytest.mark.capability("parallelize")
@@ -85,9 +93,6 @@ def declared(config) -> tuple[str, object, tuple[str, ...]]:
     return spec, function, tuple(d for d in DIMS if d in dims)
 
 
-DIVISIBLE = ("seq", "vocab")  # what a function may declare it needs in multiples of tp
-
-
 def divisible_by_tp(spec: str, function) -> tuple[str, ...]:
     """The function's ``divisible_by_tp`` (default none), checked against DIVISIBLE."""
     sizes = getattr(function, "divisible_by_tp", ())
@@ -96,100 +101,15 @@ def divisible_by_tp(spec: str, function) -> tuple[str, ...]:
     return tuple(sizes)
 
 
-def mesh_choices(dims: tuple[str, ...], max_world_size: int) -> tuple[list[tuple], list[tuple]]:
-    """(the meshes drawn, the meshes not drawn): every factorisation of worlds 1..max_world_size over
-    DIMS, as ((name, size), ...) over ``dims``; not drawn, those with a dimension not in ``dims`` above 1."""
-    drawn, skipped = [], []
-    for sizes in itertools.product(range(1, max_world_size + 1), repeat=len(DIMS)):
-        if torch.tensor(sizes).prod() > max_world_size:
-            continue
-        mesh = tuple(zip(DIMS, sizes))
-        if all(size == 1 or name in dims for name, size in mesh):
-            drawn.append(tuple((name, size) for name, size in mesh if name in dims))
-        else:
-            skipped.append(mesh)
-    return drawn, skipped
-
-
-def describe_mesh(mesh) -> str:
-    return " x ".join(f"{name}={size}" for name, size in mesh)
-
-
-@dataclass(frozen=True)
-class Example:
-    mesh: tuple  # ((name, size), ...)
-    model: dict
-    per_replica: int
-    seq: int
-    steps: int
-    optimizer: dict
-    normalisation: str  # "mean" (each rank's mean, no padding) or "global_tokens"
-    seed: int
-    data_seed: int
-
-    @property
-    def sizes(self) -> dict:
-        return {name: dict(self.mesh).get(name, 1) for name in DIMS}
-
-    @property
-    def world_size(self) -> int:
-        return int(torch.tensor(list(self.sizes.values())).prod())
-
-    @property
-    def dp(self) -> int:
-        return self.sizes["dp_replicate"] * self.sizes["dp_shard"]
-
-    def data_index(self, rank: int) -> int:
-        """The rank's data-parallel index: init_device_mesh lays ranks out row-major over DIMS."""
-        return rank // self.sizes["tp"]
-
-    def __str__(self) -> str:
-        return (
-            f"mesh {describe_mesh(self.mesh)}, model={self.model}, {self.per_replica} rows per replica of {self.seq} tokens, "
-            f"{self.steps} steps of {self.optimizer}, loss: {self.normalisation}, seed={self.seed}, data_seed={self.data_seed}"
-        )
-
-
-@st.composite
-def examples(draw, mesh: tuple, by_tp: tuple = ()) -> Example:
-    """``by_tp``: the sizes among DIVISIBLE the function declares it needs in multiples of tp."""
-    tp = dict(mesh).get("tp", 1)
-    kv_heads = tp * draw(st.integers(1, 2), label="key/value heads per tp rank")
-    heads = kv_heads * draw(st.integers(1, 2), label="query heads per key/value head")
-    # a row-parallel layer's input is at least 2 wide: torch 2.13's DTensor cannot flatten [b, 1, 1]
-    # sharded on its last dimension ("would remove or reshape sharded dimension 2"), a limit of torch's
-    # own plans on a mesh of tp = 1 with seq 1, not of the plan under test
-    model = {
-        "vocab": tp * draw(st.integers(1, 3), label="vocab / tp") if "vocab" in by_tp else draw(st.integers(2, 12), label="vocab"),
-        "dim": draw(st.integers(2, 8), label="dim"),
-        "heads": heads,
-        "kv_heads": kv_heads,
-        "head_dim": draw(st.integers(1 if heads > 1 else 2, 2), label="head_dim"),
-        "ffn": tp * draw(st.integers(1 if tp > 1 else 2, 3), label="ffn per tp rank"),
-        "layers": draw(st.integers(1, 2), label="layers"),
-        "dtype": "float64",
-    }
-    if draw(st.sampled_from(["sgd", "adamw"]), label="optimizer") == "sgd":
-        momentum, decay = draw(st.sampled_from([0.0, 0.9]), label="momentum"), draw(st.sampled_from([0.0, 0.01]), label="weight decay")
-        optimizer = {"name": "sgd", "lr": 0.1, "momentum": momentum, "weight_decay": decay}
-    else:
-        decay = draw(st.sampled_from([0.0, 0.1]), label="weight decay")
-        optimizer = {"name": "adamw", "lr": 0.01, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": decay}
-    return Example(
-        mesh,
-        model,
-        draw(st.integers(1, 2), label="rows per replica"),
-        tp * draw(st.integers(1, 2), label="seq / tp") if "seq" in by_tp else draw(st.integers(1, 4), label="seq"),
-        draw(st.integers(1, 3), label="steps"),
-        optimizer,
-        draw(st.sampled_from(["mean", "global_tokens"]), label="loss normalisation"),
-        draw(st.integers(0, 2**16), label="seed"),
-        draw(st.integers(0, 2**16), label="data_seed"),
-    )
-
-
-def mesh_id(mesh) -> str:
-    return "-".join(f"{name}{size}" for name, size in mesh)
+def form_and_model(spec: str, function) -> tuple[str, str]:
+    """The function's ``form`` (default "mesh": ``function(model, mesh)``; "torchtitan":
+    ``function(model, parallel_dims, job_config)``) and ``model`` (default "decoder"), checked."""
+    form, model = getattr(function, "form", "mesh"), getattr(function, "model", "decoder")
+    if form not in FORMS:
+        pytest.fail(f"--parallelize {spec}: form must be one of {FORMS}, got {form!r}", pytrace=False)
+    if model not in parallelize_models.MODELS:
+        pytest.fail(f"--parallelize {spec}: model must be one of {parallelize_models.MODELS}, got {model!r}", pytrace=False)
+    return form, model
 
 
 def pytest_generate_tests(metafunc):
@@ -224,11 +144,16 @@ def test_the_plan_trains_step_by_step_as_one_process(data, mesh, pytestconfig, r
     spec, function, _ = declared(pytestconfig)
     if mesh is None:
         pytest.fail(f"--parallelize {spec}: no mesh was collected for it (its declaration changed after collection?)", pytrace=False)
-    example = data.draw(examples(mesh, divisible_by_tp(spec, function)), label="example")
+    form, model_kind = form_and_model(spec, function)
+    example = data.draw(examples(mesh, divisible_by_tp(spec, function), model_kind), label="example")
     padding = 0.25 if example.normalisation == "global_tokens" else 0.0
     batch = decoder_lm.make_tokens(example.model, example.dp * example.per_replica, example.seq, example.data_seed, padding)
     inputs, targets = torch.tensor_split(batch["inputs"], example.dp), torch.tensor_split(batch["targets"], example.dp)
-    scale = None if padding == 0 else example.dp / int((batch["targets"] != -100).sum())
+    valid = int((batch["targets"] != -100).sum())
+    if form == FORM:  # torchtitan's train_step: the summed loss over the global valid-token count, gradients summed over dp
+        scale = 1 / valid
+    else:
+        scale = None if padding == 0 else example.dp / valid
     common = {
         "function": spec,
         "base": os.getcwd(),
@@ -238,6 +163,8 @@ def test_the_plan_trains_step_by_step_as_one_process(data, mesh, pytestconfig, r
         "optimizer": example.optimizer,
         "steps": example.steps,
         "scale": scale,
+        "form": form,
+        "model_kind": model_kind,
     }
     per_rank = [
         {**common, "inputs": inputs[example.data_index(r)], "targets": targets[example.data_index(r)]} for r in range(example.world_size)
@@ -252,7 +179,7 @@ class StepJudge:
 
     def __init__(self, judge: Judge, example: Example, outputs: dict, batch: dict, scale: float | None):
         self.judge, self.example, self.outputs, self.batch, self.scale = judge, example, outputs, batch, scale
-        self.dense = decoder_lm.build(example.model, example.seed)
+        self.dense = parallelize_models.build(example.model_kind, example.model, example.seed)
         self.initial = {name: p.detach().clone() for name, p in self.dense.named_parameters()}
         self.truth_forward = ref.forward(self.dense, batch["inputs"])
         self.rows = [torch.tensor_split(batch[key], example.dp) for key in ("inputs", "targets")]

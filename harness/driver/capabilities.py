@@ -290,7 +290,9 @@ CAPABILITIES: tuple[Capability, ...] = (
                             "mesh_composition", "torch_native", "mesh_composition")),
     # a team's own function over a named DeviceMesh (--parallelize): it provides no contract names
     Capability("parallelize", (), "conformance/test_parallelize.py", "parallelize", contract="A parallelize function",
-               files=(*_files(("parallelize",), None, "parallelize"), "harness/rank/decoder_lm.py", "parallelize_examples")),
+               files=(*_files(("parallelize",), None, "parallelize"), "harness/rank/decoder_lm.py", "parallelize_examples",
+                      "harness/rank/parallelize_models.py", "harness/rank/torchtitan_llama.py",
+                      "harness/rank/torchtitan_form.py", "conformance/parallelize_draws.py")),
     # the audit's rules are stated in each strategy's section of CONTRACT.md ("Communication")
     Capability("audit", COLLECTIVES, "conformance/audit", "audit",
                files=("reference/cost_model.py", "harness/rank/recording.py", "harness/driver/audit.py",

@@ -2,7 +2,10 @@
 ``parallelize(model, mesh) -> model`` applied to the suite's small decoder LM
 (harness/rank/decoder_lm.py) on a named DeviceMesh, then K optimizer steps. Programs never judge:
 this one returns plain CPU tensors and strings, and the driver (conformance/test_parallelize.py)
-compares them with one process training the dense twin.
+compares them with one process training the dense twin. A function of torchtitan's form
+(``function.form = "torchtitan"``) is called ``function(model, parallel_dims, job_config)`` with
+torchtitan's own ParallelDims and config sections (harness/rank/torchtitan_form.py), and the model
+may be torchtitan's Llama (harness/rank/parallelize_models.py).
 
 Per rank: the mesh ``init_device_mesh(device type, sizes, mesh_dim_names=names)`` over the whole
 world (every declared dimension, of size 1 too, so ``mesh["tp"]`` always exists); the model built
@@ -33,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from parallelism_conformance.harness.rank import decoder_lm, models
+from parallelism_conformance.harness.rank import models, parallelize_models, torchtitan_form
 from parallelism_conformance.harness.rank.context import RankContext
 from parallelism_conformance.harness.rank.loader import load_implementation
 
@@ -111,20 +114,29 @@ def parallelize_steps(
     targets,
     scale: float | None = None,
     base: str | None = None,
+    form: str = "mesh",
+    model_kind: str = "decoder",
     group=None,
 ) -> dict:
     """See the module docstring. ``mesh``: [[dim name, size], ...] in order, sizes multiplying to
-    the world size; ``scale``: None for each rank's mean loss, else the factor of its summed loss."""
+    the world size; ``scale``: None for each rank's mean loss, else the factor of its summed loss;
+    ``form``: "mesh" (``function(model, mesh)``) or "torchtitan" (``function(model, parallel_dims,
+    job_config)``, harness/rank/torchtitan_form.py); ``model_kind``: harness/rank/parallelize_models.py's."""
     if group is not None:
         raise ValueError("a mesh spans the whole world")
     parallelize = load_function(function, base)
-    device_mesh = ctx.device_mesh(mesh)  # made once per world (RankContext.device_mesh says why)
-    dense = decoder_lm.build(model, seed).to(ctx.device)
+    dense = parallelize_models.build(model_kind, model, seed).to(ctx.device)
     names = {name for name, _ in dense.named_parameters()}  # before the plan: it may replace modules
+    if form == torchtitan_form.FORM:
+        rows, seq = inputs.shape
+        args = (torchtitan_form.parallel_dims(ctx, mesh), torchtitan_form.job_config(mesh, seq, rows))
+        called = f"{function}(model, parallel_dims, job_config)"
+    else:
+        args, called = (ctx.device_mesh(mesh),), f"{function}(model, mesh)"  # made once per world (RankContext.device_mesh says why)
     try:
-        trained = parallelize(dense, device_mesh)
+        trained = parallelize(dense, *args)
     except Exception as error:  # the plan's own error (a mesh it cannot take): said so, then the rank's traceback
-        error.add_note(f"raised by {function}(model, mesh) on the mesh {mesh}, before any step")
+        error.add_note(f"raised by {called} on the mesh {mesh}, before any step")
         raise
     if not isinstance(trained, nn.Module):
         raise TypeError(f"{function} returned {type(trained).__name__}, not the model (an nn.Module)")
