@@ -12,7 +12,9 @@ model):
 4. a grade always arrives: waits on contained children are bounded, replies bounded by the memory;
 5. nothing a world's uid left outlives the world;
 6. the submission is read by the driver (issue 58, item 3): what it takes from the suite's bundled
-   implementations scores 0, and its reaches into the grader are flagged for review.
+   implementations scores 0, and its reaches into the grader are flagged for review;
+7. a filter that allows (issue 58, item 2): a contained rank makes only the system calls measured
+   into its allow list; any other fails with EPERM, named in the test's failure.
 
 Classes 1, 3 (descriptors), 4 (replies) and 5 share one grading run of one hostile submission
 (tests/fixtures/grade_never_earned_impl.py), each checked by a test of its own.
@@ -202,6 +204,27 @@ def test_class_6_the_suites_own_answer_imported_scores_zero_and_is_flagged(insta
         assert test["status"] == "failed" and "is not the submission's own code" in test["output"], test
         assert "review: grader access" in test["tags"] and "parallelism_conformance.impls" in test["output"], test
     assert results["extra_data"]["submission"]["bundled_code"], results["extra_data"]
+
+
+@needs_emulation
+@needs_readable_python
+def test_class_7_a_call_off_the_allow_list_is_refused_and_named():
+    """Class 7 (issue 58, item 2): an all_reduce that opens a POSIX message queue (a kernel object
+    that outlived the sweep) got its marks; the call is refused now, and the failure names it though
+    the implementation's own error does not (tests/fixtures/unlisted_call_impl.py)."""
+    outcome = suite_in_container(str(SYSTEM_PYTHON), str(_FIXTURES / "unlisted_call_impl.py"))
+    said = outcome.stdout
+    assert outcome.returncode == 1 and "ranks contained" in said, said[-3000:] + outcome.stderr[-2000:]
+    assert "[Errno 1] Operation not permitted" in said and "calls outside its allow list" in said and "mq_open (" in said, said[-3000:]
+
+
+@needs_emulation
+@needs_readable_python
+@pytest.mark.parametrize("impl", ["parallelism_conformance.impls", "torch.distributed"])
+def test_class_7_the_bundled_implementations_and_torch_pass_under_the_allow_list(impl):
+    """Class 7: what the list was measured on still passes contained: the collectives' file, in part."""
+    outcome = suite_in_container(str(SYSTEM_PYTHON), impl, selected="all_reduce or broadcast or all_to_all or reduce_scatter")
+    assert outcome.returncode == 0 and "ranks contained" in outcome.stdout, outcome.stdout[-3000:] + outcome.stderr[-2000:]
 
 
 def test_the_correct_submission_is_not_left_out_by_staging(tmp_path):

@@ -111,7 +111,8 @@ def serve(config: RankConfig) -> None:
     _, store_prefix, backend, record_communication, perturb = (*message, False)[:5]
     config = replace(config, store_prefix=store_prefix, backend=backend, record_communication=record_communication)
     context = _join_world(config)
-    store_socket, unfiltered = syscall_filter.counted_channels(config.store_port, config.backend) if config.sandbox is not None else (None, "")
+    filtered = syscall_filter.counted_channels(config.store_port, config.backend) if config.sandbox is not None else (None, "", None)
+    store_socket, unfiltered, refusals = filtered
     conn.send_bytes(wire.encode_untrusted(("ready", config.rank, store_socket, unfiltered)))
     implementations: dict[str, object] = {}
     recorder = _recorder(config)
@@ -154,8 +155,10 @@ def serve(config: RankConfig) -> None:
                 if isinstance(error, (MissingFunction, ImportError, NotImplementedError))
                 else "raised"
             )
-            raised = traceback.format_exc()
+            raised = traceback.format_exc() + (refusals.explain() if refusals is not None else "")  # names what the allow list refused
             payload = wire.encode_untrusted(("error", task_id, raised, status))
+        if refusals is not None:
+            refusals.since_last()  # a task's refusals are its own
         if late is not None:
             try:
                 late.end()

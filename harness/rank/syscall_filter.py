@@ -29,6 +29,10 @@ of reach: a rank that reads another's memory through /proc/<pid>/mem (a ``read``
 nothing for the rank read from): ranks of one uid pass the kernel's ptrace-access check, which the
 driver's own reader of the ranks' /proc/<pid>/io needs too (docs/grading.md).
 
+Under this filter lies another, installed first: the allow list of the calls a rank's task needs
+(harness/rank/syscall_allowlist.py), which refuses, and names, every call not measured into it. The
+kernel runs both, the stricter answer winning, so each refusal here holds whatever the list says.
+
 Linux on x86_64 and aarch64 only; elsewhere :func:`install` raises :class:`FilterUnavailable`, and
 the rank reports that the audit's evidence is incomplete rather than running unfiltered.
 """
@@ -41,20 +45,28 @@ import platform
 import struct
 from datetime import timedelta
 
+from parallelism_conformance.harness.rank import syscall_allowlist
 
-def counted_channels(store_port: int, backend: str) -> tuple[int | None, str]:
-    """A contained rank's filter, installed once the world is joined and before the implementation
-    loads (harness/rank/loop.py: serve): the inode of the store connection it may still send on,
-    and ''; or None and why it could not be installed (the driver then fails the audit, saying so)."""
+
+def counted_channels(store_port: int, backend: str):
+    """A contained rank's filters, installed once the world is joined and before the implementation
+    loads (harness/rank/loop.py: serve): the allow list (harness/rank/syscall_allowlist.py), then
+    this module's refusals. Returns the inode of the store connection it may still send on, '' and
+    the reporter naming refused calls (None where the kernel cannot name them); or None, why they
+    could not be installed (the driver then fails the audit, saying so) and None."""
     if backend != "gloo":
-        return None, f"not made for {backend} ranks (their backend's own sockets send with send)"
+        return None, f"not made for {backend} ranks (their backend's own sockets send with send)", None
     try:
         store_fd = store_descriptor(store_port)
         _groups_share_one_gloo_device()
+        if os.environ.get(syscall_allowlist.SWITCH_ENV) == "off":  # the cost benchmark's: the audit then fails
+            install(store_fd)
+            return None, f"the system call allow list was switched off ({syscall_allowlist.SWITCH_ENV}=off)", None
+        refusals = syscall_allowlist.install()
         install(store_fd)
-        return socket_inode(store_fd), ""
-    except (FilterUnavailable, OSError) as error:
-        return None, str(error)
+        return socket_inode(store_fd), "", refusals
+    except (FilterUnavailable, syscall_allowlist.AllowListUnavailable, OSError) as error:
+        return None, str(error), None
 
 
 def _groups_share_one_gloo_device() -> None:
