@@ -351,8 +351,8 @@ TORCHTITAN = Library(
         "(set to 'cpu'); FlexAttention, get_attention_config's default, has no backward on CPU (torchtitan's "
         "ScaledDotProductAttention as inner attention); spmd_backend 'spmd_types', the default, fails in "
         "apply_fsdp_to_decoder ('all parameters must be DTensors on the full SPMD mesh'), 'partial_dtensor' runs; gloo's "
-        "missing PREMUL_SUM (set_force_sum_reduction_for_comms). Judging it in the suite needs a capability of its own "
-        "(the whole-model step against reference math of the same Llama, written out under reference/), not written; "
+        "missing PREMUL_SUM (set_force_sum_reduction_for_comms). The suite judges it step by step through --parallelize's "
+        "torchtitan form (docs/parallelize.md: parallelize_examples/torchtitan_llama.py, every mesh of worlds 1-4 passes); "
         "pipeline_llm on that model (PP 2) was not tried",
         "dp_pp_token_loss, pipeline_composition (not mapped)": "on a pp x dp mesh the harness sums each stage's "
         "gradients over its data-parallel group with the implementation's all_reduce; torchtitan reduces them with "
