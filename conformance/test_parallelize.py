@@ -46,8 +46,10 @@ with --parallelize-matrix, written: harness/driver/parallelize_matrix.py, regist
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import os
+import sys
 
 import pytest
 import torch
@@ -90,6 +92,7 @@ def declared(config) -> tuple[str, object, tuple[str, ...]]:
     unknown = [d for d in ([dims] if isinstance(dims, str) else dims) if d not in DIMS]
     if isinstance(dims, str) or unknown or not dims:
         pytest.fail(f"--parallelize {spec}: mesh_dims must be a non-empty tuple among {DIMS}, got {dims!r}", pytrace=False)
+    form_and_model(spec, function)  # its form and model checked here too: a bad one is one test, not one a mesh
     return spec, function, tuple(d for d in DIMS if d in dims)
 
 
@@ -109,6 +112,13 @@ def form_and_model(spec: str, function) -> tuple[str, str]:
         pytest.fail(f"--parallelize {spec}: form must be one of {FORMS}, got {form!r}", pytrace=False)
     if model not in parallelize_models.MODELS:
         pytest.fail(f"--parallelize {spec}: model must be one of {parallelize_models.MODELS}, got {model!r}", pytrace=False)
+    needs = ([f"form {form!r}"] if form == FORM else []) + ([f"model {model!r}"] if model != "decoder" else [])
+    if needs and importlib.util.find_spec("torchtitan") is None:  # said once here, not as every rank's ModuleNotFoundError
+        pytest.fail(
+            f"--parallelize {spec}: its {' and '.join(needs)} need torchtitan, which {sys.executable} cannot import: "
+            "run in torchtitan's venv (scripts/libraries --prepare torchtitan; docs/parallelize.md)",
+            pytrace=False,
+        )
     return form, model
 
 

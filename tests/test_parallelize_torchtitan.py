@@ -9,6 +9,7 @@ tests/test_libraries.py does."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 
@@ -85,15 +86,32 @@ def test_torchtitans_llama_is_drawn_with_its_sizes_tied_and_in_float32(data, tp)
 
 
 def test_a_function_declares_its_form_and_model_or_fails_naming_them():
+    """Unknown ones fail naming them; torchtitan's, where torchtitan does not import, fail once in the
+    driver saying where to run (not a ModuleNotFoundError from every rank)."""
+
     def plan(model, parallel_dims, job_config):
         return model
 
     assert suite.form_and_model("x:plan", plan) == ("mesh", "decoder")
     plan.form, plan.model = "torchtitan", "torchtitan_llama3"
-    assert suite.form_and_model("x:plan", plan) == ("torchtitan", "torchtitan_llama3")
+    if importlib.util.find_spec("torchtitan") is None:  # this venv (the project's): said once, in the driver
+        with pytest.raises(pytest.fail.Exception, match="form 'torchtitan' and model 'torchtitan_llama3' need torchtitan"):
+            suite.form_and_model("x:plan", plan)
+    else:
+        assert suite.form_and_model("x:plan", plan) == ("torchtitan", "torchtitan_llama3")
     plan.form = "job_config"
     with pytest.raises(pytest.fail.Exception, match="form must be one of \\('mesh', 'torchtitan'\\), got 'job_config'"):
         suite.form_and_model("x:plan", plan)
     plan.form, plan.model = "torchtitan", "llama"
     with pytest.raises(pytest.fail.Exception, match="model must be one of"):
         suite.form_and_model("x:plan", plan)
+
+
+def test_torchtitans_form_where_torchtitan_does_not_import_is_one_failed_test_saying_where_to_run(suite_runner):
+    """The project's venv has no torchtitan: the wrapper's module imports (torchtitan only when it
+    runs), and the run is one failed test naming what needs torchtitan, before any rank starts."""
+    if importlib.util.find_spec("torchtitan") is not None:
+        pytest.skip("torchtitan imports here: the venv test above runs it")
+    result = suite_runner.run("conformance/test_parallelize.py", "-q", "-p", "no:cacheprovider", "--parallelize", SPEC, "--max-world-size", "2")
+    assert result.returncode == 1 and "1 failed" in result.stdout, result.stdout[-3000:]
+    assert "form 'torchtitan' and model 'torchtitan_llama3' need torchtitan" in result.stdout, result.stdout[-3000:]
