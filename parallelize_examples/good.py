@@ -125,3 +125,25 @@ def fsdp_checkpointed(model, mesh):
 
 
 fsdp_checkpointed.mesh_dims = ("dp_shard",)
+
+
+def torchtitan_form_fsdp_tp(model, parallel_dims, job_config):
+    """``fsdp_tp`` written against torchtitan's interface (``form = "torchtitan"``): the meshes from
+    ``parallel_dims.get_mesh`` ("tp" where tp is enabled; "fsdp" always exists), and gradients summed
+    over the data-parallel ranks as torchtitan's ``disable_fsdp_gradient_division`` leaves them (this
+    form's loss is torchtitan's, over the global token count); summed with SUM and a factor of 1
+    after it (``set_force_sum_reduction_for_comms``): gloo has no PREMUL_SUM. Runs with torchtitan's
+    own ParallelDims or, where torchtitan does not import, the suite's stand-in."""
+    if parallel_dims.tp_enabled:
+        for block in model.layers:
+            parallelize_module(block, parallel_dims.get_mesh("tp"), TP_PLAN)
+    dp = parallel_dims.get_mesh("fsdp")
+    for module in [*model.layers, model]:
+        fully_shard(module, mesh=dp)
+        module.set_gradient_divide_factor(1.0)
+        module.set_force_sum_reduction_for_comms(True)
+    return model
+
+
+torchtitan_form_fsdp_tp.form = "torchtitan"
+torchtitan_form_fsdp_tp.mesh_dims = ("dp_shard", "tp")

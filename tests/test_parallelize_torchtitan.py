@@ -2,7 +2,8 @@
 parallelize_examples/torchtitan_llama.py's wrapper of ``parallelize_llama`` graded by
 conformance/test_parallelize.py in torchtitan's venv, on one small mesh with the smoke profile (one
 example), its parity matrix printed; and, in this process (no torchtitan needed), what the suite
-draws for that model and how it checks a function's form and model. The venv is made by
+draws for that model, how it checks a function's form and model, and torchtitan's form on the
+suite's decoder with the stand-in ParallelDims (harness/rank/parallel_dims_stand_in.py). The venv is made by
 ``scripts/libraries --prepare torchtitan`` (the test command makes it); where it was not, the venv
 test skips saying so, except under CONFORMANCE_REQUIRE_LIBRARIES (.ci/run), where it fails, as
 tests/test_libraries.py does."""
@@ -95,7 +96,7 @@ def test_a_function_declares_its_form_and_model_or_fails_naming_them():
     assert suite.form_and_model("x:plan", plan) == ("mesh", "decoder")
     plan.form, plan.model = "torchtitan", "torchtitan_llama3"
     if importlib.util.find_spec("torchtitan") is None:  # this venv (the project's): said once, in the driver
-        with pytest.raises(pytest.fail.Exception, match="form 'torchtitan' and model 'torchtitan_llama3' need torchtitan"):
+        with pytest.raises(pytest.fail.Exception, match="its model 'torchtitan_llama3' needs torchtitan"):
             suite.form_and_model("x:plan", plan)
     else:
         assert suite.form_and_model("x:plan", plan) == ("torchtitan", "torchtitan_llama3")
@@ -114,4 +115,38 @@ def test_torchtitans_form_where_torchtitan_does_not_import_is_one_failed_test_sa
         pytest.skip("torchtitan imports here: the venv test above runs it")
     result = suite_runner.run("conformance/test_parallelize.py", "-q", "-p", "no:cacheprovider", "--parallelize", SPEC, "--max-world-size", "2")
     assert result.returncode == 1 and "1 failed" in result.stdout, result.stdout[-3000:]
-    assert "form 'torchtitan' and model 'torchtitan_llama3' need torchtitan" in result.stdout, result.stdout[-3000:]
+    assert "its model 'torchtitan_llama3' needs torchtitan" in result.stdout, result.stdout[-3000:]
+
+
+AVERAGED = """from parallelism_conformance.parallelize_examples.good import TP_PLAN, fully_shard, parallelize_module
+
+
+def parallelize(model, parallel_dims, job_config):
+    for block in model.layers:
+        parallelize_module(block, parallel_dims.get_mesh("tp"), TP_PLAN)
+    for module in [*model.layers, model]:
+        fully_shard(module, mesh=parallel_dims.get_mesh("fsdp"))  # averaged: FSDP2's default
+    return model
+
+
+parallelize.form = "torchtitan"
+parallelize.mesh_dims = ("dp_shard", "tp")
+"""
+
+
+def test_torchtitans_form_on_the_decoder_runs_with_the_stand_in_and_its_loss_wants_summed_gradients(suite_runner, tmp_path):
+    """good.py's torchtitan_form_fsdp_tp (parallel_dims.get_mesh, gradients summed) passes on dp_shard 2
+    x tp 2 with torchtitan's ParallelDims or the stand-in (harness/rank/parallel_dims_stand_in.py);
+    the same plan leaving FSDP2's average in place fails: this form's loss is torchtitan's, over the
+    global token count, and the averaged gradient is 1 / dp of it on every rank."""
+
+    def run(spec):
+        options = ("--parallelize", spec, "--max-world-size", "4", "--hypothesis-profile=smoke", "-k", "step_by_step and [dp_shard2-tp2]")
+        return suite_runner.run("conformance/test_parallelize.py", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", *options)
+
+    good = run("parallelize_examples/good.py:torchtitan_form_fsdp_tp")
+    assert good.returncode == 0 and "1 passed" in good.stdout, good.stdout[-3000:]
+    (tmp_path / "averaged.py").write_text(AVERAGED)
+    bad = run(f"{tmp_path / 'averaged.py'}:parallelize")
+    assert bad.returncode == 1 and "1 failed" in bad.stdout, bad.stdout[-3000:]
+    assert "step 1, rank 0: gradient of" in bad.stdout and "every rank holds the same value" in bad.stdout, bad.stdout[-3000:]

@@ -292,7 +292,8 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability("parallelize", (), "conformance/test_parallelize.py", "parallelize", contract="A parallelize function",
                files=(*_files(("parallelize",), None, "parallelize"), "harness/rank/decoder_lm.py", "parallelize_examples",
                       "harness/rank/parallelize_models.py", "harness/rank/torchtitan_llama.py",
-                      "harness/rank/torchtitan_form.py", "conformance/parallelize_draws.py")),
+                      "harness/rank/torchtitan_form.py", "harness/rank/parallel_dims_stand_in.py",
+                      "conformance/parallelize_draws.py")),
     # the audit's rules are stated in each strategy's section of CONTRACT.md ("Communication")
     Capability("audit", COLLECTIVES, "conformance/audit", "audit",
                files=("reference/cost_model.py", "harness/rank/recording.py", "harness/driver/audit.py",

@@ -23,12 +23,16 @@ What the ranks hand it, built here per mesh:
   temporary directory. A function written for torchtitan 0.3.0's keyword form unpacks it as
   trainer.py does (parallelize_examples/torchtitan_llama.py).
 
-Needs torchtitan importable in the ranks (its venv: ``scripts/libraries --prepare torchtitan``)."""
+Where torchtitan does not import, both are harness/rank/parallel_dims_stand_in.py's (the same names
+and values, the suite's decoder only: torchtitan's Llama needs torchtitan)."""
 
 from __future__ import annotations
 
+import importlib.util
 import tempfile
 from types import SimpleNamespace
+
+from parallelism_conformance.harness.rank import parallel_dims_stand_in
 
 FORM = "torchtitan"
 FORMS = ("mesh", FORM)
@@ -38,6 +42,8 @@ def parallel_dims(ctx, mesh: list):
     """torchtitan's ParallelDims of ``mesh`` ([[dim name, size], ...] over dp_replicate, dp_shard,
     tp), its meshes built once per world (kept with the world's DeviceMeshes on the RankContext);
     collective (every rank asks the same, as with init_device_mesh)."""
+    if importlib.util.find_spec("torchtitan") is None:
+        return parallel_dims_stand_in.parallel_dims(ctx, mesh)
     import torchtitan.distributed.parallel_dims as parallel_dims_module
     import torchtitan.tools.utils as utils
     from torchtitan.distributed import ParallelDims
@@ -64,6 +70,8 @@ def parallelism(sizes: dict):
 
 def job_config(mesh: list, seq: int, rows: int) -> SimpleNamespace:
     """The sections of torchtitan's trainer Config a parallelize_fn reads (the module docstring)."""
+    if importlib.util.find_spec("torchtitan") is None:
+        return parallel_dims_stand_in.job_config(mesh, seq, rows)
     from torchtitan.config import CompileConfig, TrainingConfig
 
     training = TrainingConfig(mixed_precision_param="float32", mixed_precision_reduce="float32", seq_len=seq, local_batch_size=rows)
