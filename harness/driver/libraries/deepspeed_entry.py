@@ -96,7 +96,9 @@ DEEPSPEED = Library(
             "deepspeed_unused_parameter_moves.py",
             "deepspeed_stale_gradient_of_a_skipped_parameter.py",
             "deepspeed_fp16_optimizer_steps_at_initialize.py",
+            "deepspeed_zero1_overlap_comm_boundary_skips_a_parameter.py",
         ),
+        "0.18.3": ("deepspeed_zero2_noncontiguous_gradients_not_reduced.py",),
         "0.18.2": ("deepspeed_zero2_accumulation_keeps_the_last_micro_batch.py",),
         "0.18.5": ("deepspeed_zero0_bf16_gradient_divided_by_loss_scale.py",),
     },
@@ -149,17 +151,28 @@ DEEPSPEED = Library(
         "(aux.weight, which no forward uses, has a .grad after the step's synchronisation)",
         # explained per run first: matrix.explanation takes the first key that matches
         "ZeRO-1 + offload_optimizer cpu: test_sharded_optimizer.py": STALE_GRADIENT,
-        "ZeRO-1: test_sharded_optimizer.py::test_sharded_training_matches_one_process_in_the_configurations_users_set": "0.19.8: with "
-        "3 micro-batches through DeepSpeed's counter and a parameter some of them skip (aux.linear.weight, skips_in_unit), it "
-        "ends step 1 about 1e-3 relative away from one process (brief profile, not shrunk); 0.18.2 and 0.18.3: as ZeRO-2's. Not "
-        "explained yet: the suite's own until a standalone reproduction shows it (2026-12-07)",
+        "ZeRO-1: test_sharded_optimizer.py::test_sharded_training_matches_one_process_in_the_configurations_users_set": "a finding "
+        "(2026-12-07, 0.19.8 and 0.18.3): ZeRO-1 with overlap_comm and gradient accumulation steps wrong when the boundary "
+        "micro-batch does not use a parameter that earlier micro-batches of the step used (the brief profile's example: 3 "
+        "micro-batches, aux.linear.weight used on every other call, overlap_comm among four keys away from the defaults; "
+        "each key toggled alone, overlap_comm is the one: 0.5503676534 against 0.5497514009). Stage 1 reduces from the "
+        "gradient hooks only at the boundary and reduce_gradients walks the parameters only 'if not self.overlap_comm' "
+        "(runtime/zero/stage_1_and_2.py). Shown without the suite by tests/libraries/"
+        "deepspeed_zero1_overlap_comm_boundary_skips_a_parameter.py: off one process by 0.047 with it, 6e-08 without; "
+        "exact at ZeRO-2, with 2 micro-batches, or with the parameter used every call. No upstream issue found "
+        "(overlap_comm for stage 1 came with DeepSpeed#4887). 0.18.2 to 0.18.6 also fail as ZeRO-2's: contiguous_gradients false "
+        "leaves each partition's gradient unreduced (tests/libraries/deepspeed_zero2_noncontiguous_gradients_not_reduced.py; the "
+        "same at stage 1, measured)",
         "ZeRO-2: test_sharded_optimizer.py::test_sharded_training_matches_one_process_in_the_configurations_users_set": "0.18.2: "
         "deepspeedai/DeepSpeed#7718, ZeRO-2 with gradient_accumulation_steps > 1 steps on the last micro-batch's gradient over k "
         "(shrunk to world 1, a 1-1-1 MLP, 2 micro-batches, every drawn key at its default), reproduced without the suite by "
         "tests/libraries/deepspeed_zero2_accumulation_keeps_the_last_micro_batch.py; fixed in 0.18.3, where that script matches "
-        "the mean. 0.18.3 still fails here (fc1.weight after step 1 at the value of a summed gradient, on world 1 with 2 "
-        "micro-batches and on world 2 with 1), which standalone runs of the same configuration (one engine or two in a process, "
-        "the loss inside or outside the model, every key explicit) do not show: the suite's own until shown (2026-12-07)",
+        "the mean. A second finding (2026-12-07) on 0.18.2 to 0.18.6, ZeRO-1 and ZeRO-2: "
+        "with contiguous_gradients false, a rank steps its partition on its own local gradient, never reduced with the other "
+        "ranks' (the brief profile's 0.18.3 example: world 2, the MLP, three keys away from the defaults; each toggled alone, "
+        "contiguous_gradients is the one: fc1.weight -0.12976781 against -0.15172067 after step 1). Shown without the suite by "
+        "tests/libraries/deepspeed_zero2_noncontiguous_gradients_not_reduced.py: exit 0 on 0.18.3, where rank 0's step is its "
+        "own gradient's to 1e-6, and 1 on 0.19.8, right with either value (the fixing release between them not bisected)",
         "ZeRO-2 + offload_optimizer cpu: test_sharded_optimizer.py": STALE_GRADIENT,
         "test_fully_sharded.py::test_training_matches_one_process": STALE_GRADIENT,
         "test_sharded_optimizer.py::test_sharded_training_matches_one_process_with_the_whole_state": "ZeRO-1/2 pad each flat fp32 partition group to a multiple "
