@@ -323,3 +323,19 @@ def test_capability_narrows_each_run_to_what_it_maps_and_rewrites_only_those_row
     update([Verdict("a", "2", "R", "c", "pass", "again")], doc, "--capability c", libraries, narrowed=True)
     (said,) = [line for line in doc.read_text().splitlines() if line.startswith("Rows of a 2 last run:")]
     assert said.count("rerun alone since: the c rows") == 1 and "`--capability c`" in said, said
+
+
+def test_explain_rewrites_a_failed_rows_why_from_the_table_and_keeps_its_verdict(tmp_path):
+    """scripts/libraries --explain: once a standalone reproduction shows a failure to be the library's, the
+    table's new words reach the rows a run wrote, without running the library again."""
+    from parallelism_conformance.harness.driver.libraries.document import explain
+
+    run = Run("R", "parallelism_conformance.adapters.deepspeed", ("c",), audit=False)
+    doc = tmp_path / "libraries.md"
+    before = Library("a", "2", runs=(run,), explained={"t.py::test_x": "the suite's own until shown"})
+    write([Verdict("a", "2", "R", "c", "fail", "t.py::test_x: AssertionError: off", why="the suite's own until shown")], doc, "", {"a": before})
+    after = Library("a", "2", runs=(run,), explained={"t.py::test_x": "a finding, shown by x.py"})
+    assert explain(doc, {"a": after}) == 1
+    (row,) = [line for line in doc.read_text().splitlines() if line.startswith("| a |")]
+    assert row == "| a | 2 | R | c | **fail** | t.py::test_x: AssertionError: off | a finding, shown by x.py |", row
+    assert explain(doc, {"a": after}) == 0  # nothing left to change

@@ -4,7 +4,8 @@ the usual scorecard per run; without a library, every library of the table at it
 and its older ones, and docs/libraries.md written from the verdicts (a library named: its rows and its
 section of docs/libraries.md rewritten, the rest kept). A library==version that cannot
 be installed or imported is one line, and the rest go on. ``--document`` writes docs/libraries.md
-from the JUnit XML earlier runs left in reports/libraries/, running nothing. ``--prepare [--adapters-only] [library ...]``
+from the JUnit XML earlier runs left in reports/libraries/, running nothing; ``--explain`` rewrites each
+row's explanation from the table as it stands, its verdict kept. ``--prepare [--adapters-only] [library ...]``
 makes the venvs the project's tests use (each library's tested version and its reproductions'
 versions: ``Library.tested_versions``; with --adapters-only the tested version alone, all the
 per-commit tier runs), warm-ups included, and runs nothing: the test command calls it before
@@ -18,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from parallelism_conformance.harness.driver.libraries.document import update, write
+from parallelism_conformance.harness.driver.libraries.document import explain, update, write
 from parallelism_conformance.harness.driver.libraries.matrix import asked_capabilities, from_reports, run_library
 from parallelism_conformance.harness.driver.libraries.table import LIBRARIES
 from parallelism_conformance.harness.driver.libraries.venvs import ROOT, InstallFailed, ensure, venv_of
@@ -73,6 +74,9 @@ def main(arguments: list[str]) -> int:
     if arguments[:1] == ["--prepare"]:
         rest = arguments[1:]
         return prepare([a for a in rest if a != "--adapters-only"], adapters_only="--adapters-only" in rest)
+    if arguments[:1] == ["--explain"]:
+        print(f"[libraries] {explain(DOC)} rows of {Path(DOC).relative_to(ROOT)} explained anew from the table")
+        return 0
     if arguments[:1] == ["--document"]:
         verdicts = [
             v

@@ -202,3 +202,32 @@ def update(
         at = start - 1 if 0 < start < len(lines) and lines[start - 1] == "" else start
         lines[at:stop] = section + ([""] if stop < len(lines) else [])
     path.write_text("\n".join(lines) + "\n")
+
+
+def explain(path: Path, libraries: dict = LIBRARIES) -> int:
+    """Every failed or refused row's last cell (why) rewritten from the table's explanations as they stand, its verdict
+    and detail kept as the run wrote them (``scripts/libraries --explain``, running nothing: after an
+    explanation is written, a standalone reproduction has shown a failure to be the library's, say).
+    Returns how many rows changed."""
+    from parallelism_conformance.harness.driver.libraries.matrix import explanation
+
+    lines, changed = path.read_text().splitlines(), 0
+    for i, row in enumerate(lines):
+        if not row.startswith("| ") or row.startswith("| library |") or row.count(" | ") < 6:
+            continue
+        name, _, label, capability = _cell_key(row)
+        library = libraries.get(name)
+        run = next((r for r in (library.runs if library else ()) if r.label == label), None)
+        if run is None:
+            continue
+        cells = row.rstrip(" |").split(" | ")
+        if cells[4] not in ("**fail**", "**refused**"):  # the others' why came from the tests the run skipped
+            continue
+        detail = cells[5]
+        test = detail.split(": ", 1)[0] if "::" in detail.split(": ", 1)[0] else ""
+        why = explanation(library, run, capability, test)
+        rewritten = " | ".join([*cells[:6], _cell(why)]) + " |"
+        changed += rewritten != row
+        lines[i] = rewritten
+    path.write_text("\n".join(lines) + "\n")
+    return changed
