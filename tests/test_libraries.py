@@ -339,3 +339,13 @@ def test_explain_rewrites_a_failed_rows_why_from_the_table_and_keeps_its_verdict
     (row,) = [line for line in doc.read_text().splitlines() if line.startswith("| a |")]
     assert row == "| a | 2 | R | c | **fail** | t.py::test_x: AssertionError: off | a finding, shown by x.py |", row
     assert explain(doc, {"a": after}) == 0  # nothing left to change
+
+
+def test_a_run_says_how_long_its_last_run_with_the_same_options_took(tmp_path):
+    from parallelism_conformance.harness.driver.libraries.document import expected_time
+
+    doc = tmp_path / "libraries.md"
+    doc.write_text("Rows of a 2 last run: 2026-12-07, with pytest options `--hypothesis-profile=brief`, 590 s for the runs.\n")
+    assert "with these options took 590 s" in expected_time(doc, "a", "2", "--hypothesis-profile=brief")
+    assert "with other options" in expected_time(doc, "a", "2", "-x")
+    assert "no estimate" in expected_time(doc, "a", "3", "")

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from parallelism_conformance.harness.driver.libraries.document import explain, update, write
+from parallelism_conformance.harness.driver.libraries.document import expected_time, explain, update, write
 from parallelism_conformance.harness.driver.libraries.matrix import asked_capabilities, from_reports, run_library
 from parallelism_conformance.harness.driver.libraries.table import LIBRARIES
 from parallelism_conformance.harness.driver.libraries.venvs import ROOT, InstallFailed, ensure, venv_of
@@ -93,6 +93,8 @@ def main(arguments: list[str]) -> int:
         print(bad, file=sys.stderr)
         return 2
     verdicts, started = [], time.monotonic()
+    for name, version in chosen:
+        print(f"[libraries] {expected_time(DOC, name, version, ' '.join(options))}", flush=True)
     for name, version in chosen:
         verdicts += run_library(LIBRARIES[name], version, options, REPORT)
     took = time.monotonic() - started

@@ -7,6 +7,7 @@ harness/driver/libraries/table.py."""
 from __future__ import annotations
 
 import datetime
+import re
 from pathlib import Path
 
 from parallelism_conformance.harness.driver.libraries.matrix import Verdict
@@ -231,3 +232,20 @@ def explain(path: Path, libraries: dict = LIBRARIES) -> int:
         lines[i] = rewritten
     path.write_text("\n".join(lines) + "\n")
     return changed
+
+
+def expected_time(path: Path, name: str, version: str, options: str) -> str:
+    """What the document says a run of ``name==version`` with these pytest ``options`` took last time,
+    as a line to print before it starts (a version's matrix at full depth takes minutes), or what it
+    has instead: the last run with other options, or none."""
+    said = f"Rows of {name} {version} last run: "
+    line = next((line for line in (path.read_text().splitlines() if path.exists() else ()) if line.startswith(said)), "")
+    took = re.search(r", (\d+) s for the runs", line.split("; rerun alone since:")[0])
+    if not line or not took:
+        return f"{name}=={version}: no earlier timed run in {path.name}; no estimate"
+    same = f"`{options}`" in line.split("; rerun alone since:")[0] if options else "Hypothesis profile `quick`" in line
+    if same:
+        return f"{name}=={version}: the last invocation that ran it with these options took {took.group(1)} s (with whatever else it ran)"
+    return (
+        f"{name}=={version}: the last timed invocation that ran it took {took.group(1)} s, with other options ({line.removeprefix(said)[:120]})"
+    )
