@@ -40,7 +40,9 @@ rank (modules whose output is a shard of another shape are passed over); the gra
 module's parameters are judged first, so the parameter named is where the wrong value appears
 (with none, in the model's order: a data-parallel bug leaves every forward right). Before the first step
 every rank's gathered parameters must be the dense model's, exactly: a plan moves data, it does not
-change it. The parity matrix of the run (every mesh against its verdict) is printed at the end and,
+change it. Once the values pass, each rank's parameter, gradient, optimizer-state and buffer
+bytes after step 1 against its placements' claim (conformance/parallelize_memory.py): above it is
+"costs more" with the ratio, a failure only under --require-bounds yes. The parity matrix of the run (every mesh against its verdict) is printed at the end and,
 with --parallelize-matrix, written: harness/driver/parallelize_matrix.py, registered here.
 """
 
@@ -59,9 +61,10 @@ from hypothesis import strategies as st
 import parallelism_conformance.reference.parallelize as ref
 from parallelism_conformance.conformance.examples import Layout
 from parallelism_conformance.conformance.parallelize_draws import DIMS, DIVISIBLE, Example, describe_mesh, examples, mesh_choices, mesh_id
+from parallelism_conformance.conformance.parallelize_memory import judge_memory
 from parallelism_conformance.conformance.verdict import Judge, check_names, mismatch
 from parallelism_conformance.harness.driver.parallelize_matrix import Matrix
-from parallelism_conformance.harness.driver.plugin.state import backend_plan
+from parallelism_conformance.harness.driver.plugin.state import STATE, backend_plan
 from parallelism_conformance.harness.rank import decoder_lm, parallelize_models
 from parallelism_conformance.harness.rank.programs.parallelize import load_function
 from parallelism_conformance.harness.rank.torchtitan_form import FORM, FORMS
@@ -151,7 +154,7 @@ def pytest_generate_tests(metafunc):
 
 
 @given(data=st.data())
-def test_the_plan_trains_step_by_step_as_one_process(data, mesh, pytestconfig, ranks, target, reproduce):
+def test_the_plan_trains_step_by_step_as_one_process(data, mesh, pytestconfig, ranks, target, reproduce, record_property):
     spec, function, _ = declared(pytestconfig)
     if mesh is None:
         pytest.fail(f"--parallelize {spec}: no mesh was collected for it (its declaration changed after collection?)", pytrace=False)
@@ -182,7 +185,12 @@ def test_the_plan_trains_step_by_step_as_one_process(data, mesh, pytestconfig, r
     ]
     judge = Judge(str(example), f"{reproduce} --parallelize {spec}")
     outputs = judge.run(ranks, Layout(example.world_size), PROGRAM, per_rank)
-    StepJudge(judge, example, outputs, batch, scale).verdict()
+    step_judge = StepJudge(judge, example, outputs, batch, scale)
+    step_judge.verdict()  # the values first: a cost never hides a wrong value (conformance/parallelize_memory.py)
+    buffers = {name for name, _ in step_judge.dense.named_buffers()}
+    require = pytestconfig.getoption("--require-bounds") == "yes"  # the user asks for the bound; auto and no report it
+    ratio = judge_memory(judge, outputs, buffers, require, pytestconfig.stash[STATE].costs)
+    record_property("memory_ratio", f"{ratio:.6g}")  # held / the placements' claim, the largest rank's, of the last example
 
 
 class StepJudge:

@@ -35,6 +35,8 @@ any check was 1e-7 of its bound, i.e. about 1e-15.
 
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -120,3 +122,26 @@ class Replay:
                 p.grad = None if grads.get(name) is None else grads[name].detach().clone()
         self.optimizer.step()
         return {name: p.detach().clone() for name, p in self.params.items()}
+
+
+def claimed_bytes(shape, itemsize: int, placements: dict, sizes: dict) -> int:
+    """The bytes one rank holds of a tensor of global ``shape`` placed by ``placements`` ({mesh dim:
+    repr, "Shard(dim=0)", "_StridedShard(dim=0, sf=2)", "Replicate()", "Partial(sum)"}) on a mesh of
+    ``sizes`` ({mesh dim: size}), at most: each tensor dimension d sharded over mesh dims of sizes
+    m_1, ..., m_k holds ceil(shape[d] / (m_1 ... m_k)) elements (torch's uneven ``Shard``: chunks of
+    ceil(n / m), the last ones shorter or empty; nested, ceil(ceil(n / a) / b) = ceil(n / (a b))),
+    a Replicate or Partial dim divides nothing:
+
+        claim = itemsize * prod_d ceil(shape[d] / prod_{mesh dims sharding d} m)
+
+    So the claim is the largest shard's, and the allowance for uneven sharding is the ceil: one row
+    per sharded dimension, nothing else. {} (a plain tensor): the whole tensor."""
+    divisors = [1] * len(shape)
+    for dim, placement in placements.items():
+        found = re.search(r"Shard\(dim=(-?\d+)", placement)
+        if found and shape:
+            divisors[int(found.group(1)) % len(shape)] *= int(sizes[dim])
+    count = 1
+    for n, m in zip(shape, divisors):
+        count *= -(-int(n) // m)
+    return count * int(itemsize)

@@ -213,3 +213,68 @@ def test_the_mutation_runner_grades_each_parallelize_mutant_through_the_option()
         spec = f"mutants/parallelize/{mutant.path.name}:parallelize"
         assert mutant.graded_args() == ["--parallelize", spec, "--capability", "parallelize"]
         assert suite.declared(Config(spec))[1].__name__ in ("parallelize", mutant.path.stem)
+
+
+def test_the_placements_claim_is_the_largest_shard_ceil_per_dimension():
+    """reference/parallelize.py's claimed_bytes: Shard divides its tensor dimension (ceil, torch's
+    uneven chunks), nested shards of one dimension multiply, Replicate and Partial divide nothing."""
+    from parallelism_conformance.reference.parallelize import claimed_bytes
+
+    sizes = {"dp_shard": 2, "tp": 3}
+    assert claimed_bytes([8, 6], 8, {}, {}) == 8 * 6 * 8  # a plain tensor: whole
+    assert claimed_bytes([8, 6], 8, {"dp_shard": "Shard(dim=0)", "tp": "Replicate()"}, sizes) == 4 * 6 * 8
+    assert claimed_bytes([7, 6], 8, {"dp_shard": "Shard(dim=0)", "tp": "Shard(dim=1)"}, sizes) == 4 * 2 * 8  # ceil(7 / 2)
+    assert claimed_bytes([7, 6], 4, {"dp_shard": "_StridedShard(dim=0, sf=3)", "tp": "Shard(dim=0)"}, sizes) == 2 * 6 * 4  # ceil(7 / 6)
+    assert claimed_bytes([5], 8, {"dp_shard": "Partial(sum)", "tp": "Shard(dim=-1)"}, sizes) == 2 * 8
+
+
+def _record(shape, local_numel, placements=None, sizes=None):
+    return {"shape": shape, "itemsize": 8, "local": 8 * local_numel, "placements": placements or {}, "sizes": sizes or {}}
+
+
+def test_memory_above_the_claim_costs_more_and_fails_only_when_bounds_are_required():
+    """conformance/parallelize_memory.py on plain records: an FSDP-sharded parameter, its gradient and
+    AdamW's state (the step scalar claimed whole) hold exactly their claim; a gradient left whole where
+    its parameter is sharded, and a buffer the dense model has not, are above it, named with the ratio."""
+    from parallelism_conformance.conformance.parallelize_memory import findings, judge_memory
+    from parallelism_conformance.conformance.verdict import Judge
+
+    shard = {"dp_shard": "Shard(dim=0)"}
+    weight = _record([4, 2], 4, shard, {"dp_shard": 2})
+    state = [_record([4, 2], 4, shard, {"dp_shard": 2}), _record([4, 2], 4, shard, {"dp_shard": 2}), _record([], 1)]
+    memory = {"params": {"w": weight}, "grads": {"w": dict(weight)}, "optimizer": {"w": state}, "buffers": {"freqs": _record([3], 3)}}
+    outputs = {0: {"memory": memory}, 1: {"memory": memory}}
+    assert findings(outputs, {"freqs"}) == (1.0, None)
+    costly = {
+        **memory,
+        "grads": {"w": _record([4, 2], 8, {"dp_shard": "Replicate()"}, {"dp_shard": 2})},
+        "buffers": {"copy": _record([4, 2], 8)},
+    }
+    ratio, finding = findings({0: {"memory": memory}, 1: {"memory": costly}}, set())
+    held, claim = 8 * (4 + 8 + 4 + 4 + 1 + 8), 8 * (4 + 4 + 4 + 4 + 1)  # rank 0's 'freqs', claimed 0 here, is 20 / 17: less
+    assert ratio == held / claim and finding.startswith(f"memory: rank 1 holds {held} B") and f"{ratio:.3g}x its placements' claim" in finding
+    assert "gradient 'w' 64 B against 32 B (placed Replicate() on dp_shard; its parameter Shard(dim=0) on dp_shard)" in finding
+    assert "buffer 'copy' 64 B against 0 B" in finding
+    costs, judge = [], Judge("the example", "rerun")
+    judge_memory(judge, {0: {"memory": costly}}, set(), False, costs)
+    judge_memory(judge, {0: {"memory": costly}}, set(), False, costs)
+    assert len(costs) == 1 and costs[0].startswith("costs more (the example): memory: rank 0")  # said once, beside a pass
+    with pytest.raises(AssertionError, match=r"costs more than the placements claim \(--require-bounds\): memory: rank 0"):
+        judge_memory(judge, {0: {"memory": costly}}, set(), True, [])
+
+
+def test_a_plan_keeping_a_full_copy_costs_more_with_its_ratio_and_fails_under_require_bounds(suite_runner, tmp_path):
+    """parallelize_examples/costly.py: FSDP2 on dp_shard with a whole copy of the head's weight kept as
+    a buffer. Right values: it passes, its matrix cell and its report read costs more with the ratio;
+    under --require-bounds yes it fails, naming the buffer."""
+    spec = "costly.py:fsdp_keeping_a_full_copy"
+    report = tmp_path / "report.xml"
+    result = run_plan(suite_runner, spec, "smoke", "dp_shard2", f"--junitxml={report}")
+    assert result.returncode == 0 and "1 passed" in result.stdout, result.stdout[-4000:]
+    assert "costs more: memory 1.1x, rank 0 (buffer 'output_weight_copy')" in result.stdout, result.stdout[-4000:]
+    text = report.read_text()
+    assert 'name="verdict" value="costs more"' in text and 'name="memory_ratio" value="1.09524"' in text, text[-3000:]
+    strict = run_plan(suite_runner, spec, "smoke", "dp_shard2", "--require-bounds", "yes")
+    assert strict.returncode == 1 and "1 failed" in strict.stdout, strict.stdout[-4000:]
+    assert "costs more than the placements claim (--require-bounds): memory: rank 0 holds 368 B" in strict.stdout, strict.stdout[-4000:]
+    assert "FAIL: costs more: memory 1.1x, rank 0 (buffer 'output_weight_copy')" in strict.stdout, strict.stdout[-4000:]

@@ -9,7 +9,10 @@ PNG heat map beside it (PATH.png; only where matplotlib is installed, the ``plot
 markdown then says so). A cell is ``pass``, the first diverging step with the parameter, the rank,
 the largest element error and the mesh dimension the ranks differ along (from the judge's message),
 the rank's error for a plan that raised, ``skipped`` with the dimension the function does not
-declare, or ``not run`` (deselected, or the run stopped first)."""
+declare, or ``not run`` (deselected, or the run stopped first). A mesh whose values pass but whose
+ranks hold more than their placements claim (conformance/parallelize_memory.py) reads ``costs more:
+memory 1.5x, rank 0 (buffer 'copy')``: a pass, its ratio said (``FAIL: costs more ...`` under
+--require-bounds yes)."""
 
 from __future__ import annotations
 
@@ -22,12 +25,15 @@ TEST = "test_the_plan_trains_step_by_step_as_one_process"
 STEP = re.compile(r"AssertionError: step (\d+), rank (\d+): (.+?) of ('[^']+'|the loss)")
 VALUES = re.compile(r"expected (\S+), got (\S+?),")
 ALONG = re.compile(r"the ranks' values differ along ([\w, ]+?) \(")
+MEMORY = re.compile(r"memory: rank (\d+) holds .*?, ([\d.e+inf]+)x its placements' claim .*?; above it: (\w+(?: state)? '[^']+')")
 RAISED = re.compile(r"^E\s+(\w*(?:Error|Exception|Failure|Hung|Crashed|Deadlocked)): (.*)$", re.M)
 
 
 def cell(longrepr: str) -> str:
     """A failed mesh's verdict in one line, read from its report's text."""
     found = STEP.search(longrepr)
+    if found is None and MEMORY.search(longrepr):
+        return "FAIL: " + memory_cell(longrepr)
     if found is None:
         raised = RAISED.findall(longrepr)
         if not raised:
@@ -46,6 +52,14 @@ def cell(longrepr: str) -> str:
     if along:
         text += f", ranks differ along {along.group(1)}"
     return text
+
+
+def memory_cell(text: str) -> str:
+    """'costs more: memory 1.5x, rank 0 (buffer 'copy', ...)' from a memory finding in ``text``."""
+    found = MEMORY.search(text)
+    rank, ratio, first = found.groups()
+    line = text[found.start() :].split("\n", 1)[0]
+    return f"costs more: memory {ratio}x, rank {rank} ({first}{', ...' if line.count(' B against ') > 1 else ''})"
 
 
 @dataclass(eq=False)  # a plugin is a key of pluggy's tables: hashed by identity
@@ -67,7 +81,8 @@ class Matrix:
         elif report.skipped and report.when == "setup":
             self.verdicts[mesh] = "skipped"
         elif report.passed and report.when == "call":
-            self.verdicts[mesh] = "pass"
+            notes = [value for key, value in report.user_properties if key == "note" and MEMORY.search(value)]
+            self.verdicts[mesh] = memory_cell(max(notes, key=lambda n: float(MEMORY.search(n).group(2)))) if notes else "pass"
 
     def rows(self) -> list[tuple[int, tuple, str]]:
         """(world size, ((dim, size), ...), verdict), by world, then in collection order."""
@@ -93,9 +108,11 @@ class Matrix:
         ]
         for world, mesh, verdict in rows:
             lines.append(f"| {world} | " + " | ".join(str(size) for _, size in mesh) + f" | {verdict.replace('|', '/')} |")
-        passed = sum(verdict == "pass" for *_, verdict in rows)
+        costly = sum(verdict.startswith("costs more") for *_, verdict in rows)
+        passed = sum(verdict == "pass" for *_, verdict in rows) + costly  # right values: a pass, its cost said
         failed = sum(verdict.startswith("FAIL") for *_, verdict in rows)
-        lines += ["", f"{passed} pass, {failed} fail, {len(rows) - passed - failed} skipped or not run." + png_note, ""]
+        also = f" ({costly} of them costing more memory than the placements claim)" if costly else ""
+        lines += ["", f"{passed} pass{also}, {failed} fail, {len(rows) - passed - failed} skipped or not run." + png_note, ""]
         return "\n".join(lines)
 
     def pytest_terminal_summary(self, terminalreporter):
@@ -122,7 +139,7 @@ def write(matrix: Matrix, path: Path) -> str:
     return note
 
 
-COLOURS = {"pass": "#4caf50", "FAIL": "#e53935", "skipped": "#bdbdbd", "not run": "#ffffff"}
+COLOURS = {"pass": "#4caf50", "costs more": "#ffb300", "FAIL": "#e53935", "skipped": "#bdbdbd", "not run": "#ffffff"}
 
 
 def heat_map(rows: list, path: Path, spec: str) -> None:
@@ -143,6 +160,7 @@ def heat_map(rows: list, path: Path, spec: str) -> None:
         kind = next((k for k in COLOURS if verdict.startswith(k)), "not run")
         axes.add_patch(Rectangle((x, y), 1, 1, facecolor=COLOURS[kind], edgecolor="black"))
         short = verdict.split(":")[0].replace("FAIL at ", "") if kind == "FAIL" else kind
+        short = verdict.split(",")[0].replace("costs more: ", "") if kind == "costs more" else short
         axes.text(x + 0.5, y + 0.5, short, ha="center", va="center", fontsize=8)
     axes.set_xlim(0, len(columns))
     axes.set_ylim(len(lines), 0)

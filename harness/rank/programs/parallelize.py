@@ -25,7 +25,8 @@ Returns {"losses": [the loss this rank backpropagated, per step], "grads": [{nam
 the first step; a model whose parameter names are not the dense model's is returned here, untrained),
 "placements": {name: {mesh dim: placement}} ({} for a plain tensor),
 "forward": [[module path, output]] in the order the first step's forward ran them (DTensor outputs
-gathered, a tuple's first tensor, anything else skipped)}."""
+gathered, a tuple's first tensor, anything else skipped), "memory": what the rank holds after the
+first step (``held``; conformance/parallelize_memory.py judges it)}."""
 
 from __future__ import annotations
 
@@ -87,6 +88,34 @@ def placements(parameter) -> dict:
         return {}
     names = parameter.device_mesh.mesh_dim_names or tuple(str(i) for i in range(parameter.device_mesh.ndim))
     return {name: repr(p) for name, p in zip(names, parameter.placements)}
+
+
+def _tensor(t) -> dict:
+    """{"shape": global shape, "itemsize", "local": numel x itemsize of this rank's local tensor
+    (``to_local()`` of a DTensor; a view's own elements, not the storage it views), "placements",
+    "sizes": {mesh dim: size}} of a tensor or DTensor."""
+    local = t.to_local() if hasattr(t, "to_local") else t
+    out = {"shape": list(t.shape), "itemsize": t.element_size(), "local": local.numel() * local.element_size()}
+    if hasattr(t, "device_mesh"):
+        mesh = t.device_mesh
+        names = mesh.mesh_dim_names or tuple(str(i) for i in range(mesh.ndim))
+        out.update(placements=placements(t), sizes=dict(zip(names, mesh.shape)))
+    else:
+        out.update(placements={}, sizes={})
+    return out
+
+
+def held(model: nn.Module, optimizer) -> dict:
+    """What this rank holds, plain data: {"params": {name: _tensor}, "grads": {name: _tensor | None},
+    "optimizer": {name: [_tensor of each state tensor, AdamW's step too]}, "buffers": {name: _tensor}}."""
+    named = {plain_name(name): p for name, p in model.named_parameters()}
+    state = lambda p: [_tensor(v) for v in optimizer.state.get(p, {}).values() if isinstance(v, torch.Tensor)]
+    return {
+        "params": {name: _tensor(p) for name, p in named.items()},
+        "grads": {name: None if p.grad is None else _tensor(p.grad) for name, p in named.items()},
+        "optimizer": {name: state(p) for name, p in named.items()},
+        "buffers": {plain_name(name): _tensor(b) for name, b in model.named_buffers()},
+    }
 
 
 def _record_forward(model: nn.Module, record: list) -> list:
@@ -167,4 +196,6 @@ def parallelize_steps(
         out["grads"].append({name: whole(p.grad) for name, p in named.items()})
         opt.step()
         out["params"].append({name: whole(p) for name, p in named.items()})
+        if step == 0:
+            out["memory"] = held(trained, opt)
     return ctx.to_cpu(out)
