@@ -7,6 +7,7 @@ container: tests/test_autograder_attacks.py, class 7)."""
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -17,8 +18,10 @@ from parallelism_conformance.harness.rank import syscall_allowlist, syscall_numb
 
 # Run in a child: no_new_privs, a "store" connection, both filters, then calls on and off the list.
 TRIAL = r"""
-import ctypes, json, os, socket, threading
-from parallelism_conformance.harness.rank import syscall_allowlist, syscall_filter, syscall_numbers
+import ctypes, json, os, socket, sys, threading
+from parallelism_conformance.harness.rank import refusal_reporter, syscall_allowlist, syscall_filter, syscall_numbers
+record = sys.argv[1]
+reporter = refusal_reporter.Reporter(os.uname().machine, record)  # where a rank makes it: before containment
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 server = socket.create_server(("127.0.0.1", 0))
@@ -30,7 +33,7 @@ numbers = syscall_numbers.numbers(os.uname().machine)
 text = {key: ctypes.create_string_buffer(value) for key, value in {"queue": b"conformance-allowlist-trial", "user": b"user", "key": b"conformance"}.items()}
 assert libc.prctl(38, 1, 0, 0, 0) == 0  # no_new_privs, as containment.enter leaves it
 fd = syscall_filter.store_descriptor(port)
-refusals = syscall_allowlist.install()
+refusals = syscall_allowlist.install(reporter)
 syscall_filter.install(fd)
 outcome = {}
 def call(what, name, *args):
@@ -53,8 +56,8 @@ attempt("send on another socket", lambda: other.send(b"x"))
 attempt("sendmsg", lambda: other.sendmsg([b"x"]))
 attempt("fork", lambda: os.fork())
 attempt("a thread", lambda: threading.Thread(target=int).start())
-named = dict(refusals.since_last()) if refusals is not None else None
-print(json.dumps({"outcome": outcome, "named": named}))
+helper = {line.split(":")[0]: line.split()[1] for line in open(f"/proc/{reporter.pid}/status") if line.startswith(("Uid", "CapEff"))}
+print(json.dumps({"outcome": outcome, "named": None if refusals is None else open(record).read().split(), "helper": helper}))
 """
 
 ON_THE_LIST = {"send on the store", "write on a socket", "a thread"}
@@ -66,15 +69,20 @@ needs_seccomp = pytest.mark.skipif(
 
 
 @needs_seccomp
-def test_a_call_off_the_list_is_refused_with_eperm_and_named_and_the_deny_list_still_holds():
-    done = subprocess.run([sys.executable, "-c", TRIAL], capture_output=True, text=True, timeout=120)
+def test_a_call_off_the_list_is_refused_with_eperm_and_named_and_the_deny_list_still_holds(tmp_path):
+    record = tmp_path / "rank0.refused"
+    done = subprocess.run([sys.executable, "-c", TRIAL, str(record)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     said = json.loads(done.stdout.splitlines()[-1])
     outcome, named = said["outcome"], said["named"]
     assert {what for what, how in outcome.items() if how == "allowed"} == ON_THE_LIST, outcome
     assert all(how == "refused 1" for what, how in outcome.items() if what not in ON_THE_LIST), outcome  # EPERM
-    # named by the helper; the deny list's refusals (sendto off the store, sendmsg, fork) are its own EPERMs
+    # named by the helper, in the record the driver reads; the deny list's refusals (sendto off the
+    # store, sendmsg, fork) are its own EPERMs, unnamed
     assert named is not None and OFF_THE_LIST <= set(named), named
+    if os.geteuid() == 0:  # made while root, as a contained rank makes it: root's record, a helper of its own uid
+        assert record.stat().st_uid == 0 and record.stat().st_mode & 0o777 == 0o644
+        assert int(said["helper"]["Uid"]) >= 1_000_000 and int(said["helper"]["CapEff"], 16) == 0, said["helper"]
 
 
 def test_the_measured_list_leaves_out_message_queues_keys_and_new_processes():
@@ -93,3 +101,19 @@ def test_the_program_allows_the_list_and_refuses_another_abi():
     assert int.from_bytes(words[-1][4:], "little") == 0x7FC00000  # the rest: to the helper, which refuses
     # aarch64 has no open or poll: their generic equivalents stand in
     assert syscall_allowlist.allowed_numbers("aarch64", ("open", "poll", "time")) == sorted([56, 73])
+
+
+def test_the_driver_reads_a_tasks_refusals_once(tmp_path):
+    from types import SimpleNamespace
+
+    from parallelism_conformance.harness.driver import refused_calls
+
+    rank = SimpleNamespace(rank=1, log_path=str(tmp_path / "w-rank1.log"))
+    assert refused_calls.since_last(rank) == ""  # no record: nothing refused, nothing said
+    (tmp_path / "w-rank1.refused").write_bytes(b"mq_open\nadd_key\nmq_open\n")
+    said = refused_calls.since_last(rank)
+    assert "rank 1's system call filter refused" in said and "add_key (1x), mq_open (2x)" in said, said
+    assert refused_calls.since_last(rank) == "" and (tmp_path / "w-rank1.refused").stat().st_size == 0  # emptied
+    with open(tmp_path / "w-rank1.refused", "ab") as record:
+        record.write(b"keyctl\n")
+    assert "keyctl (1x)" in refused_calls.since_last(rank)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from parallelism_conformance.harness.driver import refused_calls
 from parallelism_conformance.harness.driver.rank_handle import RankHandle
 from parallelism_conformance.harness.rank import reply_bounds, wire
 
@@ -29,7 +30,14 @@ class TaskResult:
 def collect(rank: RankHandle, task_id: int, reply_limit: int, world_size: int) -> tuple[str, object]:
     """One rank's reply to task ``task_id`` once its connection or process is ready: ("ok", (its
     output, its communication records, the calls perturbation delayed)), or the failure's status
-    ("exited", "broken", "raised", "missing", "unloadable") and what to say of it."""
+    ("exited", "broken", "raised", "missing", "unloadable") and what to say of it, with the system
+    calls its allow list refused meanwhile (harness/driver/refused_calls.py)."""
+    status, said = _collect(rank, task_id, reply_limit, world_size)
+    refused = refused_calls.since_last(rank)  # read after every task: a task's refusals are its own
+    return (status, said + refused) if refused and status != "ok" else (status, said)
+
+
+def _collect(rank: RankHandle, task_id: int, reply_limit: int, world_size: int) -> tuple[str, object]:
     if rank.conn.poll():
         try:  # a reply over the limit is refused by its length header, before the driver holds any of it
             raw = rank.conn.recv_bytes(maxlength=reply_limit)

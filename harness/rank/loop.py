@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from multiprocessing.connection import Client
 
-from parallelism_conformance.harness.rank import containment, flight_recorder, library_loop, syscall_filter, wire
+from parallelism_conformance.harness.rank import containment, flight_recorder, library_loop, syscall_allowlist, syscall_filter, wire
 from parallelism_conformance.harness.rank.context import MissingFunction, RankContext
 from parallelism_conformance.harness.rank.loader import MissingDependency, load_implementation
 
@@ -99,6 +99,8 @@ def serve(config: RankConfig) -> None:
     _dump_stacks_then_die_on(STACK_DUMP_SIGNAL)  # the driver asks on a hang
     start_directory = os.getcwd()  # where relative --impl paths point
     _first_for_the_oom_killer()
+    # names the calls its allow list will refuse, where the rank cannot rewrite them: made while root
+    refusals = syscall_allowlist.reporter_for(config.log_path) if config.sandbox is not None else None
     if config.sandbox is not None:
         containment.enter(config.sandbox)  # before anything of the implementation's runs
     if config.driver_pid is not None:
@@ -111,8 +113,7 @@ def serve(config: RankConfig) -> None:
     _, store_prefix, backend, record_communication, perturb = (*message, False)[:5]
     config = replace(config, store_prefix=store_prefix, backend=backend, record_communication=record_communication)
     context = _join_world(config)
-    filtered = syscall_filter.counted_channels(config.store_port, config.backend) if config.sandbox is not None else (None, "", None)
-    store_socket, unfiltered, refusals = filtered
+    store_socket, unfiltered = syscall_filter.counted_channels(config.store_port, config.backend, refusals) if config.sandbox is not None else (None, "")
     conn.send_bytes(wire.encode_untrusted(("ready", config.rank, store_socket, unfiltered)))
     implementations: dict[str, object] = {}
     recorder = _recorder(config)
@@ -155,10 +156,8 @@ def serve(config: RankConfig) -> None:
                 if isinstance(error, (MissingFunction, ImportError, NotImplementedError))
                 else "raised"
             )
-            raised = traceback.format_exc() + (refusals.explain() if refusals is not None else "")  # names what the allow list refused
+            raised = traceback.format_exc()
             payload = wire.encode_untrusted(("error", task_id, raised, status))
-        if refusals is not None:
-            refusals.since_last()  # a task's refusals are its own
         if late is not None:
             try:
                 late.end()

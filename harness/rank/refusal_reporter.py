@@ -1,36 +1,38 @@
 """Names the system calls a contained rank's allow list refused (harness/rank/syscall_allowlist.py),
-so that a test that fails on one says which call, where a bare EPERM says nothing.
+on a channel the rank cannot rewrite, so that a test that fails on one says which call, where a bare
+EPERM says nothing.
 
 The allow list's filter answers a call outside it with SECCOMP_RET_USER_NOTIF: the kernel holds the
 calling thread and hands the call to whoever holds the filter's listener. That is a helper process,
-forked from the rank before any filter and before the implementation loads; it takes the listener
-from the rank (SCM_RIGHTS), and for every call it is handed sends the call's name to the rank on a
-socket of their own, then answers EPERM. The rank reads the names after each task and adds them to
-the failure's text (harness/rank/loop.py).
+forked by the rank while still root, before containment and before any filter; it opens its record
+(``<rank log>.refused``, in the driver's folder, root's), then becomes a uid of its own (not the
+world's) with no capability, undumpable. Once the filter is in, the rank hands it the listener
+(SCM_RIGHTS); for every call it is handed, the helper appends the call's name to its record, then
+answers EPERM. The driver reads the record after each task and adds the names to a failure's text
+(harness/driver/refused_calls.py).
 
-Why a process and not a thread: a thread of the rank answering would need the GIL, which the caller
-may hold (a C extension's call made without releasing it), and the rank would wait on itself for ever.
+Why the rank cannot hide a refusal: the record is root's and the rank's uid may not write it; the
+helper is of another uid, so the rank can neither signal nor trace it nor read its memory; what
+reaches it from the rank is a call's number and arguments, never code. Why a process and not a thread
+of the rank: a thread answering would need the GIL, which the caller may hold (a C extension's call
+made without releasing it), and the rank would wait on itself for ever.
 
-What the helper is not: evidence. It is of the rank's uid, so the implementation may kill it (each
-refused call then fails with ENOSYS instead, unnamed: refused all the same, by the kernel) or read
-its socket first; the refusal is the kernel's, the name only a diagnosis for honest code. It cannot be
-made to act for the rank: it is undumpable (its memory and /proc files are root's), the rank may not
-ptrace (harness/rank/syscall_filter.py), and what reaches it from the rank is a call's number.
+Where the rank is not root (a filter tried outside containment: tests, measuring) the helper stays of
+the rank's uid, and the record is only as good as the rank's restraint.
 
 Measuring (CONFORMANCE_SYSCALL_MEASURE=<folder>): the helper lets every call it is handed go on
 (SECCOMP_USER_NOTIF_FLAG_CONTINUE) and appends each new name to <folder>/<pid>.calls: how the allow
-list was measured (harness/rank/syscall_allowlist.py says the command).
+list was measured (harness/rank/syscall_measure.py).
 """
-
 from __future__ import annotations
 
 import ctypes
 import os
+import secrets
 import select
 import signal
 import socket
 import warnings
-from collections import Counter
 
 from parallelism_conformance.harness.rank import syscall_numbers
 
@@ -39,6 +41,8 @@ NOTIF_RECV, NOTIF_SEND = 0xC0502100, 0xC0182101
 FLAG_CONTINUE = 1
 PR_SET_DUMPABLE, PR_SET_PDEATHSIG = 4, 1
 MEASURE_ENV = "CONFORMANCE_SYSCALL_MEASURE"
+RECORD_LIMIT = 1 << 18  # the record's size at most between the driver's reads (it empties it after each task): no disk filled
+UID_LOW, UID_SPAN = 1_000_000, 1_000_000_000  # harness/rank/containment.py's range
 
 
 class _Data(ctypes.Structure):
@@ -54,34 +58,36 @@ class _Response(ctypes.Structure):
 
 
 class Reporter:
-    """The rank's end: ``hand_over(listener)`` once the filter is in, then ``since_last()`` after
-    each task."""
+    """The rank's end: made before containment (``record``: the file the driver reads, or None),
+    then ``hand_over(listener)`` once the filter is in. Kept for the rank's life: when its socket
+    closes, the helper leaves."""
 
-    def __init__(self, arch: str):
+    def __init__(self, arch: str, record: str | None = None):
         names = syscall_numbers.names(arch)
         measure = os.environ.get(MEASURE_ENV, "")
         libc = ctypes.CDLL(None, use_errno=True)  # before the fork: no dlopen in the child
+        # opened here, by the rank while it is root where contained: the driver's file, never the rank's
+        record_fd = os.open(record, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644) if record else -1
         self._mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        parent = os.getpid()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # "fork of a multi-threaded process": the child runs only _serve
             self.pid = os.fork()
         if self.pid == 0:
             try:
-                libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # before the implementation exists: no window
-                libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
                 self._mine.close()
-                keep = theirs.fileno()
-                for name in os.listdir("/proc/self/fd"):
-                    if int(name) > 2 and int(name) != keep:
-                        try:
-                            os.close(int(name))
-                        except OSError:
-                            pass
-                _serve(libc, theirs, names, measure)
+                _close_all_but({theirs.fileno(), record_fd})
+                if os.geteuid() == 0:
+                    _become_a_uid_of_its_own()
+                libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # after the uid change, which resets both
+                libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+                if os.getppid() == parent:  # else the rank died before PDEATHSIG was set
+                    _serve(libc, theirs, record_fd, names, measure)
             finally:
                 os._exit(0)
         theirs.close()
-        self._pending = b""
+        if record_fd >= 0:
+            os.close(record_fd)
 
     def hand_over(self, listener: int) -> None:
         """Give the filter's listener to the helper (the rank's copy is closed)."""
@@ -89,43 +95,35 @@ class Reporter:
             socket.send_fds(self._mine, [b"L"], [listener])
         finally:
             os.close(listener)
-        os.set_blocking(self._mine.fileno(), False)
 
     def stop(self) -> None:
         """No listener after all (the kernel refused one): the helper leaves."""
         self._mine.close()
-        os.waitpid(self.pid, 0)
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
 
-    def since_last(self) -> Counter:
-        """The calls refused since the last ask: {name: times}. Read with ``read``, a call every
-        filter lets through."""
-        while True:
+
+def _close_all_but(keep: set[int]) -> None:
+    for name in os.listdir("/proc/self/fd"):
+        if int(name) > 2 and int(name) not in keep:
             try:
-                chunk = os.read(self._mine.fileno(), 65536)
-            except (BlockingIOError, InterruptedError):
-                break
+                os.close(int(name))
             except OSError:
-                chunk = b""
-            if not chunk:
-                break
-            self._pending += chunk
-        lines, _, self._pending = self._pending.rpartition(b"\n")
-        return Counter(line.decode(errors="replace") for line in lines.split(b"\n") if line)
-
-    def explain(self) -> str:
-        """'' or a paragraph for a failure's text naming the calls refused since the last ask."""
-        refused = self.since_last()
-        if not refused:
-            return ""
-        calls = ", ".join(f"{name} ({count}x)" for name, count in sorted(refused.items()))
-        return (
-            f"\nthe contained rank's system call filter refused, with EPERM, calls outside its allow list "
-            f"(harness/rank/syscall_allowlist.py: what the bundled implementations, torch.distributed and "
-            f"gloo need): {calls}\n"
-        )
+                pass
 
 
-def _serve(libc, peer: socket.socket, names: dict[int, str], measure: str) -> None:
+def _become_a_uid_of_its_own() -> None:
+    """Root no longer, and not the world's uid either: a rank can then neither signal it nor write its
+    record. setresuid from root to another uid clears every capability (no KEEPCAPS)."""
+    uid = UID_LOW + secrets.randbelow(UID_SPAN)
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+
+
+def _serve(libc, peer: socket.socket, record_fd: int, names: dict[int, str], measure: str) -> None:
     """The helper's loop: take the listener, then answer each call it is handed until the rank is gone."""
     try:
         _, fds, _, _ = socket.recv_fds(peer, 1, 1)
@@ -134,8 +132,8 @@ def _serve(libc, peer: socket.socket, names: dict[int, str], measure: str) -> No
     if not fds:
         return
     listener = fds[0]
-    seen: set[str] = set()
-    record = os.path.join(measure, f"{os.getpid()}.calls") if measure else ""
+    seen: dict[str, int] = {}
+    measured = os.path.join(measure, f"{os.getpid()}.calls") if measure else ""
     poller = select.poll()
     poller.register(listener, select.POLLIN)
     poller.register(peer.fileno(), select.POLLIN)  # readable only at EOF: the rank is gone
@@ -150,16 +148,17 @@ def _serve(libc, peer: socket.socket, names: dict[int, str], measure: str) -> No
         if libc.ioctl(listener, NOTIF_RECV, ctypes.byref(notif)) != 0:
             continue  # ENOENT: the caller was interrupted meanwhile
         name = names.get(notif.data.nr, f"system call {notif.data.nr}")
+        seen[name] = seen.get(name, 0) + 1
         if measure:
-            if name not in seen:
-                seen.add(name)
-                with open(record, "a") as out:
+            if seen[name] == 1:
+                with open(measured, "a") as out:
                     out.write(name + "\n")
             answer = _Response(notif.id, 0, 0, FLAG_CONTINUE)
         else:
-            try:  # named before the call returns, so the rank's next read finds it
-                peer.send((name + "\n").encode(), socket.MSG_DONTWAIT)
+            try:  # written before the call returns, so the driver's read after the task finds it
+                if record_fd >= 0 and os.fstat(record_fd).st_size < RECORD_LIMIT:
+                    os.write(record_fd, (name + "\n").encode())
             except OSError:
-                pass  # the rank does not read (or is gone): the call is refused all the same
+                pass  # a full disk: the call is refused all the same
             answer = _Response(notif.id, 0, -1, 0)  # -EPERM
         libc.ioctl(listener, NOTIF_SEND, ctypes.byref(answer))

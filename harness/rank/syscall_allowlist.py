@@ -159,21 +159,24 @@ def _seccomp(arch: str, code: bytes, flags: int) -> tuple[int, int]:
     return found, ctypes.get_errno()
 
 
-def install() -> Reporter | None:
+def install(reporter: Reporter | None = None) -> Reporter | None:
     """Install the allow list on every thread of this process (no_new_privs set), before
-    syscall_filter.install. Returns the reporter that names refused calls, or None where the kernel
-    has no listener for filters (before 5.7 with threads): refused calls then fail with EPERM
-    unnamed. Raises AllowListUnavailable where no filter can be installed."""
+    syscall_filter.install; ``reporter`` names refused calls (made before containment, where the
+    rank is root: harness/rank/loop.py), else one is made here. Returns the reporter, to be kept for
+    the process's life, or None where the kernel has no listener for filters (before 5.7 with
+    threads): refused calls then fail with EPERM unnamed. Raises AllowListUnavailable where no filter
+    can be installed."""
     arch = platform.machine()
     if arch not in _AUDIT_ARCH or not os.path.exists("/proc/self/status"):
         raise AllowListUnavailable(f"no system call allow list for {platform.system()} on {arch} (Linux on x86_64 or aarch64 only)")
     measuring = bool(os.environ.get(MEASURE_ENV))
     names = HARNESS if measuring and os.environ.get(SEED_ENV) == "harness" else HARNESS + ALLOWED
     allowed = allowed_numbers(arch, names)
-    try:
-        reporter = Reporter(arch)
-    except OSError:
-        reporter = None
+    if reporter is None:
+        try:
+            reporter = Reporter(arch)
+        except OSError:
+            reporter = None
     if reporter is not None:
         found, error = _seccomp(arch, program(arch, allowed, _USER_NOTIF), FLAG_TSYNC | FLAG_NEW_LISTENER | FLAG_TSYNC_ESRCH)
         if found >= 0:
@@ -187,3 +190,18 @@ def install() -> Reporter | None:
         why = f"thread {found} could not take it" if found > 0 else os.strerror(error)
         raise AllowListUnavailable(f"the kernel refused the system call allow list: {why}")
     return None
+
+
+def reporter_for(log_path: str | None) -> Reporter | None:
+    """The helper that names this rank's refused calls, in the file the driver reads
+    (harness/driver/refused_calls.py), made before containment; None where no filter can be made."""
+    if platform.machine() not in _AUDIT_ARCH or not log_path:
+        return None
+    try:
+        return Reporter(platform.machine(), refused_path(log_path))
+    except OSError:
+        return None
+
+
+def refused_path(log_path: str) -> str:
+    return log_path.removesuffix(".log") + ".refused"

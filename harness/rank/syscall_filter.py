@@ -48,25 +48,25 @@ from datetime import timedelta
 from parallelism_conformance.harness.rank import syscall_allowlist
 
 
-def counted_channels(store_port: int, backend: str):
+def counted_channels(store_port: int, backend: str, reporter=None) -> tuple[int | None, str]:
     """A contained rank's filters, installed once the world is joined and before the implementation
-    loads (harness/rank/loop.py: serve): the allow list (harness/rank/syscall_allowlist.py), then
-    this module's refusals. Returns the inode of the store connection it may still send on, '' and
-    the reporter naming refused calls (None where the kernel cannot name them); or None, why they
-    could not be installed (the driver then fails the audit, saying so) and None."""
+    loads (harness/rank/loop.py: serve): the allow list (harness/rank/syscall_allowlist.py, its
+    refusals named by ``reporter``), then this module's refusals. Returns the inode of the store
+    connection it may still send on, and ''; or None and why they could not be installed (the driver
+    then fails the audit, saying so)."""
     if backend != "gloo":
-        return None, f"not made for {backend} ranks (their backend's own sockets send with send)", None
+        return None, f"not made for {backend} ranks (their backend's own sockets send with send)"
     try:
         store_fd = store_descriptor(store_port)
         _groups_share_one_gloo_device()
         if os.environ.get(syscall_allowlist.SWITCH_ENV) == "off":  # the cost benchmark's: the audit then fails
             install(store_fd)
-            return None, f"the system call allow list was switched off ({syscall_allowlist.SWITCH_ENV}=off)", None
-        refusals = syscall_allowlist.install()
+            return None, f"the system call allow list was switched off ({syscall_allowlist.SWITCH_ENV}=off)"
+        syscall_allowlist.install(reporter)
         install(store_fd)
-        return socket_inode(store_fd), "", refusals
+        return socket_inode(store_fd), ""
     except (FilterUnavailable, syscall_allowlist.AllowListUnavailable, OSError) as error:
-        return None, str(error), None
+        return None, str(error)
 
 
 def _groups_share_one_gloo_device() -> None:
