@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FILES = os.environ.get("CONFORMANCE_ALLOWLIST_BENCH_FILES", "conformance/test_collectives.py").split()
 CALLS = 200_000
 
-PER_CALL = r"""
+PER_CALL = rf"""
 import ctypes, os, socket, sys, time
 from parallelism_conformance.harness.rank import syscall_allowlist, syscall_filter
 how, call = sys.argv[1], getattr(os, sys.argv[2])
@@ -44,14 +44,14 @@ if how != "none":
 best = float("inf")
 for _ in range(5):
     started = time.perf_counter_ns()
-    for _ in range(%d):
+    for _ in range({CALLS}):
         try:
             call()
         except OSError:
             pass
     best = min(best, time.perf_counter_ns() - started)
-print(best / %d)
-""" % (CALLS, CALLS)
+print(best / {CALLS})
+"""
 
 
 def _per_call(how: str, call: str = "getpid") -> float:
@@ -68,7 +68,10 @@ def test_a_call_through_both_filters_against_the_deny_list_alone(figures):
         f"\ngetpid, best of 5 x {CALLS}: {times['none']:.0f} ns unfiltered, {times['deny']:.0f} ns under the deny list, "
         f"{times['both']:.0f} ns under both ({ratio:.2f}x the deny list alone); a refused call (getppid): {refused:.0f} ns"
     )
-    figures.record("allow list: ns per allowed system call, both filters against the deny list", f"{ratio:.2f}x ({times['both']:.0f} ns against {times['deny']:.0f} ns)")
+    figures.record(
+        "allow list: ns per allowed system call, both filters against the deny list",
+        f"{ratio:.2f}x ({times['both']:.0f} ns against {times['deny']:.0f} ns)",
+    )
 
 
 def _contained_run(allowlist: str) -> tuple[float, int, str]:
@@ -90,6 +93,8 @@ def test_a_contained_run_with_the_allow_list_against_one_without(figures):
     on_s, on_code, on_tail = _contained_run("on")
     ratio = on_s / off_s
     what = " ".join(FILES)
-    print(f"\n{what}, contained, the bundled implementations on the ci profile: {off_s:.0f} s without the allow list, {on_s:.0f} s with it ({ratio:.2f}x)")
+    print(
+        f"\n{what}, contained, the bundled implementations on the ci profile: {off_s:.0f} s without the allow list, {on_s:.0f} s with it ({ratio:.2f}x)"
+    )
     figures.record(f"allow list: {what} contained, on against off", f"{ratio:.2f}x ({on_s:.0f} s against {off_s:.0f} s)")
     assert off_code == 0 and on_code == 0, off_tail + on_tail

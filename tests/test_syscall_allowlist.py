@@ -89,7 +89,19 @@ def test_the_measured_list_leaves_out_message_queues_keys_and_new_processes():
     listed = set(syscall_allowlist.ALLOWED) | set(syscall_allowlist.HARNESS)
     assert syscall_allowlist.ALLOWED == tuple(sorted(set(syscall_allowlist.ALLOWED))), "one name per call, sorted"
     assert not listed - set(syscall_numbers.numbers("x86_64")), "a name the kernel does not have"
-    assert not listed & {"mq_open", "mq_timedsend", "add_key", "request_key", "keyctl", "fork", "vfork", "execve", "ptrace", "setxattr", "symlink"}
+    assert not listed & {
+        "mq_open",
+        "mq_timedsend",
+        "add_key",
+        "request_key",
+        "keyctl",
+        "fork",
+        "vfork",
+        "execve",
+        "ptrace",
+        "setxattr",
+        "symlink",
+    }
 
 
 def test_the_program_allows_the_list_and_refuses_another_abi():

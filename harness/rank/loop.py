@@ -113,7 +113,9 @@ def serve(config: RankConfig) -> None:
     _, store_prefix, backend, record_communication, perturb = (*message, False)[:5]
     config = replace(config, store_prefix=store_prefix, backend=backend, record_communication=record_communication)
     context = _join_world(config)
-    store_socket, unfiltered = syscall_filter.counted_channels(config.store_port, config.backend, refusals) if config.sandbox is not None else (None, "")
+    store_socket, unfiltered = (
+        syscall_filter.counted_channels(config.store_port, config.backend, refusals) if config.sandbox is not None else (None, "")
+    )
     conn.send_bytes(wire.encode_untrusted(("ready", config.rank, store_socket, unfiltered)))
     implementations: dict[str, object] = {}
     recorder = _recorder(config)

@@ -24,6 +24,7 @@ Measuring (CONFORMANCE_SYSCALL_MEASURE=<folder>): the helper lets every call it 
 (SECCOMP_USER_NOTIF_FLAG_CONTINUE) and appends each new name to <folder>/<pid>.calls: how the allow
 list was measured (harness/rank/syscall_measure.py).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -89,10 +90,21 @@ class Reporter:
         if record_fd >= 0:
             os.close(record_fd)
 
+    def alive(self) -> bool:
+        """Whether the helper still runs (it leaves where it could not drop root, say)."""
+        try:
+            return os.waitpid(self.pid, os.WNOHANG) == (0, 0)
+        except ChildProcessError:
+            return False
+
     def hand_over(self, listener: int) -> None:
-        """Give the filter's listener to the helper (the rank's copy is closed)."""
+        """Give the filter's listener to the helper (the rank's copy is closed). Where the helper died
+        meanwhile, nobody holds it: each call off the list then fails with ENOSYS, unnamed, refused
+        all the same."""
         try:
             socket.send_fds(self._mine, [b"L"], [listener])
+        except OSError:
+            pass
         finally:
             os.close(listener)
 

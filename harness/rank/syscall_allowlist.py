@@ -177,6 +177,8 @@ def install(reporter: Reporter | None = None) -> Reporter | None:
             reporter = Reporter(arch)
         except OSError:
             reporter = None
+    if reporter is not None and not reporter.alive():
+        reporter = None  # a listener nobody would answer: refusals stay EPERM, unnamed
     if reporter is not None:
         found, error = _seccomp(arch, program(arch, allowed, _USER_NOTIF), FLAG_TSYNC | FLAG_NEW_LISTENER | FLAG_TSYNC_ESRCH)
         if found >= 0:
