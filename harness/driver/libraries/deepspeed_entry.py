@@ -130,9 +130,10 @@ DEEPSPEED = Library(
         "SGD weight_decay 1/16, expected 1.1171875, got 1.10943603515625. ZeRO-1/2/3 stopped stepping at initialize "
         "(DeepSpeed#5104) and BF16_Optimizer too (#6485); bf16 at stage 0 reached this optimizer through #7515. Shown "
         "without the suite by tests/libraries/deepspeed_fp16_optimizer_steps_at_initialize.py; no upstream issue found "
-        "for the unfused path. On 0.18.5 the test fails first without weight decay: bf16's step divides every gradient "
-        "by the loss scale 65536 that backward never applied (DeepSpeed#7837, fixed by #7839 in 0.18.6), shrunk to SGD "
-        "without weight decay, bf16, world 1: expected 1.125, got 1.0000019073486328; shown without the suite by "
+        "for the unfused path. On 0.18.5 a second bug fails it without weight decay: bf16's step divides every gradient "
+        "by the loss scale 65536 that backward never applied (DeepSpeed#7837, fixed by #7839 in 0.18.6); a ci run shrank "
+        "to it once (SGD without weight decay, bf16, world 1: expected 1.125, got 1.0000019073486328) and once to the "
+        "initialize finding (fp16, weight decay 1/16), both minimal, so a row shows either; shown without the suite by "
         "tests/libraries/deepspeed_zero0_bf16_gradient_divided_by_loss_scale.py (exit 0 on 0.18.5, 1 on 0.19.8)",
         "test_data_parallel.py::test_buffers_start_from_rank_0s": "DeepSpeed's engine broadcasts rank 0's parameters at initialize and never its buffers "
         "(engine._broadcast_model iterates self.module.named_parameters() only); the contract, as torch's DDP, makes "
