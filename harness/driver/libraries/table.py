@@ -122,7 +122,7 @@ MEGATRON_CORE = Library(
         )
     },
     pinned="0.16.1",
-    older=("0.15.3",),
+    older=("0.16.0", "0.15.3"),
     import_name="megatron.core",
     runs=(
         Run(
@@ -175,6 +175,9 @@ MEGATRON_CORE = Library(
         "loss, where the contract wants the logits' dtype and float64's rounding. Shown without the suite by "
         "tests/libraries/megatron_cross_entropy_float32.py. By design for bf16/fp16 logits; a downcast for "
         "float64; no upstream issue found",
+        "megatron-core 0.15.3": "not installable beside the project's lock: megatron-core 0.15.3 depends on numpy<2.0.0 and "
+        "requirements.lock pins numpy 2.4.6 (pip: ResolutionImpossible, 2026-12-07); 0.16.0, the release before the pinned "
+        "one, is the older version the matrix runs",
         "test_vocab_parallel.py::test_label_smoothing_spreads_over_the_whole_vocabulary": "a finding, wrong at TP > 1 "
         "(2026-12-07, 0.16.1): with label smoothing megatron-core averages the log-probabilities over the rank's own "
         "columns and scales the smoothing by the rank's own width (cross_entropy.py: vocab_size = exp_logits.size(-1); "
