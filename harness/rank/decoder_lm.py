@@ -107,6 +107,13 @@ def build(spec: dict, seed: int) -> DecoderLM:
     step), the projections back into the residual stream (``wo``, ``w2``) scaled by 1 / (2 L) so the
     stream stays of order one."""
     model = DecoderLM(spec).to(getattr(torch, spec.get("dtype", "float64")))
+    draw_parameters(model, seed, spec["layers"])
+    return model
+
+
+def draw_parameters(model: nn.Module, seed: int, layers: int) -> None:
+    """Every parameter of a Llama-shaped ``model`` drawn again from ``seed`` in named order, as ``build``
+    says (also torchtitan's Llama: harness/rank/torchtitan_llama.py)."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, tensor in model.named_parameters():
@@ -114,10 +121,9 @@ def build(spec: dict, seed: int) -> DecoderLM:
             if tensor.dim() == 1:
                 value = 1 + noise / 4
             else:
-                residual = 1.0 / (2 * spec["layers"]) if name.endswith(("wo.weight", "w2.weight")) else 1.0
+                residual = 1.0 / (2 * layers) if name.endswith(("wo.weight", "w2.weight")) else 1.0
                 value = noise * residual / math.sqrt(tensor.shape[-1])
             tensor.copy_(value.to(tensor.dtype))
-    return model
 
 
 def make_tokens(spec: dict, rows: int, seq: int, seed: int, ignored: float = 0.0) -> dict:

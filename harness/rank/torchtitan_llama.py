@@ -19,9 +19,9 @@ Spec: {"vocab", "heads", "kv_heads", "head_dim", "ffn", "layers", "dtype"}; dim 
 
 from __future__ import annotations
 
-import math
-
 import torch
+
+from parallelism_conformance.harness.rank.decoder_lm import draw_parameters
 
 MODEL = "torchtitan_llama3"
 
@@ -72,14 +72,5 @@ def build(spec: dict, seed: int):
         model = config(spec).build()
         with torch.no_grad():
             model.init_weights()
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, tensor in model.named_parameters():
-            noise = torch.randn(tensor.shape, generator=generator, dtype=torch.float64)
-            if tensor.dim() == 1:
-                value = 1 + noise / 4
-            else:
-                residual = 1.0 / (2 * spec["layers"]) if name.endswith(("wo.weight", "w2.weight")) else 1.0
-                value = noise * residual / math.sqrt(tensor.shape[-1])
-            tensor.copy_(value.to(tensor.dtype))
+    draw_parameters(model, seed, spec["layers"])
     return model
