@@ -80,14 +80,15 @@ def train(
             norm = clip_grad_norm_(module, clip["max_norm"], clip["norm_type"])
             norm = norm.detach().clone() if torch.is_tensor(norm) else norm
         opt.step()
+        stepped = library_loop.masters(wrapped, module)  # read once after the step: a library's copies are built per call
         result["steps"].append(
             {
                 "loss": torch.stack(losses),
                 "grads": grads,
-                "state": models.state(library_loop.masters(wrapped, module)),
+                "state": models.state(stepped),
                 "norm": norm,
                 "count": count,
-                "dtypes": models.dtypes_held(models.tensors_held(list(library_loop.masters(wrapped, module).parameters()), opt)),
+                "dtypes": models.dtypes_held(models.tensors_held(list(stepped.parameters()), opt)),
                 "logits_dtype": getattr(module, "logits_dtype", None),
             }
         )
