@@ -14,7 +14,10 @@ model):
 6. the submission is read by the driver (issue 58, item 3): what it takes from the suite's bundled
    implementations scores 0, and its reaches into the grader are flagged for review;
 7. a filter that allows (issue 58, item 2): a contained rank makes only the system calls measured
-   into its allow list; any other fails with EPERM, named in the test's failure.
+   into its allow list; any other fails with EPERM, named in the test's failure;
+8. evidence from outside the rank (issue 58, item 1): the audit decides on what the driver's relay
+   carried between the ranks, and on the kernel's count of what each wrote, never on the rank's
+   own records.
 
 Classes 1, 3 (descriptors), 4 (replies) and 5 share one grading run of one hostile submission
 (tests/fixtures/grade_never_earned_impl.py), each checked by a test of its own.
@@ -133,7 +136,7 @@ def test_class_2_traffic_around_the_recorder_is_counted_or_refused(how):
         assert expected in attempts, attempts
     assert how == "store" or ": done" not in attempts, attempts
     if how == "store":
-        assert "communication that went around the recorder" in outcome.stdout, outcome.stdout[-3000:]
+        assert "communication that went around the relay" in outcome.stdout, outcome.stdout[-3000:]
     else:
         assert "calls outside its allow list" in outcome.stdout, outcome.stdout[-3000:]
     for call in NAMED[how]:
@@ -256,3 +259,36 @@ def test_the_correct_submission_is_not_left_out_by_staging(tmp_path):
         assert precheck.locate(staged, config.AutograderConfig(expects="student_impl.py")).note
     finally:
         shutil.rmtree(staged)
+
+
+@needs_emulation
+@needs_readable_python
+@pytest.mark.parametrize("how", ["backend", "private_group"])
+def test_class_8_what_a_rank_records_is_evidence_of_nothing(how):
+    """Class 8 (issue 58, item 1): an all_reduce that runs a backend all-gather and rewrites its
+    records into a ring's sends and receives, with free receives that explain more bytes
+    (tests/fixtures/forged_records_impl.py), got 30/30 from the audit. The records are now only
+    attribution: the relay saw the all-gather on the group it was given, and the kernel's count of
+    what the rank wrote exceeds what the relay carried when the gather ran on a gloo group of the
+    implementation's own. The forgery ran both times (its log says so)."""
+    base = Path(tempfile.mkdtemp(prefix="conformance-forged-"))
+    os.chmod(base, 0o755)
+    log = base / "attempts.log"
+    log.touch()
+    os.chmod(log, 0o666)
+    outcome = suite_in_container(
+        str(SYSTEM_PYTHON),
+        str(_FIXTURES / "forged_records_impl.py"),
+        test_file="conformance/audit",
+        selected="test_point_to_point_only and all_reduce",
+        env={"FORGE_HOW": how, "FORGE_LOG": str(log)},
+    )
+    attempts = log.read_text()
+    shutil.rmtree(base)
+    said = outcome.stdout
+    assert "forged records: done" in attempts, attempts
+    assert outcome.returncode == 1 and "1 failed" in said and "ranks contained" in said, said[-3000:]
+    if how == "backend":
+        assert "backend collective call(s) (allgather_into_tensor x1)" in said, said[-3000:]
+    else:
+        assert "private gloo group: done" in attempts and "communication that went around the relay" in said, said[-3000:]

@@ -7,7 +7,7 @@ import pytest
 
 from parallelism_conformance.conformance.examples import Layout
 from parallelism_conformance.conformance.verdict import Judge, adapter_cannot
-from parallelism_conformance.harness.driver import audit
+from parallelism_conformance.harness.driver import audit, relay
 from parallelism_conformance.harness.driver.failures import TASK_FAILURES, ImplementationIncomplete
 from parallelism_conformance.harness.driver.plugin.options import claimed
 from parallelism_conformance.harness.driver.pool import WorldPool
@@ -61,9 +61,15 @@ class Audited:
             failure.add_note(f"  example: {judge.example}\n  reproduce: {judge.reproduce}")
             raise
         self.adapter_refusals.ran_task(judge)
-        records = dict(enumerate(result.records))
+        written = dict(enumerate(result.bytes_written))
+        if result.relayed is not None:  # a relay world: what the driver carried is the evidence, the ranks' records are not
+            records = result.relayed.records
+            accounted = relay.accounted(result.relayed, written, audit.FIXED)
+        else:
+            records = dict(enumerate(result.records))
+            accounted = audit.accounted(records, written)
         # on every audited task; evidence withheld (counts the driver could not read) fails, never skips
-        check(judge, [*filter(None, result.bytes_unread), *audit.accounted(records, dict(enumerate(result.bytes_written)))])
+        check(judge, [*filter(None, result.bytes_unread), *accounted])
         return {r: result.outputs[r] for r in layout.ranks}, records
 
 

@@ -127,9 +127,13 @@ class WorldPool:
         flight_recorder: bool = True,
         live_ranks: LiveRanks | None = None,
         perturb: bool = False,
+        relay: bool = False,
     ):
         self.backend = backend  # one backend for every world, or a BackendPlan: a backend per world size
         self.audit = audit  # ranks record their communication; TaskResult.records carries it
+        # worlds that would be gloo's carry point-to-point messages through the driver's relay instead
+        # (harness/driver/relay.py): the audit's evidence of a point-to-point implementation
+        self.relay = relay
         self.timeout_s = timeout_s
         self.grace_s = grace_s
         self.start_method = start_method
@@ -183,13 +187,16 @@ class WorldPool:
         if not (self.attach is not None and size == self.attach.size):
             self.live_ranks.make_room(size)
         attached = self.attach is not None and size == self.attach.size
+        backend = self.backend_for(size)
+        if self.relay and backend == "gloo" and not attached:
+            backend = "relay"
         if attached and self._attached_lost is not None:
             raise WorldStartError(f"the attached world of {size} ranks is gone: {self._attached_lost}")
         options = dict(attach_server=self._attach_server, start_timeout_s=self.attach.timeout_s) if attached else {}
         try:
             world = self._worlds[size] = World(
                 size,
-                self.backend_for(size),
+                backend,
                 store_address=self._store_address,
                 log_dir=self._log_dir,
                 authkey=self._authkey,

@@ -25,6 +25,7 @@ class TaskResult:
     # audited world), else "": the audit fails on evidence withheld instead of skipping it
     bytes_unread: list = field(default_factory=list)
     late: list = field(default_factory=list)  # per rank, the calls --perturb-timing delayed (Perturbation.report)
+    relayed: object = None  # in a relay world, what the driver's relay carried (harness/driver/relay.py: Relayed)
 
 
 def collect(rank: RankHandle, task_id: int, reply_limit: int, world_size: int) -> tuple[str, object]:

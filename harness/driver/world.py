@@ -23,7 +23,7 @@ import socket
 import time
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 
-from parallelism_conformance.harness.driver import deadlock, disagreement, memory_cgroup, output_pipe, stray_messages
+from parallelism_conformance.harness.driver import deadlock, disagreement, memory_cgroup, output_pipe, relay, stray_messages
 from parallelism_conformance.harness.driver.failures import RankFailure, RankReport, RanksCrashed, WorldStartError, task_failure
 from parallelism_conformance.harness.driver.io_counters import IoCounters
 from parallelism_conformance.harness.driver.rank_handle import RankHandle, dump_stacks
@@ -80,6 +80,8 @@ class World:
         self._counters = IoCounters(self.sandbox)
         self._pump: output_pipe.Pump | None = None  # drains the local ranks' output (harness/driver/output_pipe.py)
         self._reply_limit = wire.reply_limit(memory_cgroup.own_limit(), size)
+        # a relay world's only transport, and the audit's evidence (harness/driver/relay.py)
+        self.relay = relay.Relay(size) if backend == "relay" else None
         if attach_server is not None:
             self._attach(attach_server, start_timeout_s)
         else:
@@ -172,7 +174,8 @@ class World:
                 conn.close()
                 continue
             self._ranks[rank].conn = conn
-            conn.send_bytes(wire.encode_trusted(("join", self.name, self.backend, self.record_communication, self.perturb)))
+            joins = self.relay.join_info(rank) if self.relay is not None else None
+            conn.send_bytes(wire.encode_trusted(("join", self.name, self.backend, self.record_communication, self.perturb, joins)))
             connected += 1
 
     def _await_ready(self, deadline: float) -> None:
@@ -222,6 +225,8 @@ class World:
         result = self._run(program, args_per_rank, impl=impl, timeout_s=timeout_s, grace_s=grace_s, schedules=schedules)
         if self.backend == "gloo" and self.size > 1 and impl != "torch.distributed":
             stray_messages.check(self, program, impl, timeout_s, grace_s)
+        if result.relayed is not None:
+            relay.check_strays(self, program, result.relayed)
         return result
 
     def _run(self, program: str, args_per_rank: list[dict], *, impl: str, timeout_s: float, grace_s: float, schedules=None) -> TaskResult:
@@ -275,6 +280,7 @@ class World:
             ]
             for rank in self._ranks:
                 rank.note_oom_kills()  # a kill from now until the next task was while it was idle
+            relayed = self.relay.take() if self.relay is not None else None
             return TaskResult(
                 [outcome[r][1][0] for r in range(self.size)],
                 logs,
@@ -282,6 +288,7 @@ class World:
                 written,
                 unread,
                 [outcome[r][1][2] for r in range(self.size)],
+                relayed,
             )
         raise self._fail(program, outcome, timeout_s, task_id, watch)
 
@@ -370,6 +377,8 @@ class World:
             if rank.conn is not None:
                 rank.conn.close()
         self._counters.close()
+        if self.relay is not None:
+            self.relay.close()
         if self._pump is not None:
             self._pump.close()
         if self.sandbox is not None:

@@ -110,9 +110,9 @@ def serve(config: RankConfig) -> None:
     message = wire.decode_trusted(conn.recv_bytes())
     if message[0] != "join":
         os._exit(0)  # the driver turned this rank away (it says why on its side)
-    _, store_prefix, backend, record_communication, perturb = (*message, False)[:5]
+    _, store_prefix, backend, record_communication, perturb, relay = (*message, False, None)[:6]
     config = replace(config, store_prefix=store_prefix, backend=backend, record_communication=record_communication)
-    context = _join_world(config)
+    context = _join_world(config, relay)
     store_socket, unfiltered = (
         syscall_filter.counted_channels(config.store_port, config.backend, refusals) if config.sandbox is not None else (None, "")
     )
@@ -219,7 +219,10 @@ def _world_damage(context: RankContext) -> str:
     return ""
 
 
-def _join_world(config: RankConfig) -> RankContext:
+def _join_world(config: RankConfig, relay: tuple | None = None) -> RankContext:
+    """Join the world's process group. In a relay world (``relay``: the driver's relay's host, port
+    and this rank's token) the group's only transport is a connection to the relay, made here,
+    before the implementation loads (harness/rank/relay_transport.py)."""
     import torch
     import torch.distributed as dist
 
@@ -234,8 +237,15 @@ def _join_world(config: RankConfig) -> RankContext:
         is_master=False,
         timeout=timedelta(seconds=config.init_timeout_s),
     )
+    if config.backend == "relay":
+        from parallelism_conformance.harness.rank import recording, relay_transport
+
+        host, port, token = relay
+        backend = recording.register("relay", relay_transport.Connection((host, port), token))
+    else:
+        backend = _recorder(config).register(config.backend) if config.record_communication else config.backend
     dist.init_process_group(
-        _recorder(config).register(config.backend) if config.record_communication else config.backend,
+        backend,
         store=dist.PrefixStore(config.store_prefix, store),
         rank=config.rank,
         world_size=config.world_size,

@@ -116,23 +116,28 @@ def backend_name(inner: str) -> str:
     return f"recording_{inner}"
 
 
-def register(inner: str = "gloo") -> str:
-    """Register the recording backend that delegates to ``inner`` ("gloo" or "nccl"); return the
-    name to pass to init_process_group. Idempotent."""
-    if inner not in ("gloo", "nccl"):
-        raise ValueError(f"the recording backend delegates to gloo or nccl, not {inner!r}")
+def register(inner: str = "gloo", relay=None) -> str:
+    """Register the recording backend that delegates to ``inner`` ("gloo", "nccl", or "relay": the
+    driver's relay through ``relay``, a harness.rank.relay_transport.Connection); return the name to
+    pass to init_process_group. Idempotent."""
+    if inner not in ("gloo", "nccl", "relay"):
+        raise ValueError(f"the recording backend delegates to gloo, nccl or the relay, not {inner!r}")
     name = backend_name(inner)
     if name.upper() not in dist.Backend._plugins:
-        devices = ["cpu"] if inner == "gloo" else ["cuda"]
-        dist.Backend.register_backend(name, _creator(inner), extended_api=True, devices=devices)
+        devices = ["cuda"] if inner == "nccl" else ["cpu"]
+        dist.Backend.register_backend(name, _creator(inner, relay), extended_api=True, devices=devices)
     return name
 
 
-def _creator(inner: str):
+def _creator(inner: str, relay=None):
     def create(options, backend_options):
         ranks = list(options.global_ranks_in_group) or list(range(options.group_size))
         timeout = options.timeout if isinstance(options.timeout, timedelta) else timedelta(seconds=300)
-        if inner == "gloo":
+        if inner == "relay":
+            from parallelism_conformance.harness.rank.relay_transport import RelayBackend
+
+            real = RelayBackend(relay, ranks, phase=lambda: _phase)
+        elif inner == "gloo":
             real = dist.ProcessGroupGloo(options.store, options.group_rank, options.group_size, timeout)
             real.options.global_ranks_in_group = ranks
             real.options.group_name = options.group_id
@@ -144,7 +149,10 @@ def _creator(inner: str):
             nccl_options.group_name = options.group_id
             real = dist.ProcessGroupNCCL(options.store, options.group_rank, options.group_size, nccl_options)
             real._set_sequence_number_for_group()
-        return RecordingProcessGroup(real, options.group_rank, options.group_size, ranks, inner)
+        group = RecordingProcessGroup(real, options.group_rank, options.group_size, ranks, inner)
+        if inner == "relay":
+            real.name = lambda: group.group_name  # the relay keeps groups of the same members apart
+        return group
 
     return create
 

@@ -80,7 +80,11 @@ def world_pool(target, pytestconfig):
 def audited_pool(target, pytestconfig):
     """Worlds whose ranks record every communication call (harness/rank/recording.py), for the audit;
     the same backend per world size and the same caps as world_pool."""
-    pool = WorldPool(target.plan, audit=True, **pool_options(pytestconfig))
+    # ranks talk through the driver's relay, which is the audit's evidence (harness/driver/relay.py):
+    # every implementation but a training library's adapter, whose own launcher and communication
+    # layer the matrix runs as its users do (scripts/libraries), on gloo with records
+    relay = library_of(target.impl) is None
+    pool = WorldPool(target.plan, audit=True, relay=relay, **pool_options(pytestconfig))
     yield pool
     pool.close()
 
