@@ -183,6 +183,20 @@ def test_a_message_over_the_limit_ends_the_connection_and_says_so(world, monkeyp
     assert taken.broken and "a message of 65 B, over the relay's limit of 64 B" in taken.broken[0]
 
 
+def test_what_the_relay_holds_stays_within_its_share_of_the_memory():
+    relay = Relay(2, budget=100)
+    try:
+        connections = [Connection(relay.join_info(rank)[:2], relay.join_info(rank)[2]) for rank in range(2)]
+        zero = RelayBackend(connections[0], [0, 1])
+        for _ in range(3):  # rank 1 never receives: the third message would hold 120 B
+            zero.send([torch.zeros(10)], 1, 0)
+        taken = relay.take()
+        assert len(taken.broken) == 1 and "the relay ended rank 0's connection" in taken.broken[0], taken.broken
+        assert "over the relay's share of the driver's memory, 100 B" in taken.broken[0]
+    finally:
+        relay.close()
+
+
 def test_a_collective_the_relay_cannot_carry_is_refused_by_name(world):
     _, (zero, _) = world(2)
     with pytest.raises(TransportRefusal, match="cannot carry allgather_coalesced"):

@@ -16,9 +16,12 @@ one tag arrive in the order sent; a receive whose size differs from the message'
 both. A barrier releases its group once every member has arrived. A message nobody received by the
 end of a task is a stray: named, and dropped, so that no later test receives it.
 
-Bounded by memory, as every reply to the driver is: a message over ``MESSAGE_LIMIT`` or a rank
-holding more than ``HELD_LIMIT`` of messages nobody asked for ends that rank's connection, and the
-task fails, saying so."""
+Bounded by memory, as every reply to the driver is: everything the relay holds at once (messages
+not yet received, collective inputs waiting for their group, answers a rank has not read, partial
+messages) stays within ``budget`` bytes, its share of the container's memory (harness/driver/
+world.py: a quarter, as the replies get). The message or answer that would pass it ends the
+connection of the rank that sent it, or of the rank that does not read its answers, and the task
+fails, saying so."""
 
 from __future__ import annotations
 
@@ -51,8 +54,8 @@ from parallelism_conformance.harness.rank.relay_transport import (
     TOKEN_BYTES,
 )
 
-MESSAGE_LIMIT = 256 << 20
-HELD_LIMIT = 512 << 20  # per rank, of messages sent and not yet received
+MESSAGE_LIMIT = 256 << 20  # one message, whatever the budget
+BUDGET = 1 << 30  # the default, where the driver's memory has no limit
 SETTLE_TIMEOUT_S = 10.0
 
 
@@ -67,8 +70,10 @@ class Relayed:
 
 
 class Relay:
-    def __init__(self, size: int, host: str = "127.0.0.1"):
+    def __init__(self, size: int, host: str = "127.0.0.1", budget: int = BUDGET):
         self.size = size
+        self.budget = budget
+        self._holding = 0  # bytes held now: messages, collective inputs, answers not yet read
         self._listener = socket.create_server((host, 0))
         self._listener.setblocking(False)
         self.host, self.port = self._listener.getsockname()[:2]
@@ -137,6 +142,7 @@ class Relay:
         self._held = {r: [] for r in range(self.size)}
         self._asks = {r: [] for r in range(self.size)}  # a receive left posted would take a later test's message
         self._arrived = {}
+        self._holding = sum(map(len, self._outbox.values())) + sum(map(len, self._inbox.values()))
         return taken
 
     # ------------------------------------------------------------------------------ the thread
@@ -186,6 +192,10 @@ class Relay:
                 self._read[rank] += len(data)
             inbox = self._inbox[sock]
             inbox += data
+            self._holding += len(data)
+            if self._holding > self.budget:
+                self._end(sock, f"{len(inbox)} B of messages in flight, over {self._over()}")
+                return
             while len(inbox) >= HEADER.size:
                 kind, peer, request, channel, tag, size = HEADER.unpack_from(inbox)
                 if size > MESSAGE_LIMIT:
@@ -195,6 +205,7 @@ class Relay:
                     break
                 payload = bytes(inbox[HEADER.size : HEADER.size + size])
                 del inbox[: HEADER.size + size]
+                self._holding -= HEADER.size + size  # what a message keeps is counted again where it is kept
                 try:
                     why = self._message(sock, kind, peer, request, channel, tag, payload)
                 except Exception as error:  # noqa: BLE001 - a rank's bytes never end the relay's thread: that rank's connection instead
@@ -203,9 +214,13 @@ class Relay:
                     self._end(sock, why)
                     return
 
+    def _over(self) -> str:
+        return f"the relay's share of the driver's memory, {self.budget} B ({self._holding} B held)"
+
     def _end(self, sock: socket.socket, why: str | None) -> None:
         rank = self._rank_of.pop(sock, None)
-        self._inbox.pop(sock, None)
+        self._holding -= len(self._inbox.pop(sock, b"")) + len(self._outbox.get(rank, b""))
+        self._outbox.pop(rank, None)
         self._selector.unregister(sock)
         sock.close()
         if why and rank is not None:
@@ -232,10 +247,9 @@ class Relay:
         elif kind == SEND:
             if not (0 <= peer < self.size) or peer == rank:
                 return f"a message to rank {peer}, which is not a peer in a world of {self.size}"
-            if sum(len(held[-1]) for held in self._held[peer]) + len(payload) > HELD_LIMIT:
-                return f"over {HELD_LIMIT} B of messages to rank {peer} that it has not received"
             self._records[rank].append(self._record("send", rank, peer, tag, len(payload)))
             self._held[peer].append((rank, channel, tag, payload))
+            self._holding += len(payload)
             self._match(peer)
         elif kind == RECV:
             if len(payload) != 8 or not (peer == ANY or (0 <= peer < self.size and peer != rank)):
@@ -290,9 +304,11 @@ class Relay:
             return f"a collective of group {group}, which rank {rank} is not a member of"
         arrived = self._arrived.setdefault((COLLECTIVE, channel, tuple(group)), {})
         arrived.setdefault(rank, []).append((request, description, payload[4 + length :], self._phase[rank]))  # called in it
+        self._holding += len(payload) - 4 - length
         if not all(arrived.get(member) for member in group):
             return None
         calls = [arrived[member].pop(0) for member in group]
+        self._holding -= sum(len(data) for _, _, data, _ in calls)
         descriptions = [description for _, description, _, _ in calls]
         try:
             outputs = relay_collectives.compute(descriptions, [relay_collectives.tensors(d, data) for _, d, data, _ in calls])
@@ -317,6 +333,7 @@ class Relay:
             if found is None:
                 continue
             sender, _, _, payload = held.pop(found)
+            self._holding -= len(payload)
             asks.remove(ask)
             if len(payload) != size:
                 why = f"rank {sender} sent {len(payload)} B (tag {tag}), and this receive expects {size} B"
@@ -326,18 +343,25 @@ class Relay:
             self._reply(dst, DELIVER, sender, request, tag, payload)
 
     def _reply(self, rank: int, kind: int, peer: int, request: int, tag: int, payload: bytes) -> None:
-        if rank not in self._socket_of:
+        if rank not in self._socket_of or rank not in self._outbox:
+            return
+        if self._holding + len(payload) > self.budget:  # it does not read its answers: they would pile up here
+            self._end(
+                self._socket_of[rank], f"answers it has not read, {len(self._outbox[rank])} B, and {len(payload)} B more, over {self._over()}"
+            )
             return
         self._outbox[rank] += HEADER.pack(kind, peer, request, 0, tag, len(payload)) + payload
+        self._holding += HEADER.size + len(payload)
         self._flush(rank)
 
     def _flush(self, rank: int) -> None:
-        sock, outbox = self._socket_of.get(rank), self._outbox[rank]
-        if sock is None:
+        sock, outbox = self._socket_of.get(rank), self._outbox.get(rank)
+        if sock is None or outbox is None:
             return
         try:
             sent = sock.send(outbox)
             del outbox[:sent]
+            self._holding -= sent
         except BlockingIOError:
             pass
         except OSError as error:

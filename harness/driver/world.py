@@ -81,7 +81,7 @@ class World:
         self._pump: output_pipe.Pump | None = None  # drains the local ranks' output (harness/driver/output_pipe.py)
         self._reply_limit = wire.reply_limit(memory_cgroup.own_limit(), size)
         # a relay world's only transport, and the audit's evidence (harness/driver/relay.py)
-        self.relay = relay.Relay(size) if backend == "relay" else None
+        self.relay = relay.Relay(size, budget=min(relay.BUDGET, self._reply_limit * (size + 2))) if backend == "relay" else None
         if attach_server is not None:
             self._attach(attach_server, start_timeout_s)
         else:
