@@ -137,3 +137,16 @@ def decoder_spec(draw, tp: int, heads: int, kv_heads: int, by_tp: tuple) -> dict
         "layers": draw(st.integers(1, 2), label="layers"),
         "dtype": "float64",
     }
+
+
+def fixed_example(mesh: tuple, by_tp: tuple = (), model_kind: str = "decoder") -> Example:
+    """One small example of ``mesh``, the same on every run (the traffic test's: its bytes are a
+    function of the sizes, so one example says them): two layers, two steps of AdamW."""
+    tp = dict(mesh).get("tp", 1)
+    vocab = 2 * tp if "vocab" in by_tp else 8
+    if model_kind == torchtitan_llama.MODEL:
+        model = {"vocab": vocab, "heads": tp, "kv_heads": tp, "head_dim": 2, "ffn": 2 * tp, "layers": 2, "dtype": "float32"}
+    else:
+        model = {"vocab": vocab, "dim": 4, "heads": tp, "kv_heads": tp, "head_dim": 2, "ffn": 2 * tp, "layers": 2, "dtype": "float64"}
+    optimizer = {"name": "adamw", "lr": 0.01, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
+    return Example(mesh, model, model_kind, 1, 2 * tp if "seq" in by_tp else 4, 2, optimizer, "mean", 1, 2)

@@ -59,10 +59,21 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import parallelism_conformance.reference.parallelize as ref
+from parallelism_conformance.conformance import parallelize_traffic as traffic
 from parallelism_conformance.conformance.examples import Layout
-from parallelism_conformance.conformance.parallelize_draws import DIMS, DIVISIBLE, Example, describe_mesh, examples, mesh_choices, mesh_id
+from parallelism_conformance.conformance.parallelize_draws import (
+    DIMS,
+    DIVISIBLE,
+    Example,
+    describe_mesh,
+    examples,
+    fixed_example,
+    mesh_choices,
+    mesh_id,
+)
 from parallelism_conformance.conformance.parallelize_memory import judge_memory
 from parallelism_conformance.conformance.verdict import Judge, check_names, mismatch
+from parallelism_conformance.harness.driver.failures import TASK_FAILURES
 from parallelism_conformance.harness.driver.parallelize_matrix import Matrix
 from parallelism_conformance.harness.driver.plugin.state import STATE, backend_plan
 from parallelism_conformance.harness.rank import decoder_lm, parallelize_models
@@ -191,6 +202,51 @@ def test_the_plan_trains_step_by_step_as_one_process(data, mesh, pytestconfig, r
     require = pytestconfig.getoption("--require-bounds") == "yes"  # the user asks for the bound; auto and no report it
     ratio = judge_memory(judge, outputs, buffers, require, pytestconfig.stash[STATE].costs)
     record_property("memory_ratio", f"{ratio:.6g}")  # held / the placements' claim, the largest rank's, of the last example
+
+
+def test_the_plans_traffic_per_mesh_dimension_against_its_placements(mesh, pytestconfig, audited_pool, target, reproduce, record_property):
+    """One fixed example a mesh, run where the driver's relay carries every byte (harness/driver/
+    relay.py): each step's bytes along each mesh dimension, the data-parallel ones against what the
+    parameters' placements imply (conformance/parallelize_traffic.py). Its values are judged by the
+    test above; a plan that fails on the ranks here is skipped, naming it, and fails there."""
+    if mesh is None:  # no function, or one that cannot be graded: the test above is the one failure that says why
+        pytest.skip("no mesh to measure: test_the_plan_trains_step_by_step_as_one_process says why")
+    spec, function, _ = declared(pytestconfig)
+    if not audited_pool.relay:
+        pytest.skip(f"{target.impl} is a library's adapter, whose audited worlds run on gloo: the traffic is measured through the relay")
+    form, model_kind = form_and_model(spec, function)
+    example = fixed_example(mesh, divisible_by_tp(spec, function), model_kind)
+    batch = decoder_lm.make_tokens(example.model, example.dp * example.per_replica, example.seq, example.data_seed, 0.0)
+    inputs, targets = torch.tensor_split(batch["inputs"], example.dp), torch.tensor_split(batch["targets"], example.dp)
+    common = {
+        **{"function": spec, "base": os.getcwd(), "mesh": [[name, size] for name, size in example.mesh], "model": example.model},
+        **{"seed": example.seed, "optimizer": example.optimizer, "steps": example.steps, "form": form, "model_kind": model_kind},
+        "scale": 1 / int(batch["targets"].numel()) if form == FORM else None,
+    }
+    per_rank = [
+        {**common, "inputs": inputs[example.data_index(r)], "targets": targets[example.data_index(r)]} for r in range(example.world_size)
+    ]
+    try:
+        result = audited_pool.run(example.world_size, f"parallelism_conformance.harness.rank.programs.{PROGRAM}", per_rank, impl=target.impl)
+    except TASK_FAILURES as failure:
+        pytest.skip(
+            f"the plan failed on the ranks ({str(failure).splitlines()[0][:200]}): test_the_plan_trains_step_by_step_as_one_process says why"
+        )
+    params = result.outputs[0].get("memory", {}).get("params")
+    if params is None:
+        pytest.skip("the plan returned another model, untrained here: test_the_plan_trains_step_by_step_as_one_process says so")
+    ratio, shown, finding = traffic.findings(result.relayed.records, params, example.sizes, example.steps)
+    record_property("traffic", traffic.describe(shown, example.steps))
+    record_property("traffic_ratio", f"{ratio:.6g}")
+    where = f"{example}; reproduce: {reproduce} --parallelize {spec}"
+    if finding is not None and pytestconfig.getoption("--require-bounds") == "yes":
+        pytest.fail(
+            f"costs more than the placements imply (--require-bounds): {finding} ({traffic.describe(shown, example.steps)})\n  example: {where}",
+            pytrace=False,
+        )
+    costs = pytestconfig.stash[STATE].costs
+    if finding is not None:
+        costs.append(f"costs more ({example}): {finding}")
 
 
 class StepJudge:

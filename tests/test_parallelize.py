@@ -107,7 +107,7 @@ def test_the_matrix_has_a_test_per_declared_mesh_and_skips_the_others_saying_why
     ids = sorted(line.split("[")[1].rstrip("]") for line in listed.splitlines() if "one_process[" in line)
     assert ids == ["dp_replicate1-dp_shard1-tp2", "dp_replicate2-dp_shard1-tp1", "dp_shard1", "dp_shard2"], listed[-3000:]
     skipped = run("-rs", "-k", "tp2 or dp_replicate2").stdout
-    assert skipped.strip().splitlines()[-1].startswith("2 skipped, 2 deselected"), skipped[-3000:]
+    assert skipped.strip().splitlines()[-1].startswith("4 skipped, 4 deselected"), skipped[-3000:]  # each mesh: values and traffic
     assert "dp_replicate=2 x dp_shard=1 x tp=1 needs dp_replicate, which parallelize_examples/good.py:fsdp does not declare" in skipped
     assert "dp_replicate=1 x dp_shard=1 x tp=2 needs tp, which" in skipped, skipped[-3000:]
 
@@ -278,3 +278,55 @@ def test_a_plan_keeping_a_full_copy_costs_more_with_its_ratio_and_fails_under_re
     assert strict.returncode == 1 and "1 failed" in strict.stdout, strict.stdout[-4000:]
     assert "costs more than the placements claim (--require-bounds): memory: rank 0 holds 368 B" in strict.stdout, strict.stdout[-4000:]
     assert "FAIL: costs more: memory 1.1x, rank 0 (buffer 'output_weight_copy')" in strict.stdout, strict.stdout[-4000:]
+
+
+def test_the_traffic_is_keyed_by_the_mesh_dimensions_its_group_spans_and_bounded_by_the_placements():
+    """conformance/parallelize_traffic.py in this process: groups keyed by the coordinates that differ
+    (row-major over dp_replicate, dp_shard, tp), integers not charged, and the placements' bound:
+    an FSDP parameter's two all-gathers and one reduce-scatter along dp_shard, a replicated one's
+    all-reduce along every data-parallel key."""
+    from parallelism_conformance.conformance import parallelize_traffic as traffic
+
+    sizes = {"dp_replicate": 2, "dp_shard": 2, "tp": 2}
+    assert traffic.key_of(0, [0, 2], sizes) == "dp_shard" and traffic.key_of(5, [1, 5], sizes) == "dp_replicate"
+    assert traffic.key_of(0, [0, 2, 4, 6], sizes) == "dp_replicate+dp_shard" and traffic.key_of(3, [2, 3], sizes) == "tp"
+    record = lambda op, group, numel, dtype="float64", phase="backward": {
+        **{"op": op, "group": group, "peer": None, "rank": 0, "dtype": dtype, "itemsize": 8, "numel": numel, "bytes": 8 * numel},
+        **{"out_numel": 0, "out_bytes": 0, "root": None, "reduce_op": "SUM", "splits": None, "tag": None, "phase": phase},
+    }
+    carried = traffic.traffic(
+        {0: [record("allreduce", [0, 4], 6), record("allreduce", [0, 4], 6, "int32"), record("allreduce", [0, 4], 6, phase="harness")]},
+        sizes,
+    )
+    assert carried == {0: {"dp_replicate": 48}}  # 2 (n-1)/n of 6 float64; the integers and the harness's gathers not charged
+    params = {
+        "fsdp": {"shape": [8, 4], "itemsize": 8, "placements": {"dp_shard": "Shard(dim=0)"}, "sizes": {"dp_shard": 2}},
+        "plain": {"shape": [3], "itemsize": 8, "placements": {}, "sizes": {}},
+    }
+    bounds = traffic.implied(params, {"dp_replicate": 1, "dp_shard": 2, "tp": 1})
+    # fsdp: 2 x all-gather of 32 elements (16 sent each) + a reduce-scatter of 32 (16 sent): 48 x 8 B; plain: all-reduce of 3 over 2 (4 sent)
+    assert bounds == {"dp_shard": 48 * 8 + 4 * 8}, bounds
+
+
+def test_a_plan_gathering_whole_weights_to_log_them_costs_more_traffic_and_torchs_ddp_does_not(suite_runner, tmp_path):
+    """parallelize_examples/costly.py: FSDP2 whose forward pre-hook takes every weight's norm on the
+    whole weight (an all-gather a parameter a step beyond FSDP's): right values, its traffic along
+    dp_shard 1.22x what the placements imply, a failure only under --require-bounds yes; torch's DDP
+    (good.py's ddp) exactly at its bound, 1.0x (its bucket order, integers, not charged)."""
+
+    def traffic_of(spec: str, mesh: str, *args: str):
+        report = tmp_path / f"{mesh}.xml"
+        result = suite_runner.run(
+            *("conformance/test_parallelize.py", "-q", "-p", "no:cacheprovider", "--parallelize", f"parallelize_examples/{spec}"),
+            *("--max-world-size", "4", "--hypothesis-profile=smoke", "-k", f"traffic and [{mesh}]", f"--junitxml={report}", *args),
+        )
+        return result, report.read_text() if report.exists() else ""
+
+    result, text = traffic_of("costly.py:fsdp_logging_full_weight_norms", "dp_shard2")
+    assert result.returncode == 0 and "1 passed" in result.stdout, result.stdout[-4000:]
+    assert 'name="traffic_ratio" value="1.21769"' in text and "dp_shard: 2864 B per step" in text, text[-3000:]
+    assert "traffic: dp_shard: 2864 B (1.22x the placements')" in result.stdout, result.stdout[-4000:]  # its matrix line
+    strict, _ = traffic_of("costly.py:fsdp_logging_full_weight_norms", "dp_shard2", "--require-bounds", "yes")
+    assert strict.returncode == 1 and "traffic: rank 0 sent 5728 B along dp_shard in 2 step(s), 1.22x" in strict.stdout, strict.stdout[-4000:]
+    ddp, text = traffic_of("good.py:ddp", "dp_replicate2")
+    assert ddp.returncode == 0 and 'name="traffic_ratio" value="1"' in text and "costs more" not in ddp.stdout, ddp.stdout[-4000:]

@@ -12,7 +12,9 @@ the rank's error for a plan that raised, ``skipped`` with the dimension the func
 declare, or ``not run`` (deselected, or the run stopped first). A mesh whose values pass but whose
 ranks hold more than their placements claim (conformance/parallelize_memory.py) reads ``costs more:
 memory 1.5x, rank 0 (buffer 'copy')``: a pass, its ratio said (``FAIL: costs more ...`` under
---require-bounds yes)."""
+--require-bounds yes). Beside each verdict, the mesh's traffic per step along each dimension (the
+largest rank's, as the driver's relay carried it) and its ratio to what the placements imply
+(conformance/parallelize_traffic.py), from the traffic test's report."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 TEST = "test_the_plan_trains_step_by_step_as_one_process"
+TRAFFIC_TEST = "test_the_plans_traffic_per_mesh_dimension_against_its_placements"  # its column: bytes per step
 # the judge's failure (conformance/test_parallelize.py, StepJudge.check): step, rank, what, whose
 STEP = re.compile(r"AssertionError: step (\d+), rank (\d+): (.+?) of ('[^']+'|the loss)")
 VALUES = re.compile(r"expected (\S+), got (\S+?),")
@@ -71,8 +74,19 @@ class Matrix:
     meshes: dict
     path: str | None = None
     verdicts: dict = field(default_factory=dict)
+    traffic: dict = field(default_factory=dict)
 
     def pytest_runtest_logreport(self, report):
+        if f"{TRAFFIC_TEST}[" in report.nodeid and report.when == "call":
+            mesh, said = report.nodeid.rsplit("[", 1)[1].rstrip("]"), dict(report.user_properties)
+            if report.failed:
+                self.traffic[mesh] = "FAIL: " + report.longreprtext.strip().splitlines()[-1][:160]
+            elif "traffic" in said:
+                shown, ratio = said["traffic"].removesuffix(" per step (the largest rank's)"), float(said["traffic_ratio"])
+                self.traffic[mesh] = shown + (f" ({ratio:.2f}x the placements')" if ratio else "")
+                if ratio > 1 and self.verdicts.get(mesh) == "pass":  # right values, more bytes than the placements imply
+                    self.verdicts[mesh] = f"costs more: traffic {ratio:.2f}x the placements'"
+            return
         if f"{TEST}[" not in report.nodeid:
             return
         mesh = report.nodeid.rsplit("[", 1)[1].rstrip("]")
@@ -86,42 +100,47 @@ class Matrix:
 
     def rows(self) -> list[tuple[int, tuple, str]]:
         """(world size, ((dim, size), ...), verdict), by world, then in collection order."""
+        return [row[:3] for row in self.rows_with_traffic()]
+
+    def rows_with_traffic(self) -> list[tuple[int, tuple, str, str]]:
+        """rows(), each with the mesh's traffic per step ('' where not measured)."""
         rows = []
         for mesh_id, (mesh, why) in self.meshes.items():
             world = 1
             for _, size in mesh:
                 world *= size
             verdict = self.verdicts.get(mesh_id, "not run")
-            rows.append((world, mesh, f"skipped: {why}" if why else verdict))  # undeclared: skipped, deselected too
+            rows.append((world, mesh, f"skipped: {why}" if why else verdict, self.traffic.get(mesh_id, "")))  # undeclared: skipped
         return sorted(rows, key=lambda row: row[0])
 
     def markdown(self, png_note: str = "") -> str:
-        rows = self.rows()
+        rows = self.rows_with_traffic()
         dims = [name for name, _ in rows[0][1]] if rows else []
         lines = [
             f"# Parity matrix: `{self.spec}`",
             "",
             "Each mesh factorisation against one process (conformance/test_parallelize.py).",
             "",
-            "| world | " + " | ".join(dims) + " | verdict |",
-            "|---:|" + "---:|" * len(dims) + "---|",
+            "| world | " + " | ".join(dims) + " | verdict | traffic per step (the largest rank's) |",
+            "|---:|" + "---:|" * len(dims) + "---|---|",
         ]
-        for world, mesh, verdict in rows:
-            lines.append(f"| {world} | " + " | ".join(str(size) for _, size in mesh) + f" | {verdict.replace('|', '/')} |")
-        costly = sum(verdict.startswith("costs more") for *_, verdict in rows)
-        passed = sum(verdict == "pass" for *_, verdict in rows) + costly  # right values: a pass, its cost said
-        failed = sum(verdict.startswith("FAIL") for *_, verdict in rows)
-        also = f" ({costly} of them costing more memory than the placements claim)" if costly else ""
+        for world, mesh, verdict, traffic in rows:
+            sizes = " | ".join(str(size) for _, size in mesh)
+            lines.append(f"| {world} | {sizes} | {verdict.replace('|', '/')} | {traffic.replace('|', '/')} |")
+        costly = sum(verdict.startswith("costs more") for _, _, verdict, _ in rows)
+        passed = sum(verdict == "pass" for _, _, verdict, _ in rows) + costly  # right values: a pass, its cost said
+        failed = sum(verdict.startswith("FAIL") for _, _, verdict, _ in rows)
+        also = f" ({costly} of them costing more memory or traffic than the placements claim)" if costly else ""
         lines += ["", f"{passed} pass{also}, {failed} fail, {len(rows) - passed - failed} skipped or not run." + png_note, ""]
         return "\n".join(lines)
 
     def pytest_terminal_summary(self, terminalreporter):
-        if not self.verdicts:
+        if not self.verdicts and not self.traffic:
             return
         terminalreporter.section(f"the parity matrix of {self.spec}")
-        for world, mesh, verdict in self.rows():
+        for world, mesh, verdict, traffic in self.rows_with_traffic():
             label = " x ".join(f"{name}={size}" for name, size in mesh)
-            terminalreporter.write_line(f"world {world}  {label:<40} {verdict}")
+            terminalreporter.write_line(f"world {world}  {label:<40} {verdict}" + (f"; traffic: {traffic}" if traffic else ""))
         if self.path:
             png_note = write(self, Path(self.path))
             terminalreporter.write_line(f"written: {self.path}.{png_note}")

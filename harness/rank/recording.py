@@ -69,6 +69,11 @@ def mark(phase: str) -> None:
     _phase = phase
 
 
+def phase() -> str | None:
+    """The label mark() set last."""
+    return _phase
+
+
 def stop() -> list[dict]:
     """Stop recording; return what was recorded since start(), in call order."""
     global _records

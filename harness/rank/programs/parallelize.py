@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from parallelism_conformance.harness.rank import models, parallelize_models, torchtitan_form
+from parallelism_conformance.harness.rank import models, parallelize_models, recording, torchtitan_form
 from parallelism_conformance.harness.rank.context import RankContext
 from parallelism_conformance.harness.rank.loader import load_implementation
 
@@ -123,7 +123,10 @@ def _record_forward(model: nn.Module, record: list) -> list:
         def run(module, args, output):
             first = output[0] if isinstance(output, (tuple, list)) and output else output
             if isinstance(first, torch.Tensor):
+                phase = recording.phase()
+                recording.mark("harness")  # a sharded output gathered for the report: not the plan's traffic
                 record.append([plain_name(path) or "(root)", whole(first)])
+                recording.mark(phase)
 
         return run
 
@@ -162,6 +165,7 @@ def parallelize_steps(
         called = f"{function}(model, parallel_dims, job_config)"
     else:
         args, called = (ctx.device_mesh(mesh),), f"{function}(model, mesh)"  # made once per world (RankContext.device_mesh says why)
+    recording.mark("plan")  # labels for the traffic per mesh dimension (conformance/parallelize_traffic.py)
     try:
         trained = parallelize(dense, *args)
     except Exception as error:  # the plan's own error (a mesh it cannot take): said so, then the rank's traceback
@@ -170,6 +174,7 @@ def parallelize_steps(
     if not isinstance(trained, nn.Module):
         raise TypeError(f"{function} returned {type(trained).__name__}, not the model (an nn.Module)")
     named = {plain_name(name): p for name, p in trained.named_parameters()}
+    recording.mark("harness")  # the harness's own gathers: not the plan's traffic
     out = {
         "initial": {name: whole(p) for name, p in named.items()},
         "placements": {name: placements(p) for name, p in named.items()},
@@ -185,16 +190,22 @@ def parallelize_steps(
     for step in range(steps):
         hooks = _record_forward(trained, out["forward"]) if step == 0 else []
         opt.zero_grad(set_to_none=True)
+        recording.mark("forward")
         logits = trained(x)
         for handle in hooks:
             handle.remove()
+        recording.mark("harness")  # the logits gathered whole for the loss, which the harness owns
         logits = logits.full_tensor() if hasattr(logits, "full_tensor") else logits
         flat, labels = logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
         loss = F.cross_entropy(flat, labels) if scale is None else F.cross_entropy(flat, labels, reduction="sum") * scale
+        recording.mark("backward")
         loss.backward()
+        recording.mark("harness")
         out["losses"].append(whole(loss))
         out["grads"].append({name: whole(p.grad) for name, p in named.items()})
+        recording.mark("step")
         opt.step()
+        recording.mark("harness")
         out["params"].append({name: whole(p) for name, p in named.items()})
         if step == 0:
             out["memory"] = held(trained, opt)
