@@ -330,3 +330,19 @@ def test_a_plan_gathering_whole_weights_to_log_them_costs_more_traffic_and_torch
     assert strict.returncode == 1 and "traffic: rank 0 sent 5728 B along dp_shard in 2 step(s), 1.22x" in strict.stdout, strict.stdout[-4000:]
     ddp, text = traffic_of("good.py:ddp", "dp_replicate2")
     assert ddp.returncode == 0 and 'name="traffic_ratio" value="1"' in text and "costs more" not in ddp.stdout, ddp.stdout[-4000:]
+
+
+def test_the_matrix_names_the_smallest_failing_mesh():
+    """Hypothesis shrinks within a mesh's test; across meshes, the matrix names the failing mesh of
+    the fewest ranks (harness/driver/parallelize_matrix.py), in its summary and its markdown."""
+    from parallelism_conformance.harness.driver.parallelize_matrix import Matrix
+
+    meshes = {
+        "dp_shard1": ((("dp_shard", 1),), ""),
+        "dp_shard4": ((("dp_shard", 4),), ""),
+        "dp_shard2": ((("dp_shard", 2),), ""),
+    }
+    matrix = Matrix("plan.py:f", meshes, verdicts={"dp_shard1": "pass", "dp_shard4": "FAIL at step 2: x", "dp_shard2": "FAIL at step 1: y"})
+    assert matrix.smallest_failing() == "world 2, dp_shard=2: FAIL at step 1: y"
+    assert "The smallest failing mesh: world 2, dp_shard=2: FAIL at step 1: y." in matrix.markdown()
+    assert Matrix("plan.py:f", meshes, verdicts={"dp_shard1": "pass"}).smallest_failing() is None

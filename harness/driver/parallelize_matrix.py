@@ -113,6 +113,17 @@ class Matrix:
             rows.append((world, mesh, f"skipped: {why}" if why else verdict, self.traffic.get(mesh_id, "")))  # undeclared: skipped
         return sorted(rows, key=lambda row: row[0])
 
+    def smallest_failing(self) -> str | None:
+        """'world 2, dp_shard=2: FAIL at step 1 ...': the failing mesh of the fewest ranks (the first
+        collected among equals), where Hypothesis's shrinking within each mesh's test ends; None
+        where none failed."""
+        failed = [(world, mesh, verdict) for world, mesh, verdict in self.rows() if verdict.startswith("FAIL")]
+        if not failed:
+            return None
+        world, mesh, verdict = failed[0]
+        label = " x ".join(f"{name}={size}" for name, size in mesh if size > 1) or "one rank"
+        return f"world {world}, {label}: {verdict}"
+
     def markdown(self, png_note: str = "") -> str:
         rows = self.rows_with_traffic()
         dims = [name for name, _ in rows[0][1]] if rows else []
@@ -132,6 +143,9 @@ class Matrix:
         failed = sum(verdict.startswith("FAIL") for _, _, verdict, _ in rows)
         also = f" ({costly} of them costing more memory or traffic than the placements claim)" if costly else ""
         lines += ["", f"{passed} pass{also}, {failed} fail, {len(rows) - passed - failed} skipped or not run." + png_note, ""]
+        smallest = self.smallest_failing()
+        if smallest:
+            lines += [f"The smallest failing mesh: {smallest}.", ""]
         return "\n".join(lines)
 
     def pytest_terminal_summary(self, terminalreporter):
@@ -141,6 +155,9 @@ class Matrix:
         for world, mesh, verdict, traffic in self.rows_with_traffic():
             label = " x ".join(f"{name}={size}" for name, size in mesh)
             terminalreporter.write_line(f"world {world}  {label:<40} {verdict}" + (f"; traffic: {traffic}" if traffic else ""))
+        smallest = self.smallest_failing()
+        if smallest:
+            terminalreporter.write_line(f"the smallest failing mesh: {smallest}")
         if self.path:
             png_note = write(self, Path(self.path))
             terminalreporter.write_line(f"written: {self.path}.{png_note}")
