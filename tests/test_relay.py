@@ -183,13 +183,23 @@ def test_a_message_over_the_limit_ends_the_connection_and_says_so(world, monkeyp
     assert taken.broken and "a message of 65 B, over the relay's limit of 64 B" in taken.broken[0]
 
 
-def test_what_the_relay_holds_stays_within_its_share_of_the_memory():
+@pytest.mark.parametrize("at_once", [False, True])
+def test_what_the_relay_holds_stays_within_its_share_of_the_memory(at_once):
+    """Three messages of 40 B to a rank that never receives them, against a budget of 100 B: the
+    connection ends, named, whether they arrive one by one or with the hello in one read (as a
+    loaded machine delivers them)."""
     relay = Relay(2, budget=100)
     try:
-        connections = [Connection(relay.join_info(rank)[:2], relay.join_info(rank)[2]) for rank in range(2)]
-        zero = RelayBackend(connections[0], [0, 1])
-        for _ in range(3):  # rank 1 never receives: the third message would hold 120 B
-            zero.send([torch.zeros(10)], 1, 0)
+        Connection(relay.join_info(1)[:2], relay.join_info(1)[2])
+        host, port, token = relay.join_info(0)
+        messages = [HEADER.pack(SEND, 1, 0, 0, 0, 40) + bytes(40) for _ in range(3)]
+        if at_once:
+            raw = socket.create_connection((host, port))
+            raw.sendall(HEADER.pack(HELLO, 0, 0, 0, 0, len(token)) + token + b"".join(messages))
+        else:
+            zero = RelayBackend(Connection((host, port), token), [0, 1])
+            for _ in range(3):
+                zero.send([torch.zeros(10)], 1, 0)
         taken = relay.take()
         assert len(taken.broken) == 1 and "the relay ended rank 0's connection" in taken.broken[0], taken.broken
         assert "over the relay's share of the driver's memory, 100 B" in taken.broken[0]

@@ -187,15 +187,9 @@ class Relay:
             if not data:
                 self._end(sock, None)
                 return
-            rank = self._rank_of[sock]
-            if rank is not None:
-                self._read[rank] += len(data)
             inbox = self._inbox[sock]
             inbox += data
             self._holding += len(data)
-            if self._holding > self.budget:
-                self._end(sock, f"{len(inbox)} B of messages in flight, over {self._over()}")
-                return
             while len(inbox) >= HEADER.size:
                 kind, peer, request, channel, tag, size = HEADER.unpack_from(inbox)
                 if size > MESSAGE_LIMIT:
@@ -213,6 +207,13 @@ class Relay:
                 if why:
                     self._end(sock, why)
                     return
+                if kind != HELLO:  # what the rank sent during tasks, counted by the message (its hello may share a read)
+                    self._read[self._rank_of[sock]] += HEADER.size + size
+            # checked once what arrived is parsed (a message fully read is counted where it is kept): at
+            # most one read of 1 MiB above the budget, whatever the messages' sizes and how they arrive
+            if self._holding > self.budget:
+                self._end(sock, f"{len(inbox)} B of a message in flight, and {self._holding} B held in all, over {self._over()}")
+                return
 
     def _over(self) -> str:
         return f"the relay's share of the driver's memory, {self.budget} B ({self._holding} B held)"
