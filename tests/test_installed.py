@@ -119,7 +119,7 @@ def test_a_teams_parallelize_function_runs_through_the_installed_command(install
     command = [installed / "parallelism-conformance", "--parallelize", "mine:parallelize", "--max-world-size", "2"]
     done = _run([*command, "--hypothesis-profile=smoke", "-rs"], tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "2 passed, 2 skipped" in done.stdout and "capabilities: 1 pass" in done.stdout, done.stdout[-3000:]
+    assert "4 passed, 4 skipped" in done.stdout and "capabilities: 1 pass" in done.stdout, done.stdout[-3000:]  # values and traffic, each mesh
     assert "world 2  dp_replicate=1 x dp_shard=2 x tp=1" in done.stdout and "needs tp, which mine:parallelize does not declare" in done.stdout
     shipped = "from parallelism_conformance.parallelize_examples import good, bad; print(good.fsdp_tp.mesh_dims)"
     assert "('dp_shard', 'tp')" in _run([installed / "python", "-c", shipped], tmp_path).stdout

@@ -211,7 +211,7 @@ def test_the_mutation_runner_grades_each_parallelize_mutant_through_the_option()
     for mutant in ours:
         assert mutant.test_file == "conformance/test_parallelize.py" and mutant.impl_and_env() == ("parallelism_conformance.impls", None)
         spec = f"mutants/parallelize/{mutant.path.name}:parallelize"
-        assert mutant.graded_args() == ["--parallelize", spec, "--capability", "parallelize"]
+        assert mutant.graded_args() == ["--parallelize", spec, "--capability", "parallelize", "-k", "step_by_step"]
         assert suite.declared(Config(spec))[1].__name__ in ("parallelize", mutant.path.stem)
 
 
