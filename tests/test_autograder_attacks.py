@@ -17,7 +17,9 @@ model):
    into its allow list; any other fails with EPERM, named in the test's failure;
 8. evidence from outside the rank (issue 58, item 1): the audit decides on what the driver's relay
    carried between the ranks, and on the kernel's count of what each wrote, never on the rank's
-   own records.
+   own records;
+9. speed buys no examples (issue 58, item 4): every drawn test covers its strata first, and a test
+   too slow to cover them in its share of the time budget fails on time, naming those left.
 
 Classes 1, 3 (descriptors), 4 (replies) and 5 share one grading run of one hostile submission
 (tests/fixtures/grade_never_earned_impl.py), each checked by a test of its own.
@@ -290,3 +292,27 @@ def test_class_8_what_a_rank_records_is_evidence_of_nothing():
     assert "forged records: done" in attempts, attempts
     assert outcome.returncode == 1 and "1 failed" in said and "ranks contained" in said, said[-3000:]
     assert "backend collective call(s) (allgather_into_tensor x1)" in said, said[-3000:]
+
+
+@needs_emulation
+@needs_readable_python
+def test_class_9_speed_buys_no_examples(tmp_path):
+    """Class 9 (issue 58, item 4): under a time budget a test stopped drawing at its share (never
+    before 10 examples) and the derandomized order is public, so a wrong implementation slow enough
+    to spend its share before its bug's example kept its points. Every drawn test now covers its
+    strata first, whatever the speed: a broadcast right in every value that sleeps 2.5 s a call
+    (tests/fixtures/slow_broadcast_impl.py), graded with a 16 s budget, fails test_broadcast on time,
+    naming the strata it did not cover (8 strata at 2.5 s outlast the whole budget), scored 0."""
+    report = tmp_path / "out"
+    outcome = suite_in_container(
+        str(SYSTEM_PYTHON),
+        str(_FIXTURES / "slow_broadcast_impl.py"),
+        *("--time-budget", "16", "--report-dir", str(report)),
+        selected="test_broadcast",
+    )
+    assert outcome.returncode == 1 and "ranks contained" in outcome.stdout, outcome.stdout[-3000:] + outcome.stderr[-2000:]
+    tests = {test["name"]: test for test in json.loads((report / "results.json").read_text())["tests"]}
+    broadcast = tests["test_broadcast"]
+    assert broadcast["status"] == "failed" and broadcast["score"] == 0, broadcast
+    assert "too slow to cover its strata: covered " in broadcast["output"] and " of 8 strata in its " in broadcast["output"], broadcast
+    assert "not covered: " in broadcast["output"] and "dtype=uint8" in broadcast["output"], broadcast  # the last stratum, never reached

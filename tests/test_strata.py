@@ -90,17 +90,7 @@ def broadcast_under_budget(suite_runner, tmp_path):
     return run
 
 
-def test_a_slow_implementation_fails_on_time_naming_the_strata_it_did_not_cover(broadcast_under_budget):
-    # one test, a budget of 16 s: a share of at most 8 s less the session's start (the backend's probe,
-    # the first world), and 8 strata (a dtype each) at 2.5 s or more each: 20 s, more than the whole budget,
-    # so the strata are never all covered however the load shifts the share (at 1 s each, a fresh-clone
-    # run once covered all 8 and ran out of budget in the draws after them)
-    result, tests = broadcast_under_budget("tests/fixtures/slow_broadcast_impl.py", 16)
-    assert result.returncode == 1, result.stdout[-3000:]
-    output = tests["test_broadcast"]["output"]
-    assert tests["test_broadcast"]["status"] == "failed", tests
-    assert "too slow to cover its strata: covered " in output and " of 8 strata in its " in output, output
-    assert "not covered: " in output and "dtype=uint8" in output, output  # the last stratum, never reached
+# the slow implementation's test is tests/test_autograder_attacks.py's class 9: graded in the emulated container
 
 
 def test_a_fast_implementation_covers_its_strata_and_passes(broadcast_under_budget):
