@@ -78,6 +78,16 @@ def hostile(installed):
     shutil.rmtree(base, ignore_errors=True)
 
 
+def _attempts_log(prefix: str) -> tuple[Path, Path]:
+    """(a folder of root's, a log in it that a contained rank may append to): what a fixture tried."""
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+    os.chmod(base, 0o755)
+    log = base / "attempts.log"
+    log.touch()
+    os.chmod(log, 0o666)
+    return base, log
+
+
 def _tests(results: dict, prefix: str) -> list[dict]:
     return [test for test in results["tests"] if test["name"].startswith(prefix)]
 
@@ -118,11 +128,7 @@ def test_class_2_traffic_around_the_recorder_is_counted_or_refused(how):
     (tests/fixtures/hidden_traffic_impl.py): its output inflated to be credited (the measured attack:
     ftruncate), its tensor sent through the store's socket with send (measured), or in UDP datagrams
     (a new way of the class). Each is counted or refused, and the audit's test fails."""
-    base = Path(tempfile.mkdtemp(prefix="conformance-hidden-"))
-    os.chmod(base, 0o755)
-    log = base / "attempts.log"
-    log.touch()
-    os.chmod(log, 0o666)
+    base, log = _attempts_log("conformance-hidden-")
     outcome = suite_in_container(
         str(SYSTEM_PYTHON),
         str(_FIXTURES / "hidden_traffic_impl.py"),
@@ -274,11 +280,7 @@ def test_class_8_what_a_rank_records_is_evidence_of_nothing():
     tests/test_containment.py's: the kernel's count of what the rank wrote exceeds what the relay
     carried."""
     how = "backend"
-    base = Path(tempfile.mkdtemp(prefix="conformance-forged-"))
-    os.chmod(base, 0o755)
-    log = base / "attempts.log"
-    log.touch()
-    os.chmod(log, 0o666)
+    base, log = _attempts_log("conformance-forged-")
     outcome = suite_in_container(
         str(SYSTEM_PYTHON),
         str(_FIXTURES / "forged_records_impl.py"),

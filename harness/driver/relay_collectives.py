@@ -1,7 +1,8 @@
 """The backend collectives of a relay world, computed by the relay (harness/driver/relay.py) from
 every member's inputs, in the driver, where no rank reaches. The formulas are torch.distributed's
-documented semantics, the same as reference/collectives.py's; reductions run in group-rank order, so
-that every member gets the same bits.
+documented semantics; a reduction is the oracle's own (reference/collectives.py: ``reduce_values``,
+floating point summed in float64 in group-rank order and cast once), so every member gets the same
+bits.
 
 A call is described by its member (harness/rank/relay_transport.py: RelayBackend) as JSON: ``op``,
 ``group`` (global ranks), ``dtype``, ``inputs`` and ``outputs`` (element counts of its tensors, in
@@ -12,22 +13,13 @@ abort), naming the members."""
 
 from __future__ import annotations
 
-import functools
-
 import torch
+
+from parallelism_conformance.reference.collectives import reduce_values
 
 DTYPES = {
     name: getattr(torch, name)
     for name in ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool", "complex64", "complex128")
-}
-REDUCTIONS = {
-    "SUM": torch.add,
-    "PRODUCT": torch.mul,
-    "MIN": torch.minimum,
-    "MAX": torch.maximum,
-    "BAND": torch.bitwise_and,
-    "BOR": torch.bitwise_or,
-    "BXOR": torch.bitwise_xor,
 }
 OPS = (
     "allreduce",
@@ -121,12 +113,10 @@ def _same_sizes(calls: list[dict], key: str) -> None:
 
 
 def _reduce(call: dict, flat: list[torch.Tensor]) -> torch.Tensor:
-    name = call["reduce"]
-    if name == "AVG" and flat[0].is_floating_point():
-        return functools.reduce(torch.add, flat) / len(flat)
-    if name not in REDUCTIONS:
-        raise Refused(f"the relay computes no reduction {name!r} of {call['dtype']}")
-    return functools.reduce(REDUCTIONS[name], flat)
+    try:
+        return reduce_values(flat, call["reduce"])
+    except (ValueError, KeyError):  # an op that does not apply to the dtype, or none the oracle knows (PREMUL_SUM)
+        raise Refused(f"the relay computes no reduction {call['reduce']!r} of {call['dtype']}") from None
 
 
 def records(calls: list[dict], phases: list) -> list[dict]:
