@@ -98,7 +98,11 @@ def test_grading_tier(request, tier_row, figures):
         adapters = "adapters_heavy.py" if submission == "cs336 heavy" else "adapters_newer.py"
         graded = trial.grade(request.getfixturevalue("installed_cs336"), trial.cs336_repository(adapters), limits)
     else:
-        graded = trial.grade(request.getfixturevalue("installed"), {"student_impl.py": SUBMISSIONS[submission]}, limits, env=chatter)
+        # the bundled implementations stand in for a student's own: reported as bundled code, not scored 0 (issue 58, item 3)
+        settings = {"bundled_code": "report"} if submission == "correct" else None
+        graded = trial.grade(
+            request.getfixturevalue("installed"), {"student_impl.py": SUBMISSIONS[submission]}, limits, env=chatter, settings=settings
+        )
     results, outcome = graded.results, graded.outcome
     tests = results["tests"]
     skipped = [t for t in tests if t.get("output", "").startswith("skipped, not counted")]  # 0 of 0 points
