@@ -7,7 +7,7 @@ import pytest
 
 from parallelism_conformance.conformance.examples import Layout
 from parallelism_conformance.conformance.verdict import Judge, adapter_cannot
-from parallelism_conformance.harness.driver import audit, relay
+from parallelism_conformance.harness.driver import audit, relay_verdicts
 from parallelism_conformance.harness.driver.failures import TASK_FAILURES, ImplementationIncomplete
 from parallelism_conformance.harness.driver.plugin.options import claimed
 from parallelism_conformance.harness.driver.pool import WorldPool
@@ -64,7 +64,7 @@ class Audited:
         written = dict(enumerate(result.bytes_written))
         if result.relayed is not None:  # a relay world: what the driver carried is the evidence, the ranks' records are not
             records = result.relayed.records
-            accounted = relay.accounted(result.relayed, written, audit.FIXED)
+            accounted = relay_verdicts.accounted(result.relayed, written, audit.FIXED)
         else:
             records = dict(enumerate(result.records))
             accounted = audit.accounted(records, written)

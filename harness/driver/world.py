@@ -23,7 +23,7 @@ import socket
 import time
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 
-from parallelism_conformance.harness.driver import deadlock, disagreement, memory_cgroup, output_pipe, relay, stray_messages
+from parallelism_conformance.harness.driver import deadlock, disagreement, memory_cgroup, output_pipe, relay, relay_verdicts, stray_messages
 from parallelism_conformance.harness.driver.failures import RankFailure, RankReport, RanksCrashed, WorldStartError, task_failure
 from parallelism_conformance.harness.driver.io_counters import IoCounters
 from parallelism_conformance.harness.driver.rank_handle import RankHandle, dump_stacks
@@ -226,7 +226,7 @@ class World:
         if self.backend == "gloo" and self.size > 1 and impl != "torch.distributed":
             stray_messages.check(self, program, impl, timeout_s, grace_s)
         if result.relayed is not None:
-            relay.check_strays(self, program, result.relayed)
+            relay_verdicts.check_strays(self, program, result.relayed)
         return result
 
     def _run(self, program: str, args_per_rank: list[dict], *, impl: str, timeout_s: float, grace_s: float, schedules=None) -> TaskResult:

@@ -12,7 +12,7 @@ point-to-point program needs: a message sent to one peer, a receive asking for o
 (which carries no data). A backend collective has nothing to run on: it raises, naming the
 transport. What goes around the relay (a private gloo group through the store, the store itself, a
 file) is written to the kernel, and the audit compares the kernel's count of what the rank wrote
-with what the relay read from it (harness/driver/audit.py: ``accounted_by_relay``).
+with what the relay read from it (harness/driver/relay_verdicts.py: ``accounted``).
 
 Writes use ``writev``, which the kernel counts in /proc/<pid>/io (harness/rank/syscall_filter.py
 refuses ``send`` on any socket but the store's). Receives are pulled: a receive is a request to the
